@@ -1,0 +1,1 @@
+"""Hydra config groups, installed as the package rayflow.conf so a wheel carries them."""

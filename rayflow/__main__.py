@@ -1,0 +1,3 @@
+from rayflow.cli import main
+
+main()

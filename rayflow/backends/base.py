@@ -1,0 +1,77 @@
+"""The interface every backend implements, shaped like Hydra's launcher plugins.
+
+A backend turns the `backend:` config section into a running Ray cluster and back:
+`render` says what it would start (YAML), `start` starts or joins it and returns its
+address, `stop` stops whatever `start` started and may be called any number of times.
+Used as a context manager it always stops what it started: on success, on an exception,
+on Ctrl-C and on SIGTERM/SIGHUP (turned into SystemExit so `finally` blocks run).
+Heavy imports (ray, pyspark, kubernetes) belong inside the methods.
+"""
+
+from __future__ import annotations
+
+import abc
+import signal
+import threading
+from typing import Any
+
+from omegaconf import DictConfig
+
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread when the process receives SIGTERM or SIGHUP."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(128 + signum)
+
+
+class ClusterBackend(abc.ABC):
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg  # the whole run config; backends read cfg.backend
+        self.address: str | None = None
+        self._old_handlers: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return str(self.cfg.backend.name)
+
+    def check(self) -> None:
+        """Preflight: raise ConfigError for bad `backend.*` keys; must start nothing."""
+
+    def cluster_gpus(self) -> float | None:
+        """GPUs the cluster would offer, when known before it starts (None: ask it later)."""
+        return None
+
+    @abc.abstractmethod
+    def render(self) -> str:
+        """The cluster spec this backend starts or joins, as YAML text."""
+
+    @abc.abstractmethod
+    def start(self) -> str:
+        """Start (or join) the cluster, connect this driver to it, return its address."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Disconnect, and stop what start() started. Idempotent."""
+
+    def __enter__(self) -> "ClusterBackend":
+        if threading.current_thread() is threading.main_thread():
+            for sig in _TERMINATING:
+                self._old_handlers[sig] = signal.signal(sig, _raise_terminated)
+        try:
+            self.address = self.start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            self.stop()
+        finally:
+            for sig, handler in self._old_handlers.items():
+                signal.signal(sig, handler)
+            self._old_handlers.clear()

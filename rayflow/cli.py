@@ -1,0 +1,113 @@
+"""`python -m rayflow` / `rayflow`: Hydra's entry point, with a preflight in front.
+
+The preflight composes the config of every job the command line asks for (each point of
+a `-m` sweep) and runs every check before any job starts, so bad input gets one line
+naming the key, exit code 2, and nothing started. Only hydra and omegaconf are imported
+here; ray, torch and mlflow load when a job runs, so --help stays fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from rayflow.config import ConfigError
+
+CONFIG_MODULE = "rayflow.conf"
+CONFIG_NAME = "config"
+MAX_PREFLIGHT_JOBS = 256
+
+
+def _sweep_points(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override lists of each job a (multi)run will launch; hydra.* overrides dropped."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    axes = []
+    for override in parsed:
+        if override.get_key_element().lstrip("+~").startswith("hydra"):
+            continue
+        if multirun and override.is_sweep_override():
+            key = override.get_key_element()
+            axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            axes.append([override.input_line])
+    return [list(point) for point in itertools.islice(itertools.product(*axes), MAX_PREFLIGHT_JOBS)]
+
+
+def one_line(err: Exception) -> ConfigError:
+    """Hydra's multi-line composition errors as one ConfigError that names the key."""
+    from hydra.errors import MissingConfigException
+
+    text = str(err)
+    if isinstance(err, MissingConfigException) and err.options is not None:
+        group = (err.missing_cfg_file or "").split("/")[0]
+        name = (err.missing_cfg_file or "").split("/")[-1]
+        return ConfigError(f"{group}={name}", f"unknown option; choose from {', '.join(err.options)}")
+    match = re.search(r"Could not (?:override|append to|delete from) '([^']+)'", text)
+    if match:
+        cause = str(err.__cause__ or "").splitlines()[0] if err.__cause__ else ""
+        return ConfigError(match.group(1), f"unknown config key ({cause or text.splitlines()[0]})")
+    match = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if match:
+        return ConfigError(match.group(1), "a list of values needs -m (multirun) to sweep")
+    return ConfigError("config", " ".join(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def preflight(overrides: list[str], multirun: bool) -> None:
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rayflow.session import check_config
+
+    try:
+        points = _sweep_points(overrides, multirun)
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            for point in points:
+                check_config(compose(CONFIG_NAME, overrides=point))
+    except ConfigError:
+        raise
+    except Exception as err:  # Hydra/OmegaConf composition errors
+        raise one_line(err) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def fail(err: ConfigError) -> None:
+    print(f"rayflow: error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
+def _job(cfg: DictConfig):
+    from rayflow.data import DataError
+    from rayflow.session import run_job
+
+    try:
+        run_job(cfg)
+    except ConfigError as err:
+        fail(err)
+    except DataError as err:
+        print(f"rayflow: error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main() -> None:
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(sys.argv[1:])
+    informational = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+    if not informational:
+        try:
+            preflight(args.overrides, args.multirun)
+        except ConfigError as err:
+            fail(err)
+    _job()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""CIFAR-10 in its python-batch format, loaded once per process into uint8 tensors.
+
+No torchvision and no per-sample PIL transforms: a trial reads the pickled batches once,
+keeps them as uint8 tensors (on its device when that is a GPU), and normalises each
+mini-batch on the device. Reused Tune actors keep the tensors across trials.
+`synthetic=True` writes a small set in the same on-disk format, with a class signal a
+CNN can learn, and reads it through the same code: for offline machines and tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR_MD5 = "c58f30108f718f92721af3b95e74349a"
+BATCH_DIR = "cifar-10-batches-py"
+TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_FILE = "test_batch"
+NUM_CLASSES = 10
+
+
+class DataError(RuntimeError):
+    """The data set cannot be found or fetched; the message names the data.* key to change."""
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The `data:` config section as a small picklable value trials receive."""
+
+    root: str
+    download: bool = True
+    synthetic: bool = False
+    synthetic_train_size: int = 4000
+    synthetic_test_size: int = 1000
+    val_fraction: float = 0.2
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, data, seed: int = 0) -> "DataSpec":
+        return cls(
+            root=str(Path(str(data.root)).expanduser()),
+            download=bool(data.download),
+            synthetic=bool(data.synthetic),
+            synthetic_train_size=int(data.synthetic_train_size),
+            synthetic_test_size=int(data.synthetic_test_size),
+            val_fraction=float(data.val_fraction),
+            seed=int(seed),
+        )
+
+    @property
+    def batch_dir(self) -> Path:
+        if self.synthetic:
+            name = f"synthetic-{self.synthetic_train_size}-{self.synthetic_test_size}-seed{self.seed}"
+            return Path(self.root) / name / BATCH_DIR
+        return Path(self.root) / BATCH_DIR
+
+
+def _complete(batch_dir: Path) -> bool:
+    return all((batch_dir / f).is_file() for f in TRAIN_FILES + [TEST_FILE])
+
+
+def _lock(root: Path):
+    from filelock import FileLock
+
+    root.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(root / ".rayflow.lock"))
+
+
+def prepare(spec: DataSpec) -> Path:
+    """Make sure the batches exist on this node (download or synthesise once), return their folder."""
+    batch_dir = spec.batch_dir
+    if _complete(batch_dir):
+        return batch_dir
+    with _lock(Path(spec.root)):  # concurrent trials on a node: one fetches, the others wait
+        if not _complete(batch_dir):
+            if spec.synthetic:
+                write_synthetic(batch_dir, spec.synthetic_train_size, spec.synthetic_test_size, spec.seed)
+            elif spec.download:
+                download(Path(spec.root))
+            else:
+                raise DataError(
+                    f"data.root: no CIFAR-10 batches under {batch_dir}; "
+                    "set data.download=true, or data.synthetic=true to run offline"
+                )
+    return batch_dir
+
+
+def download(root: Path, url: str = CIFAR_URL, md5: str = CIFAR_MD5) -> None:
+    """Fetch the official archive, check its md5, unpack it under root (caller holds the lock)."""
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        archive = Path(tmp) / "cifar-10-python.tar.gz"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, open(archive, "wb") as out:
+                shutil.copyfileobj(response, out)
+        except OSError as err:
+            raise DataError(
+                f"data.download: could not fetch {url} ({err}); "
+                "set data.synthetic=true to run offline"
+            ) from None
+        digest = hashlib.md5(archive.read_bytes()).hexdigest()
+        if digest != md5:
+            raise DataError(f"data.download: {url} has md5 {digest}, expected {md5}; not unpacked")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        target = root / BATCH_DIR
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(str(Path(tmp) / BATCH_DIR), str(target))
+
+
+def write_synthetic(batch_dir: Path, train_size: int, test_size: int, seed: int) -> None:
+    """Write CIFAR-format batches: each class is a fixed colour pattern plus noise."""
+    rng = np.random.default_rng(seed)
+    # One smooth 8x8 pattern per class, upsampled to 32x32: easy for a small CNN, not trivial.
+    prototypes = rng.uniform(40, 215, size=(NUM_CLASSES, 3, 8, 8)).repeat(4, axis=2).repeat(4, axis=3)
+
+    def make(n: int) -> dict:
+        labels = rng.integers(0, NUM_CLASSES, size=n)
+        images = prototypes[labels] + rng.normal(0, 45, size=(n, 3, 32, 32))
+        data = np.clip(images, 0, 255).astype(np.uint8).reshape(n, 3072)
+        return {b"data": data, b"labels": labels.tolist()}
+
+    tmp = batch_dir.with_name(batch_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, size in zip(TRAIN_FILES, np.array_split(np.arange(train_size), len(TRAIN_FILES))):
+        _dump(tmp / name, make(len(size)))
+    _dump(tmp / TEST_FILE, make(test_size))
+    _dump(tmp / "batches.meta", {b"label_names": [f"class{i}".encode() for i in range(NUM_CLASSES)]})
+    tmp.replace(batch_dir)  # readers never see a half-written folder
+
+
+def _dump(path: Path, obj: dict) -> None:
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=4)
+
+
+def read_batches(batch_dir: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = [], []
+    for name in names:
+        with open(batch_dir / name, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        labels.append(np.asarray(batch[b"labels"], dtype=np.int64))
+    return np.concatenate(images), np.concatenate(labels)
+
+
+_CACHE: dict = {}
+
+
+def load_split(spec: DataSpec, device: str = "cpu"):
+    """(train_x, train_y, val_x, val_y) as tensors on `device`, uint8 images; cached per process."""
+    import torch
+
+    key = (spec, device)
+    if key not in _CACHE:
+        images, labels = read_batches(prepare(spec), TRAIN_FILES)
+        order = np.random.default_rng(spec.seed).permutation(len(labels))
+        n_val = max(1, int(len(labels) * spec.val_fraction))
+        val, train = order[:n_val], order[n_val:]
+        tensors = [torch.from_numpy(a).to(device) for a in (images[train], labels[train], images[val], labels[val])]
+        _CACHE.clear()  # one data set per process: a reused actor never holds two
+        _CACHE[key] = tuple(tensors)
+    return _CACHE[key]
+
+
+def normalize(images):
+    """uint8 [0, 255] -> float [-1, 1]: the seed tutorial's ToTensor + Normalize(0.5, 0.5)."""
+    return images.float().div_(127.5).sub_(1.0)
+
+
+def iterate(images, labels, batch_size: int, shuffle: bool, generator=None):
+    """Mini-batches (normalised float images, labels), indexed straight from the tensors."""
+    import torch
+
+    n = len(labels)
+    if shuffle:
+        order = torch.randperm(n, generator=generator).to(images.device)
+    else:
+        order = torch.arange(n, device=images.device)
+    for start in range(0, n, batch_size):
+        index = order[start : start + batch_size]
+        yield normalize(images[index]), labels[index]

@@ -1,0 +1,157 @@
+"""One invocation (or one job of a multirun): check, start or reuse the cluster, run, report.
+
+The cluster outlives a job only inside a multirun, where the jobs that render the same
+cluster spec share it; MultirunCallback (a Hydra callback, see conf/config.yaml) stops
+it when the multirun ends, and atexit does if the multirun dies first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from rayflow.backends import ClusterBackend, backend_for
+from rayflow.config import ConfigError, check_common
+from rayflow.data import DataSpec, prepare
+from rayflow.tracking import Tracker, git_commit
+from rayflow.tuning import experiment_dir, read_state, write_state
+from rayflow.workloads import workload_for
+
+
+def check_config(cfg: DictConfig) -> ClusterBackend:
+    """Every preflight check; raises ConfigError, starts nothing. Returns the backend."""
+    check_common(cfg)
+    backend = backend_for(cfg)
+    backend.check()
+    workload_for(cfg.workload.name).check(cfg)
+    if cfg.compute.device == "cuda":
+        gpus = backend.cluster_gpus()
+        if gpus is not None and gpus <= 0:
+            raise ConfigError("compute", f"compute=gpu but backend {backend.name} has no CUDA device; use compute=cpu or compute=auto")
+    if cfg.resume is not False:
+        experiment_dir(cfg)
+    return backend
+
+
+class ClusterPool:
+    """At most one cluster at a time, kept between the jobs of a multirun."""
+
+    def __init__(self) -> None:
+        self.backend: ClusterBackend | None = None
+        self.spec: str | None = None
+
+    def acquire(self, backend: ClusterBackend, spec: str) -> ClusterBackend:
+        if self.backend is not None and self.spec == spec:
+            print(f"[rayflow] reusing the {backend.name} cluster at {self.backend.address}", flush=True)
+            return self.backend
+        self.release()
+        print(f"[rayflow] starting the {backend.name} cluster", flush=True)
+        backend.__enter__()
+        self.backend, self.spec = backend, spec
+        return backend
+
+    def release(self) -> None:
+        backend, self.backend, self.spec = self.backend, None, None
+        if backend is not None:
+            backend.__exit__(None, None, None)
+
+
+POOL = ClusterPool()
+atexit.register(POOL.release)
+
+
+class MultirunCallback(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        POOL.release()
+
+
+@dataclass
+class RunContext:
+    cfg: DictConfig
+    tracker: Tracker
+    data: DataSpec
+    experiment_dir: Path
+    resume: bool
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _resolve_compute(cfg: DictConfig) -> None:
+    """compute=auto: one GPU per trial when the connected cluster has GPUs, else the CPU."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if cfg.compute.device == "cuda" and gpus <= 0:
+        raise ConfigError("compute", "compute=gpu but the cluster has no GPU")
+    if cfg.compute.device == "auto":
+        OmegaConf.update(cfg, "compute.gpus_per_trial", 1 if gpus > 0 else 0)
+
+
+def run_job(cfg: DictConfig):
+    backend = check_config(cfg)
+    os.environ["RAY_AUTH_MODE"] = str(cfg.ray_auth_mode)  # driver, cluster and workers agree
+    spec = backend.render()
+    if cfg.dry_run:
+        sys.stdout.write(spec)
+        return None
+
+    path = experiment_dir(cfg)
+    resuming = cfg.resume is not False
+    data = DataSpec.from_config(cfg.data, seed=int(cfg.seed))
+    if data.synthetic:
+        print(f"[rayflow] data: SYNTHETIC CIFAR-format set (data.synthetic=true) under {data.batch_dir}", flush=True)
+    if cfg.backend.name == "local":
+        prepare(data)  # same filesystem as the trials: fail on missing data before Ray starts
+    tracker = Tracker(cfg)
+    status = "FAILED"
+    try:
+        POOL.acquire(backend, spec)
+        _resolve_compute(cfg)
+        import ray
+        import torch
+
+        previous = read_state(path).get("mlflow_run_id") if resuming else None
+        tracker.start(
+            cfg,
+            spec,
+            tags={
+                "backend": cfg.backend.name,
+                "workload": cfg.workload.name,
+                "ray_version": ray.__version__,
+                "torch_version": torch.__version__,
+                "synthetic": str(bool(cfg.data.synthetic)).lower(),
+                "git_commit": git_commit(),
+                "experiment_dir": str(path),
+            },
+            resume_run_id=previous,
+        )
+        write_state(path, {"mlflow_run_id": tracker.run_id, "tracking_uri": tracker.uri or None})
+        summary = workload_for(cfg.workload.name).run(cfg, RunContext(cfg, tracker, data, path, resuming))
+        tracker.set_tags({"device": ",".join(summary.devices) or cfg.compute.device})
+        tracker.log_metrics({f"best_{k}": summary.best_metrics.get(k) for k in ("val_loss", "val_accuracy")})
+        tracker.log_metrics({"trials_stopped_early": summary.stopped_early, "trial_epochs": summary.trial_epochs})
+        if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
+            tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
+        print(summary.table(), flush=True)
+        print(f"experiment: {path}   (continue it with resume={path})")
+        print(f"MLflow: {tracker.ui_hint()}", flush=True)
+        status = "FINISHED" if summary.errored == 0 else "FAILED"
+        return summary
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.end(status)
+        if not _in_multirun() or sys.exc_info()[0] is not None:
+            POOL.release()

@@ -1,0 +1,121 @@
+"""MLflow from the driver only: a parent run per invocation, a nested run per trial.
+
+Why the driver: Ray's MLflowLoggerCallback cannot nest trial runs under a parent
+(ray#19978), MLflow inside a trainable ignores the callback's tracking URI (ray#36257),
+and many processes writing one SQLite file hit "database is locked". Here one process
+writes everything, through MlflowClient with explicit run ids (no fluent global state).
+Secret-named keys are masked before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rayflow.config import flatten, redact, safe_yaml, to_container
+
+MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout rayflow runs from (or the working directory's)."""
+    for where in (Path(__file__).resolve().parent, Path.cwd()):
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if out.returncode == 0:
+            return out.stdout.strip()
+    return None
+
+
+class Tracker:
+    """The invocation's parent run. Every method is a no-op when tracking is off."""
+
+    def __init__(self, cfg):
+        self.enabled = bool(cfg.tracking.enabled)
+        self.uri = str(cfg.tracking.uri) if self.enabled else ""
+        self.experiment = str(cfg.tracking.experiment) if self.enabled else ""
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = _client(self.uri)
+        return self._client
+
+    def start(self, cfg, spec_yaml: str, tags: dict[str, Any], resume_run_id: str | None = None) -> None:
+        if not self.enabled:
+            return
+        client = self.client
+        found = client.get_experiment_by_name(self.experiment)
+        self.experiment_id = found.experiment_id if found else client.create_experiment(self.experiment)
+        if resume_run_id:
+            self.run_id = resume_run_id
+            client.update_run(resume_run_id, status="RUNNING")
+            client.set_tag(resume_run_id, "resumed", "true")
+            return
+        all_tags = {"mlflow.runName": str(cfg.experiment_name), **{k: str(v) for k, v in tags.items() if v is not None}}
+        self.run_id = client.create_run(self.experiment_id, tags=redact(all_tags)).info.run_id
+        self.log_params(to_container(cfg))
+        client.log_text(self.run_id, safe_yaml(cfg), "config.yaml")
+        spec = yaml.safe_load(spec_yaml) if spec_yaml.strip() else {}
+        client.log_text(self.run_id, yaml.safe_dump(redact(spec), sort_keys=False), "cluster/spec.yaml")
+
+    def log_params(self, config: dict) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flatten(redact(config)) if not k.startswith("hydra")]
+        client = self.client
+        for i in range(0, len(params), 100):  # log_batch takes at most 100 params
+            client.log_batch(self.run_id, params=params[i : i + 100])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        if self.run_id:
+            client = self.client
+            for key, value in redact(tags).items():
+                client.set_tag(self.run_id, key, str(value))
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        if self.run_id:
+            client = self.client
+            for key, value in metrics.items():
+                if value is not None:
+                    client.log_metric(self.run_id, key, float(value))
+
+    def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
+        if self.run_id:
+            self.client.log_artifacts(self.run_id, local_dir, artifact_path)
+
+    def end(self, status: str) -> None:
+        if self.run_id:
+            self.client.set_terminated(self.run_id, status)
+
+    def trial_callback(self, metric_names: tuple[str, ...], max_epochs: int | None):
+        if not self.run_id:
+            return None
+        from rayflow.trial_runs import TrialRuns  # imports ray.tune
+
+        return TrialRuns(self.uri, self.experiment_id, self.run_id, metric_names, max_epochs)
+
+    def ui_hint(self) -> str:
+        if not self.enabled:
+            return "tracking is off (tracking=none)"
+        uri = self.uri
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            uri = "sqlite:///" + os.path.abspath(uri[len("sqlite:///") :])
+        return f"mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)"

@@ -1,0 +1,89 @@
+"""A Ray Tune callback, run in the driver, that mirrors each trial into a nested MLflow run.
+
+It is pickled with the experiment (tuner.pkl) and its trial -> run map is saved in Tune's
+experiment state, so `resume=true` keeps writing into the same nested runs.
+"""
+
+from __future__ import annotations
+
+from ray.tune import Callback
+
+from rayflow.config import redact
+
+
+class TrialRuns(Callback):
+    def __init__(self, uri: str, experiment_id: str, parent_run_id: str, metric_names, max_epochs):
+        self.uri = uri
+        self.experiment_id = experiment_id
+        self.parent_run_id = parent_run_id
+        self.metric_names = tuple(metric_names)
+        self.max_epochs = max_epochs
+        self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
+        self._client = None
+        self._tagged: set[str] = set()
+
+    def __getstate__(self):
+        return self.__dict__ | {"_client": None, "_tagged": set()}
+
+    @property
+    def client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def run_for(self, trial) -> str:
+        run_id = self.runs.get(trial.trial_id)
+        if run_id is None:
+            tags = {
+                "mlflow.parentRunId": self.parent_run_id,
+                "mlflow.runName": str(trial),
+                "trial_id": trial.trial_id,
+            }
+            run_id = self.client.create_run(self.experiment_id, tags=tags).info.run_id
+            self.runs[trial.trial_id] = run_id
+            from mlflow.entities import Param
+
+            params = [Param(k, str(v)) for k, v in redact(dict(trial.config)).items()]
+            self.client.log_batch(run_id, params=params[:100])
+        return run_id
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        run_id = self.run_for(trial)
+        self.client.update_run(run_id, status="RUNNING")
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        from mlflow.entities import Metric
+
+        run_id = self.run_for(trial)
+        step = int(result.get("epoch", result.get("training_iteration", 0)))
+        stamp = int(result.get("timestamp", 0) * 1000)
+        metrics = [
+            Metric(name, float(result[name]), stamp, step)
+            for name in self.metric_names
+            if isinstance(result.get(name), (int, float))
+        ]
+        tags = []
+        if run_id not in self._tagged:  # what the trial says about itself, once
+            from mlflow.entities import RunTag
+
+            tags = [RunTag(k, str(result[k]).lower()) for k in ("device", "synthetic") if k in result]
+            self._tagged.add(run_id)
+        self.client.log_batch(run_id, metrics=metrics, tags=tags)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        run_id = self.run_for(trial)
+        last_epoch = (trial.last_result or {}).get("epoch")
+        if self.max_epochs and last_epoch is not None:
+            self.client.set_tag(run_id, "stopped_early", str(last_epoch < self.max_epochs).lower())
+        self.client.set_terminated(run_id, "FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.client.set_terminated(self.run_for(trial), "FAILED")
+
+    def get_state(self):
+        return {"runs": dict(self.runs)}
+
+    def set_state(self, state):
+        self.runs.update(state.get("runs", {}))

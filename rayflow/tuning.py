@@ -1,0 +1,139 @@
+"""The one Ray Tune path: every workload that tunes, and scripts/bench.py, go through run_tune.
+
+It adds what rayflow needs around a plain Tuner and nothing per result: experiment
+folders that `resume=true` can find, Tuner.restore for them, actor reuse (a reused
+trial process keeps its loaded data set), and the end-of-run summary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rayflow.config import ConfigError
+
+STATE_FILE = "rayflow.json"  # next to Tune's own state: the MLflow parent run, for resume
+
+
+@dataclass
+class TuneJob:
+    trainable: Callable
+    param_space: dict
+    metric: str
+    mode: str
+    num_samples: int
+    resources: dict
+    scheduler: Any = None
+    max_failures: int = 0
+    checkpoints_to_keep: int | None = None
+    reuse_actors: bool = True
+    callbacks: list = field(default_factory=list)
+    verbose: int = 1
+
+
+def experiment_dir(cfg) -> Path:
+    """The folder of this invocation's experiment: new, or the one `resume` names."""
+    storage = Path(str(cfg.storage_path)).expanduser().resolve()
+    resume = cfg.resume
+    if resume is False:
+        return storage / str(cfg.experiment_name)
+    if resume is True:
+        prefix = f"{cfg.workload.name}-"
+        candidates = [p.parent for p in storage.glob(f"{prefix}*/tuner.pkl")]
+        if not candidates:
+            raise ConfigError("resume", f"no {cfg.workload.name} experiment under {storage} to resume")
+        return max(candidates, key=lambda p: (p / "tuner.pkl").stat().st_mtime)
+    path = Path(str(resume)).expanduser().resolve()
+    if not (path / "tuner.pkl").is_file():
+        raise ConfigError("resume", f"{path} is not a Ray Tune experiment folder (no tuner.pkl)")
+    return path
+
+
+def read_state(path: Path) -> dict:
+    try:
+        return json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(path: Path, state: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+
+def run_tune(job: TuneJob, path: Path, resume: bool = False):
+    """Run (or continue) the experiment in `path`; returns Tune's ResultGrid."""
+    from ray import tune
+
+    trainable = tune.with_resources(job.trainable, job.resources)
+    if resume:
+        tuner = tune.Tuner.restore(
+            str(path), trainable, resume_unfinished=True, resume_errored=True, param_space=job.param_space
+        )
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=job.param_space,
+            tune_config=tune.TuneConfig(
+                metric=job.metric,
+                mode=job.mode,
+                num_samples=job.num_samples,
+                scheduler=job.scheduler,
+                reuse_actors=job.reuse_actors,
+            ),
+            run_config=tune.RunConfig(
+                name=path.name,
+                storage_path=str(path.parent),
+                failure_config=tune.FailureConfig(max_failures=job.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=job.checkpoints_to_keep),
+                callbacks=job.callbacks,
+                verbose=job.verbose,
+            ),
+        )
+    return tuner.fit()
+
+
+@dataclass
+class TuneSummary:
+    best_config: dict
+    best_metrics: dict
+    best_checkpoint: str | None
+    trials: int
+    errored: int
+    stopped_early: int
+    trial_epochs: int
+    budget_epochs: int
+    devices: list[str]
+
+    def table(self, metric_names=("val_accuracy", "val_loss")) -> str:
+        width = max(len(k) for k in self.best_config) if self.best_config else 0
+        lines = ["", "== rayflow results =="]
+        lines.append("best config:")
+        lines += [f"  {k:<{width}} = {v}" for k, v in self.best_config.items()]
+        for name in metric_names:
+            if name in self.best_metrics:
+                lines.append(f"best {name:<13} {self.best_metrics[name]:.4f}")
+        lines.append(f"trials: {self.trials} ({self.stopped_early} stopped early by ASHA, {self.errored} errored)")
+        share = self.trial_epochs / self.budget_epochs if self.budget_epochs else 0
+        lines.append(f"trial-epochs used: {self.trial_epochs} of {self.budget_epochs} ({share:.0%})")
+        return "\n".join(lines)
+
+
+def summarize(results, metric: str, mode: str, max_epochs: int, num_samples: int) -> TuneSummary:
+    finished = [r for r in results if r.metrics and r.error is None]
+    best = results.get_best_result(metric=metric, mode=mode, scope="last") if finished else None
+    epochs = [int((r.metrics or {}).get("epoch", 0)) for r in results]
+    return TuneSummary(
+        best_config=dict(best.config) if best else {},
+        best_metrics={k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {},
+        best_checkpoint=best.checkpoint.path if best and best.checkpoint else None,
+        trials=len(results),
+        errored=sum(1 for r in results if r.error is not None),
+        stopped_early=sum(1 for r in finished if r.metrics.get("epoch", max_epochs) < max_epochs),
+        trial_epochs=sum(epochs),
+        budget_epochs=num_samples * max_epochs,
+        devices=sorted({str(r.metrics["device"]) for r in finished if "device" in r.metrics}),
+    )
+
