@@ -17,7 +17,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from rayflow.backends import ClusterBackend, backend_for
-from rayflow.config import ConfigError, check_common
+from rayflow.backends.base import Terminated, termination_exit_code
+from rayflow.config import ConfigError, check_common, to_container
 from rayflow.data import DataSpec, prepare
 from rayflow.tracking import Tracker, git_commit
 from rayflow.tuning import experiment_dir, read_state, write_state
@@ -71,6 +72,10 @@ class MultirunCallback(Callback):
         POOL.release()
 
 
+# Config a resumed experiment keeps from its first run, whatever the resume command says.
+RESUMED_KEYS = ("workload", "data", "seed", "compute")
+
+
 @dataclass
 class RunContext:
     cfg: DictConfig
@@ -108,6 +113,10 @@ def run_job(cfg: DictConfig):
 
     path = experiment_dir(cfg)
     resuming = cfg.resume is not False
+    if resuming:  # what trials run is the experiment's, not the resume command line's
+        saved = read_state(path).get("config", {})
+        for key, value in saved.items():
+            OmegaConf.update(cfg, key, value, merge=False)
     data = DataSpec.from_config(cfg.data, seed=int(cfg.seed))
     if data.synthetic:
         print(f"[rayflow] data: SYNTHETIC CIFAR-format set (data.synthetic=true) under {data.batch_dir}", flush=True)
@@ -136,7 +145,14 @@ def run_job(cfg: DictConfig):
             },
             resume_run_id=previous,
         )
-        write_state(path, {"mlflow_run_id": tracker.run_id, "tracking_uri": tracker.uri or None})
+        write_state(
+            path,
+            {
+                "mlflow_run_id": tracker.run_id,
+                "tracking_uri": tracker.uri or None,
+                "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS},
+            },
+        )
         summary = workload_for(cfg.workload.name).run(cfg, RunContext(cfg, tracker, data, path, resuming))
         tracker.set_tags({"device": ",".join(summary.devices) or cfg.compute.device})
         tracker.log_metrics({f"best_{k}": summary.best_metrics.get(k) for k in ("val_loss", "val_accuracy")})
@@ -146,10 +162,18 @@ def run_job(cfg: DictConfig):
         print(summary.table(), flush=True)
         print(f"experiment: {path}   (continue it with resume={path})")
         print(f"MLflow: {tracker.ui_hint()}", flush=True)
+        if summary.interrupted:
+            status = "KILLED"
+            print(f"rayflow: interrupted; state saved. Continue with: python -m rayflow resume={path}", file=sys.stderr)
+            sys.exit(130)
         status = "FINISHED" if summary.errored == 0 else "FAILED"
         return summary
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         status = "KILLED"
+        code = termination_exit_code()
+        if code:
+            print(f"rayflow: stopped by signal {code - 128}; state saved. Continue with: python -m rayflow resume={path}", file=sys.stderr)
+            raise Terminated(code) from None
         raise
     finally:
         tracker.end(status)

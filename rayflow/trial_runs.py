@@ -82,6 +82,11 @@ class TrialRuns(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self.client.set_terminated(self.run_for(trial), "FAILED")
 
+    def on_experiment_end(self, trials, **info):
+        for trial in trials:  # Ctrl-C: trials Tune will resume stay visibly unfinished
+            if trial.status not in ("TERMINATED", "ERROR") and trial.trial_id in self.runs:
+                self.client.set_terminated(self.runs[trial.trial_id], "KILLED")
+
     def get_state(self):
         return {"runs": dict(self.runs)}
 

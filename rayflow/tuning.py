@@ -8,6 +8,8 @@ trial process keeps its loaded data set), and the end-of-run summary.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -64,7 +66,7 @@ def write_state(path: Path, state: dict) -> None:
 
 
 def run_tune(job: TuneJob, path: Path, resume: bool = False):
-    """Run (or continue) the experiment in `path`; returns Tune's ResultGrid."""
+    """Run (or continue) the experiment in `path`; returns (ResultGrid, interrupted)."""
     from ray import tune
 
     trainable = tune.with_resources(job.trainable, job.resources)
@@ -92,7 +94,28 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
                 verbose=job.verbose,
             ),
         )
-    return tuner.fit()
+    return fit_watching_interrupts(tuner)
+
+
+def _sigint_sentinel(signum, frame):
+    raise KeyboardInterrupt  # Python's default: a second Ctrl-C stops Tune's last save
+
+
+def fit_watching_interrupts(tuner):
+    """tuner.fit(), and whether Ctrl-C (or SIGUSR1) made Tune stop early and save its state.
+
+    Tune swaps in its own SIGINT handler for the run; on a stop signal it puts back the
+    handler it found, and otherwise leaves its own in place. The trials it stops are
+    marked TERMINATED, so the handler is the only trace of an interrupt after fit().
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return tuner.fit(), False
+    previous = signal.signal(signal.SIGINT, _sigint_sentinel)
+    try:
+        results = tuner.fit()
+        return results, signal.getsignal(signal.SIGINT) is _sigint_sentinel
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
@@ -102,6 +125,7 @@ class TuneSummary:
     best_checkpoint: str | None
     trials: int
     errored: int
+    interrupted: bool  # Ctrl-C stopped the experiment; its state is saved for resume
     stopped_early: int
     trial_epochs: int
     budget_epochs: int
@@ -115,25 +139,28 @@ class TuneSummary:
         for name in metric_names:
             if name in self.best_metrics:
                 lines.append(f"best {name:<13} {self.best_metrics[name]:.4f}")
-        lines.append(f"trials: {self.trials} ({self.stopped_early} stopped early by ASHA, {self.errored} errored)")
+        if self.interrupted:
+            lines.append(f"trials: {self.trials} ({self.errored} errored; interrupted before ASHA finished)")
+        else:
+            lines.append(f"trials: {self.trials} ({self.stopped_early} stopped early by ASHA, {self.errored} errored)")
         share = self.trial_epochs / self.budget_epochs if self.budget_epochs else 0
         lines.append(f"trial-epochs used: {self.trial_epochs} of {self.budget_epochs} ({share:.0%})")
         return "\n".join(lines)
 
 
-def summarize(results, metric: str, mode: str, max_epochs: int, num_samples: int) -> TuneSummary:
-    finished = [r for r in results if r.metrics and r.error is None]
-    best = results.get_best_result(metric=metric, mode=mode, scope="last") if finished else None
+def summarize(results, metric: str, mode: str, max_epochs: int, num_samples: int, interrupted: bool) -> TuneSummary:
+    done = [r for r in results if r.metrics and r.error is None]
+    best = results.get_best_result(metric=metric, mode=mode, scope="last") if done else None
     epochs = [int((r.metrics or {}).get("epoch", 0)) for r in results]
     return TuneSummary(
         best_config=dict(best.config) if best else {},
         best_metrics={k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {},
         best_checkpoint=best.checkpoint.path if best and best.checkpoint else None,
         trials=len(results),
-        errored=sum(1 for r in results if r.error is not None),
-        stopped_early=sum(1 for r in finished if r.metrics.get("epoch", max_epochs) < max_epochs),
+        errored=results.num_errors,
+        interrupted=interrupted,
+        stopped_early=sum(1 for r in done if r.metrics.get("epoch", max_epochs) < max_epochs),
         trial_epochs=sum(epochs),
         budget_epochs=num_samples * max_epochs,
-        devices=sorted({str(r.metrics["device"]) for r in finished if "device" in r.metrics}),
+        devices=sorted({str(r.metrics["device"]) for r in done if "device" in r.metrics}),
     )
-

@@ -24,8 +24,18 @@ class Terminated(SystemExit):
     """Raised in the main thread when the process receives SIGTERM or SIGHUP."""
 
 
+_received: list[int] = []
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    _received.append(signum)
     raise Terminated(128 + signum)
+
+
+def termination_exit_code() -> int | None:
+    """128 + the terminating signal received, if any. Ray's C++ calls (ray.wait) turn the
+    SystemExit our handler raises into SystemExit(1), so the code is kept here as well."""
+    return 128 + _received[-1] if _received else None
 
 
 class ClusterBackend(abc.ABC):
@@ -57,15 +67,22 @@ class ClusterBackend(abc.ABC):
     def stop(self) -> None:
         """Disconnect, and stop what start() started. Idempotent."""
 
-    def __enter__(self) -> "ClusterBackend":
+    def _catch_termination(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for sig in _TERMINATING:
-                self._old_handlers[sig] = signal.signal(sig, _raise_terminated)
+                previous = signal.signal(sig, _raise_terminated)
+                self._old_handlers.setdefault(sig, previous)
+
+    def __enter__(self) -> "ClusterBackend":
+        self._catch_termination()
         try:
             self.address = self.start()
         except BaseException:
             self.__exit__(None, None, None)
             raise
+        # ray.init installs a C++ SIGTERM handler that aborts the driver without cleanup:
+        # take the signal back so SIGTERM unwinds through finally blocks and stop().
+        self._catch_termination()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

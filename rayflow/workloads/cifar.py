@@ -171,5 +171,5 @@ def run(cfg, ctx):
         reuse_actors=bool(w.reuse_actors),
         callbacks=[cb for cb in [ctx.tracker.trial_callback(METRICS, int(w.max_epochs))] if cb],
     )
-    results = run_tune(job, ctx.experiment_dir, resume=ctx.resume)
-    return summarize(results, job.metric, job.mode, int(w.max_epochs), int(w.num_samples))
+    results, interrupted = run_tune(job, ctx.experiment_dir, resume=ctx.resume)
+    return summarize(results, job.metric, job.mode, int(w.max_epochs), int(w.num_samples), interrupted)
