@@ -43,6 +43,13 @@ def redact(value: Any, name: str = "") -> Any:
     return value
 
 
+def drop_redacted(value: Any) -> Any:
+    """A copy without the leaves redact() masked (for merging a saved config back)."""
+    if isinstance(value, Mapping):
+        return {k: drop_redacted(v) for k, v in value.items() if v != REDACTED}
+    return value
+
+
 def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Dotted (key, leaf) pairs of a nested mapping; lists stay leaves."""
     if isinstance(value, Mapping):

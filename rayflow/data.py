@@ -43,6 +43,8 @@ class DataSpec:
     synthetic_test_size: int = 1000
     val_fraction: float = 0.2
     seed: int = 0
+    url: str = CIFAR_URL
+    md5: str = CIFAR_MD5
 
     @classmethod
     def from_config(cls, data, seed: int = 0) -> "DataSpec":
@@ -54,6 +56,8 @@ class DataSpec:
             synthetic_test_size=int(data.synthetic_test_size),
             val_fraction=float(data.val_fraction),
             seed=int(seed),
+            url=str(data.get("url") or CIFAR_URL),
+            md5=str(data.get("md5") or CIFAR_MD5),
         )
 
     @property
@@ -85,7 +89,7 @@ def prepare(spec: DataSpec) -> Path:
             if spec.synthetic:
                 write_synthetic(batch_dir, spec.synthetic_train_size, spec.synthetic_test_size, spec.seed)
             elif spec.download:
-                download(Path(spec.root))
+                download(Path(spec.root), spec.url, spec.md5)
             else:
                 raise DataError(
                     f"data.root: no CIFAR-10 batches under {batch_dir}; "

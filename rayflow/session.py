@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rayflow.backends import ClusterBackend, backend_for
 from rayflow.backends.base import Terminated, termination_exit_code
-from rayflow.config import ConfigError, check_common, to_container
+from rayflow.config import ConfigError, check_common, drop_redacted, redact, to_container
 from rayflow.data import DataSpec, prepare
 from rayflow.tracking import Tracker, git_commit
 from rayflow.tuning import experiment_dir, read_state, write_state
@@ -115,8 +115,8 @@ def run_job(cfg: DictConfig):
     resuming = cfg.resume is not False
     if resuming:  # what trials run is the experiment's, not the resume command line's
         saved = read_state(path).get("config", {})
-        for key, value in saved.items():
-            OmegaConf.update(cfg, key, value, merge=False)
+        for key, value in saved.items():  # masked secrets keep the value given now
+            OmegaConf.update(cfg, key, drop_redacted(value), merge=True)
     data = DataSpec.from_config(cfg.data, seed=int(cfg.seed))
     if data.synthetic:
         print(f"[rayflow] data: SYNTHETIC CIFAR-format set (data.synthetic=true) under {data.batch_dir}", flush=True)
@@ -150,7 +150,7 @@ def run_job(cfg: DictConfig):
             {
                 "mlflow_run_id": tracker.run_id,
                 "tracking_uri": tracker.uri or None,
-                "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS},
+                "config": redact({k: to_container(cfg)[k] for k in RESUMED_KEYS}),
             },
         )
         summary = workload_for(cfg.workload.name).run(cfg, RunContext(cfg, tracker, data, path, resuming))

@@ -40,7 +40,11 @@ def experiment_dir(cfg) -> Path:
     storage = Path(str(cfg.storage_path)).expanduser().resolve()
     resume = cfg.resume
     if resume is False:
-        return storage / str(cfg.experiment_name)
+        path = storage / str(cfg.experiment_name)
+        n = 1
+        while path.exists():  # two jobs of a multirun can start within one second
+            path, n = storage / f"{cfg.experiment_name}-{n}", n + 1
+        return path
     if resume is True:
         prefix = f"{cfg.workload.name}-"
         candidates = [p.parent for p in storage.glob(f"{prefix}*/tuner.pkl")]

@@ -88,6 +88,19 @@ def search_space(w) -> dict:
     }
 
 
+def save_checkpoint(folder: str, net: nn.Module, optimizer, epoch: int) -> None:
+    state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+    torch.save(state, os.path.join(folder, "checkpoint.pt"))
+
+
+def load_checkpoint(folder: str, net: nn.Module, optimizer, device: str = "cpu") -> int:
+    """Restore model and optimizer state in place; returns the epoch the checkpoint ended."""
+    state = torch.load(os.path.join(folder, "checkpoint.pt"), map_location=device)
+    net.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["epoch"])
+
+
 def train_cifar(config: dict, data: DataSpec, max_epochs: int, want_gpu: bool) -> None:
     """The trainable: one trial, one process; reports and checkpoints every epoch."""
     from ray import tune
@@ -101,10 +114,7 @@ def train_cifar(config: dict, data: DataSpec, max_epochs: int, want_gpu: bool) -
     checkpoint = tune.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as folder:
-            state = torch.load(os.path.join(folder, "checkpoint.pt"), map_location=device)
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["epoch"]
+            start = load_checkpoint(folder, net, optimizer, device)
     generator = torch.Generator().manual_seed(data.seed + start)
     batch_size = int(config["batch_size"])
 
@@ -134,10 +144,7 @@ def train_cifar(config: dict, data: DataSpec, max_epochs: int, want_gpu: bool) -
             "synthetic": data.synthetic,
         }
         with tempfile.TemporaryDirectory() as folder:
-            torch.save(
-                {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
-                os.path.join(folder, "checkpoint.pt"),
-            )
+            save_checkpoint(folder, net, optimizer, epoch)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
 

@@ -1,0 +1,163 @@
+"""Benchmarks of rayflow's overhead: each subcommand prints ONE JSON line on stdout.
+
+Usage (from any directory, with rayflow's venv):
+
+    python scripts/bench.py tune-overhead                      # 16 trials x 2 s on 2 slots
+    python scripts/bench.py tune-overhead --repeats 3          # median of 3 runs of each
+    python scripts/bench.py tune-overhead --trials 4 --trial-seconds 1   # quick smoke run
+
+tune-overhead runs the same sleep-and-report trials through rayflow's run_tune
+(reported as `ratio`, `wall_s`) and through a plain Ray Tune Tuner with its defaults
+(`plain_ratio`, `plain_wall_s`). A ratio is wall time / ideal time, where ideal is
+trials x trial-seconds / slots: the time if scheduling, actor start-up and result
+handling cost nothing. 1.0 is perfect; 1.25 means 25% overhead. Both ratios are
+measured side by side in one process on one Ray cluster, alternating A and B, so
+they are comparable with each other; ratios from different runs or machines are not.
+
+Everything except the JSON line (Ray's logs, worker output) goes to stderr, so
+`python scripts/bench.py tune-overhead > result.json` gives a clean file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Must be set before ray is imported anywhere (rayflow imports it lazily); a local
+# benchmark cluster needs no token, and the caller may still choose otherwise.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+SLOTS = 2  # local cluster CPUs; each trial takes 1 CPU, so 2 trials run at once
+
+
+def sleep_trainable(seconds: float, reports: int):
+    """A function trainable that does nothing but wait and report, so all time beyond
+    `seconds` per trial is Tune's (or rayflow's) overhead."""
+    step = seconds / reports
+
+    def trainable(config):
+        from ray import tune
+
+        for i in range(reports):
+            time.sleep(step)
+            tune.report({"score": i})
+
+    return trainable
+
+
+def tune_overhead(args) -> dict:
+    import ray
+    from ray import tune
+
+    from rayflow.tuning import TuneJob, fit_watching_interrupts, run_tune
+
+    trainable = sleep_trainable(args.trial_seconds, args.reports)
+    param_space = {"i": tune.grid_search(list(range(args.trials)))}
+    ideal = args.trials * args.trial_seconds / SLOTS
+
+    # Both return whether Ctrl-C stopped Tune early; fit_watching_interrupts only swaps a
+    # signal handler around fit(), so plain Tune gets the same stop handling at no cost.
+    def rayflow_run(storage: Path) -> bool:
+        job = TuneJob(
+            trainable=trainable,
+            param_space=param_space,
+            metric="score",
+            mode="max",
+            num_samples=1,
+            resources={"cpu": 1},
+            reuse_actors=True,
+            verbose=0,
+        )
+        return run_tune(job, storage / "rayflow-bench")[1]
+
+    def plain_run(storage: Path) -> bool:
+        tuner = tune.Tuner(
+            tune.with_resources(trainable, {"cpu": 1}),
+            param_space=param_space,
+            tune_config=tune.TuneConfig(metric="score", mode="max"),
+            run_config=tune.RunConfig(storage_path=str(storage), name="plain-bench", verbose=0),
+        )
+        return fit_watching_interrupts(tuner)[1]
+
+    # One cluster for both, started before any timing: ray.init's seconds of start-up
+    # are the same for both paths and not what is being measured.
+    ray.init(num_cpus=SLOTS, include_dashboard=False)
+    tmp = Path(tempfile.mkdtemp(prefix="rayflow-bench-"))
+    walls: dict[str, list[float]] = {"rayflow": [], "plain": []}
+    try:
+        # Alternate A and B so drift (other load on the machine, warm caches) hits
+        # both alike instead of all of one side.
+        for rep in range(args.repeats):
+            for name, run in (("rayflow", rayflow_run), ("plain", plain_run)):
+                storage = tmp / f"rep{rep}" / name  # fresh folder: no run finds another's state
+                storage.mkdir(parents=True)
+                start = time.perf_counter()
+                interrupted = run(storage)
+                walls[name].append(time.perf_counter() - start)
+                if interrupted:  # a cut-short run's wall time means nothing
+                    raise SystemExit(130)
+                log(f"repeat {rep + 1}/{args.repeats} {name}: {walls[name][-1]:.2f} s (ideal {ideal:.2f} s)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        ray.shutdown()
+
+    wall, plain_wall = statistics.median(walls["rayflow"]), statistics.median(walls["plain"])
+    return {
+        "name": "tune-overhead",
+        "ratio": round(wall / ideal, 4),
+        "plain_ratio": round(plain_wall / ideal, 4),
+        "wall_s": round(wall, 3),
+        "plain_wall_s": round(plain_wall, 3),
+        "ideal_s": ideal,
+        "trials": args.trials,
+        "slots": SLOTS,
+        "repeats": args.repeats,
+        "ray_version": ray.__version__,
+    }
+
+
+def tune_overhead_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trials", type=int, default=16)
+    p.add_argument("--trial-seconds", type=float, default=2.0, help="time each trial sleeps in all")
+    p.add_argument("--reports", type=int, default=4, help="tune.report calls per trial")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each path; the median is reported")
+
+
+# name -> (function returning the result dict, function adding its options, help).
+# A new benchmark (ddp-overhead, ppo, spark-startup) is one more entry here.
+BENCHMARKS = {
+    "tune-overhead": (tune_overhead, tune_overhead_args, "rayflow's run_tune against a plain Tuner"),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, add_args, help_) in BENCHMARKS.items():
+        add_args(sub.add_parser(name, help=help_))
+    args = parser.parse_args(argv)
+
+    # Keep stdout for the JSON line alone: point fd 1 at stderr for the run, so that
+    # Ray's driver, worker-log forwarding and child processes cannot write into it.
+    sys.stdout.flush()
+    result_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    result = BENCHMARKS[args.command][0](args)
+    result_out.write(json.dumps(result) + "\n")
+    result_out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

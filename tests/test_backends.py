@@ -1,0 +1,161 @@
+"""The backend contract: one test class that every backend passes (like fsspec's abstract suites).
+
+A backend renders its spec as YAML, checks its config without starting anything,
+connects the driver on start, and stops what it started, and only that, on success,
+on an exception and on SIGTERM; stop() may be called again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayflow.backends import REGISTRY, ClusterBackend, backend_for
+from tests.conftest import compose_config, ray_daemon_pids, wait_until
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ClusterBackendContract:
+    name: str
+    owns_cluster: bool  # True: start() starts a cluster and stop() must stop it
+
+    def overrides(self) -> list[str]:
+        return [f"backend={self.name}"]
+
+    @pytest.fixture
+    def backend(self, monkeypatch) -> ClusterBackend:
+        cfg = compose_config(*self.overrides())
+        monkeypatch.setenv("RAY_AUTH_MODE", cfg.ray_auth_mode)  # what run_job does
+        return backend_for(cfg)
+
+    def test_is_registered_under_its_config_name(self, backend):
+        assert isinstance(backend, ClusterBackend)
+        assert backend.name == self.name and self.name in REGISTRY
+
+    def test_check_and_render_start_nothing(self, backend):
+        before = ray_daemon_pids()
+        backend.check()
+        spec = yaml.safe_load(backend.render())
+        assert spec["backend"] == self.name
+        assert ray_daemon_pids() == before
+
+    def test_start_connects_the_driver(self, backend):
+        import ray
+
+        with backend as started:
+            assert started.address
+            assert ray.is_initialized()
+            assert ray.get(ray.remote(lambda x: x * 2).remote(21)) == 42
+        assert not ray.is_initialized()
+
+    def test_stop_is_idempotent(self, backend):
+        import ray
+
+        backend.__enter__()
+        backend.stop()
+        backend.stop()
+        backend.__exit__(None, None, None)
+        assert not ray.is_initialized()
+
+    def test_exception_stops_what_it_started(self, backend):
+        import ray
+
+        before = ray_daemon_pids()
+        with pytest.raises(RuntimeError, match="boom"):
+            with backend:
+                started = ray_daemon_pids() - before
+                raise RuntimeError("boom")
+        assert not ray.is_initialized()
+        if self.owns_cluster:
+            assert started, "start() should have started Ray daemons"
+            assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20)
+        else:
+            assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
+
+    def test_sigterm_stops_what_it_started(self, tmp_path):
+        script = textwrap.dedent(
+            f"""
+            import os, sys, time
+            from tests.conftest import compose_config
+            from rayflow.backends import backend_for
+            cfg = compose_config(*{self.overrides()!r})
+            os.environ["RAY_AUTH_MODE"] = cfg.ray_auth_mode
+            with backend_for(cfg):
+                print("ready", flush=True)
+                time.sleep(120)
+            """
+        )
+        before = ray_daemon_pids()
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                                env=dict(os.environ, PYTHONPATH=os.getcwd()))
+        assert proc.stdout.readline().strip() == "ready"
+        started = ray_daemon_pids() - before
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        if self.owns_cluster:
+            assert started
+            assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20)
+        else:
+            assert ray_daemon_pids() >= before
+
+
+class TestLocal(ClusterBackendContract):
+    name = "local"
+    owns_cluster = True
+
+    def overrides(self):
+        return ["backend=local", "backend.num_cpus=1"]
+
+    def test_render_shows_the_ray_init_arguments(self, backend):
+        spec = yaml.safe_load(backend.render())
+        assert spec["ray.init"]["num_cpus"] == 1 and spec["ray.init"]["address"] == "local"
+
+
+@pytest.fixture(scope="class")
+def head_node(tmp_path_factory):
+    """A real cluster started with `ray start --head`, as a user's existing cluster would be."""
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    port = _free_port()
+    env = dict(os.environ, RAY_AUTH_MODE="token")
+    before = ray_daemon_pids()
+    subprocess.run(
+        [ray_cli, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        check=True, env=env, capture_output=True, timeout=120,
+    )
+    yield f"127.0.0.1:{port}"
+    for pid in ray_daemon_pids() - before:
+        os.kill(pid, signal.SIGTERM)
+    subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.mark.usefixtures("head_node")
+class TestAttach(ClusterBackendContract):
+    name = "attach"
+    owns_cluster = False
+
+    @pytest.fixture(autouse=True)
+    def _address(self, head_node):
+        self.address = head_node
+
+    def overrides(self):
+        return ["backend=attach", f"backend.address={self.address}", "ray_auth_mode=token"]
+
+    def test_unreachable_address_is_refused_by_check(self):
+        from rayflow.config import ConfigError
+
+        with pytest.raises(ConfigError, match="backend.address: cannot reach 127.0.0.1:1"):
+            backend_for(compose_config("backend=attach", "backend.address=127.0.0.1:1")).check()

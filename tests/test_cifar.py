@@ -1,0 +1,55 @@
+"""The CIFAR workload's pieces: the seed CNN, its search space, the checkpoint round trip."""
+
+from __future__ import annotations
+
+import torch
+
+from rayflow.workloads import cifar
+from tests.conftest import compose_config
+
+
+def test_net_is_the_seed_cnn():
+    net = cifar.Net(l1=32, l2=16)
+    assert (net.conv1.in_channels, net.conv1.out_channels, net.conv1.kernel_size) == (3, 6, (5, 5))
+    assert (net.conv2.in_channels, net.conv2.out_channels) == (6, 16)
+    assert (net.fc1.in_features, net.fc1.out_features, net.fc2.out_features, net.fc3.out_features) == (400, 32, 16, 10)
+    assert net(torch.zeros(4, 3, 32, 32)).shape == (4, 10)
+
+
+def test_search_space_follows_the_config():
+    from ray.tune.search.sample import Categorical, Float
+
+    cfg = compose_config("workload.search_space.l1.min=16", "workload.search_space.l1.max=64", "workload.search_space.batch_size=[8,16]")
+    space = cifar.search_space(cfg.workload)
+    assert isinstance(space["l1"], Categorical) and space["l1"].categories == [16, 32, 64]
+    assert space["l2"].categories == [4, 8, 16, 32, 64, 128, 256]
+    assert isinstance(space["lr"], Float) and (space["lr"].lower, space["lr"].upper) == (1e-4, 1e-1)
+    assert space["batch_size"].categories == [8, 16]
+
+
+def test_checkpoint_round_trip_restores_model_and_optimizer(tmp_path):
+    torch.manual_seed(0)
+    net = cifar.Net(8, 8)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    images, labels = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    for _ in range(2):  # momentum buffers become non-trivial state
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(net(images), labels).backward()
+        optimizer.step()
+    cifar.save_checkpoint(str(tmp_path), net, optimizer, epoch=3)
+
+    restored = cifar.Net(8, 8)
+    restored_optimizer = torch.optim.SGD(restored.parameters(), lr=0.5, momentum=0.0)
+    assert cifar.load_checkpoint(str(tmp_path), restored, restored_optimizer) == 3
+    for a, b in zip(net.state_dict().values(), restored.state_dict().values()):
+        assert torch.equal(a, b)
+    assert restored_optimizer.param_groups[0]["lr"] == 0.1
+    buffers = [restored_optimizer.state[p]["momentum_buffer"] for p in restored.parameters()]
+    expected = [optimizer.state[p]["momentum_buffer"] for p in net.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(buffers, expected))
+    # the next step of the restored pair is the next step of the original
+    for model, opt in ((net, optimizer), (restored, restored_optimizer)):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        opt.step()
+    assert torch.equal(net.fc3.weight, restored.fc3.weight)

@@ -1,0 +1,132 @@
+"""Every config file composes; bad input is refused before anything starts, naming the key."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from rayflow.cli import one_line, preflight
+from rayflow.config import ConfigError, REDACTED, is_secret_name, redact, safe_yaml
+from rayflow.session import check_config
+from tests.conftest import REPO, compose_config
+
+GROUPS = {
+    group.name: sorted(p.stem for p in group.glob("*.yaml"))
+    for group in sorted((REPO / "conf").iterdir())
+    if group.is_dir() and not group.name.startswith("_")
+}
+
+
+@pytest.mark.parametrize(
+    "override", [f"{group}={option}" for group, options in GROUPS.items() for option in options]
+)
+def test_every_config_file_composes_and_resolves(override):
+    cfg = compose_config(override, "backend.address=127.0.0.1:6379" if override == "backend=attach" else "seed=0")
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert resolved[override.split("=")[0]] is not None
+
+
+def test_each_config_says_which_command_uses_it():
+    for path in (REPO / "conf").rglob("*.yaml"):
+        head = "\n".join(path.read_text().splitlines()[:2])
+        assert "python -m rayflow" in head, f"{path} does not say which command uses it"
+
+
+def test_groups_are_the_contract():
+    assert {"local", "attach"} <= set(GROUPS["backend"])
+    assert {"cpu", "gpu", "auto"} == set(GROUPS["compute"])
+    assert {"mlflow", "none"} == set(GROUPS["tracking"])
+    assert "cifar" in GROUPS["workload"]
+
+
+def test_defaults(default_config):
+    cfg = default_config
+    assert cfg.backend.name == "local" and cfg.workload.name == "cifar"
+    assert cfg.compute.device == "cpu" and cfg.tracking.enabled
+    assert cfg.workload.metric == "val_loss" and cfg.workload.mode == "min"
+    assert cfg.tracking.experiment == "cifar"
+    check_config(cfg)  # the defaults pass every check
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["workload.num_samples=0"], "workload.num_samples"),
+        (["workload.max_epochs=-1"], "workload.max_epochs"),
+        (["workload.max_epochs=2", "workload.scheduler.grace_period=3"], "workload.scheduler.grace_period"),
+        (["workload.scheduler.reduction_factor=1"], "workload.scheduler.reduction_factor"),
+        (["workload.search_space.lr.min=0.5"], "workload.search_space.lr"),
+        (["workload.search_space.l1.min=300", "workload.search_space.l1.max=200"], "workload.search_space.l1"),
+        (["workload.search_space.l2.min=5", "workload.search_space.l2.max=7"], "workload.search_space.l2"),
+        (["workload.search_space.batch_size=[]"], "workload.search_space.batch_size"),
+        (["workload.metric=accuracy"], "workload.metric"),
+        (["workload.resources_per_trial.cpu=0"], "workload.resources_per_trial.cpu"),
+        (["workload.resources_per_trial.gpu=1"], "workload.resources_per_trial.gpu"),
+        (["data.val_fraction=1.5"], "data.val_fraction"),
+        (["ray_auth_mode=maybe"], "ray_auth_mode"),
+        (["backend.num_cpus=0"], "backend.num_cpus"),
+        (["backend=attach", "backend.address=nonsense"], "backend.address"),
+        (["backend=attach", "backend.address=127.0.0.1:1"], "backend.address"),
+    ],
+)
+def test_bad_values_name_their_key(overrides, key):
+    with pytest.raises(ConfigError) as raised:
+        check_config(compose_config(*overrides))
+    assert raised.value.key == key
+    assert "\n" not in str(raised.value)
+
+
+def test_gpu_without_cuda_is_refused_before_start():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError) as raised:
+        check_config(compose_config("compute=gpu"))
+    assert raised.value.key == "compute"
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["workload.nosuch=1"], "workload.nosuch"),
+        (["backend=nosuch"], "backend=nosuch"),
+        (["workload.scheduler.reduction_factor=2,4"], "workload.scheduler.reduction_factor=2,4"),
+    ],
+)
+def test_hydra_errors_become_one_line(overrides, key):
+    with pytest.raises(ConfigError) as raised:
+        preflight(overrides, multirun=False)
+    assert raised.value.key == key and "\n" not in str(raised.value)
+
+
+def test_multirun_checks_every_job_before_the_first_starts():
+    preflight(["workload.scheduler.reduction_factor=2,4"], multirun=True)
+    with pytest.raises(ConfigError, match="workload.num_samples"):
+        preflight(["workload.num_samples=2,0"], multirun=True)
+
+
+def test_one_line_keeps_unknown_errors_on_one_line():
+    err = one_line(RuntimeError("first\n\n  second"))
+    assert str(err) == "config: first second"
+
+
+@pytest.mark.parametrize("name", ["token", "api_key", "MLFLOW_TRACKING_TOKEN", "db.password", "aws-secret", "spark.hadoop.fs.s3a.secret.key"])
+def test_secret_names(name):
+    assert is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["monkey", "keyboard_layout", "tokenizer", "num_samples", "metric"])
+def test_not_secret_names(name):
+    assert not is_secret_name(name)
+
+
+def test_redaction_masks_nested_secrets_only():
+    config = {"tracking": {"uri": "sqlite:///x", "token": "abc"}, "spark_conf": {"fs.s3a.secret.key": "xyz", "x": 1}}
+    masked = redact(config)
+    assert masked["tracking"] == {"uri": "sqlite:///x", "token": REDACTED}
+    assert masked["spark_conf"] == {"fs.s3a.secret.key": REDACTED, "x": 1}
+    assert config["tracking"]["token"] == "abc"  # the original is untouched
+    text = safe_yaml(OmegaConf.create(config))
+    assert "abc" not in text and "xyz" not in text and "sqlite:///x" in text
+

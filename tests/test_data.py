@@ -1,0 +1,141 @@
+"""The CIFAR-10 loader: the on-disk format, synthetic data, the md5-checked download under a lock."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import subprocess
+import sys
+import tarfile
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rayflow import data
+from rayflow.data import DataError, DataSpec
+
+
+def test_synthetic_files_have_the_cifar_format(tmp_path):
+    spec = DataSpec(root=str(tmp_path), synthetic=True, synthetic_train_size=500, synthetic_test_size=50)
+    folder = data.prepare(spec)
+    assert folder.name == "cifar-10-batches-py"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["batches.meta", "data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"]
+    with open(folder / "data_batch_1", "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    assert batch[b"data"].dtype == np.uint8 and batch[b"data"].shape == (100, 3072)
+    assert len(batch[b"labels"]) == 100 and set(batch[b"labels"]) <= set(range(10))
+    images, labels = data.read_batches(folder, [data.TEST_FILE])
+    assert images.shape == (50, 3, 32, 32) and labels.shape == (50,)
+
+
+def test_loader_splits_and_caches_uint8_tensors(tmp_path):
+    spec = DataSpec(root=str(tmp_path), synthetic=True, synthetic_train_size=1000, synthetic_test_size=10, val_fraction=0.2)
+    train_x, train_y, val_x, val_y = data.load_split(spec)
+    assert train_x.dtype == torch.uint8 and train_x.shape == (800, 3, 32, 32)
+    assert val_x.shape == (200, 3, 32, 32) and train_y.dtype == torch.int64
+    assert data.load_split(spec)[0] is train_x  # loaded once per process
+    batches = list(data.iterate(train_x, train_y, 256, shuffle=True, generator=torch.Generator().manual_seed(0)))
+    assert [len(y) for _, y in batches] == [256, 256, 256, 32]
+    images = batches[0][0]
+    assert images.dtype == torch.float32 and -1.0 <= images.min() and images.max() <= 1.0
+    assert sorted(torch.cat([y for _, y in batches]).tolist()) == sorted(train_y.tolist())
+
+
+def test_normalize_matches_totensor_then_normalize_half():
+    raw = torch.tensor([0, 51, 255], dtype=torch.uint8)
+    expected = (raw.float() / 255 - 0.5) / 0.5
+    assert torch.allclose(data.normalize(raw), expected)
+
+
+def test_synthetic_signal_is_learnable(tmp_path):
+    """A linear probe on the synthetic set beats chance (10%) by far: trials have something to learn."""
+    spec = DataSpec(root=str(tmp_path), synthetic=True, synthetic_train_size=2000, synthetic_test_size=10)
+    train_x, train_y, val_x, val_y = data.load_split(spec)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3 * 32 * 32, 10)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        for images, labels in data.iterate(train_x, train_y, 100, shuffle=True):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(images.flatten(1)), labels).backward()
+            optimizer.step()
+    accuracy = (model(data.normalize(val_x).flatten(1)).argmax(1) == val_y).float().mean().item()
+    assert accuracy > 0.5
+
+
+def test_missing_data_without_download_names_the_keys(tmp_path):
+    with pytest.raises(DataError, match="data.download=true"):
+        data.prepare(DataSpec(root=str(tmp_path), download=False))
+
+
+def _cifar_archive(folder: Path) -> bytes:
+    """A tiny archive laid out like the official cifar-10-python.tar.gz."""
+    data.write_synthetic(folder / "src" / data.BATCH_DIR, 50, 10, seed=1)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(folder / "src" / data.BATCH_DIR, arcname=data.BATCH_DIR)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def archive_server(tmp_path):
+    """A loopback HTTP server holding a CIFAR-format archive; counts the downloads."""
+    served = tmp_path / "served"
+    served.mkdir()
+    payload = _cifar_archive(tmp_path)
+    (served / "cifar-10-python.tar.gz").write_bytes(payload)
+    hits = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(served)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/cifar-10-python.tar.gz"
+    yield url, hashlib.md5(payload).hexdigest(), hits
+    server.shutdown()
+
+
+def test_download_checks_md5_and_unpacks(tmp_path, archive_server):
+    url, md5, _ = archive_server
+    with pytest.raises(DataError, match="md5"):
+        data.prepare(DataSpec(root=str(tmp_path / "bad"), url=url, md5="0" * 32))
+    assert not (tmp_path / "bad" / data.BATCH_DIR).exists()
+    folder = data.prepare(DataSpec(root=str(tmp_path / "good"), url=url, md5=md5))
+    images, _ = data.read_batches(folder, data.TRAIN_FILES)
+    assert images.shape == (50, 3, 32, 32)
+
+
+def test_unreachable_download_says_how_to_run_offline(tmp_path):
+    with pytest.raises(DataError, match="data.synthetic=true"):
+        data.prepare(DataSpec(root=str(tmp_path), url="http://127.0.0.1:9/cifar-10-python.tar.gz"))
+
+
+def test_concurrent_trials_download_once(tmp_path, archive_server):
+    """Four processes preparing the same root at once: one fetch, all four see the data."""
+    url, md5, hits = archive_server
+    script = (
+        "import sys; from rayflow import data\n"
+        "print(data.prepare(data.DataSpec(root=sys.argv[3], url=sys.argv[1], md5=sys.argv[2])))\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, url, md5, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(set(outputs)) == 1 and outputs[0].endswith(data.BATCH_DIR)
+    assert len(hits) == 1
