@@ -79,7 +79,9 @@ class Rayflow:
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0", HYDRA_FULL_ERROR="0")
 
     def argv(self, *args: str, base: bool = True) -> list[str]:
-        return [sys.executable, "-m", "rayflow", *(self.base if base else []), *args]
+        flags = [a for a in args if a.startswith("-")]  # Hydra wants -m before the overrides
+        overrides = [a for a in args if not a.startswith("-")]
+        return [sys.executable, "-m", "rayflow", *flags, *(self.base if base else []), *overrides]
 
     def run(self, *args: str, base: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run(

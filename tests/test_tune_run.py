@@ -1,0 +1,165 @@
+"""ASHA tuning end to end on a real local Ray cluster, checked the way a user would look."""
+
+from __future__ import annotations
+
+import csv
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import wait_until
+
+SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
+
+
+def test_asha_run_lands_in_mlflow_with_checkpoints(rayflow):
+    secret = "s3cr3t-value-never-logged"
+    out = rayflow.run(*SMALL, f"+tracking.api_token={secret}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "== rayflow results ==" in out.stdout and "trial-epochs used:" in out.stdout
+    assert "mlflow ui --backend-store-uri sqlite:///" in out.stdout
+
+    client, parents, children = rayflow.mlflow("cifar")
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    tags = parent.data.tags
+    assert tags["backend"] == "local" and tags["workload"] == "cifar" and tags["synthetic"] == "true"
+    assert tags["device"] == "cpu" and tags["ray_version"].startswith("2.") and tags["torch_version"]
+    assert parent.data.params["workload.num_samples"] == "2"
+    assert parent.data.params["tracking.api_token"] == "***"
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"config.yaml", "cluster", "best_checkpoint"} <= artifacts
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "cluster")] == ["cluster/spec.yaml"]
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "best_checkpoint")] == ["best_checkpoint/checkpoint.pt"]
+    config_text = Path(client.download_artifacts(parent.info.run_id, "config.yaml", str(rayflow.workdir))).read_text()
+    assert yaml.safe_load(config_text)["workload"]["max_epochs"] == 2
+    assert "best_val_loss" in parent.data.metrics and "best_val_accuracy" in parent.data.metrics
+
+    trials = children[parent.info.run_id]
+    assert len(trials) == 2
+    for run in trials:
+        assert run.info.status == "FINISHED" and run.data.tags["device"] == "cpu"
+        history = client.get_metric_history(run.info.run_id, "val_loss")
+        epochs = int(run.data.metrics["epoch"])
+        assert [m.step for m in history] == list(range(1, epochs + 1))
+        assert 0 <= run.data.metrics["val_accuracy"] <= 1
+        assert {"l1", "l2", "lr", "batch_size"} <= set(run.data.params)
+
+    assert len(rayflow.checkpoints()) >= 2  # a checkpoint per trial-epoch, on disk
+    everything = out.stdout + out.stderr + "".join(
+        p.read_text(errors="ignore") for p in rayflow.workdir.rglob("*") if p.is_file() and p.suffix in {".log", ".yaml", ".json"}
+    )
+    assert secret not in everything
+    assert secret not in "".join(str(v) for r in [parent, *trials] for v in [*r.data.params.values(), *r.data.tags.values()])
+
+
+def test_tracking_none_logs_nothing(rayflow):
+    out = rayflow.run("workload.num_samples=1", "workload.max_epochs=1", "tracking=none")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not rayflow.db.exists() and "tracking is off" in out.stdout
+
+
+def _progress(trial_dir: Path) -> list[dict]:
+    try:
+        with open(trial_dir / "progress.csv") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayflow):
+    # Trials take both CPUs, so they run one after the other.
+    epochs = 12
+    args = [f"workload.num_samples=3", f"workload.max_epochs={epochs}", f"workload.scheduler.grace_period={epochs}",
+            "workload.resources_per_trial.cpu=2", "backend.num_cpus=2", "data.synthetic_train_size=4000",
+            "workload.search_space.batch_size=[32]"]
+    proc, log = rayflow.start(*args)
+
+    def second_trial_checkpointed():
+        trials = sorted(p for p in rayflow.storage.glob("*/train_cifar_*") if p.is_dir())
+        done = [t for t in trials if len(_progress(t)) == epochs]
+        running = [t for t in trials if 0 < len(list(t.glob("checkpoint_*"))) < epochs - 2]
+        return done and running and (done, running)
+
+    found = wait_until(second_trial_checkpointed, timeout=180, interval=0.1)
+    assert found, log.read_text()[-3000:]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    assert "resume=" in log.read_text()
+    done, running = found
+    finished_before = {t.name: _progress(t) for t in done}
+
+    out = rayflow.run(*args, "resume=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "trials: 3" in out.stdout
+    for name, rows in finished_before.items():
+        trial = next(rayflow.storage.glob(f"*/{name}"))
+        assert _progress(trial) == rows, "a finished trial was run again"
+    resumed = _progress(next(rayflow.storage.glob(f"*/{running[0].name}")))
+    seen = [int(r["epoch"]) for r in resumed]
+    assert seen[-1] == epochs and seen.count(1) == 1, f"resumed trial restarted from scratch: {seen}" 
+
+    client, parents, children = rayflow.mlflow("cifar")
+    assert len(parents) == 1, "resume must continue the same parent run"
+    assert parents[0].info.status == "FINISHED" and parents[0].data.tags.get("resumed") == "true"
+    assert len(children[parents[0].info.run_id]) == 3
+
+
+def trial_worker_pids() -> set[int]:
+    """Pids of Tune's function-trainable actors (process title ray::ImplicitFunc...)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::ImplicitFunc"):
+                pids.add(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_killed_trial_worker_restarts_from_its_checkpoint(rayflow):
+    import os
+
+    epochs = 15
+    args = ["workload.num_samples=1", f"workload.max_epochs={epochs}", f"workload.scheduler.grace_period={epochs}",
+            "data.synthetic_train_size=4000", "workload.search_space.batch_size=[32]", "workload.max_failures=2"]
+    proc, log = rayflow.start(*args)
+
+    def trial_worker_after_two_epochs():
+        return len(rayflow.checkpoints()) >= 2 and trial_worker_pids()
+
+    pids = wait_until(trial_worker_after_two_epochs, timeout=180, interval=0.1)
+    assert pids and len(pids) == 1, log.read_text()[-3000:]
+    os.kill(pids.pop(), signal.SIGKILL)
+    assert len(rayflow.checkpoints()) < epochs - 2, "the trial finished before the test could kill it"
+    assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
+    rows = [r for t in rayflow.storage.glob("*/train_cifar_*") for r in _progress(t)]
+    seen = [int(r["epoch"]) for r in rows]
+    assert seen[-1] == epochs and seen.count(1) == 1, f"the trial restarted from scratch: {seen}"
+    assert len({r["pid"] for r in rows}) == 2, "the trial should have moved to a new worker process"
+    client, parents, children = rayflow.mlflow("cifar")
+    assert parents[0].info.status == "FINISHED"
+
+
+def test_multirun_reuses_one_cluster(rayflow):
+    out = rayflow.run("-m", "workload.num_samples=1", "workload.max_epochs=1", "workload.scheduler.reduction_factor=2,4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("[rayflow] starting the local cluster") == 1
+    assert out.stdout.count("[rayflow] reusing the local cluster") == 1
+    client, parents, children = rayflow.mlflow("cifar")
+    assert sorted(p.data.params["workload.scheduler.reduction_factor"] for p in parents) == ["2", "4"]
+    assert len(rayflow.experiments()) == 2
+
+
+def test_sigterm_mid_run_stops_everything_and_keeps_the_experiment(rayflow):
+    proc, log = rayflow.start("workload.num_samples=2", "workload.max_epochs=30", "workload.scheduler.grace_period=30")
+    assert wait_until(lambda: rayflow.checkpoints(), timeout=180, interval=0.1), log.read_text()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    assert "resume=" in log.read_text()
+    client, parents, _ = rayflow.mlflow("cifar")
+    assert parents[0].info.status == "KILLED"
+    assert rayflow.experiments()  # the rayflow fixture asserts no Ray daemon is left
