@@ -52,6 +52,19 @@ def sleep_trainable(seconds: float, reports: int):
     return trainable
 
 
+def mlflow_trial_runs(storage: Path):
+    """rayflow's trial callback, writing into a parent run of a fresh SQLite store."""
+    from mlflow.tracking import MlflowClient
+
+    from rayflow.trial_runs import TrialRuns
+
+    uri = f"sqlite:///{storage / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("bench")
+    parent = client.create_run(experiment).info.run_id
+    return TrialRuns(uri, experiment, parent, ("score",), None)
+
+
 def tune_overhead(args) -> dict:
     import ray
     from ray import tune
@@ -64,7 +77,12 @@ def tune_overhead(args) -> dict:
 
     # Both return whether Ctrl-C stopped Tune early; fit_watching_interrupts only swaps a
     # signal handler around fit(), so plain Tune gets the same stop handling at no cost.
-    def rayflow_run(storage: Path) -> bool:
+    def rayflow_setup(storage: Path) -> list:
+        # Like the workload: every result also goes to a nested MLflow run, from the driver.
+        # The store and parent run exist before Tune starts there too, so they are not timed.
+        return [mlflow_trial_runs(storage)] if args.tracking else []
+
+    def rayflow_run(storage: Path, callbacks: list) -> bool:
         job = TuneJob(
             trainable=trainable,
             param_space=param_space,
@@ -73,11 +91,12 @@ def tune_overhead(args) -> dict:
             num_samples=1,
             resources={"cpu": 1},
             reuse_actors=True,
+            callbacks=callbacks,
             verbose=0,
         )
         return run_tune(job, storage / "rayflow-bench")[1]
 
-    def plain_run(storage: Path) -> bool:
+    def plain_run(storage: Path, _: None) -> bool:
         tuner = tune.Tuner(
             tune.with_resources(trainable, {"cpu": 1}),
             param_space=param_space,
@@ -95,11 +114,12 @@ def tune_overhead(args) -> dict:
         # Alternate A and B so drift (other load on the machine, warm caches) hits
         # both alike instead of all of one side.
         for rep in range(args.repeats):
-            for name, run in (("rayflow", rayflow_run), ("plain", plain_run)):
+            for name, setup, run in (("rayflow", rayflow_setup, rayflow_run), ("plain", lambda s: None, plain_run)):
                 storage = tmp / f"rep{rep}" / name  # fresh folder: no run finds another's state
                 storage.mkdir(parents=True)
+                prepared = setup(storage)
                 start = time.perf_counter()
-                interrupted = run(storage)
+                interrupted = run(storage, prepared)
                 walls[name].append(time.perf_counter() - start)
                 if interrupted:  # a cut-short run's wall time means nothing
                     raise SystemExit(130)
@@ -119,6 +139,7 @@ def tune_overhead(args) -> dict:
         "trials": args.trials,
         "slots": SLOTS,
         "repeats": args.repeats,
+        "tracking": "mlflow" if args.tracking else "none",
         "ray_version": ray.__version__,
     }
 
@@ -128,6 +149,8 @@ def tune_overhead_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trial-seconds", type=float, default=2.0, help="time each trial sleeps in all")
     p.add_argument("--reports", type=int, default=4, help="tune.report calls per trial")
     p.add_argument("--repeats", type=int, default=1, help="runs of each path; the median is reported")
+    p.add_argument("--no-tracking", dest="tracking", action="store_false",
+                   help="leave out the MLflow trial callback on rayflow's side")
 
 
 # name -> (function returning the result dict, function adding its options, help).

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates .venv (Python 3.10+) with rayflow and its test tools, choosing the torch build first:
+# pip resolves an open torch range to the newest release plus several GB of CUDA packages, so
+# torch==$TORCH_VERSION is installed on its own before rayflow (whose torch>=2.1 it satisfies).
+#   TORCH_VERSION    default 2.13.0
+#   TORCH_INDEX_URL  an index holding the build you want (e.g. PyTorch's CPU-only index for a
+#                    CPU machine without a local CPU wheel); default: pip's own configuration,
+#                    which gives the CUDA build on Linux and a local CPU wheel where one is set up.
+#   PYTHON           the interpreter for the venv, default python3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+
+torch_version=${TORCH_VERSION:-2.13.0}
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$torch_version"
+fi
+"${pip[@]}" -e ".[test]"
+.venv/bin/python -c "import torch, ray, mlflow, hydra; print('rayflow setup: torch', torch.__version__, '| cuda', torch.cuda.is_available(), '| ray', ray.__version__, '| mlflow', mlflow.__version__)"
