@@ -77,6 +77,7 @@ class Rayflow:
             "data.synthetic_test_size=100",
         ]
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0", HYDRA_FULL_ERROR="0")
+        self.env.pop("MLFLOW_TRACKING_URI", None)  # each test has its own store in its work folder
 
     def argv(self, *args: str, base: bool = True) -> list[str]:
         flags = [a for a in args if a.startswith("-")]  # Hydra wants -m before the overrides

@@ -85,7 +85,8 @@ class ClusterBackendContract:
         else:
             assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
 
-    def test_sigterm_stops_what_it_started(self, tmp_path):
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+    def test_signals_stop_what_it_started(self, tmp_path, signum):
         script = textwrap.dedent(
             f"""
             import os, sys, time
@@ -103,13 +104,24 @@ class ClusterBackendContract:
                                 env=dict(os.environ, PYTHONPATH=os.getcwd()))
         assert proc.stdout.readline().strip() == "ready"
         started = ray_daemon_pids() - before
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        proc.send_signal(signum)
+        code = proc.wait(timeout=60)
+        # SIGINT: KeyboardInterrupt unwinds, then Python ends the process by SIGINT itself
+        assert code == (128 + signum if signum == signal.SIGTERM else -signal.SIGINT)
         if self.owns_cluster:
             assert started
             assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20)
         else:
             assert ray_daemon_pids() >= before
+
+
+def test_missing_extra_gets_an_install_hint(monkeypatch):
+    from rayflow.backends import REGISTRY
+    from rayflow.config import ConfigError
+
+    monkeypatch.setitem(REGISTRY, "local", ("rayflow_missing_module_for_test", "Cluster", "spark"))
+    with pytest.raises(ConfigError, match=r"needs rayflow_missing_module_for_test: pip install 'rayflow\[spark\]'"):
+        backend_for(compose_config())
 
 
 class TestLocal(ClusterBackendContract):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -15,8 +16,12 @@ from tests.conftest import REPO
 
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_runs_from_elsewhere(tmp_path, data_root):
+    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "outputs", "multirun", "mlruns", "mlflow.db"))
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)], check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source)], check=True, timeout=600)
     wheel = next(dist.glob("rayflow-*.whl"))
 
     venv = tmp_path / "venv"
