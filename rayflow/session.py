@@ -103,6 +103,32 @@ def _resolve_compute(cfg: DictConfig) -> None:
         OmegaConf.update(cfg, "compute.gpus_per_trial", 1 if gpus > 0 else 0)
 
 
+def _parent_tags(cfg: DictConfig, path: Path) -> dict:
+    import ray
+    import torch
+
+    return {
+        "backend": cfg.backend.name,
+        "workload": cfg.workload.name,
+        "ray_version": ray.__version__,
+        "torch_version": torch.__version__,
+        "synthetic": str(bool(cfg.data.synthetic)).lower(),
+        "git_commit": git_commit(),
+        "experiment_dir": str(path),
+    }
+
+
+def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path) -> None:
+    """The outcome into the parent run and onto the terminal."""
+    tracker.set_tags({"device": ",".join(summary.devices) or cfg.compute.device})
+    tracker.log_metrics(summary.parent_metrics())
+    if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
+        tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
+    print(summary.table(), flush=True)
+    print(f"experiment: {path}   (continue it with resume={path})")
+    print(f"MLflow: {tracker.ui_hint()}", flush=True)
+
+
 def run_job(cfg: DictConfig):
     backend = check_config(cfg)
     os.environ["RAY_AUTH_MODE"] = str(cfg.ray_auth_mode)  # driver, cluster and workers agree
@@ -127,43 +153,13 @@ def run_job(cfg: DictConfig):
     try:
         POOL.acquire(backend, spec)
         _resolve_compute(cfg)
-        import ray
-        import torch
-
         previous = read_state(path).get("mlflow_run_id") if resuming else None
-        tracker.start(
-            cfg,
-            spec,
-            tags={
-                "backend": cfg.backend.name,
-                "workload": cfg.workload.name,
-                "ray_version": ray.__version__,
-                "torch_version": torch.__version__,
-                "synthetic": str(bool(cfg.data.synthetic)).lower(),
-                "git_commit": git_commit(),
-                "experiment_dir": str(path),
-            },
-            resume_run_id=previous,
-        )
-        write_state(
-            path,
-            {
-                "mlflow_run_id": tracker.run_id,
-                "tracking_uri": tracker.uri or None,
-                "config": redact({k: to_container(cfg)[k] for k in RESUMED_KEYS}),
-            },
-        )
+        tracker.start(cfg, spec, tags=_parent_tags(cfg, path), resume_run_id=previous)
+        state = {"mlflow_run_id": tracker.run_id, "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
+        write_state(path, redact(state))
         summary = workload_for(cfg.workload.name).run(cfg, RunContext(cfg, tracker, data, path, resuming))
-        tracker.set_tags({"device": ",".join(summary.devices) or cfg.compute.device})
-        tracker.log_metrics({f"best_{k}": summary.best_metrics.get(k) for k in ("val_loss", "val_accuracy")})
-        tracker.log_metrics({"trials_stopped_early": summary.stopped_early, "trial_epochs": summary.trial_epochs})
-        if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
-            tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
-        print(summary.table(), flush=True)
-        print(f"experiment: {path}   (continue it with resume={path})")
-        print(f"MLflow: {tracker.ui_hint()}", flush=True)
+        _report(cfg, tracker, summary, path)
         if summary.interrupted:
-            status = "KILLED"
             print(f"rayflow: interrupted; state saved. Continue with: python -m rayflow resume={path}", file=sys.stderr)
             sys.exit(130)
         status = "FINISHED" if summary.errored == 0 else "FAILED"

@@ -135,6 +135,11 @@ class TuneSummary:
     budget_epochs: int
     devices: list[str]
 
+    def parent_metrics(self) -> dict[str, float]:
+        """What the invocation's parent MLflow run records about the whole search."""
+        best = {f"best_{k}": v for k, v in self.best_metrics.items() if k in ("val_loss", "val_accuracy")}
+        return {**best, "trials_stopped_early": self.stopped_early, "trial_epochs": self.trial_epochs}
+
     def table(self, metric_names=("val_accuracy", "val_loss")) -> str:
         width = max(len(k) for k in self.best_config) if self.best_config else 0
         lines = ["", "== rayflow results =="]
