@@ -15,7 +15,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from rayflow.config import ConfigError
+from rayflow.config import ConfigError, renamed_key_error
 
 CONFIG_MODULE = "rayflow.conf"
 CONFIG_NAME = "config"
@@ -49,6 +49,8 @@ def one_line(err: Exception) -> ConfigError:
         name = (err.missing_cfg_file or "").split("/")[-1]
         return ConfigError(f"{group}={name}", f"unknown option; choose from {', '.join(err.options)}")
     match = re.search(r"Could not (?:override|append to|delete from) '([^']+)'", text)
+    if match and renamed_key_error(match.group(1)):
+        return renamed_key_error(match.group(1))
     if match:
         cause = str(err.__cause__ or "").splitlines()[0] if err.__cause__ else ""
         return ConfigError(match.group(1), f"unknown config key ({cause or text.splitlines()[0]})")

@@ -21,6 +21,23 @@ class ConfigError(ValueError):
         self.key = key
 
 
+# Keys that older posts and versions use, and what replaced them: the CLI names the
+# replacement instead of calling the key unknown.
+RENAMED = {
+    "backend.num_worker_nodes": "backend.max_worker_nodes and backend.min_worker_nodes",
+    "backend.autoscale": "backend.min_worker_nodes < backend.max_worker_nodes (autoscaling is on when min < max)",
+    "backend.num_cpus_per_node": "backend.num_cpus_worker_node",
+    "backend.num_gpus_per_node": "backend.num_gpus_worker_node",
+    "backend.object_store_memory_per_node": "backend.object_store_memory_worker_node",
+}
+
+
+def renamed_key_error(key: str) -> ConfigError | None:
+    if key in RENAMED:
+        return ConfigError(key, f"was removed from setup_ray_cluster; use {RENAMED[key]}")
+    return None
+
+
 # Words that mark a key or environment variable as secret; matched against the
 # words of a name split on '.', '_' and '-' (so "monkey" is not a secret, "api_key" is).
 _SECRET_WORDS = {"token", "password", "passwd", "secret", "key", "apikey", "credential", "credentials"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,34 @@ def _resolve_compute(cfg: DictConfig) -> None:
         OmegaConf.update(cfg, "compute.gpus_per_trial", 1 if gpus > 0 else 0)
 
 
+class NodePeak:
+    """The most Ray nodes alive at once (head included), sampled each second while a job runs."""
+
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="rayflow-node-peak", daemon=True)
+
+    def _sample(self) -> None:
+        import ray
+
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, sum(1 for node in ray.nodes() if node["Alive"]))
+            except Exception:  # the driver is disconnecting: the peak so far stands
+                return
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "NodePeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 def _parent_tags(cfg: DictConfig, path: Path) -> dict:
     import ray
     import torch
@@ -118,10 +147,10 @@ def _parent_tags(cfg: DictConfig, path: Path) -> dict:
     }
 
 
-def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path) -> None:
+def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path, peak: NodePeak) -> None:
     """The outcome into the parent run and onto the terminal."""
     tracker.set_tags({"device": ",".join(summary.devices) or cfg.compute.device})
-    tracker.log_metrics(summary.parent_metrics())
+    tracker.log_metrics({**summary.parent_metrics(), "cluster_nodes_peak": peak.peak})
     if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
         tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
     print(summary.table(), flush=True)
@@ -131,7 +160,6 @@ def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path) -> None:
 
 def run_job(cfg: DictConfig):
     backend = check_config(cfg)
-    os.environ["RAY_AUTH_MODE"] = str(cfg.ray_auth_mode)  # driver, cluster and workers agree
     spec = backend.render()
     if cfg.dry_run:
         sys.stdout.write(spec)
@@ -149,16 +177,22 @@ def run_job(cfg: DictConfig):
     if cfg.backend.name == "local":
         prepare(data)  # same filesystem as the trials: fail on missing data before Ray starts
     tracker = Tracker(cfg)
+    if tracker.enabled:  # Ray nodes that Spark or Kubernetes start get it forwarded
+        os.environ["MLFLOW_TRACKING_URI"] = tracker.absolute_uri
     status = "FAILED"
     try:
         POOL.acquire(backend, spec)
         _resolve_compute(cfg)
         previous = read_state(path).get("mlflow_run_id") if resuming else None
-        tracker.start(cfg, spec, tags=_parent_tags(cfg, path), resume_run_id=previous)
+        backend = POOL.backend
+        tracker.start(cfg, spec, tags={**_parent_tags(cfg, path), **backend.tags()}, resume_run_id=previous)
+        tracker.log_metrics(backend.metrics())
         state = {"mlflow_run_id": tracker.run_id, "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
         write_state(path, redact(state))
-        summary = workload_for(cfg.workload.name).run(cfg, RunContext(cfg, tracker, data, path, resuming))
-        _report(cfg, tracker, summary, path)
+        with NodePeak() as peak:
+            summary = workload_for(cfg.workload.name).run(cfg, RunContext(cfg, tracker, data, path, resuming))
+        _report(cfg, tracker, summary, path, peak)
+        print(f"cluster nodes at peak: {peak.peak}", flush=True)
         if summary.interrupted:
             print(f"rayflow: interrupted; state saved. Continue with: python -m rayflow resume={path}", file=sys.stderr)
             sys.exit(130)

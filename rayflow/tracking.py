@@ -112,10 +112,15 @@ class Tracker:
 
         return TrialRuns(self.uri, self.experiment_id, self.run_id, metric_names, max_epochs)
 
-    def ui_hint(self) -> str:
-        if not self.enabled:
-            return "tracking is off (tracking=none)"
+    @property
+    def absolute_uri(self) -> str:
+        """The URI with a relative SQLite path made absolute (valid from any directory)."""
         uri = self.uri
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
             uri = "sqlite:///" + os.path.abspath(uri[len("sqlite:///") :])
-        return f"mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)"
+        return uri
+
+    def ui_hint(self) -> str:
+        if not self.enabled:
+            return "tracking is off (tracking=none)"
+        return f"mlflow ui --backend-store-uri {self.absolute_uri}   (then open http://127.0.0.1:5000)"

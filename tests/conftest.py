@@ -33,16 +33,19 @@ def default_config():
 
 
 def ray_daemon_pids() -> set[int]:
-    """Pids of Ray's per-cluster daemons (GCS server and raylets) on this machine."""
+    """Pids of the processes a cluster leaves if not stopped: Ray's GCS servers and raylets,
+    and Spark JVMs (the py4j gateway, executors) on this machine."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv0.endswith((b"/gcs_server", b"/raylet")):
+        if argv[0].endswith((b"/gcs_server", b"/raylet")):
+            pids.add(int(entry.name))
+        elif argv[0].endswith(b"java") and any(a.startswith(b"org.apache.spark") for a in argv):
             pids.add(int(entry.name))
     return pids
 
@@ -78,6 +81,7 @@ class Rayflow:
         ]
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0", HYDRA_FULL_ERROR="0")
         self.env.pop("MLFLOW_TRACKING_URI", None)  # each test has its own store in its work folder
+        self.env.pop("RAY_AUTH_MODE", None)  # rayflow must make driver and cluster agree by itself
 
     def argv(self, *args: str, base: bool = True) -> list[str]:
         flags = [a for a in args if a.startswith("-")]  # Hydra wants -m before the overrides

@@ -38,7 +38,6 @@ class ClusterBackendContract:
     @pytest.fixture
     def backend(self, monkeypatch) -> ClusterBackend:
         cfg = compose_config(*self.overrides())
-        monkeypatch.setenv("RAY_AUTH_MODE", cfg.ray_auth_mode)  # what run_job does
         return backend_for(cfg)
 
     def test_is_registered_under_its_config_name(self, backend):
@@ -93,7 +92,6 @@ class ClusterBackendContract:
             from tests.conftest import compose_config
             from rayflow.backends import backend_for
             cfg = compose_config(*{self.overrides()!r})
-            os.environ["RAY_AUTH_MODE"] = cfg.ray_auth_mode
             with backend_for(cfg):
                 print("ready", flush=True)
                 time.sleep(120)

@@ -17,6 +17,7 @@ from rayflow.config import ConfigError
 REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "local": ("rayflow.backends.local", "LocalCluster", None),
     "attach": ("rayflow.backends.attach", "AttachedCluster", None),
+    "spark": ("rayflow.backends.spark", "SparkCluster", "spark"),
 }
 
 

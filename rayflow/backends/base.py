@@ -11,7 +11,9 @@ Heavy imports (ray, pyspark, kubernetes) belong inside the methods.
 from __future__ import annotations
 
 import abc
+import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -38,6 +40,19 @@ def termination_exit_code() -> int | None:
     return 128 + _received[-1] if _received else None
 
 
+def apply_auth_mode(mode: str) -> None:
+    """Export RAY_AUTH_MODE for this driver and everything it starts.
+
+    Ray reads the mode into its C++ config when it is first imported; a driver that
+    imported ray earlier (a notebook, a test) would keep the old mode and then fail with
+    InvalidAuthToken against the cluster it just started, so the config is re-read, as
+    Ray's own token setup does.
+    """
+    os.environ["RAY_AUTH_MODE"] = mode
+    if "ray._raylet" in sys.modules:
+        sys.modules["ray._raylet"].Config.initialize("")
+
+
 class ClusterBackend(abc.ABC):
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg  # the whole run config; backends read cfg.backend
@@ -50,6 +65,14 @@ class ClusterBackend(abc.ABC):
 
     def check(self) -> None:
         """Preflight: raise ConfigError for bad `backend.*` keys; must start nothing."""
+
+    def tags(self) -> dict:
+        """Tags for the invocation's MLflow parent run (beyond the spec)."""
+        return {}
+
+    def metrics(self) -> dict:
+        """Metrics for the parent run once the cluster is up (start-up timings, say)."""
+        return {}
 
     def cluster_gpus(self) -> float | None:
         """GPUs the cluster would offer, when known before it starts (None: ask it later)."""
@@ -74,6 +97,7 @@ class ClusterBackend(abc.ABC):
                 self._old_handlers.setdefault(sig, previous)
 
     def __enter__(self) -> "ClusterBackend":
+        apply_auth_mode(str(self.cfg.ray_auth_mode))  # driver, cluster and workers agree
         self._catch_termination()
         try:
             self.address = self.start()

@@ -1,0 +1,59 @@
+"""The Ray-on-Spark start hook rayflow installs (RAY_ON_SPARK_START_HOOK).
+
+Ray on Spark adds a hook's `custom_environment_variables()` to the environment of the
+head node and of every worker node that Spark tasks launch. That is how rayflow's token
+auth mode, the token itself and MLflow's tracking settings reach Ray nodes on machines
+whose environment the driver does not control. Ray loads the hook with no arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ray.util.spark.start_hook_base import RayOnSparkStartHook
+from ray.util.spark.utils import is_in_databricks_runtime
+
+if is_in_databricks_runtime():  # keep Databricks' own defaults (temp dir, dashboard proxy, creds)
+    from ray.util.spark.databricks_hook import DefaultDatabricksRayOnSparkStartHook as _Base
+else:
+    _Base = RayOnSparkStartHook
+
+# What Ray nodes, and the trials on them, must see as the driver does.
+FORWARDED = (
+    "RAY_AUTH_MODE",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "DATABRICKS_HOST",
+    "DATABRICKS_TOKEN",
+)
+
+
+def auth_token() -> str | None:
+    """The token this driver authenticates with: RAY_AUTH_TOKEN, its file, or ~/.ray/auth_token."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"]
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def forwarded_env() -> dict[str, str]:
+    env = {k: os.environ[k] for k in FORWARDED if os.environ.get(k)}
+    if env.get("RAY_AUTH_MODE") == "token":
+        token = auth_token()
+        if token:
+            env["RAY_AUTH_TOKEN"] = token  # worker machines may not share the driver's ~/.ray
+    return env
+
+
+class RayflowStartHook(_Base):
+    def __init__(self, is_global: bool = False):
+        super().__init__(is_global)
+
+    def custom_environment_variables(self) -> dict[str, str]:
+        return {**super().custom_environment_variables(), **forwarded_env()}

@@ -1,0 +1,90 @@
+"""The sizing plan `dry_run=true` prints for backend=spark: what Ray on Spark will build.
+
+The "helper to populate the parameters" the Databricks guide links to, built in. It uses
+Ray's own per-node memory formula, run where Spark workers run: for a local-cluster
+master that is this machine (no JVM needed); with an active SparkSession, one Spark task.
+"""
+
+from __future__ import annotations
+
+import re
+
+GIB = 1024**3
+
+
+def _worker_facts(num_cpus, num_gpus, heap, object_store) -> dict:
+    """Run on a Spark worker: its cores, GPUs, memory and Ray's sizing of one Ray node there."""
+    from ray.util.spark.utils import (
+        _get_avail_mem_per_ray_worker_node,
+        _get_cpu_cores,
+        _get_num_physical_gpus,
+        _get_spark_worker_total_physical_memory,
+    )
+
+    cores, gpus = _get_cpu_cores(), _get_num_physical_gpus()
+    cpus = num_cpus if num_cpus is not None else cores
+    gpus_per_node = num_gpus if num_gpus is not None else gpus
+    heap_bytes, store_bytes, err, warning = _get_avail_mem_per_ray_worker_node(cpus, gpus_per_node, heap, object_store)
+    return {"cores": cores, "gpus": gpus, "memory_bytes": _get_spark_worker_total_physical_memory(),
+            "node_cpus": cpus, "node_gpus": gpus_per_node, "heap_bytes": heap_bytes,
+            "object_store_bytes": store_bytes, "error": err, "warning": warning}
+
+
+def _spark_workers(cfg, session) -> tuple[str, int | None, int | None]:
+    """(source, Spark workers, cores per Spark worker as Spark schedules them)."""
+    if session is not None:
+        sc = session.sparkContext
+        executors = max(sc._jsc.sc().getExecutorMemoryStatus().size() - 1, 1)
+        return "active SparkSession", executors, max(sc.defaultParallelism // executors, 1)
+    match = re.match(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,", str(cfg.backend.master))
+    if match:
+        return "local-cluster master", int(match.group(1)), int(match.group(2))
+    return "unknown until the cluster is reached (the plan below assumes this machine's size)", None, None
+
+
+def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
+    from rayflow.backends.spark import active_session
+
+    b = cfg.backend
+    session = active_session()
+    source, workers, cores = _spark_workers(cfg, session)
+    args = (b.num_cpus_worker_node, b.num_gpus_worker_node, b.memory_worker_node, b.object_store_memory_worker_node)
+    if session is not None:
+        facts = session.sparkContext.parallelize([1], 1).map(lambda _: _worker_facts(*args)).collect()[0]
+    else:
+        facts = _worker_facts(*args)
+    task_cpus = int(spark_conf.get("spark.task.cpus", 1))
+    cores = cores or facts["cores"]
+    per_worker = max(cores // max(facts["node_cpus"], 1), 0)
+    possible = per_worker * workers if workers is not None else None
+    warnings = []
+    if facts["node_cpus"] < 4:
+        warnings.append(f"Ray warns: {facts['node_cpus']} CPUs per Ray worker node is below the recommended 4")
+    if facts["heap_bytes"] < 10 * GIB:
+        warnings.append(f"Ray warns: {facts['heap_bytes'] / GIB:.1f} GiB heap per Ray worker node is below the recommended 10 GiB")
+    if facts["warning"]:
+        warnings.append(f"Ray warns: {facts['warning']}")
+    if facts["error"]:
+        warnings.append(f"Ray fails: {facts['error'].splitlines()[0]}")
+    if possible is not None and b.max_worker_nodes > possible:
+        warnings.append(f"max_worker_nodes={b.max_worker_nodes} exceeds the {possible} Ray worker nodes the Spark workers can hold")
+    if b.hybrid and workers is None:
+        warnings.append("hybrid: keep max_worker_nodes below the Spark workers so Spark jobs keep capacity")
+    head_default = (b.num_cpus_head_node or 0) == 0 and (b.num_gpus_head_node or 0) == 0 and b.object_store_memory_head_node is None
+    return {
+        "source": source,
+        "spark_workers": workers,
+        "cores_per_spark_worker": cores,
+        "gpus_per_spark_worker": facts["gpus"],
+        "physical_memory_bytes_per_spark_worker": facts["memory_bytes"],
+        "spark_task_slots_per_worker": max(cores // max(task_cpus, 1), 1),
+        "ray_worker_nodes_per_spark_worker": per_worker,
+        "ray_worker_nodes": {"min": b.min_worker_nodes, "max": b.max_worker_nodes, "possible": possible,
+                             "autoscaling": b.min_worker_nodes < b.max_worker_nodes},
+        "ray_worker_node": {"cpus": facts["node_cpus"], "gpus": facts["node_gpus"],
+                            "heap_bytes": facts["heap_bytes"], "object_store_bytes": facts["object_store_bytes"]},
+        "ray_head_node": {"cpus": b.num_cpus_head_node or 0, "gpus": b.num_gpus_head_node or 0,
+                          "heap_bytes": GIB if head_default else b.memory_head_node,
+                          "object_store_bytes": GIB if head_default else b.object_store_memory_head_node},
+        "warnings": warnings,
+    }

@@ -1,0 +1,150 @@
+"""backend=spark on real Spark (local-cluster master: standalone worker JVMs) and real Ray on Spark.
+
+Slow: each cluster takes ~10 s for Spark and ~30 s for Ray on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import yaml
+
+from rayflow.backends import backend_for
+from rayflow.config import ConfigError
+from tests.conftest import compose_config, ray_daemon_pids, wait_until
+from tests.test_backends import ClusterBackendContract
+
+pytest.importorskip("pyspark")
+pytestmark = pytest.mark.slow
+
+# A fixed-size cluster (one Ray worker node) is enough for the contract.
+FIXED = ["backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=1"]
+
+
+class TestSpark(ClusterBackendContract):
+    name = "spark"
+    owns_cluster = True
+
+    def overrides(self):
+        return FIXED
+
+
+def alive_nodes() -> int:
+    import ray
+
+    return sum(1 for node in ray.nodes() if node["Alive"])
+
+
+def test_autoscales_up_to_max_and_back_down_after_idle():
+    import ray
+
+    cfg = compose_config("backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=2",
+                         "backend.autoscale_idle_timeout_minutes=0.1")
+    with backend_for(cfg):
+        assert wait_until(lambda: alive_nodes() == 2, timeout=60)  # head + min_worker_nodes
+
+        @ray.remote(num_cpus=1)
+        def hold(seconds):
+            time.sleep(seconds)
+
+        asked = time.monotonic()
+        tasks = [hold.remote(40) for _ in range(2)]  # two 1-CPU workers wanted at once
+        assert wait_until(lambda: alive_nodes() == 3, timeout=90), "no second worker came up"
+        print(f"\nscale-up: second worker alive {time.monotonic() - asked:.1f} s after demand")
+        ray.get(tasks)
+        idle = time.monotonic()
+        assert wait_until(lambda: alive_nodes() == 2, timeout=90), "idle worker was not removed"
+        print(f"scale-down: back to head + 1 worker {time.monotonic() - idle:.1f} s after the last task")
+
+
+def test_fake_gpus_reach_ray_cluster_resources(tmp_path):
+    script = tmp_path / "gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    script.chmod(0o755)
+    cfg = compose_config(
+        "backend=spark", "backend.master='local-cluster[1, 2, 1024]'", "backend.min_worker_nodes=1",
+        "backend.max_worker_nodes=1", "backend.num_cpus_worker_node=2", "backend.num_gpus_worker_node=2",
+        "+backend.spark_conf.spark.worker.resource.gpu.amount=2",
+        f"+backend.spark_conf.spark.worker.resource.gpu.discoveryScript={script}",
+        "+backend.spark_conf.spark.executor.resource.gpu.amount=2",
+        "+backend.spark_conf.spark.executor.cores=2",
+        "+backend.spark_conf.spark.task.resource.gpu.amount=0",
+        "+backend.spark_conf.spark.executorEnv.RAY_ON_SPARK_WORKER_GPU_NUM=2",  # nvidia-smi finds none
+    )
+    import ray
+
+    backend = backend_for(cfg)
+    assert backend.cluster_gpus() == 2
+    with backend:
+        assert wait_until(lambda: ray.cluster_resources().get("GPU", 0) == 2, timeout=60), ray.cluster_resources()
+
+
+def test_credentials_reach_ray_workers_but_not_the_spec(monkeypatch):
+    import ray
+
+    secret = "mlflow-token-for-workers-only"
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", secret)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/somewhere/mlflow.db")
+    cfg = compose_config(*FIXED)
+    backend = backend_for(cfg)
+    assert secret not in backend.render()
+    with backend:
+        @ray.remote(num_cpus=1)  # the head has no CPUs: this runs on a Spark-launched worker
+        def seen():
+            return os.environ.get("MLFLOW_TRACKING_TOKEN"), os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("RAY_AUTH_MODE")
+
+        assert ray.get(seen.remote()) == (secret, "sqlite:////tmp/somewhere/mlflow.db", "token")
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["backend.num_worker_nodes=2"], "backend.num_worker_nodes"),
+    (["+backend.autoscale=true"], "backend.autoscale"),
+    (["backend.master=yarn"], "backend.master"),
+    (["backend.master=k8s://https://10.0.0.1:443"], "backend.master"),
+    (["backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
+    (["backend.num_gpus_worker_node=null"], "backend.num_gpus_worker_node"),
+    (["backend.hybrid=true", "backend.num_cpus_head_node=1"], "backend.num_cpus_head_node"),
+    (["backend.hybrid=true"], "backend.max_worker_nodes"),
+    (["backend.autoscale_upscaling_speed=0.5"], "backend.autoscale_upscaling_speed"),
+])
+def test_bad_spark_input_names_the_key_and_starts_nothing(overrides, key):
+    from rayflow.cli import preflight
+
+    before = ray_daemon_pids()
+    with pytest.raises(ConfigError) as raised:
+        preflight(["backend=spark", *overrides], multirun=False)
+    assert raised.value.key == key and "\n" not in str(raised.value)
+    assert ray_daemon_pids() == before
+
+
+def test_dry_run_prints_setup_arguments_and_sizing_plan(rayflow):
+    before = ray_daemon_pids()
+    out = rayflow.run("backend=spark", "dry_run=true", "backend.max_worker_nodes=3")
+    assert out.returncode == 0, out.stderr
+    spec = yaml.safe_load(out.stdout)
+    assert spec["setup_ray_cluster"]["max_worker_nodes"] == 3
+    assert spec["setup_ray_cluster"]["num_cpus_worker_node"] == 1
+    plan = spec["sizing_plan"]
+    assert plan["spark_workers"] == 2 and plan["ray_worker_nodes"]["possible"] == 2
+    assert plan["ray_worker_node"]["cpus"] == 1 and plan["ray_worker_node"]["heap_bytes"] > 0
+    assert any("exceeds" in w for w in plan["warnings"])  # max 3 > the 2 nodes Spark can hold
+    assert ray_daemon_pids() == before
+
+
+def test_tuning_on_spark_scales_out_and_lands_in_mlflow(rayflow):
+    # Token file present and RAY_AUTH_MODE unset: rayflow must make driver and nodes agree.
+    logs = rayflow.workdir / "ray-logs"
+    out = rayflow.run("backend=spark", "workload.num_samples=2", "workload.max_epochs=2",
+                      "backend.autoscale_idle_timeout_minutes=0.1", f"backend.collect_log_to_path={logs}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parents, children = rayflow.mlflow("cifar")
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "spark"
+    assert parent.data.metrics["cluster_nodes_peak"] >= 3  # head + 2 autoscaled workers
+    assert parent.data.tags["collect_log_to_path"] == str(logs)
+    spec = yaml.safe_load(open(client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(rayflow.workdir))))
+    assert spec["setup_ray_cluster"]["min_worker_nodes"] == 1 and spec["setup_ray_cluster"]["max_worker_nodes"] == 2
+    assert len(children[parent.info.run_id]) == 2
+    assert wait_until(lambda: logs.exists() and any(logs.rglob("*")), timeout=30), "Ray logs were not collected"
