@@ -60,6 +60,15 @@ def one_line(err: Exception) -> ConfigError:
     return ConfigError("config", " ".join(line.strip() for line in text.splitlines() if line.strip()))
 
 
+def compose_config(*overrides: str) -> DictConfig:
+    """The config `python -m rayflow OVERRIDES` composes (unresolved, unchecked): for notebooks,
+    scripts and tests."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        return compose(CONFIG_NAME, overrides=list(overrides))
+
+
 def preflight(overrides: list[str], multirun: bool) -> None:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra

@@ -153,10 +153,101 @@ def tune_overhead_args(p: argparse.ArgumentParser) -> None:
                    help="leave out the MLflow trial callback on rayflow's side")
 
 
+def spark_cluster(args) -> dict:
+    """Ray on Spark through rayflow's backend against plain setup_ray_cluster, in turn."""
+    import ray
+    from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
+
+    from rayflow.backends import backend_for
+    from rayflow.backends.spark import stop_session_and_jvm
+    from rayflow.cli import compose_config
+
+    overrides = ["backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=2",
+                 f"backend.autoscale_idle_timeout_minutes={args.idle_minutes}"]
+    cfg = compose_config(*overrides)
+
+    def rayflow_path():
+        backend = backend_for(cfg)
+        start = time.perf_counter()
+        backend.__enter__()
+        return time.perf_counter() - start, lambda: backend.__exit__(None, None, None)
+
+    def plain_path():
+        # What a user writes by hand: the same session settings and setup_ray_cluster arguments.
+        from pyspark.sql import SparkSession
+
+        backend = backend_for(cfg)  # only to read the same arguments and spark_conf
+        start = time.perf_counter()
+        builder = SparkSession.builder.master(str(cfg.backend.master)).appName("plain")
+        for key, value in backend.spark_conf().items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        address, _ = setup_ray_cluster(**backend.setup_args())
+        ray.init(address=address)
+        ready = time.perf_counter() - start
+
+        def stop():
+            ray.shutdown()
+            shutdown_ray_cluster()
+            stop_session_and_jvm(spark)
+        return ready, stop
+
+    def scaling() -> tuple[float, float]:
+        """(demand -> second worker alive, first worker idle -> it is removed), in seconds."""
+        alive = lambda: sum(1 for n in ray.nodes() if n["Alive"])  # noqa: E731
+        hold = ray.remote(num_cpus=1)(lambda s: time.sleep(s))
+        while alive() < 2:
+            time.sleep(0.2)
+        asked = time.perf_counter()
+        refs = [hold.remote(args.task_seconds) for _ in range(2)]
+        while alive() < 3:
+            time.sleep(0.2)
+        up = time.perf_counter() - asked
+        ray.wait(refs, num_returns=1)
+        idle = time.perf_counter()
+        while alive() > 2:
+            time.sleep(0.2)
+        down = time.perf_counter() - idle
+        ray.get(refs)
+        return up, down
+
+    # The Spark and Ray-on-Spark launchers need the venv's bin on PATH and its python.
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    figures: dict[str, list] = {}
+    for rep in range(args.repeats):
+        for name, path in (("rayflow", rayflow_path), ("plain", plain_path)):
+            ready, stop = path()
+            try:
+                up, down = scaling()
+            finally:
+                stop()
+            figures.setdefault(name, []).append((ready, up, down))
+            log(f"repeat {rep + 1}/{args.repeats} {name}: ready {ready:.1f} s, scale-up {up:.1f} s, scale-down {down:.1f} s")
+
+    med = {name: [statistics.median(v[i] for v in runs) for i in range(3)] for name, runs in figures.items()}
+    return {
+        "name": "spark-cluster",
+        "ratio": round(med["rayflow"][0] / med["plain"][0], 4),
+        "ready_s": round(med["rayflow"][0], 2), "plain_ready_s": round(med["plain"][0], 2),
+        "scale_up_s": round(med["rayflow"][1], 2), "plain_scale_up_s": round(med["plain"][1], 2),
+        "scale_down_s": round(med["rayflow"][2], 2), "plain_scale_down_s": round(med["plain"][2], 2),
+        "idle_timeout_s": args.idle_minutes * 60, "master": str(cfg.backend.master), "repeats": args.repeats,
+    }
+
+
+def spark_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--idle-minutes", type=float, default=0.1, help="autoscale_idle_timeout_minutes")
+    p.add_argument("--task-seconds", type=float, default=40, help="length of the two tasks that force a scale-up")
+    p.add_argument("--repeats", type=int, default=1)
+
+
 # name -> (function returning the result dict, function adding its options, help).
 # A new benchmark (ddp-overhead, ppo, spark-startup) is one more entry here.
 BENCHMARKS = {
     "tune-overhead": (tune_overhead, tune_overhead_args, "rayflow's run_tune against a plain Tuner"),
+    "spark-cluster": (spark_cluster, spark_cluster_args,
+                      "Ray on Spark via rayflow against plain setup_ray_cluster: ready, scale-up, scale-down"),
 }
 
 

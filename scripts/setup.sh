@@ -19,4 +19,13 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$torch_version"
 fi
 "${pip[@]}" -e ".[test]"
-.venv/bin/python -c "import torch, ray, mlflow, hydra; print('rayflow setup: torch', torch.__version__, '| cuda', torch.cuda.is_available(), '| ray', ray.__version__, '| mlflow', mlflow.__version__)"
+
+# backend=spark (and its tests) run Spark's JVMs: Java 17.
+if ! command -v java >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  else
+    echo "rayflow setup: no java; backend=spark needs Java 17 (apt-get install openjdk-17-jre-headless)" >&2
+  fi
+fi
+.venv/bin/python -c "import torch, ray, mlflow, pyspark; print('rayflow setup: torch', torch.__version__, '| cuda', torch.cuda.is_available(), '| ray', ray.__version__, '| mlflow', mlflow.__version__, '| pyspark', pyspark.__version__)"

@@ -15,15 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+from rayflow.cli import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def compose_config(*overrides: str):
-    """The config `python -m rayflow OVERRIDES` composes (nothing resolved or checked)."""
-    with initialize_config_module("rayflow.conf", version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+__all__ = ["compose_config"]
 
 
 @pytest.fixture(scope="session")

@@ -98,9 +98,10 @@ class ClusterBackendContract:
             """
         )
         before = ray_daemon_pids()
-        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
-                                env=dict(os.environ, PYTHONPATH=os.getcwd()))
-        assert proc.stdout.readline().strip() == "ready"
+        out = tmp_path / "out.log"  # a file, not a pipe: Ray's launchers print a lot there too
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=open(out, "w"), stderr=subprocess.STDOUT,
+                                cwd=tmp_path, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+        assert wait_until(lambda: "ready\n" in out.read_text().splitlines(keepends=True), timeout=180), out.read_text()[-3000:]
         started = ray_daemon_pids() - before
         proc.send_signal(signum)
         code = proc.wait(timeout=60)
