@@ -1,13 +1,14 @@
 """One invocation (or one job of a multirun): check, start or reuse the cluster, run, report.
 
-The cluster outlives a job only inside a multirun, where the jobs that render the same
-cluster spec share it; MultirunCallback (a Hydra callback, see conf/config.yaml) stops
+The cluster outlives a job only inside a multirun, where the jobs with the same backend
+config share it; MultirunCallback (a Hydra callback, see conf/config.yaml) stops
 it when the multirun ends, and atexit does if the multirun dies first.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import threading
@@ -46,20 +47,26 @@ class ClusterPool:
 
     def __init__(self) -> None:
         self.backend: ClusterBackend | None = None
-        self.spec: str | None = None
+        self.key: str | None = None
 
-    def acquire(self, backend: ClusterBackend, spec: str) -> ClusterBackend:
-        if self.backend is not None and self.spec == spec:
+    @staticmethod
+    def key_of(cfg: DictConfig) -> str:
+        """What defines a cluster: its backend section and auth mode. (Not the rendered spec,
+        which can describe the state a running cluster left, e.g. an active SparkSession.)"""
+        return json.dumps([to_container(cfg)["backend"], str(cfg.ray_auth_mode)], sort_keys=True, default=str)
+
+    def acquire(self, backend: ClusterBackend, key: str) -> ClusterBackend:
+        if self.backend is not None and self.key == key:
             print(f"[rayflow] reusing the {backend.name} cluster at {self.backend.address}", flush=True)
             return self.backend
         self.release()
         print(f"[rayflow] starting the {backend.name} cluster", flush=True)
         backend.__enter__()
-        self.backend, self.spec = backend, spec
+        self.backend, self.key = backend, key
         return backend
 
     def release(self) -> None:
-        backend, self.backend, self.spec = self.backend, None, None
+        backend, self.backend, self.key = self.backend, None, None
         if backend is not None:
             backend.__exit__(None, None, None)
 
@@ -181,7 +188,7 @@ def run_job(cfg: DictConfig):
         os.environ["MLFLOW_TRACKING_URI"] = tracker.absolute_uri
     status = "FAILED"
     try:
-        POOL.acquire(backend, spec)
+        POOL.acquire(backend, ClusterPool.key_of(cfg))
         _resolve_compute(cfg)
         previous = read_state(path).get("mlflow_run_id") if resuming else None
         backend = POOL.backend

@@ -136,7 +136,10 @@ def test_dry_run_prints_setup_arguments_and_sizing_plan(rayflow):
 def test_tuning_on_spark_scales_out_and_lands_in_mlflow(rayflow):
     # Token file present and RAY_AUTH_MODE unset: rayflow must make driver and nodes agree.
     logs = rayflow.workdir / "ray-logs"
-    out = rayflow.run("backend=spark", "workload.num_samples=2", "workload.max_epochs=2",
+    # Two 1-CPU trials at once, each longer than a scale-up (5-15 s): the second needs a new worker.
+    out = rayflow.run("backend=spark", "workload.num_samples=2", "workload.max_epochs=30",
+                      "workload.scheduler.grace_period=30", "data.synthetic_train_size=4000",
+                      "workload.search_space.batch_size=[32]", "workload.reuse_actors=false",
                       "backend.autoscale_idle_timeout_minutes=0.1", f"backend.collect_log_to_path={logs}")
     assert out.returncode == 0, out.stderr[-3000:]
     client, parents, children = rayflow.mlflow("cifar")
@@ -148,3 +151,40 @@ def test_tuning_on_spark_scales_out_and_lands_in_mlflow(rayflow):
     assert spec["setup_ray_cluster"]["min_worker_nodes"] == 1 and spec["setup_ray_cluster"]["max_worker_nodes"] == 2
     assert len(children[parent.info.run_id]) == 2
     assert wait_until(lambda: logs.exists() and any(logs.rglob("*")), timeout=30), "Ray logs were not collected"
+
+
+def test_an_active_session_is_used_and_left_running(monkeypatch):
+    """Inside a notebook or spark-submit rayflow uses the session it finds and never stops it."""
+    import sys
+    from pathlib import Path
+
+    from pyspark.sql import SparkSession
+
+    from rayflow.backends.spark import stop_session_and_jvm
+
+    # As in an activated environment: executors find this python and the `ray` command.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local-cluster[1, 1, 1024]").appName("users-own")
+             .config("spark.executor.memory", "512m").getOrCreate())
+    try:
+        backend = backend_for(compose_config(*FIXED))
+        assert yaml.safe_load(backend.render())["spark"]["session"] == "active SparkSession"
+        with backend:
+            import ray
+
+            assert ray.cluster_resources().get("CPU") == 1
+        assert SparkSession.getActiveSession() is spark
+        assert spark.range(3).count() == 3  # still usable after Ray on Spark shut down
+    finally:
+        stop_session_and_jvm(spark)
+
+
+def test_multirun_jobs_share_one_ray_on_spark_cluster(rayflow):
+    out = rayflow.run("-m", "backend=spark", "workload.num_samples=1", "workload.max_epochs=1",
+                      "workload.scheduler.reduction_factor=2,4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("[rayflow] starting the spark cluster") == 1
+    assert out.stdout.count("[rayflow] reusing the spark cluster") == 1
+    client, parents, _ = rayflow.mlflow("cifar")
+    assert len(parents) == 2 and all(p.data.tags["backend"] == "spark" for p in parents)
