@@ -86,7 +86,6 @@ RESUMED_KEYS = ("workload", "data", "seed", "compute")
 
 @dataclass
 class RunContext:
-    cfg: DictConfig
     tracker: Tracker
     data: DataSpec
     experiment_dir: Path
@@ -197,7 +196,7 @@ def run_job(cfg: DictConfig):
         state = {"mlflow_run_id": tracker.run_id, "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
         write_state(path, redact(state))
         with NodePeak() as peak:
-            summary = workload_for(cfg.workload.name).run(cfg, RunContext(cfg, tracker, data, path, resuming))
+            summary = workload_for(cfg.workload.name).run(cfg, RunContext(tracker, data, path, resuming))
         _report(cfg, tracker, summary, path, peak)
         print(f"cluster nodes at peak: {peak.peak}", flush=True)
         if summary.interrupted:

@@ -79,7 +79,7 @@ class Tracker:
     def log_params(self, config: dict) -> None:
         from mlflow.entities import Param
 
-        params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flatten(redact(config)) if not k.startswith("hydra")]
+        params = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flatten(redact(config))]
         client = self.client
         for i in range(0, len(params), 100):  # log_batch takes at most 100 params
             client.log_batch(self.run_id, params=params[i : i + 100])

@@ -139,8 +139,10 @@ class SparkCluster(ClusterBackend):
         self._saved_env = {k: os.environ.get(k) for k in ("PATH", "PYSPARK_PYTHON", "SPARK_WORKER_DIR", "RAY_ON_SPARK_START_HOOK")}
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")  # they run `which ray`
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run this interpreter
-        self._worker_dir = tempfile.mkdtemp(prefix="rayflow-spark-")
-        os.environ.setdefault("SPARK_WORKER_DIR", self._worker_dir)  # local-cluster scratch space
+        self._worker_dir = None
+        if "SPARK_WORKER_DIR" not in os.environ:  # local-cluster scratch space, not site-packages/pyspark/work
+            self._worker_dir = tempfile.mkdtemp(prefix="rayflow-spark-")
+            os.environ["SPARK_WORKER_DIR"] = self._worker_dir
         os.environ["RAY_ON_SPARK_START_HOOK"] = HOOK
         if os.environ.get("RAY_AUTH_MODE") == "token":
             from rayflow.backends.spark_hook import auth_token
@@ -188,9 +190,14 @@ class SparkCluster(ClusterBackend):
             self._own_spark = False
             stop_session_and_jvm(self._spark)
         for key, value in getattr(self, "_saved_env", {}).items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         self._saved_env = {}
-        shutil.rmtree(getattr(self, "_worker_dir", ""), ignore_errors=True)
+        if getattr(self, "_worker_dir", None):
+            shutil.rmtree(self._worker_dir, ignore_errors=True)
+            self._worker_dir = None
 
 
 def stop_session_and_jvm(spark) -> None:
