@@ -113,6 +113,24 @@ def bounds(cfg: DictConfig, key: str, log: bool = False) -> tuple[float, float]:
     return low, high
 
 
+def boolean(cfg: DictConfig, key: str) -> bool:
+    value = OmegaConf.select(cfg, key)
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be true or false, got {value!r}")
+    return value
+
+
+def gpu_request(cfg: DictConfig, key: str) -> float:
+    """GPUs per trial or worker: null means none; more than 0 needs compute=gpu (or auto)."""
+    gpu = OmegaConf.select(cfg, key)
+    if gpu is None:
+        return 0.0
+    gpu = positive_number(cfg, key, allow_zero=True)
+    if gpu > 0 and cfg.compute.device == "cpu":
+        raise ConfigError(key, f"is {gpu:g} but compute=cpu; use compute=gpu")
+    return gpu
+
+
 def one_of(cfg: DictConfig, key: str, choices: tuple) -> Any:
     value = OmegaConf.select(cfg, key)
     if value not in choices:

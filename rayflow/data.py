@@ -181,15 +181,21 @@ def normalize(images):
     return images.float().div_(127.5).sub_(1.0)
 
 
-def iterate(images, labels, batch_size: int, shuffle: bool, generator=None):
-    """Mini-batches (normalised float images, labels), indexed straight from the tensors."""
+def iterate(images, labels, batch_size: int, shuffle: bool, generator=None, indices=None):
+    """Mini-batches (normalised float images, labels), indexed straight from the tensors.
+
+    `indices` (e.g. one worker's shard from a DistributedSampler) picks and orders the
+    samples instead of `shuffle`.
+    """
     import torch
 
     n = len(labels)
-    if shuffle:
+    if indices is not None:
+        order = torch.as_tensor(indices, dtype=torch.long).to(images.device)
+    elif shuffle:
         order = torch.randperm(n, generator=generator).to(images.device)
     else:
         order = torch.arange(n, device=images.device)
-    for start in range(0, n, batch_size):
+    for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
         yield normalize(images[index]), labels[index]

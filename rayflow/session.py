@@ -194,7 +194,7 @@ def run_job(cfg: DictConfig):
         tracker.start(cfg, spec, tags={**_parent_tags(cfg, path), **backend.tags()}, resume_run_id=previous)
         tracker.log_metrics(backend.metrics())
         state = {"mlflow_run_id": tracker.run_id, "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
-        write_state(path, redact(state))
+        write_state(path, {**read_state(path), **redact(state)})  # keeps what the workload saved (resume)
         with NodePeak() as peak:
             summary = workload_for(cfg.workload.name).run(cfg, RunContext(tracker, data, path, resuming))
         _report(cfg, tracker, summary, path, peak)

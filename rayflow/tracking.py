@@ -27,6 +27,29 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def create_nested_run(client, experiment_id: str, parent_run_id: str, name: str, params: dict, tags: dict | None = None) -> str:
+    """A run under the invocation's parent (a Tune trial, a Ray Train run); returns its id."""
+    from mlflow.entities import Param
+
+    all_tags = {"mlflow.parentRunId": parent_run_id, "mlflow.runName": name, **(tags or {})}
+    run_id = client.create_run(experiment_id, tags=all_tags).info.run_id
+    flat = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flatten(redact(params))]
+    for i in range(0, len(flat), 100):  # log_batch takes at most 100 params
+        client.log_batch(run_id, params=flat[i : i + 100])
+    return run_id
+
+
+def log_step(uri: str, run_id: str, metrics: dict, step: int) -> None:
+    """Numeric `metrics` at `step` into a run, from any process (a Ray Train worker)."""
+    import time
+
+    from mlflow.entities import Metric
+
+    stamp = int(time.time() * 1000)
+    batch = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if isinstance(v, (int, float))]
+    _client(uri).log_batch(run_id, metrics=batch)
+
+
 def git_commit() -> str | None:
     """The commit of the checkout rayflow runs from (or the working directory's)."""
     for where in (Path(__file__).resolve().parent, Path.cwd()):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from ray.tune import Callback
 
-from rayflow.config import redact
 
 
 class TrialRuns(Callback):
@@ -36,17 +35,13 @@ class TrialRuns(Callback):
     def run_for(self, trial) -> str:
         run_id = self.runs.get(trial.trial_id)
         if run_id is None:
-            tags = {
-                "mlflow.parentRunId": self.parent_run_id,
-                "mlflow.runName": str(trial),
-                "trial_id": trial.trial_id,
-            }
-            run_id = self.client.create_run(self.experiment_id, tags=tags).info.run_id
-            self.runs[trial.trial_id] = run_id
-            from mlflow.entities import Param
+            from rayflow.tracking import create_nested_run
 
-            params = [Param(k, str(v)) for k, v in redact(dict(trial.config)).items()]
-            self.client.log_batch(run_id, params=params[:100])
+            run_id = create_nested_run(
+                self.client, self.experiment_id, self.parent_run_id, str(trial),
+                params=dict(trial.config), tags={"trial_id": trial.trial_id},
+            )
+            self.runs[trial.trial_id] = run_id
         return run_id
 
     def on_trial_start(self, iteration, trials, trial, **info):

@@ -31,12 +31,16 @@ class TuneJob:
     max_failures: int = 0
     checkpoints_to_keep: int | None = None
     reuse_actors: bool = True
+    max_concurrent_trials: int | None = None
     callbacks: list = field(default_factory=list)
     verbose: int = 1
 
 
 def experiment_dir(cfg) -> Path:
-    """The folder of this invocation's experiment: new, or the one `resume` names."""
+    """The folder of this invocation's experiment: new, or the one `resume` names.
+
+    Every rayflow experiment folder has its STATE_FILE, written before the workload starts.
+    """
     storage = Path(str(cfg.storage_path)).expanduser().resolve()
     resume = cfg.resume
     if resume is False:
@@ -47,13 +51,13 @@ def experiment_dir(cfg) -> Path:
         return path
     if resume is True:
         prefix = f"{cfg.workload.name}-"
-        candidates = [p.parent for p in storage.glob(f"{prefix}*/tuner.pkl")]
+        candidates = [p.parent for p in storage.glob(f"{prefix}*/{STATE_FILE}")]
         if not candidates:
             raise ConfigError("resume", f"no {cfg.workload.name} experiment under {storage} to resume")
-        return max(candidates, key=lambda p: (p / "tuner.pkl").stat().st_mtime)
+        return max(candidates, key=lambda p: (p / STATE_FILE).stat().st_mtime)
     path = Path(str(resume)).expanduser().resolve()
-    if not (path / "tuner.pkl").is_file():
-        raise ConfigError("resume", f"{path} is not a Ray Tune experiment folder (no tuner.pkl)")
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError("resume", f"{path} is not a rayflow experiment folder (no {STATE_FILE})")
     return path
 
 
@@ -74,7 +78,7 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
     from ray import tune
 
     trainable = tune.with_resources(job.trainable, job.resources)
-    if resume:
+    if resume and (path / "tuner.pkl").exists():  # else it stopped before Tune started: start anew
         tuner = tune.Tuner.restore(
             str(path), trainable, resume_unfinished=True, resume_errored=True, param_space=job.param_space
         )
@@ -88,6 +92,7 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
                 num_samples=job.num_samples,
                 scheduler=job.scheduler,
                 reuse_actors=job.reuse_actors,
+                max_concurrent_trials=job.max_concurrent_trials,
             ),
             run_config=tune.RunConfig(
                 name=path.name,

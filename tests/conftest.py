@@ -45,6 +45,19 @@ def ray_daemon_pids() -> set[int]:
     return pids
 
 
+def process_pids(title: bytes) -> set[int]:
+    """Pids of processes whose command line starts with `title`: Ray names an actor's
+    process after its class, e.g. b"ray::RayTrainWorker" or b"ray::ImplicitFunc"."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(title):
+                pids.add(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.25):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

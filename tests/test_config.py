@@ -36,7 +36,7 @@ def test_groups_are_the_contract():
     assert {"local", "attach"} <= set(GROUPS["backend"])
     assert {"cpu", "gpu", "auto"} == set(GROUPS["compute"])
     assert {"mlflow", "none"} == set(GROUPS["tracking"])
-    assert "cifar" in GROUPS["workload"]
+    assert {"cifar", "ddp"} <= set(GROUPS["workload"])
 
 
 def test_defaults(default_config):
@@ -67,6 +67,18 @@ def test_defaults(default_config):
         (["backend.num_cpus=0"], "backend.num_cpus"),
         (["backend=attach", "backend.address=nonsense"], "backend.address"),
         (["backend=attach", "backend.address=127.0.0.1:1"], "backend.address"),
+        (["workload=ddp", "workload.num_workers=0"], "workload.num_workers"),
+        (["workload=ddp", "workload.model=vgg"], "workload.model"),
+        (["workload=ddp", "workload.batch_size=0"], "workload.batch_size"),
+        (["workload=ddp", "workload.lr=-0.1"], "workload.lr"),
+        (["workload=ddp", "workload.lr_schedule=linear"], "workload.lr_schedule"),
+        (["workload=ddp", "workload.warmup_epochs=10"], "workload.warmup_epochs"),
+        (["workload=ddp", "workload.amp=maybe"], "workload.amp"),
+        (["workload=ddp", "workload.checkpoint.keep_best=0"], "workload.checkpoint.keep_best"),
+        (["workload=ddp", "workload.max_failures=-1"], "workload.max_failures"),
+        (["workload=ddp", "workload.resources_per_worker.gpu=1"], "workload.resources_per_worker.gpu"),
+        (["workload=ddp", "workload.tune=true", "workload.sweep.grace_period=20"], "workload.sweep.grace_period"),
+        (["workload=ddp", "workload.tune=true", "backend.include_dashboard=false"], "backend.include_dashboard"),
     ],
 )
 def test_bad_values_name_their_key(overrides, key):

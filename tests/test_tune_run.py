@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import wait_until
+from tests.conftest import process_pids, wait_until
 
 SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
 
@@ -108,18 +108,6 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     assert len(children[parents[0].info.run_id]) == 3
 
 
-def trial_worker_pids() -> set[int]:
-    """Pids of Tune's function-trainable actors (process title ray::ImplicitFunc...)."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::ImplicitFunc"):
-                pids.add(int(entry.name))
-        except OSError:
-            pass
-    return pids
-
-
 def test_killed_trial_worker_restarts_from_its_checkpoint(rayflow):
     import os
 
@@ -129,7 +117,7 @@ def test_killed_trial_worker_restarts_from_its_checkpoint(rayflow):
     proc, log = rayflow.start(*args)
 
     def trial_worker_after_two_epochs():
-        return len(rayflow.checkpoints()) >= 2 and trial_worker_pids()
+        return len(rayflow.checkpoints()) >= 2 and process_pids(b"ray::ImplicitFunc")
 
     pids = wait_until(trial_worker_after_two_epochs, timeout=180, interval=0.1)
     assert pids and len(pids) == 1, log.read_text()[-3000:]

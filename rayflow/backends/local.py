@@ -25,7 +25,7 @@ class LocalCluster(ClusterBackend):
             positive_number(self.cfg, "backend.num_gpus", allow_zero=True)
         if b.object_store_memory is not None:
             positive_int(self.cfg, "backend.object_store_memory", minimum=78643200)  # Ray's floor
-        if b.include_dashboard:
+        if b.include_dashboard and b.dashboard_port is not None:
             positive_int(self.cfg, "backend.dashboard_port")
 
     def cluster_gpus(self) -> float | None:
@@ -44,7 +44,9 @@ class LocalCluster(ClusterBackend):
             "include_dashboard": bool(b.include_dashboard),
         }
         if b.include_dashboard:
-            kwargs.update(dashboard_host=b.dashboard_host, dashboard_port=int(b.dashboard_port))
+            kwargs["dashboard_host"] = b.dashboard_host
+            if b.dashboard_port is not None:
+                kwargs["dashboard_port"] = int(b.dashboard_port)
         return kwargs
 
     def render(self) -> str:

@@ -16,6 +16,7 @@ from rayflow.config import ConfigError
 # name -> (module, pip extra that provides its dependencies or None)
 REGISTRY: dict[str, tuple[str, str | None]] = {
     "cifar": ("rayflow.workloads.cifar", None),
+    "ddp": ("rayflow.workloads.ddp", None),
 }
 
 

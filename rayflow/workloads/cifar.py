@@ -13,33 +13,12 @@ import tempfile
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from rayflow.config import ConfigError, bounds, one_of, positive_int, positive_number
+from rayflow.config import ConfigError, bounds, gpu_request, one_of, positive_int, positive_number
 from rayflow.data import DataSpec, iterate, load_split
+from rayflow.models import Net
 
 METRICS = ("val_loss", "val_accuracy", "train_loss", "epoch")
-
-
-class Net(nn.Module):
-    """conv(3,6,5) -> pool -> conv(6,16,5) -> pool -> fc(l1) -> fc(l2) -> fc(10)."""
-
-    def __init__(self, l1: int = 120, l2: int = 84):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 6, 5)
-        self.pool = nn.MaxPool2d(2, 2)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.fc1 = nn.Linear(16 * 5 * 5, l1)
-        self.fc2 = nn.Linear(l1, l2)
-        self.fc3 = nn.Linear(l2, 10)
-
-    def forward(self, x):
-        x = self.pool(F.relu(self.conv1(x)))
-        x = self.pool(F.relu(self.conv2(x)))
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
 
 
 def powers_of_two(low: int, high: int) -> list[int]:
@@ -60,11 +39,7 @@ def check(cfg) -> None:
     one_of(cfg, "workload.metric", ("val_loss", "val_accuracy"))
     one_of(cfg, "workload.mode", ("min", "max"))
     positive_number(cfg, "workload.resources_per_trial.cpu")
-    gpu = w.resources_per_trial.gpu
-    if gpu is not None:
-        positive_number(cfg, "workload.resources_per_trial.gpu", allow_zero=True)
-        if gpu > 0 and cfg.compute.device == "cpu":
-            raise ConfigError("workload.resources_per_trial.gpu", f"is {gpu} but compute=cpu; use compute=gpu")
+    gpu_request(cfg, "workload.resources_per_trial.gpu")
     for key in ("l1", "l2"):
         low, high = bounds(cfg, f"workload.search_space.{key}")
         if not powers_of_two(low, high):

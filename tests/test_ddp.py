@@ -1,0 +1,106 @@
+"""workload=ddp end to end: Ray Train with 2 gloo workers on synthetic data, through the CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import torch
+
+from tests.conftest import process_pids, wait_until
+
+DDP = ["workload=ddp", "backend.num_cpus=2", "workload.num_workers=2", "workload.batch_size=32"]
+# A small ResNet at batch 32 takes a few seconds an epoch here: long enough to act mid-epoch.
+SLOW_EPOCHS = [*DDP, "workload.model=resnet", "workload.epochs=4"]
+
+
+def checkpoints(rayflow):
+    return sorted(rayflow.storage.glob("ddp-*/checkpoint_*/checkpoint.pt"))
+
+
+def registered_checkpoint(rayflow) -> bool:
+    """Ray Train has recorded a checkpoint (its snapshot file), not just received its files."""
+    return any(rayflow.storage.glob("ddp-*/checkpoint_manager_snapshot.json"))
+
+
+def train_run(rayflow):
+    """(client, the parent run, its one nested 'train' run) of the ddp MLflow experiment."""
+    client, parents, children = rayflow.mlflow("ddp")
+    assert len(parents) == 1
+    nested = children[parents[0].info.run_id]
+    assert [r.info.run_name for r in nested] == ["train"]
+    return client, parents[0], nested[0]
+
+
+def history(client, run, name) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+
+
+def test_two_workers_two_epochs_learn_checkpoint_and_log_each_epoch(rayflow):
+    out = rayflow.run(*DDP, "workload.epochs=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Started training worker group of size 2" in out.stdout + out.stderr
+
+    client, parent, train = train_run(rayflow)
+    for name in ("train_loss", "val_loss", "val_accuracy", "samples_per_s"):
+        assert [step for step, _ in history(client, train, name)] == [1, 2], name
+    losses = [v for _, v in history(client, train, "train_loss")]
+    assert losses[1] < losses[0], f"training loss did not decrease: {losses}"
+    assert train.info.status == "FINISHED" and parent.info.status == "FINISHED"
+    assert parent.data.metrics["val_accuracy"] == history(client, train, "val_accuracy")[-1][1]
+    assert parent.data.metrics["epochs_completed"] == 2
+
+    saved = checkpoints(rayflow)
+    assert saved, "no checkpoint written"
+    state = torch.load(saved[-1], map_location="cpu")
+    assert state["epoch"] == 2 and {"model", "optimizer", "scheduler"} <= set(state)
+    assert "final val_accuracy" in out.stdout
+
+
+def test_killed_worker_restarts_the_group_from_the_last_checkpoint(rayflow):
+    proc, log = rayflow.start(*SLOW_EPOCHS, "workload.max_failures=2")
+    workers = wait_until(lambda: registered_checkpoint(rayflow) and process_pids(b"ray::RayTrainWorker"), timeout=240, interval=0.1)
+    assert workers and len(workers) == 2, log.read_text()[-3000:]
+    os.kill(min(workers), signal.SIGKILL)  # mid-epoch 2: epoch 1's checkpoint just landed
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+
+    text = log.read_text()
+    assert text.count("Started training worker group of size 2") == 2, "the worker group was not restarted"
+    resumed = [int(n) for n in re.findall(r"rank 0 resumed from the checkpoint of epoch (\d+)", text)]
+    assert resumed and resumed[0] >= 1, "the restarted workers did not load the checkpoint"
+    client, parent, train = train_run(rayflow)
+    assert history(client, train, "epoch")[-1] == (4, 4.0)
+    assert train.info.status == "FINISHED" and parent.data.metrics["epochs_completed"] == 4
+
+
+def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
+    proc, log = rayflow.start(*SLOW_EPOCHS)
+    assert wait_until(lambda: registered_checkpoint(rayflow), timeout=240, interval=0.1), log.read_text()[-3000:]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    assert "resume=" in log.read_text()
+    client, parent, train = train_run(rayflow)
+    done = int(history(client, train, "epoch")[-1][1])
+    assert done < 4 and train.info.status == "KILLED"
+
+    out = rayflow.run("workload=ddp", "resume=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"rank 0 resumed from the checkpoint of epoch {done}" in out.stdout + out.stderr
+    client, parent, train = train_run(rayflow)  # the same parent and nested run, continued
+    epochs = [step for step, _ in history(client, train, "epoch")]
+    assert epochs[-1] == 4 and epochs.count(1) == 1, f"epochs were repeated from scratch: {epochs}"
+    assert parent.data.tags.get("resumed") == "true" and parent.data.metrics["epochs_completed"] == 4
+
+
+def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):
+    out = rayflow.run(*DDP, "workload.epochs=2", "workload.tune=true", "workload.sweep.num_samples=2", timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parents, children = rayflow.mlflow("ddp")
+    [parent] = parents
+    trials = children[parent.info.run_id]
+    assert len(trials) == 2 and all("lr" in t.data.params for t in trials)
+    assert all("val_accuracy" in t.data.metrics for t in trials)
+    assert parent.data.metrics["best_val_accuracy"] == max(t.data.metrics["val_accuracy"] for t in trials)
+    runs = sorted(p.name for p in rayflow.storage.glob("ddp-*/train-*"))  # each trial's Ray Train run
+    assert len(runs) == 2, runs
