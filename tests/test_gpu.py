@@ -25,3 +25,14 @@ def test_compute_auto_uses_the_gpu(rayflow):
     assert out.returncode == 0, out.stderr[-3000:]
     client, parents, _ = rayflow.mlflow("cifar")
     assert parents[0].data.tags["device"] == "cuda"
+
+
+def test_ddp_trains_with_nccl_and_mixed_precision_on_cuda(rayflow):
+    gpus = torch.cuda.device_count()
+    out = rayflow.run("compute=gpu", "workload=ddp", f"workload.num_workers={gpus}", "workload.model=resnet",
+                      "workload.amp=true", "workload.epochs=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parents, children = rayflow.mlflow("ddp")
+    assert parents[0].data.tags["device"] == "cuda"
+    [train] = children[parents[0].info.run_id]
+    assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [1, 2]

@@ -188,3 +188,18 @@ def test_multirun_jobs_share_one_ray_on_spark_cluster(rayflow):
     assert out.stdout.count("[rayflow] reusing the spark cluster") == 1
     client, parents, _ = rayflow.mlflow("cifar")
     assert len(parents) == 2 and all(p.data.tags["backend"] == "spark" for p in parents)
+
+
+def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(rayflow):
+    # Two 1-CPU Ray Train workers on 1-CPU Ray-on-Spark nodes: the second worker needs the
+    # autoscaler's second node, and gloo then all-reduces between two Spark executors.
+    out = rayflow.run("backend=spark", "workload=ddp", "workload.num_workers=2", "workload.epochs=2",
+                      "workload.batch_size=32", timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Started training worker group of size 2" in out.stdout + out.stderr
+    client, parents, children = rayflow.mlflow("ddp")
+    parent = parents[0]
+    assert parent.data.tags["backend"] == "spark" and parent.data.metrics["cluster_nodes_peak"] >= 3
+    [train] = children[parent.info.run_id]
+    assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [1, 2]
+    assert parent.data.metrics["epochs_completed"] == 2
