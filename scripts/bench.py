@@ -14,6 +14,13 @@ handling cost nothing. 1.0 is perfect; 1.25 means 25% overhead. Both ratios are
 measured side by side in one process on one Ray cluster, alternating A and B, so
 they are comparable with each other; ratios from different runs or machines are not.
 
+ddp-overhead (`--repeats 3 --batch-size 256`) compares the steady-state step time of
+rayflow's TorchTrainer path (2 CPU workers) with raw DDP in 2 torch.multiprocessing
+processes on the same data, alternating; `ratio` = rayflow / raw (see bench_ddp.py).
+
+ppo (`--repeats 2`) times workload=ppo (through Tune, with MLflow) and the same PPOConfig
+trained by RLlib alone to an episode return of 450; `ratio` = rayflow / plain wall seconds.
+
 Everything except the JSON line (Ray's logs, worker output) goes to stderr, so
 `python scripts/bench.py tune-overhead > result.json` gives a clean file.
 """
@@ -29,6 +36,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import bench_ddp  # scripts/ is on sys.path when this file runs
+import bench_ppo
 
 # Must be set before ray is imported anywhere (rayflow imports it lazily); a local
 # benchmark cluster needs no token, and the caller may still choose otherwise.
@@ -243,8 +253,12 @@ def spark_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 # name -> (function returning the result dict, function adding its options, help).
-# A new benchmark (ddp-overhead, ppo, spark-startup) is one more entry here.
+# A new benchmark is one more entry here (longer ones live in a bench_*.py next to this file).
 BENCHMARKS = {
+    "ppo": (bench_ppo.ppo, bench_ppo.ppo_args,
+            "wall seconds and env steps to return 450 on CartPole: workload=ppo against RLlib alone"),
+    "ddp-overhead": (bench_ddp.ddp_overhead, bench_ddp.ddp_overhead_args,
+                     "step time of rayflow's Ray Train path against raw torch.distributed DDP, 2 CPU workers"),
     "tune-overhead": (tune_overhead, tune_overhead_args, "rayflow's run_tune against a plain Tuner"),
     "spark-cluster": (spark_cluster, spark_cluster_args,
                       "Ray on Spark via rayflow against plain setup_ray_cluster: ready, scale-up, scale-down"),
