@@ -178,9 +178,10 @@ def run_job(cfg: DictConfig):
         for key, value in saved.items():  # masked secrets keep the value given now
             OmegaConf.update(cfg, key, drop_redacted(value), merge=True)
     data = DataSpec.from_config(cfg.data, seed=int(cfg.seed))
-    if data.synthetic:
+    uses_data = getattr(workload_for(cfg.workload.name), "USES_DATA", True)  # ppo makes its own
+    if uses_data and data.synthetic:
         print(f"[rayflow] data: SYNTHETIC CIFAR-format set (data.synthetic=true) under {data.batch_dir}", flush=True)
-    if cfg.backend.name == "local":
+    if uses_data and cfg.backend.name == "local":
         prepare(data)  # same filesystem as the trials: fail on missing data before Ray starts
     tracker = Tracker(cfg)
     if tracker.enabled:  # Ray nodes that Spark or Kubernetes start get it forwarded

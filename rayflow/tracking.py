@@ -128,12 +128,12 @@ class Tracker:
         if self.run_id:
             self.client.set_terminated(self.run_id, status)
 
-    def trial_callback(self, metric_names: tuple[str, ...], max_epochs: int | None):
+    def trial_callback(self, metric_names, max_epochs: int | None, param_keys=None):
         if not self.run_id:
             return None
         from rayflow.trial_runs import TrialRuns  # imports ray.tune
 
-        return TrialRuns(self.uri, self.experiment_id, self.run_id, metric_names, max_epochs)
+        return TrialRuns(self.uri, self.experiment_id, self.run_id, metric_names, max_epochs, param_keys)
 
     @property
     def absolute_uri(self) -> str:

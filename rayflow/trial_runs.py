@@ -10,13 +10,26 @@ from ray.tune import Callback
 
 
 
+def _lookup(result: dict, key: str):
+    if key in result:
+        return result[key]
+    value = result
+    for part in key.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
 class TrialRuns(Callback):
-    def __init__(self, uri: str, experiment_id: str, parent_run_id: str, metric_names, max_epochs):
+    def __init__(self, uri: str, experiment_id: str, parent_run_id: str, metric_names, max_epochs, param_keys=None):
         self.uri = uri
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
-        self.metric_names = tuple(metric_names)
+        # MLflow name -> key in Tune's result; "a/b" reaches into nested results (RLlib's)
+        self.metrics = dict(metric_names) if isinstance(metric_names, dict) else {n: n for n in metric_names}
         self.max_epochs = max_epochs
+        self.param_keys = tuple(param_keys) if param_keys else None  # None: the whole trial config
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
         self._client = None
         self._tagged: set[str] = set()
@@ -39,7 +52,7 @@ class TrialRuns(Callback):
 
             run_id = create_nested_run(
                 self.client, self.experiment_id, self.parent_run_id, str(trial),
-                params=dict(trial.config), tags={"trial_id": trial.trial_id},
+                params={k: v for k, v in trial.config.items() if self.param_keys is None or k in self.param_keys}, tags={"trial_id": trial.trial_id},
             )
             self.runs[trial.trial_id] = run_id
         return run_id
@@ -54,10 +67,11 @@ class TrialRuns(Callback):
         run_id = self.run_for(trial)
         step = int(result.get("epoch", result.get("training_iteration", 0)))
         stamp = int(result.get("timestamp", 0) * 1000)
+        values = {name: _lookup(result, key) for name, key in self.metrics.items()}
         metrics = [
-            Metric(name, float(result[name]), stamp, step)
-            for name in self.metric_names
-            if isinstance(result.get(name), (int, float))
+            Metric(name, float(value), stamp, step)
+            for name, value in values.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
         ]
         tags = []
         if run_id not in self._tagged:  # what the trial says about itself, once

@@ -26,12 +26,15 @@ class TuneJob:
     metric: str
     mode: str
     num_samples: int
-    resources: dict
+    resources: dict | None  # None: the trainable asks for its own (RLlib algorithms)
     scheduler: Any = None
     max_failures: int = 0
     checkpoints_to_keep: int | None = None
     reuse_actors: bool = True
     max_concurrent_trials: int | None = None
+    checkpoint_frequency: int = 0  # class trainables (RLlib): Tune checkpoints every N iterations
+    checkpoint_at_end: bool | None = None
+    stop: dict | None = None
     callbacks: list = field(default_factory=list)
     verbose: int = 1
 
@@ -77,7 +80,7 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
     """Run (or continue) the experiment in `path`; returns (ResultGrid, interrupted)."""
     from ray import tune
 
-    trainable = tune.with_resources(job.trainable, job.resources)
+    trainable = job.trainable if job.resources is None else tune.with_resources(job.trainable, job.resources)
     if resume and (path / "tuner.pkl").exists():  # else it stopped before Tune started: start anew
         tuner = tune.Tuner.restore(
             str(path), trainable, resume_unfinished=True, resume_errored=True, param_space=job.param_space
@@ -98,7 +101,12 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
                 name=path.name,
                 storage_path=str(path.parent),
                 failure_config=tune.FailureConfig(max_failures=job.max_failures),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=job.checkpoints_to_keep),
+                checkpoint_config=tune.CheckpointConfig(
+                    num_to_keep=job.checkpoints_to_keep,
+                    checkpoint_frequency=job.checkpoint_frequency,
+                    checkpoint_at_end=job.checkpoint_at_end,
+                ),
+                stop=job.stop,
                 callbacks=job.callbacks,
                 verbose=job.verbose,
             ),

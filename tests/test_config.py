@@ -36,7 +36,7 @@ def test_groups_are_the_contract():
     assert {"local", "attach"} <= set(GROUPS["backend"])
     assert {"cpu", "gpu", "auto"} == set(GROUPS["compute"])
     assert {"mlflow", "none"} == set(GROUPS["tracking"])
-    assert {"cifar", "ddp"} <= set(GROUPS["workload"])
+    assert {"cifar", "ddp", "ppo"} <= set(GROUPS["workload"])
 
 
 def test_defaults(default_config):
@@ -79,6 +79,14 @@ def test_defaults(default_config):
         (["workload=ddp", "workload.resources_per_worker.gpu=1"], "workload.resources_per_worker.gpu"),
         (["workload=ddp", "workload.tune=true", "workload.sweep.grace_period=20"], "workload.sweep.grace_period"),
         (["workload=ddp", "workload.tune=true", "backend.include_dashboard=false"], "backend.include_dashboard"),
+        (["workload=ppo", "workload.env=NoSuchEnv-v0"], "workload.env"),
+        (["workload=ppo", "workload.gamma=1.5"], "workload.gamma"),
+        (["workload=ppo", "workload.minibatch_size=8000"], "workload.minibatch_size"),
+        (["workload=ppo", "workload.lr=0"], "workload.lr"),
+        (["workload=ppo", "workload.lr_grid=[0.1,-1]"], "workload.lr_grid"),
+        (["workload=ppo", "workload.hidden=[]"], "workload.hidden"),
+        (["workload=ppo", "workload.num_env_runners=-1"], "workload.num_env_runners"),
+        (["workload=ppo", "workload.stop.episode_return_mean=null", "workload.stop.env_steps=null"], "workload.stop"),
     ],
 )
 def test_bad_values_name_their_key(overrides, key):

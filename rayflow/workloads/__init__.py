@@ -17,6 +17,7 @@ from rayflow.config import ConfigError
 REGISTRY: dict[str, tuple[str, str | None]] = {
     "cifar": ("rayflow.workloads.cifar", None),
     "ddp": ("rayflow.workloads.ddp", None),
+    "ppo": ("rayflow.workloads.ppo", "rllib"),
 }
 
 

@@ -1,0 +1,97 @@
+"""bench.py ppo: wall seconds and env steps to a return of 450 on CartPole-v1.
+
+rayflow's side is the ppo workload as the CLI runs it (its PPOConfig through Ray Tune, the
+per-iteration MLflow trial runs, checkpoints every 5 iterations and at the end); the plain
+side is the same PPOConfig (rayflow.workloads.ppo.algo_config) built and trained directly
+with RLlib's Algorithm.train() until the return reaches the goal. Both run on one local
+Ray cluster started before any timing, alternating, with the same seed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RETURN_KEY = ("env_runners", "episode_return_mean")
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def rayflow_side(folder: Path, args) -> tuple[float, int, float]:
+    """(wall s, env steps, return) of workload=ppo through rayflow's Tune path, MLflow on."""
+    from rayflow.cli import compose_config
+    from rayflow.data import DataSpec
+    from rayflow.session import RunContext
+    from rayflow.tracking import Tracker
+    from rayflow.tuning import experiment_dir
+    from rayflow.workloads import ppo
+
+    cfg = compose_config("workload=ppo", f"storage_path={folder}", f"tracking.uri=sqlite:///{folder}/mlflow.db",
+                         f"workload.stop.episode_return_mean={args.goal}", f"workload.stop.env_steps={args.max_steps}")
+    tracker = Tracker(cfg)
+    tracker.start(cfg, "", tags={"workload": "ppo"})  # the store and parent run exist before timing
+    context = RunContext(tracker, DataSpec.from_config(cfg.data), experiment_dir(cfg), resume=False)
+    start = time.perf_counter()
+    summary = ppo.run(cfg, context)
+    wall = time.perf_counter() - start
+    tracker.end("FINISHED")
+    return wall, int(summary.steps_at_best or 0), float(summary.best_return or 0)
+
+
+def plain_side(folder: Path, args) -> tuple[float, int, float]:
+    """The same PPOConfig, driven by RLlib alone."""
+    from rayflow.cli import compose_config
+    from rayflow.workloads.ppo import algo_config
+
+    config = algo_config(compose_config("workload=ppo"), gpu=False)
+    start = time.perf_counter()
+    algo = config.build_algo()
+    try:
+        while True:
+            result = algo.train()
+            value = result[RETURN_KEY[0]].get(RETURN_KEY[1], 0.0)
+            steps = int(result["num_env_steps_sampled_lifetime"])
+            if value >= args.goal or steps >= args.max_steps:
+                return time.perf_counter() - start, steps, float(value)
+    finally:
+        algo.stop()
+
+
+def ppo(args) -> dict:
+    import ray
+
+    tmp = Path(tempfile.mkdtemp(prefix="rayflow-bench-ppo-"))
+    ray.init(address="local", num_cpus=2, include_dashboard=True)
+    runs: dict[str, list[tuple[float, int, float]]] = {"rayflow": [], "plain": []}
+    try:
+        for rep in range(args.repeats):  # alternate, so drift on a noisy machine hits both
+            for name, side in (("rayflow", rayflow_side), ("plain", plain_side)):
+                folder = tmp / f"{name}-{rep}"
+                folder.mkdir()
+                runs[name].append(side(folder, args))
+                wall, steps, value = runs[name][-1]
+                log(f"repeat {rep + 1}/{args.repeats} {name}: return {value:.1f} after {steps} env steps, {wall:.1f} s")
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = statistics.median(r[0] for r in runs["rayflow"])
+    plain = statistics.median(r[0] for r in runs["plain"])
+    return {
+        "name": "ppo", "ratio": round(wall / plain, 4), "wall_s": round(wall, 2), "plain_wall_s": round(plain, 2),
+        "env_steps": statistics.median(r[1] for r in runs["rayflow"]),
+        "plain_env_steps": statistics.median(r[1] for r in runs["plain"]),
+        "reached": all(r[2] >= args.goal for side in runs.values() for r in side),
+        "runs": runs, "goal": args.goal, "env": "CartPole-v1", "repeats": args.repeats, "ray_version": ray.__version__,
+    }
+
+
+def ppo_args(p) -> None:
+    p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating; medians compared")
+    p.add_argument("--goal", type=float, default=450.0, help="episode_return_mean to reach")
+    p.add_argument("--max-steps", type=int, default=300_000, help="give up after this many env steps")

@@ -1,0 +1,80 @@
+"""workload=ppo end to end: RLlib PPO on CartPole-v1 through Tune, MLflow and checkpoints."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+pytest.importorskip("ray.rllib")
+
+from tests.conftest import wait_until  # noqa: E402
+
+# Small iterations (1000 env steps) keep a short run short; the defaults are RLlib's tuned ones.
+QUICK = ["workload=ppo", "backend.num_cpus=2", "workload.train_batch_size=1000", "workload.checkpoint_every=1"]
+
+
+def checkpoints(rayflow):
+    return sorted(rayflow.storage.glob("ppo-*/PPO_*/checkpoint_*/algorithm_state.pkl"))
+
+
+def history(client, run, name) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+
+
+def test_lr_grid_logs_each_iteration_and_checkpoints(rayflow):
+    out = rayflow.run(*QUICK, "workload.lr_grid=[1.0e-4,1.0e-3]", "workload.stop.iterations=2", timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parents, children = rayflow.mlflow("ppo")
+    [parent] = parents
+    trials = children[parent.info.run_id]
+    assert sorted(float(t.data.params["lr"]) for t in trials) == [1e-4, 1e-3]
+    for trial in trials:
+        assert trial.data.params["env"] == "CartPole-v1"
+        assert [s for s, _ in history(client, trial, "episode_return_mean")] == [1, 2]
+        assert [v for _, v in history(client, trial, "num_env_steps_sampled_lifetime")] == [1000, 2000]
+        assert all(v > 0 for _, v in history(client, trial, "env_steps_per_s"))
+    best = max(trials, key=lambda t: t.data.metrics["episode_return_mean"])
+    assert parent.data.metrics["episode_return_mean"] == max(v for _, v in history(client, best, "episode_return_mean"))
+    assert parent.data.metrics["num_env_steps_sampled_lifetime"] in (1000, 2000)
+    assert len(checkpoints(rayflow)) >= 2  # both trials, every iteration (and at the end)
+    assert "best episode_return_mean" in out.stdout
+
+
+def test_interrupt_then_resume_continues_the_iterations(rayflow):
+    proc, log = rayflow.start(*QUICK, "workload.stop.iterations=8")
+    assert wait_until(lambda: len(checkpoints(rayflow)) >= 2, timeout=240, interval=0.2), log.read_text()[-3000:]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    client, parents, children = rayflow.mlflow("ppo")
+    [trial] = children[parents[0].info.run_id]
+    done = history(client, trial, "episode_return_mean")[-1][0]
+    assert done < 8
+
+    out = rayflow.run("workload=ppo", "resume=true", timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parents, children = rayflow.mlflow("ppo")
+    assert len(parents) == 1 and parents[0].data.tags.get("resumed") == "true"
+    [trial] = children[parents[0].info.run_id]
+    steps = [s for s, _ in history(client, trial, "num_env_steps_sampled_lifetime")]
+    assert steps[-1] == 8 and steps.count(1) == 1, f"iterations restarted from scratch: {steps}"
+    lifetime = history(client, trial, "num_env_steps_sampled_lifetime")[-1][1]
+    assert lifetime == 8000  # the restored algorithm kept counting
+
+
+def test_unknown_environment_is_refused_before_anything_starts(rayflow):
+    out = rayflow.run("workload=ppo", "workload.env=CartPol-v1")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("rayflow: error: workload.env") and "CartPole" in line  # Gymnasium's suggestion
+    assert not rayflow.storage.exists() and not rayflow.db.exists()
+
+
+@pytest.mark.slow
+def test_default_config_reaches_450_within_300k_env_steps(rayflow):
+    out = rayflow.run("workload=ppo", "backend.num_cpus=2", timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parents, _ = rayflow.mlflow("ppo")
+    metrics = parents[0].data.metrics
+    assert metrics["episode_return_mean"] >= 450, metrics
+    assert metrics["num_env_steps_sampled_lifetime"] <= 300_000, metrics
