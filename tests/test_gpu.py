@@ -36,3 +36,13 @@ def test_ddp_trains_with_nccl_and_mixed_precision_on_cuda(rayflow):
     assert parents[0].data.tags["device"] == "cuda"
     [train] = children[parents[0].info.run_id]
     assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [1, 2]
+
+
+def test_ppo_learner_on_cuda(rayflow):
+    pytest.importorskip("ray.rllib")
+    out = rayflow.run("compute=gpu", "workload=ppo", "workload.stop.iterations=2", "workload.train_batch_size=1000")
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parents, children = rayflow.mlflow("ppo")
+    assert parents[0].data.tags["device"] == "cuda"
+    [trial] = children[parents[0].info.run_id]
+    assert trial.data.metrics["num_env_steps_sampled_lifetime"] == 2000

@@ -203,3 +203,16 @@ def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(rayflow):
     [train] = children[parent.info.run_id]
     assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [1, 2]
     assert parent.data.metrics["epochs_completed"] == 2
+
+
+def test_ppo_on_spark_places_the_algorithm_and_its_env_runner_on_ray_worker_nodes(rayflow):
+    # The PPO trial asks for two 1-CPU bundles (the algorithm with its learner, one env
+    # runner); the Ray-on-Spark head has no CPU, so both land on autoscaled worker nodes.
+    out = rayflow.run("backend=spark", "workload=ppo", "workload.stop.iterations=2",
+                      "workload.train_batch_size=1000", timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, parents, children = rayflow.mlflow("ppo")
+    parent = parents[0]
+    assert parent.data.tags["backend"] == "spark" and parent.data.metrics["cluster_nodes_peak"] >= 3
+    [trial] = children[parent.info.run_id]
+    assert trial.data.metrics["num_env_steps_sampled_lifetime"] == 2000
