@@ -86,7 +86,10 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
 
     out = rayflow.run("workload=ddp", "resume=true")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"rank 0 resumed from the checkpoint of epoch {done}" in out.stdout + out.stderr
+    # The epoch Ctrl-C cut into may have reached MLflow but not Ray Train's checkpoint record:
+    # the run continues from the last recorded checkpoint, which is at most one epoch back.
+    resumed = re.findall(r"rank 0 resumed from the checkpoint of epoch (\d+)", out.stdout + out.stderr)
+    assert resumed and done - 1 <= int(resumed[0]) <= done, (resumed, done)
     client, parent, train = train_run(rayflow)  # the same parent and nested run, continued
     epochs = [step for step, _ in history(client, train, "epoch")]
     assert epochs[-1] == 4 and epochs.count(1) == 1, f"epochs were repeated from scratch: {epochs}"

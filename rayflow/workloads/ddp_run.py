@@ -119,7 +119,7 @@ def run_training(cfg, ctx) -> TrainSummary:
         tracker.client.update_run(run_id, status="RUNNING")
         config["mlflow"] = {"uri": tracker.absolute_uri, "run_id": run_id}
     trainer = make_trainer(trainer_spec(cfg), config, name=path.name, storage=str(path.parent))
-    status, errored = "KILLED", False
+    errored = False
     try:
         result = trainer.fit()
     except TrainingFailedError as err:
@@ -129,14 +129,14 @@ def run_training(cfg, ctx) -> TrainSummary:
         # Ctrl-C: Ray Train's own SIGINT handler aborts the run and exits through ray.get
         # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
         if termination_exit_code():
+            if run_id:
+                tracker.client.set_terminated(run_id, "KILLED")
             raise
         result = Result.from_path(str(path))
-    finally:
-        if run_id:
-            tracker.client.set_terminated(run_id, status)
     summary = summarize_result(result, int(cfg.workload.epochs), errored)
-    if run_id and not summary.interrupted:
-        tracker.client.set_terminated(run_id, "FAILED" if errored else "FINISHED")
+    if run_id:
+        status = "KILLED" if summary.interrupted else "FAILED" if errored else "FINISHED"
+        tracker.client.set_terminated(run_id, status)
     return summary
 
 
