@@ -6,7 +6,6 @@ import csv
 import signal
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.conftest import process_pids, wait_until
@@ -73,7 +72,7 @@ def _progress(trial_dir: Path) -> list[dict]:
 def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayflow):
     # Trials take both CPUs, so they run one after the other.
     epochs = 12
-    args = [f"workload.num_samples=3", f"workload.max_epochs={epochs}", f"workload.scheduler.grace_period={epochs}",
+    args = ["workload.num_samples=3", f"workload.max_epochs={epochs}", f"workload.scheduler.grace_period={epochs}",
             "workload.resources_per_trial.cpu=2", "backend.num_cpus=2", "data.synthetic_train_size=4000",
             "workload.search_space.batch_size=[32]"]
     proc, log = rayflow.start(*args)
