@@ -16,6 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rayflow.config import ConfigError, renamed_key_error
+from rayflow.redaction import mask_text
 
 CONFIG_MODULE = "rayflow.conf"
 CONFIG_NAME = "config"
@@ -70,8 +71,12 @@ def compose_config(*overrides: str) -> DictConfig:
 
 
 def preflight(overrides: list[str], multirun: bool) -> None:
+    """Compose and check every job. Only configuration errors (rayflow's, Hydra's, OmegaConf's)
+    become ConfigError; anything else is a bug in rayflow and keeps its traceback."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from rayflow.session import check_config
 
@@ -80,31 +85,33 @@ def preflight(overrides: list[str], multirun: bool) -> None:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
             for point in points:
                 check_config(compose(CONFIG_NAME, overrides=point))
-    except ConfigError:
-        raise
-    except Exception as err:  # Hydra/OmegaConf composition errors
+    except (HydraException, OmegaConfBaseException) as err:
         raise one_line(err) from None
     finally:
         GlobalHydra.instance().clear()
 
 
-def fail(err: ConfigError) -> None:
-    print(f"rayflow: error: {err}", file=sys.stderr)
-    sys.exit(2)
+# Exit codes (README: "Exit codes"): 0 done, 1 the run failed, 2 bad input (nothing
+# started), 128 + N stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
+
+
+def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> None:
+    print(f"rayflow: error: {mask_text(str(err))}", file=sys.stderr)
+    sys.exit(code)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
 def _job(cfg: DictConfig):
     from rayflow.data import DataError
-    from rayflow.session import run_job
+    from rayflow.session import RunFailed, run_job
 
     try:
         run_job(cfg)
     except ConfigError as err:
         fail(err)
-    except DataError as err:
-        print(f"rayflow: error: {err}", file=sys.stderr)
-        sys.exit(1)
+    except (DataError, RunFailed) as err:
+        fail(err, EXIT_FAILED)
 
 
 def main() -> None:

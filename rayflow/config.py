@@ -6,11 +6,17 @@ and exit non-zero before a cluster, a trial or an MLflow run exists.
 
 from __future__ import annotations
 
+import functools
 import math
-import re
+from importlib import resources
 from typing import Any, Iterator, Mapping
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rayflow.redaction import REDACTED, drop_redacted, is_secret_name, mask_text, redact
+
+__all__ = ["REDACTED", "drop_redacted", "is_secret_name", "mask_text", "redact"]  # re-exported
 
 
 class ConfigError(ValueError):
@@ -36,35 +42,6 @@ def renamed_key_error(key: str) -> ConfigError | None:
     if key in RENAMED:
         return ConfigError(key, f"was removed from setup_ray_cluster; use {RENAMED[key]}")
     return None
-
-
-# Words that mark a key or environment variable as secret; matched against the
-# words of a name split on '.', '_' and '-' (so "monkey" is not a secret, "api_key" is).
-_SECRET_WORDS = {"token", "password", "passwd", "secret", "key", "apikey", "credential", "credentials"}
-REDACTED = "***"
-
-
-def is_secret_name(name: str) -> bool:
-    words = re.split(r"[._\-/]+", str(name).lower())
-    return any(w in _SECRET_WORDS for w in words)
-
-
-def redact(value: Any, name: str = "") -> Any:
-    """A copy of a (nested) mapping or list with the values of secret-named keys masked."""
-    if name and is_secret_name(name) and value is not None and not isinstance(value, (Mapping, list)):
-        return REDACTED
-    if isinstance(value, Mapping):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
-    return value
-
-
-def drop_redacted(value: Any) -> Any:
-    """A copy without the leaves redact() masked (for merging a saved config back)."""
-    if isinstance(value, Mapping):
-        return {k: drop_redacted(v) for k, v in value.items() if v != REDACTED}
-    return value
 
 
 def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -131,6 +108,45 @@ def gpu_request(cfg: DictConfig, key: str) -> float:
     return gpu
 
 
+@functools.lru_cache(maxsize=1)
+def boolean_keys() -> frozenset[str]:
+    """Every key whose shipped default is true or false (root config and every group option).
+    A value given for one of them must be a boolean too: Hydra reads `maybe` as a string,
+    and a non-empty string is truthy."""
+    keys: set[str] = set()
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in (node or {}).items():
+            if key in ("defaults", "hydra"):
+                continue
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(value, bool):
+                keys.add(path)
+            elif isinstance(value, dict):
+                walk(value, path)
+
+    root = resources.files("rayflow.conf")
+    walk(yaml.safe_load(root.joinpath("config.yaml").read_text()), "")
+    for group in root.iterdir():
+        if group.is_dir() and not group.name.startswith("_"):
+            for option in group.iterdir():
+                if option.name.endswith(".yaml"):
+                    walk(yaml.safe_load(option.read_text()), group.name)
+    return frozenset(keys)
+
+
+def check_booleans(cfg: DictConfig) -> None:
+    for key in sorted(boolean_keys()):
+        if OmegaConf.select(cfg, key, default=None) is not None or _has(cfg, key):
+            boolean(cfg, key)
+
+
+def _has(cfg: DictConfig, key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return isinstance(node, DictConfig) and leaf in node
+
+
 def one_of(cfg: DictConfig, key: str, choices: tuple) -> Any:
     value = OmegaConf.select(cfg, key)
     if value not in choices:
@@ -140,6 +156,7 @@ def one_of(cfg: DictConfig, key: str, choices: tuple) -> Any:
 
 def check_common(cfg: DictConfig) -> None:
     """Checks on the keys every workload shares (backend- and workload-specific ones live there)."""
+    check_booleans(cfg)
     one_of(cfg, "ray_auth_mode", ("token", "disabled"))
     one_of(cfg, "compute.device", ("cpu", "cuda", "auto"))
     if not isinstance(cfg.resume, bool) and not isinstance(cfg.resume, str):
@@ -148,8 +165,7 @@ def check_common(cfg: DictConfig) -> None:
         if not str(cfg.tracking.uri or "").strip():
             raise ConfigError("tracking.uri", "must not be empty (use tracking=none to turn tracking off)")
     data = cfg.data
-    if not data.synthetic and not isinstance(data.download, bool):
-        raise ConfigError("data.download", f"must be true or false; got {data.download!r}")
+    positive_number(cfg, "data.timeout_s")
     if data.synthetic:
         positive_int(cfg, "data.synthetic_train_size", minimum=10)
         positive_int(cfg, "data.synthetic_test_size", minimum=1)

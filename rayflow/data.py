@@ -9,6 +9,7 @@ CNN can learn, and reads it through the same code: for offline machines and test
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import pickle
 import shutil
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from rayflow.redaction import mask_text
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -45,6 +48,7 @@ class DataSpec:
     seed: int = 0
     url: str = CIFAR_URL
     md5: str = CIFAR_MD5
+    timeout_s: float = 600.0  # a stalled download, and the wait for another process's download
 
     @classmethod
     def from_config(cls, data, seed: int = 0) -> "DataSpec":
@@ -58,6 +62,7 @@ class DataSpec:
             seed=int(seed),
             url=str(data.get("url") or CIFAR_URL),
             md5=str(data.get("md5") or CIFAR_MD5),
+            timeout_s=float(data.get("timeout_s") or 600.0),
         )
 
     @property
@@ -72,11 +77,21 @@ def _complete(batch_dir: Path) -> bool:
     return all((batch_dir / f).is_file() for f in TRAIN_FILES + [TEST_FILE])
 
 
-def _lock(root: Path):
-    from filelock import FileLock
+@contextlib.contextmanager
+def _lock(root: Path, timeout_s: float):
+    """The node's data lock; waiting longer than timeout_s for it is an error, not a hang."""
+    from filelock import FileLock, Timeout
 
     root.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(root / ".rayflow.lock"))
+    lock = FileLock(str(root / ".rayflow.lock"))
+    try:
+        lock.acquire(timeout=timeout_s)
+    except Timeout:
+        raise DataError(f"data.timeout_s: waited {timeout_s:g} s for another process preparing the data under {root} (lock {lock.lock_file})") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def prepare(spec: DataSpec) -> Path:
@@ -84,12 +99,12 @@ def prepare(spec: DataSpec) -> Path:
     batch_dir = spec.batch_dir
     if _complete(batch_dir):
         return batch_dir
-    with _lock(Path(spec.root)):  # concurrent trials on a node: one fetches, the others wait
+    with _lock(Path(spec.root), spec.timeout_s):  # concurrent trials on a node: one fetches, the others wait
         if not _complete(batch_dir):
             if spec.synthetic:
                 write_synthetic(batch_dir, spec.synthetic_train_size, spec.synthetic_test_size, spec.seed)
             elif spec.download:
-                download(Path(spec.root), spec.url, spec.md5)
+                download(Path(spec.root), spec.url, spec.md5, spec.timeout_s)
             else:
                 raise DataError(
                     f"data.root: no CIFAR-10 batches under {batch_dir}; "
@@ -98,21 +113,23 @@ def prepare(spec: DataSpec) -> Path:
     return batch_dir
 
 
-def download(root: Path, url: str = CIFAR_URL, md5: str = CIFAR_MD5) -> None:
-    """Fetch the official archive, check its md5, unpack it under root (caller holds the lock)."""
+def download(root: Path, url: str = CIFAR_URL, md5: str = CIFAR_MD5, timeout_s: float = 600.0) -> None:
+    """Fetch the official archive, check its md5, unpack it under root (caller holds the lock).
+    timeout_s bounds each connect and read, so a server that stops sending ends the wait."""
+    shown = mask_text(url)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         archive = Path(tmp) / "cifar-10-python.tar.gz"
         try:
-            with urllib.request.urlopen(url, timeout=60) as response, open(archive, "wb") as out:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response, open(archive, "wb") as out:
                 shutil.copyfileobj(response, out)
         except OSError as err:
             raise DataError(
-                f"data.download: could not fetch {url} ({err}); "
+                f"data.download: could not fetch {shown} ({mask_text(str(err))}; data.timeout_s={timeout_s:g}); "
                 "set data.synthetic=true to run offline"
             ) from None
         digest = hashlib.md5(archive.read_bytes()).hexdigest()
         if digest != md5:
-            raise DataError(f"data.download: {url} has md5 {digest}, expected {md5}; not unpacked")
+            raise DataError(f"data.download: {shown} has md5 {digest}, expected {md5}; not unpacked")
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         target = root / BATCH_DIR

@@ -9,14 +9,20 @@ Secret-named keys are masked before anything is written.
 
 from __future__ import annotations
 
+import base64
 import os
+import socket
+import tempfile
 import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rayflow.config import flatten, redact, safe_yaml, to_container
+from rayflow.config import ConfigError, flatten, mask_text, positive_number, redact, safe_yaml, to_container
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 
@@ -48,6 +54,90 @@ def log_step(uri: str, run_id: str, metrics: dict, step: int) -> None:
     stamp = int(time.time() * 1000)
     batch = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if isinstance(v, (int, float))]
     _client(uri).log_batch(run_id, metrics=batch)
+
+
+# The stores MLflow's tracking registry knows (mlflow.tracking._tracking_service.utils), by URI
+# scheme; database schemes may name a driver (postgresql+psycopg2). Plugins add more.
+STORE_SCHEMES = {"", "file", "http", "https", "databricks", "databricks-uc", "uc",
+                 "sqlite", "postgresql", "mysql", "mssql"}
+DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def _plugin_schemes() -> set[str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name for ep in entry_points(group="mlflow.tracking_store")}
+
+
+def _writable_dir(folder: Path) -> bool:
+    """Whether `folder` exists as a writable directory or could be created: tried for real in
+    its nearest existing ancestor (root passes every access() check), then removed again."""
+    folder = folder.expanduser().resolve()
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return False
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rayflow-check-", dir=folder))
+    except OSError:
+        return False
+    return True
+
+
+def check_uri(cfg) -> None:
+    """Preflight for tracking.uri: a store MLflow has, a local path rayflow can write, a server
+    or database that answers within tracking.timeout_s. Starts nothing, writes nothing."""
+    if not cfg.tracking.enabled:
+        return
+    timeout = positive_number(cfg, "tracking.timeout_s")
+    uri = str(cfg.tracking.uri).strip()
+    shown = mask_text(uri)
+    parsed = urllib.parse.urlparse(uri)
+    scheme = parsed.scheme.lower()
+    base = scheme.split("+")[0]
+    if len(scheme) == 1:  # a Windows drive letter: a local path
+        base = ""
+    if base not in STORE_SCHEMES and scheme not in _plugin_schemes():
+        raise ConfigError("tracking.uri", f"{shown!r}: {scheme!r} is not an MLflow tracking store; use sqlite:///PATH, a folder, http(s)://HOST:PORT or databricks")
+    if base == "sqlite":
+        path = uri[len(parsed.scheme) + 3 :].split("?")[0]
+        if path not in ("", ":memory:"):
+            db = Path(path).expanduser()
+            if db.is_dir() or not _writable_dir(db.parent):
+                raise ConfigError("tracking.uri", f"{shown!r}: cannot create the SQLite file {db} (its folder is not writable or {'it is a folder' if db.is_dir() else 'cannot be made'})")
+    elif base in ("", "file"):
+        folder = Path(urllib.parse.unquote(parsed.path) if base == "file" else uri).expanduser()
+        if folder.exists() and not folder.is_dir() or not _writable_dir(folder):
+            raise ConfigError("tracking.uri", f"{shown!r}: cannot write MLflow's file store to {folder}")
+    elif base in ("http", "https"):
+        _probe_server(uri, shown, timeout)
+    elif base in DB_PORTS:
+        host, port = parsed.hostname or "localhost", parsed.port or DB_PORTS[base]
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                pass
+        except OSError as err:
+            raise ConfigError("tracking.uri", f"{shown!r}: the database at {host}:{port} does not answer ({err.strerror or type(err).__name__}; waited up to {timeout:g} s, tracking.timeout_s)") from None
+
+
+def _probe_server(uri: str, shown: str, timeout: float) -> None:
+    """Any HTTP answer will do (a proxy in front of MLflow may refuse /health); no answer
+    within the timeout is the error MLflow would otherwise retry for minutes."""
+    parsed = urllib.parse.urlsplit(uri)
+    request = urllib.request.Request(parsed._replace(netloc=parsed.hostname + (f":{parsed.port}" if parsed.port else ""),
+                                                     path=parsed.path.rstrip("/") + "/health", query="").geturl())
+    if parsed.username:  # credentials in the URI: send them as MLflow would, never print them
+        token = base64.b64encode(f"{urllib.parse.unquote(parsed.username)}:{urllib.parse.unquote(parsed.password or '')}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        reason = getattr(reason, "strerror", None) or str(reason) or type(err).__name__
+        raise ConfigError("tracking.uri", f"no MLflow server answers at {shown} ({mask_text(reason)}; waited up to {timeout:g} s, tracking.timeout_s)") from None
 
 
 def git_commit() -> str | None:
@@ -146,4 +236,7 @@ class Tracker:
     def ui_hint(self) -> str:
         if not self.enabled:
             return "tracking is off (tracking=none)"
-        return f"mlflow ui --backend-store-uri {self.absolute_uri}   (then open http://127.0.0.1:5000)"
+        uri = mask_text(self.absolute_uri)
+        if uri.startswith(("http://", "https://")):
+            return f"{uri}   (the tracking server's UI)"
+        return f"mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)"

@@ -171,7 +171,7 @@ class TuneSummary:
 
 
 def summarize(results, metric: str, mode: str, max_epochs: int, num_samples: int, interrupted: bool) -> TuneSummary:
-    done = [r for r in results if r.metrics and r.error is None]
+    done = [r for r in results if r.metrics and metric in r.metrics and r.error is None]  # trials that reported
     best = results.get_best_result(metric=metric, mode=mode, scope="last") if done else None
     epochs = [int((r.metrics or {}).get("epoch", 0)) for r in results]
     return TuneSummary(

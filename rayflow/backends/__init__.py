@@ -31,7 +31,8 @@ def backend_for(cfg: DictConfig) -> ClusterBackend:
     except ImportError as err:
         hint = f"pip install 'rayflow[{extra}]'" if extra else "reinstall rayflow"
         raise ConfigError("backend", f"backend {name!r} needs {err.name}: {hint}") from err
-    return getattr(module, class_name)(cfg)
+    # A backend gets its own section and the auth mode, nothing else of the run's config.
+    return getattr(module, class_name)(cfg.backend, str(cfg.ray_auth_mode))
 
 
 __all__ = ["ClusterBackend", "REGISTRY", "backend_for"]

@@ -10,13 +10,14 @@ from pathlib import Path
 import yaml
 
 from rayflow.backends.base import ClusterBackend
-from rayflow.config import ConfigError, positive_number
+from rayflow.config import ConfigError, mask_text, positive_number
 
 
 def _host_port(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
+    host = host.rpartition("@")[2]  # ray://user:token@host:port
     if not sep or not host or not port.isdigit():
-        raise ConfigError("backend.address", f"expected ray://HOST:PORT, HOST:PORT or auto; got {address!r}")
+        raise ConfigError("backend.address", f"expected ray://HOST:PORT, HOST:PORT or auto; got {mask_text(address)!r}")
     return host.strip("[]"), int(port)
 
 
@@ -30,8 +31,10 @@ def _local_cluster_address() -> str | None:
 
 
 class AttachedCluster(ClusterBackend):
+    owns_cluster = False
+
     def target(self) -> str:
-        address = str(self.cfg.backend.address or "").strip()
+        address = str(self.section.address or "").strip()
         if not address:
             raise ConfigError("backend.address", "is empty; give ray://HOST:PORT, HOST:PORT or auto")
         if address == "auto":
@@ -42,7 +45,7 @@ class AttachedCluster(ClusterBackend):
         return address
 
     def check(self) -> None:
-        timeout = positive_number(self.cfg, "backend.connect_timeout_s")
+        timeout = positive_number(self.root, "backend.connect_timeout_s")
         address = self.target()
         host, port = _host_port(address.removeprefix("ray://"))
         try:
@@ -50,13 +53,13 @@ class AttachedCluster(ClusterBackend):
                 pass
         except OSError as err:
             reason = err.strerror or type(err).__name__
-            raise ConfigError("backend.address", f"cannot reach {address} ({reason})") from None
+            raise ConfigError("backend.address", f"cannot reach {mask_text(address)} ({reason}; waited up to {timeout:g} s, backend.connect_timeout_s)") from None
 
     def render(self) -> str:
         spec = {
             "backend": "attach",
-            "address": str(self.cfg.backend.address),
-            "auth_mode": os.environ.get("RAY_AUTH_MODE", self.cfg.ray_auth_mode),
+            "address": mask_text(str(self.section.address)),
+            "auth_mode": os.environ.get("RAY_AUTH_MODE", self.auth_mode),
             "lifecycle": "joined, never stopped by rayflow",
         }
         return yaml.safe_dump(spec, sort_keys=False)
@@ -66,12 +69,5 @@ class AttachedCluster(ClusterBackend):
 
         address = self.target()
         ray.init(address=address, log_to_driver=True)
-        self._connected = True
+        self.on_stop("disconnect from the attached cluster (it keeps running)", ray.shutdown)
         return address
-
-    def stop(self) -> None:
-        if getattr(self, "_connected", False):
-            import ray
-
-            ray.shutdown()  # disconnects this driver; the cluster keeps running
-            self._connected = False

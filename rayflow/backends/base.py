@@ -1,23 +1,30 @@
 """The interface every backend implements, shaped like Hydra's launcher plugins.
 
-A backend turns the `backend:` config section into a running Ray cluster and back:
+A backend turns its own `backend:` config section (and the run's auth mode; nothing else,
+as Hydra hands a launcher only its own config) into a running Ray cluster and back:
 `render` says what it would start (YAML), `start` starts or joins it and returns its
-address, `stop` stops whatever `start` started and may be called any number of times.
-Used as a context manager it always stops what it started: on success, on an exception,
-on Ctrl-C and on SIGTERM/SIGHUP (turned into SystemExit so `finally` blocks run).
-Heavy imports (ray, pyspark, kubernetes) belong inside the methods.
+address. Each step of `start` that leaves something behind registers its undo with
+`on_stop` the moment it succeeds; `stop` runs the undo steps in reverse, goes on past one
+that fails (reporting it), and may be called any number of times. Used as a context
+manager a backend always stops what it started: on success, on an exception, on Ctrl-C
+and on SIGTERM/SIGHUP (turned into SystemExit so `finally` blocks run). Heavy imports
+(ray, pyspark, kubernetes) belong inside the methods.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import signal
 import sys
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from rayflow.redaction import mask_text
 
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
@@ -35,9 +42,14 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def termination_exit_code() -> int | None:
-    """128 + the terminating signal received, if any. Ray's C++ calls (ray.wait) turn the
-    SystemExit our handler raises into SystemExit(1), so the code is kept here as well."""
+    """128 + the terminating signal this job received, if any. Ray's C++ calls (ray.wait) turn
+    the SystemExit our handler raises into SystemExit(1), so the code is kept here as well."""
     return 128 + _received[-1] if _received else None
+
+
+def reset_termination() -> None:
+    """Forget a signal an earlier job in this process received (a multirun, a notebook)."""
+    _received.clear()
 
 
 def apply_auth_mode(mode: str) -> None:
@@ -54,14 +66,24 @@ def apply_auth_mode(mode: str) -> None:
 
 
 class ClusterBackend(abc.ABC):
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg  # the whole run config; backends read cfg.backend
+    # What a backend can do; callers ask these, never the backend's name.
+    connects_driver: bool = True  # start() leaves this process connected (ray.init) to the cluster
+    shares_filesystem: bool = False  # its nodes see this machine's files (data prepared here, SQLite)
+    owns_cluster: bool = True  # start() starts a cluster, and stop() stops it
+
+    def __init__(self, section: DictConfig, auth_mode: str = "token"):
+        self.section = section  # the `backend:` config section
+        self.auth_mode = str(auth_mode)
+        self.root = OmegaConf.create({"backend": section})  # so checks name keys as backend.*
         self.address: str | None = None
+        self.start_seconds: float | None = None  # how long start() took, for the job that called it
+        self.teardown_errors: list[str] = []
+        self._undo = contextlib.ExitStack()
         self._old_handlers: dict[int, Any] = {}
 
     @property
     def name(self) -> str:
-        return str(self.cfg.backend.name)
+        return str(self.section.name)
 
     def check(self) -> None:
         """Preflight: raise ConfigError for bad `backend.*` keys; must start nothing."""
@@ -71,11 +93,17 @@ class ClusterBackend(abc.ABC):
         return {}
 
     def metrics(self) -> dict:
-        """Metrics for the parent run once the cluster is up (start-up timings, say)."""
-        return {}
+        """Start-up figures (seconds) of the start() that this backend object last ran."""
+        return {"cluster_start_s": self.start_seconds} if self.start_seconds is not None else {}
 
     def cluster_gpus(self) -> float | None:
         """GPUs the cluster would offer, when known before it starts (None: ask it later)."""
+        return None
+
+    def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
+        """The nodes the cluster can have at most, as Ray resources ({"CPU": 2, "GPU": 0,
+        "memory": bytes}; at least the `resources` named), when known before it starts;
+        None when only the running cluster knows (an existing or autoscaling one)."""
         return None
 
     @abc.abstractmethod
@@ -84,11 +112,24 @@ class ClusterBackend(abc.ABC):
 
     @abc.abstractmethod
     def start(self) -> str:
-        """Start (or join) the cluster, connect this driver to it, return its address."""
+        """Start (or join) the cluster, connect this driver to it, return its address.
+        Register the undo of every step with on_stop() as soon as the step succeeds."""
 
-    @abc.abstractmethod
+    def on_stop(self, what: str, undo: Callable, *args: Any, **kwargs: Any) -> None:
+        """Register `undo(*args, **kwargs)`, described by `what`, to run at stop()."""
+        self._undo.callback(self._guarded, what, undo, args, kwargs)
+
+    def _guarded(self, what: str, undo: Callable, args: tuple, kwargs: dict) -> None:
+        try:
+            undo(*args, **kwargs)
+        except Exception as err:  # a teardown step that fails must not keep the others from running
+            message = f"{what}: {type(err).__name__}: {mask_text(str(err)).splitlines()[0] if str(err) else ''}"
+            self.teardown_errors.append(message)
+            print(f"rayflow: warning: teardown step failed, going on: {message}", file=sys.stderr, flush=True)
+
     def stop(self) -> None:
-        """Disconnect, and stop what start() started. Idempotent."""
+        """Run every registered undo step, newest first. Idempotent."""
+        self._undo.close()
 
     def _catch_termination(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -97,13 +138,16 @@ class ClusterBackend(abc.ABC):
                 self._old_handlers.setdefault(sig, previous)
 
     def __enter__(self) -> "ClusterBackend":
-        apply_auth_mode(str(self.cfg.ray_auth_mode))  # driver, cluster and workers agree
+        apply_auth_mode(self.auth_mode)  # driver, cluster and workers agree
         self._catch_termination()
+        self._undo = contextlib.ExitStack()
+        started = time.monotonic()
         try:
             self.address = self.start()
         except BaseException:
             self.__exit__(None, None, None)
             raise
+        self.start_seconds = time.monotonic() - started
         # ray.init installs a C++ SIGTERM handler that aborts the driver without cleanup:
         # take the signal back so SIGTERM unwinds through finally blocks and stop().
         self._catch_termination()

@@ -16,26 +16,40 @@ def local_cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def total_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class LocalCluster(ClusterBackend):
+    shares_filesystem = True  # its one node is this machine
     def check(self) -> None:
-        b = self.cfg.backend
+        b = self.section
         if b.num_cpus is not None:
-            positive_int(self.cfg, "backend.num_cpus")
+            positive_int(self.root, "backend.num_cpus")
         if b.num_gpus is not None:
-            positive_number(self.cfg, "backend.num_gpus", allow_zero=True)
+            positive_number(self.root, "backend.num_gpus", allow_zero=True)
         if b.object_store_memory is not None:
-            positive_int(self.cfg, "backend.object_store_memory", minimum=78643200)  # Ray's floor
+            positive_int(self.root, "backend.object_store_memory", minimum=78643200)  # Ray's floor
         if b.include_dashboard and b.dashboard_port is not None:
-            positive_int(self.cfg, "backend.dashboard_port")
+            positive_int(self.root, "backend.dashboard_port")
 
     def cluster_gpus(self) -> float | None:
-        b = self.cfg.backend
+        b = self.section
         if b.num_gpus is not None:
             return float(b.num_gpus) if local_cuda_devices() else 0.0
         return float(local_cuda_devices())
 
+    def capacity(self, resources: set[str]) -> list[dict[str, float]]:
+        """One node: this machine, or what backend.num_cpus / num_gpus give Ray of it."""
+        b = self.section
+        node = {"CPU": float(b.num_cpus if b.num_cpus is not None else os.cpu_count()),
+                "memory": float(total_memory_bytes())}
+        if "GPU" in resources:  # counting GPUs imports torch: only when asked for
+            node["GPU"] = self.cluster_gpus()
+        return [node]
+
     def init_kwargs(self) -> dict:
-        b = self.cfg.backend
+        b = self.section
         kwargs = {
             "address": "local",  # always a new cluster, even when RAY_ADDRESS points elsewhere
             "num_cpus": b.num_cpus if b.num_cpus is not None else os.cpu_count(),
@@ -53,7 +67,7 @@ class LocalCluster(ClusterBackend):
         spec = {
             "backend": "local",
             "ray.init": self.init_kwargs(),
-            "auth_mode": os.environ.get("RAY_AUTH_MODE", self.cfg.ray_auth_mode),
+            "auth_mode": os.environ.get("RAY_AUTH_MODE", self.auth_mode),
         }
         return yaml.safe_dump(spec, sort_keys=False)
 
@@ -61,15 +75,11 @@ class LocalCluster(ClusterBackend):
         import ray
 
         context = ray.init(**self.init_kwargs(), log_to_driver=True)
-        self._started = True
+        node = ray._private.worker._global_node  # the GCS, raylet and dashboard this call started
+        # Undo steps run newest first: a clean shutdown, then whatever of the node it left.
+        self.on_stop("kill what is left of the local Ray node", node.kill_all_processes, check_alive=False, allow_graceful=False)
+        self.on_stop("ray.shutdown() of the local cluster", ray.shutdown)
         return context.address_info["address"]
-
-    def stop(self) -> None:
-        if getattr(self, "_started", False):
-            import ray
-
-            ray.shutdown()
-            self._started = False
 
 
 __all__ = ["LocalCluster"]

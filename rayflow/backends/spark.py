@@ -46,46 +46,63 @@ def active_session():
 class SparkCluster(ClusterBackend):
     def spark_conf(self) -> dict[str, str]:
         """spark_conf with dotted keys: on the command line Hydra nests `spark.task.cpus` as dicts."""
-        conf = OmegaConf.to_container(self.cfg.backend.spark_conf or {}, resolve=True)
+        conf = OmegaConf.to_container(self.section.spark_conf or {}, resolve=True)
         return {key: str(value) for key, value in flatten(conf)}
 
     def setup_args(self) -> dict:
-        b = OmegaConf.to_container(self.cfg.backend, resolve=True)
+        b = OmegaConf.to_container(self.section, resolve=True)
         return {k: b.get(k) for k in SETUP_KEYS}
 
     def check(self) -> None:
-        b = self.cfg.backend
+        b = self.section
         for key in b:  # +backend.autoscale=true gets past Hydra; name the replacement
             error = renamed_key_error(f"backend.{key}")
             if error:
                 raise error
         if importlib.util.find_spec("pyspark") is None:
             raise ConfigError("backend", "backend 'spark' needs pyspark: pip install 'rayflow[spark]'")
-        high = positive_int(self.cfg, "backend.max_worker_nodes")
-        low = positive_int(self.cfg, "backend.min_worker_nodes", minimum=0)
+        high = positive_int(self.root, "backend.max_worker_nodes")
+        low = positive_int(self.root, "backend.min_worker_nodes", minimum=0)
         if low > high:
             raise ConfigError("backend.min_worker_nodes", f"({low}) is greater than backend.max_worker_nodes ({high})")
         if (b.num_cpus_worker_node is None) != (b.num_gpus_worker_node is None):
             raise ConfigError("backend.num_gpus_worker_node", "set it together with backend.num_cpus_worker_node, or leave both null")
         if b.num_cpus_worker_node is not None:
-            positive_int(self.cfg, "backend.num_cpus_worker_node")
-            positive_int(self.cfg, "backend.num_gpus_worker_node", minimum=0)
+            positive_int(self.root, "backend.num_cpus_worker_node")
+            positive_int(self.root, "backend.num_gpus_worker_node", minimum=0)
         for key in ("num_cpus_head_node", "num_gpus_head_node"):
             if b[key] is not None:
-                positive_int(self.cfg, f"backend.{key}", minimum=0)
+                positive_int(self.root, f"backend.{key}", minimum=0)
         for key in ("memory_worker_node", "memory_head_node", "object_store_memory_worker_node", "object_store_memory_head_node"):
             if b[key] is not None:
-                positive_int(self.cfg, f"backend.{key}")
-        if positive_number(self.cfg, "backend.autoscale_upscaling_speed") < 1.0:
+                positive_int(self.root, f"backend.{key}")
+        if positive_number(self.root, "backend.autoscale_upscaling_speed") < 1.0:
             raise ConfigError("backend.autoscale_upscaling_speed", f"must be >= 1.0; got {b.autoscale_upscaling_speed}")
-        positive_number(self.cfg, "backend.autoscale_idle_timeout_minutes", allow_zero=True)
+        positive_number(self.root, "backend.autoscale_idle_timeout_minutes", allow_zero=True)
         if b.hybrid:
             self._check_hybrid()
         if active_session() is None:
             self._check_master()
+            self._check_worker_size()
+
+    def _check_worker_size(self) -> None:
+        """Where the Spark workers are this machine (local-cluster, local), a Ray worker node
+        must fit one Spark worker: Ray on Spark would otherwise fail, or wait, after starting Spark."""
+        b = self.section
+        match = re.match(r"local-cluster\[\s*\d+\s*,\s*(\d+)\s*,", str(b.master))
+        if b.num_cpus_worker_node is not None and match and b.num_cpus_worker_node > int(match.group(1)):
+            raise ConfigError("backend.num_cpus_worker_node", f"({b.num_cpus_worker_node}) exceeds the {match.group(1)} cores of each Spark worker of {b.master}")
+        if not str(b.master).startswith("local"):
+            return  # the workers are other machines: their size is known once Spark runs
+        from rayflow.backends.spark_plan import _worker_facts
+
+        try:
+            _worker_facts(b.num_cpus_worker_node, b.num_gpus_worker_node, b.memory_worker_node, b.object_store_memory_worker_node)
+        except ValueError as err:  # Ray's own check of these sizes against the worker
+            raise ConfigError("backend.num_cpus_worker_node", f"Ray on Spark refuses the worker node size: {str(err).splitlines()[0]}") from None
 
     def _check_master(self) -> None:
-        master = str(self.cfg.backend.master)
+        master = str(self.section.master)
         if not SUPPORTED_MASTER.match(master):
             raise ConfigError("backend.master", f"{master!r} is not supported by Ray on Spark; use spark://HOST:PORT, local-cluster[...] or local[...]")
         if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
@@ -93,7 +110,7 @@ class SparkCluster(ClusterBackend):
 
     def _check_hybrid(self) -> None:
         """Databricks guidance for Spark work beside Ray: leave head resources unset, keep Spark capacity."""
-        b = self.cfg.backend
+        b = self.section
         for key in ("num_cpus_head_node", "num_gpus_head_node"):
             if b[key]:
                 raise ConfigError(f"backend.{key}", "must stay unset with backend.hybrid=true: head-node CPUs/GPUs starve Spark and kill the Ray cluster")
@@ -102,54 +119,73 @@ class SparkCluster(ClusterBackend):
             raise ConfigError("backend.max_worker_nodes", f"({b.max_worker_nodes}) must stay below the Spark workers ({workers}) with backend.hybrid=true, so Spark keeps capacity")
 
     def spark_workers(self) -> int | None:
-        match = re.match(r"local-cluster\[\s*(\d+)\s*,", str(self.cfg.backend.master))
+        match = re.match(r"local-cluster\[\s*(\d+)\s*,", str(self.section.master))
         return int(match.group(1)) if match else None
 
     def tags(self) -> dict:
-        path = self.cfg.backend.collect_log_to_path
+        path = self.section.collect_log_to_path
         return {"collect_log_to_path": path} if path else {}
 
     def metrics(self) -> dict:
-        return dict(getattr(self, "timings", {}))
+        return {**super().metrics(), **getattr(self, "timings", {})}
 
     def cluster_gpus(self) -> float | None:
-        b = self.cfg.backend
+        b = self.section
         if b.num_gpus_worker_node is None:
             return None  # Spark decides: known once the cluster is up
         return float(b.num_gpus_worker_node * b.max_worker_nodes + (b.num_gpus_head_node or 0))
 
     def render(self) -> str:
-        b = self.cfg.backend
+        b = self.section
         session = "active SparkSession" if active_session() is not None else None
         spec = {
             "backend": "spark",
             "spark": {"session": session or "built by rayflow", "master": None if session else str(b.master),
                       "app_name": str(b.app_name), "spark_conf": redact(self.spark_conf())},
             "setup_ray_cluster": self.setup_args(),
-            "sizing_plan": sizing_plan(self.cfg, self.spark_conf()),
-            "auth_mode": os.environ.get("RAY_AUTH_MODE", self.cfg.ray_auth_mode),
+            "sizing_plan": sizing_plan(self.root, self.spark_conf()),
+            "auth_mode": os.environ.get("RAY_AUTH_MODE", self.auth_mode),
         }
         return yaml.safe_dump(spec, sort_keys=False)
 
     # --- lifecycle ---------------------------------------------------------------------
 
+    def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
+        """The head and max_worker_nodes worker nodes of the sizes asked for; None when Spark
+        decides the worker size (num_cpus_worker_node null), known only once it runs."""
+        b = self.section
+        if b.num_cpus_worker_node is None:
+            return None
+        worker = {"CPU": float(b.num_cpus_worker_node), "GPU": float(b.num_gpus_worker_node or 0)}
+        if b.memory_worker_node is not None:
+            worker["memory"] = float(b.memory_worker_node)
+        head = {"CPU": float(b.num_cpus_head_node or 0), "GPU": float(b.num_gpus_head_node or 0)}
+        return [head] + [dict(worker) for _ in range(int(b.max_worker_nodes))]
+
+    # --- lifecycle: every step registers its undo as soon as it succeeds -----------------
+
+    def _set_env(self, key: str, value: str) -> None:
+        old = os.environ.get(key)
+        os.environ[key] = value
+        self.on_stop(f"restore ${key}", _restore_env, key, old)
+
     def _environment(self) -> None:
-        """What Ray-on-Spark's launchers need from the driver's environment, saved to restore."""
+        """What Ray-on-Spark's launchers need from the driver's environment."""
         bin_dir = str(Path(sys.executable).parent)
-        self._saved_env = {k: os.environ.get(k) for k in ("PATH", "PYSPARK_PYTHON", "SPARK_WORKER_DIR", "RAY_ON_SPARK_START_HOOK")}
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")  # they run `which ray`
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run this interpreter
-        self._worker_dir = None
+        self._set_env("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))  # they run `which ray`
+        if "PYSPARK_PYTHON" not in os.environ:
+            self._set_env("PYSPARK_PYTHON", sys.executable)  # executors run this interpreter
         if "SPARK_WORKER_DIR" not in os.environ:  # local-cluster scratch space, not site-packages/pyspark/work
-            self._worker_dir = tempfile.mkdtemp(prefix="rayflow-spark-")
-            os.environ["SPARK_WORKER_DIR"] = self._worker_dir
-        os.environ["RAY_ON_SPARK_START_HOOK"] = HOOK
+            worker_dir = tempfile.mkdtemp(prefix="rayflow-spark-")
+            self.on_stop("remove the Spark worker scratch folder", shutil.rmtree, worker_dir, ignore_errors=True)
+            self._set_env("SPARK_WORKER_DIR", worker_dir)
+        self._set_env("RAY_ON_SPARK_START_HOOK", HOOK)
         if os.environ.get("RAY_AUTH_MODE") == "token":
             from rayflow.backends.spark_hook import auth_token
 
             if auth_token() is None:  # one token for head, workers and driver, made before any starts
-                subprocess.run([str(Path(bin_dir) / "ray"), "get-auth-token", "--generate"],
-                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run([str(Path(bin_dir) / "ray"), "get-auth-token", "--generate"], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
 
     def start(self) -> str:
         from pyspark.sql import SparkSession
@@ -158,60 +194,69 @@ class SparkCluster(ClusterBackend):
         self._environment()
         self.timings: dict[str, float] = {}
         started = time.monotonic()
-        self._spark = active_session()
-        self._own_spark = self._spark is None
-        if self._own_spark:
-            builder = SparkSession.builder.master(str(self.cfg.backend.master)).appName(str(self.cfg.backend.app_name))
+        spark = active_session()
+        if spark is None:  # ours to stop; an active session (a notebook's) never is
+            builder = SparkSession.builder.master(str(self.section.master)).appName(str(self.section.app_name))
             for key, value in self.spark_conf().items():
                 builder = builder.config(key, value)
-            self._spark = builder.getOrCreate()
+            spark = builder.getOrCreate()
+            self.on_stop("shut down Spark's py4j gateway JVM", shutdown_gateway_jvm)
+            self.on_stop("stop the SparkSession rayflow built", spark.stop)
         self.timings["spark_ready_s"] = time.monotonic() - started
 
         import ray
-        from ray.util.spark import setup_ray_cluster
+        from ray.util.spark import cluster_init, setup_ray_cluster, shutdown_ray_cluster
 
-        address, _ = setup_ray_cluster(**self.setup_args())
-        self._ray_on_spark = True
+        try:
+            address, _ = setup_ray_cluster(**self.setup_args())
+        finally:  # a setup that failed halfway may still have left its head node running
+            cluster = cluster_init._active_ray_cluster
+            if cluster is not None:
+                self.on_stop("terminate what is left of the Ray-on-Spark head node", _terminate, cluster.head_proc)
+                self.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
         self.timings["ray_ready_s"] = time.monotonic() - started
         ray.init(address=address, log_to_driver=True)
+        self.on_stop("ray.shutdown() of this driver", ray.shutdown)
         return address
 
-    def stop(self) -> None:
-        import ray
 
-        if ray.is_initialized():
-            ray.shutdown()
-        if getattr(self, "_ray_on_spark", False):
-            from ray.util.spark import shutdown_ray_cluster
-
-            self._ray_on_spark = False
-            shutdown_ray_cluster()
-        if getattr(self, "_own_spark", False):
-            self._own_spark = False
-            stop_session_and_jvm(self._spark)
-        for key, value in getattr(self, "_saved_env", {}).items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._saved_env = {}
-        if getattr(self, "_worker_dir", None):
-            shutil.rmtree(self._worker_dir, ignore_errors=True)
-            self._worker_dir = None
+def _restore_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
-def stop_session_and_jvm(spark) -> None:
+def _terminate(process, timeout: float = 30) -> None:
+    """Stop a process Ray on Spark started (its head node) if it still runs: TERM, then KILL."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout)
+
+
+def shutdown_gateway_jvm() -> None:
     """spark.stop() ends the executors; the py4j gateway JVM lives until Python exits unless
     it is shut down too, and a later SparkSession in this process then starts a new one."""
     from pyspark import SparkContext
 
-    spark.stop()
     gateway = SparkContext._gateway
-    if gateway is not None:
-        process = getattr(gateway, "proc", None)
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    try:
         gateway.shutdown()
+    finally:
         if process is not None:
-            process.terminate()
-            process.wait(timeout=30)
-        SparkContext._gateway = None
-        SparkContext._jvm = None
+            _terminate(process)
+
+
+def stop_session_and_jvm(spark) -> None:
+    """Stop a SparkSession and the gateway JVM behind it (for code that built its own)."""
+    spark.stop()
+    shutdown_gateway_jvm()

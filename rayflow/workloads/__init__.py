@@ -1,6 +1,7 @@
 """Workloads by config name. Each is one flat module with two functions:
 
     check(cfg)        preflight: raise ConfigError for bad `workload.*` keys, start nothing
+    demand(cfg)       the resource bundles one trial or run needs at once (rayflow.placement)
     run(cfg, ctx)     run on the connected cluster, return a summary with a .table()
 
 Modules are imported only when chosen, so torch, ray.tune and rllib stay out of --help.

@@ -17,6 +17,7 @@ import torch.nn as nn
 from rayflow.config import ConfigError, bounds, gpu_request, one_of, positive_int, positive_number
 from rayflow.data import DataSpec, iterate, load_split
 from rayflow.models import Net
+from rayflow.placement import Bundle, section_bundle
 
 METRICS = ("val_loss", "val_accuracy", "train_loss", "epoch")
 
@@ -40,6 +41,8 @@ def check(cfg) -> None:
     one_of(cfg, "workload.mode", ("min", "max"))
     positive_number(cfg, "workload.resources_per_trial.cpu")
     gpu_request(cfg, "workload.resources_per_trial.gpu")
+    if w.resources_per_trial.get("memory") is not None:
+        positive_int(cfg, "workload.resources_per_trial.memory")
     for key in ("l1", "l2"):
         low, high = bounds(cfg, f"workload.search_space.{key}")
         if not powers_of_two(low, high):
@@ -48,6 +51,10 @@ def check(cfg) -> None:
     sizes = list(w.search_space.batch_size)
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
         raise ConfigError("workload.search_space.batch_size", f"must be a non-empty list of positive integers; got {sizes}")
+
+
+def demand(cfg) -> list[Bundle]:
+    return [section_bundle(cfg, "a trial", "workload.resources_per_trial")]
 
 
 def search_space(w) -> dict:
@@ -141,7 +148,8 @@ def run(cfg, ctx):
         metric=str(w.metric),
         mode=str(w.mode),
         num_samples=int(w.num_samples),
-        resources={"cpu": float(w.resources_per_trial.cpu), "gpu": gpus},
+        resources={"cpu": float(w.resources_per_trial.cpu), "gpu": gpus,
+                   **({"memory": int(w.resources_per_trial.memory)} if w.resources_per_trial.get("memory") else {})},
         scheduler=ASHAScheduler(
             time_attr="epoch",
             max_t=int(w.max_epochs),

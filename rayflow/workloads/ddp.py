@@ -21,6 +21,7 @@ import torch.nn as nn
 from rayflow.config import ConfigError, boolean, bounds, gpu_request, one_of, positive_int, positive_number
 from rayflow.data import iterate, load_split
 from rayflow.models import MODELS, build_model
+from rayflow.placement import Bundle, section_bundle
 from rayflow.tracking import log_step
 
 # What an epoch reports (to Ray Train, Tune and MLflow).
@@ -33,6 +34,8 @@ def check(cfg) -> None:
     positive_int(cfg, "workload.num_workers")
     positive_number(cfg, "workload.resources_per_worker.cpu")
     gpu_request(cfg, "workload.resources_per_worker.gpu")
+    if cfg.workload.resources_per_worker.get("memory") is not None:
+        positive_int(cfg, "workload.resources_per_worker.memory")
     epochs = positive_int(cfg, "workload.epochs")
     positive_int(cfg, "workload.batch_size")
     positive_number(cfg, "workload.lr")
@@ -58,6 +61,12 @@ def check(cfg) -> None:
             # ASHA stops Train runs midway; Ray Train then frees their workers' placement
             # group through the state API, which the dashboard serves. Without it the sweep hangs.
             raise ConfigError("backend.include_dashboard", "must be true for workload.tune=true (Ray Train frees stopped runs through the dashboard's state API)")
+
+
+def demand(cfg) -> list[Bundle]:
+    """One Train run: num_workers workers at once (the controller and a sweep's trial take no CPU)."""
+    return [section_bundle(cfg, "a Train worker", "workload.resources_per_worker",
+                           count=int(cfg.workload.num_workers), count_key="workload.num_workers")]
 
 
 def lr_factor(config: dict, steps_per_epoch: int):

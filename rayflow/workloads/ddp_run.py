@@ -25,6 +25,7 @@ def trainer_spec(cfg) -> dict:
         "num_workers": int(w.num_workers),
         "cpu": float(w.resources_per_worker.cpu),
         "gpu": float(w.resources_per_worker.gpu or 0),
+        "memory": int(w.resources_per_worker.get("memory") or 0),
         "max_failures": int(w.max_failures),
         "keep_best": int(w.checkpoint.keep_best),
     }
@@ -34,7 +35,8 @@ def make_trainer(spec: dict, config: dict, name: str, storage: str, callbacks=()
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    resources = {"CPU": spec["cpu"], **({"GPU": spec["gpu"]} if spec["gpu"] else {})}
+    resources = {"CPU": spec["cpu"], **({"GPU": spec["gpu"]} if spec["gpu"] else {}),
+                 **({"memory": spec["memory"]} if spec.get("memory") else {})}
     return TorchTrainer(
         train_loop,
         train_loop_config=config,

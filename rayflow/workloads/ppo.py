@@ -18,6 +18,7 @@ from ray import tune
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from rayflow.config import ConfigError, positive_int, positive_number
+from rayflow.placement import Bundle
 
 USES_DATA = False  # the environment is the data: no CIFAR download or synthetic set
 RETURN = "env_runners/episode_return_mean"
@@ -75,6 +76,19 @@ def check(cfg) -> None:
         algo_config(cfg, gpu=False).validate()
     except (ValueError, TypeError) as err:
         raise ConfigError("workload", f"RLlib rejects this PPO config: {str(err).strip().splitlines()[0]}") from None
+
+
+def demand(cfg) -> list[Bundle]:
+    """A trial: the algorithm with its learner (1 CPU, the GPU with compute=gpu) and its env
+    runners (1 CPU each), placed together as RLlib's default resource request asks."""
+    gpu = float(cfg.compute.gpus_per_trial or 0) if cfg.compute.device != "cpu" else 0.0
+    algorithm = Bundle("the PPO algorithm and its learner", {"CPU": 1.0, "GPU": 1.0 if gpu else 0.0},
+                       {"CPU": "workload", "GPU": "compute"})
+    runners = int(cfg.workload.num_env_runners)
+    if not runners:
+        return [algorithm]
+    return [algorithm, Bundle("an env runner", {"CPU": 1.0}, {"CPU": "workload.num_env_runners"},
+                              count=runners, count_key="workload.num_env_runners")]
 
 
 def _is_positive(value) -> bool:
