@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -208,7 +209,7 @@ def _job_env(tracker: Tracker) -> dict[str, str]:
 def run_job(cfg: DictConfig):
     reset_termination()  # a signal an earlier job of this process received is not this job's
     backend = check_config(cfg)
-    spec = backend.render()
+    spec = yaml.safe_dump(redact(yaml.safe_load(backend.render()) or {}), sort_keys=False)  # printed and logged
     if cfg.dry_run:
         sys.stdout.write(spec)
         return None

@@ -7,6 +7,7 @@ on an exception and on SIGTERM; stop() may be called again.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -31,6 +32,9 @@ def _free_port() -> int:
 class ClusterBackendContract:
     name: str
     owns_cluster: bool  # True: start() starts a cluster and stop() must stop it
+    # Teardown steps to make fail (by the start of their on_stop description), one start and
+    # stop per tuple: whatever fails, the other steps still run and nothing is left behind.
+    teardown_faults: list[tuple[str, ...]] = []
 
     def overrides(self) -> list[str]:
         return [f"backend={self.name}"]
@@ -114,6 +118,58 @@ class ClusterBackendContract:
             assert ray_daemon_pids() >= before
 
 
+    def test_a_failing_teardown_step_leaves_nothing_behind(self, tmp_path):
+        assert self.teardown_faults, "name the teardown steps to fail"
+        for faults in self.teardown_faults:
+            script = textwrap.dedent(
+                f"""
+                import json
+                from rayflow.backends import backend_for, base
+                from tests.conftest import compose_config
+                registered, original = [], base.ClusterBackend.on_stop
+                def on_stop(self, what, undo, *args, **kwargs):
+                    registered.append(what)
+                    if what.startswith({faults!r}):  # the step fails before doing anything
+                        def undo(*args, **kwargs):
+                            raise RuntimeError("injected teardown failure")
+                    original(self, what, undo, *args, **kwargs)
+                base.ClusterBackend.on_stop = on_stop
+                backend = backend_for(compose_config(*{self.overrides()!r}))
+                with backend:
+                    print("STARTED", flush=True)
+                backend.stop()  # again, after the failures: a no-op
+                print("REGISTERED", json.dumps(registered))
+                print("ERRORS", json.dumps(backend.teardown_errors))
+                """
+            )
+            before = ray_daemon_pids()
+            out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                                 cwd=tmp_path, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+            assert out.returncode == 0, out.stderr[-3000:]
+            lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith(("REGISTERED", "ERRORS"))}
+            registered, errors = json.loads(lines["REGISTERED"]), json.loads(lines["ERRORS"])
+            failed = [step for step in registered if step.startswith(faults)]
+            assert all(any(step.startswith(f) for step in registered) for f in faults), (faults, registered)
+            assert len(errors) == len(failed) and all("injected teardown failure" in e for e in errors)
+            assert out.stderr.count("rayflow: warning: teardown step failed, going on") == len(failed)
+            if self.owns_cluster:
+                assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), f"left behind after {faults} failed"
+            else:
+                assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
+
+
+def test_a_signal_is_forgotten_by_the_next_job(tmp_path):
+    """A SIGTERM one job of a process received (a multirun, a notebook) is not the next job's."""
+    from rayflow.backends import base
+    from rayflow.session import run_job
+
+    with pytest.raises(base.Terminated):
+        base._raise_terminated(signal.SIGTERM, None)
+    assert base.termination_exit_code() == 143
+    run_job(compose_config("dry_run=true", f"storage_path={tmp_path}"))
+    assert base.termination_exit_code() is None
+
+
 def test_missing_extra_gets_an_install_hint(monkeypatch):
     from rayflow.backends import REGISTRY
     from rayflow.config import ConfigError
@@ -126,6 +182,7 @@ def test_missing_extra_gets_an_install_hint(monkeypatch):
 class TestLocal(ClusterBackendContract):
     name = "local"
     owns_cluster = True
+    teardown_faults = [("ray.shutdown()",), ("kill what is left",)]
 
     def overrides(self):
         return ["backend=local", "backend.num_cpus=1"]
@@ -157,6 +214,7 @@ def head_node(tmp_path_factory):
 class TestAttach(ClusterBackendContract):
     name = "attach"
     owns_cluster = False
+    teardown_faults = [("disconnect",)]
 
     @pytest.fixture(autouse=True)
     def _address(self, head_node):

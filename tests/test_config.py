@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rayflow.cli import one_line, preflight
-from rayflow.config import ConfigError, REDACTED, is_secret_name, redact, safe_yaml
+from rayflow.config import REDACTED, ConfigError, flatten, is_secret_name, redact, safe_yaml
 from rayflow.session import check_config
 from tests.conftest import REPO, compose_config
 
@@ -150,3 +150,61 @@ def test_redaction_masks_nested_secrets_only():
     text = safe_yaml(OmegaConf.create(config))
     assert "abc" not in text and "xyz" not in text and "sqlite:///x" in text
 
+
+
+def test_a_bug_in_a_check_is_not_reported_as_bad_input(monkeypatch):
+    """Only configuration errors become `rayflow: error: <key>`; a bug keeps its traceback."""
+    import rayflow.session
+
+    def broken_check(cfg):
+        raise ZeroDivisionError("a bug in rayflow")
+
+    monkeypatch.setattr(rayflow.session, "check_config", broken_check)
+    with pytest.raises(ZeroDivisionError):
+        preflight([], multirun=False)
+
+
+def test_every_boolean_key_is_boolean_in_every_option():
+    """The boolean check reads the shipped defaults of all options of a group: a key must not
+    be a boolean in one option and something else in another."""
+    from importlib import resources
+
+    import yaml
+
+    from rayflow.config import boolean_keys
+
+    keys = boolean_keys()
+    assert {"dry_run", "data.synthetic", "data.download", "backend.hybrid", "backend.include_dashboard",
+            "workload.amp", "workload.tune", "workload.reuse_actors", "tracking.log_best_checkpoint"} <= keys
+    root = resources.files("rayflow.conf")
+    for group in (g for g in root.iterdir() if g.is_dir() and not g.name.startswith("_")):
+        for option in (o for o in group.iterdir() if o.name.endswith(".yaml")):
+            flat = dict(flatten(yaml.safe_load(option.read_text()) or {}, group.name))
+            for key in keys & set(flat):
+                assert isinstance(flat[key], bool) or flat[key] is None, (option.name, key, flat[key])
+
+
+@pytest.mark.parametrize("text, masked", [
+    ("https://alice:hunter2@host:5000/x", "https://alice:***@host:5000/x"),
+    ("ray://tok123@head:10001", "ray://***@head:10001"),
+    ("http://host/p?token=abc&page=2", "http://host/p?token=***&page=2"),
+    ("https://host/c.tgz?sig=ok&api_key=zzz", "https://host/c.tgz?sig=ok&api_key=***"),
+    ("sqlite:///mlflow.db", "sqlite:///mlflow.db"),
+])
+def test_credentials_in_urls_are_masked(text, masked):
+    from rayflow.config import mask_text
+
+    assert mask_text(text) == masked
+
+
+@pytest.mark.parametrize("name", ["spark.ssl.keyPassword", "spark.ssl.trustStorePassword", "spark.authenticate.secret",
+                                  "fs.azure.account.key.acct.blob.core.windows.net", "fs.azure.sas.c.acct.blob.core.windows.net"])
+def test_spark_and_hadoop_secret_names(name):
+    assert is_secret_name(name)
+
+
+def test_a_secret_word_above_the_leaf_masks_it():
+    """Hydra nests `+backend.spark_conf.fs.azure.account.key.acct=...` as dicts: the word `key`
+    sits above the leaf `acct`."""
+    masked = redact({"spark_conf": {"fs": {"azure": {"account": {"key": {"acct": "s3cr3t"}}}}}})
+    assert masked["spark_conf"]["fs"]["azure"]["account"]["key"]["acct"] == REDACTED

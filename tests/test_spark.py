@@ -15,6 +15,7 @@ from rayflow.backends import backend_for
 from rayflow.config import ConfigError
 from tests.conftest import compose_config, ray_daemon_pids, wait_until
 from tests.test_backends import ClusterBackendContract
+from tests.test_secrets import SPARK_SECRETS, assert_nowhere, planted
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
@@ -26,6 +27,9 @@ FIXED = ["backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_node
 class TestSpark(ClusterBackendContract):
     name = "spark"
     owns_cluster = True
+    # every step that does the work, then every fallback behind it
+    teardown_faults = [("ray.shutdown()", "shutdown_ray_cluster()", "stop the SparkSession", "restore $"),
+                       ("terminate what is left", "shut down Spark's py4j", "remove the Spark worker")]
 
     def overrides(self):
         return FIXED
@@ -136,8 +140,9 @@ def test_dry_run_prints_setup_arguments_and_sizing_plan(rayflow):
 def test_tuning_on_spark_scales_out_and_lands_in_mlflow(rayflow):
     # Token file present and RAY_AUTH_MODE unset: rayflow must make driver and nodes agree.
     logs = rayflow.workdir / "ray-logs"
+    overrides, secrets = planted(SPARK_SECRETS)  # secrets in Spark's camelCase settings
     # Two 1-CPU trials at once, each longer than a scale-up (5-15 s): the second needs a new worker.
-    out = rayflow.run("backend=spark", "workload.num_samples=2", "workload.max_epochs=30",
+    out = rayflow.run(*overrides, "backend=spark", "workload.num_samples=2", "workload.max_epochs=30",
                       "workload.scheduler.grace_period=30", "data.synthetic_train_size=4000",
                       "workload.search_space.batch_size=[32]", "workload.reuse_actors=false",
                       "backend.autoscale_idle_timeout_minutes=0.1", f"backend.collect_log_to_path={logs}")
@@ -151,6 +156,9 @@ def test_tuning_on_spark_scales_out_and_lands_in_mlflow(rayflow):
     assert spec["setup_ray_cluster"]["min_worker_nodes"] == 1 and spec["setup_ray_cluster"]["max_worker_nodes"] == 2
     assert len(children[parent.info.run_id]) == 2
     assert wait_until(lambda: logs.exists() and any(logs.rglob("*")), timeout=30), "Ray logs were not collected"
+    # ...appear nowhere: terminal, MLflow store and artifacts, Ray's collected session logs
+    assert parent.data.params["backend.spark_conf.spark.ssl.keyPassword"] == "***"
+    assert assert_nowhere(secrets, [out.stdout, out.stderr], [rayflow.workdir]) > 10
 
 
 def test_an_active_session_is_used_and_left_running(monkeypatch):
@@ -188,6 +196,8 @@ def test_multirun_jobs_share_one_ray_on_spark_cluster(rayflow):
     assert out.stdout.count("[rayflow] reusing the spark cluster") == 1
     client, parents, _ = rayflow.mlflow("cifar")
     assert len(parents) == 2 and all(p.data.tags["backend"] == "spark" for p in parents)
+    # start-up figures belong to the job that started the cluster, not to the one reusing it
+    assert sorted("spark_ready_s" in p.data.metrics for p in parents) == [False, True]
 
 
 def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(rayflow):

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import process_pids, wait_until
+from tests.test_backends import head_node  # noqa: F401  (a `ray start --head` cluster, as a fixture)
 
 SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
 
@@ -138,6 +139,8 @@ def test_multirun_reuses_one_cluster(rayflow):
     assert out.stdout.count("[rayflow] reusing the local cluster") == 1
     client, parents, children = rayflow.mlflow("cifar")
     assert sorted(p.data.params["workload.scheduler.reduction_factor"] for p in parents) == ["2", "4"]
+    # start-up figures belong to the job that started the cluster, not to the one reusing it
+    assert sorted("cluster_start_s" in p.data.metrics for p in parents) == [False, True]
     assert len(rayflow.experiments()) == 2
 
 
@@ -150,3 +153,21 @@ def test_sigterm_mid_run_stops_everything_and_keeps_the_experiment(rayflow):
     client, parents, _ = rayflow.mlflow("cifar")
     assert parents[0].info.status == "KILLED"
     assert rayflow.experiments()  # the rayflow fixture asserts no Ray daemon is left
+
+
+def test_a_trial_no_node_can_hold_fails_after_schedule_timeout_on_an_attached_cluster(rayflow, head_node):
+    """attach cannot know the cluster's size up front: the 2-CPU trial waits for a 1-CPU
+    cluster only schedule_timeout_s, then the run fails with one line (exit 1)."""
+    import time
+
+    started = time.monotonic()
+    out = rayflow.run("backend=attach", f"backend.address={head_node}", "ray_auth_mode=token",
+                      "workload.num_samples=1", "workload.max_epochs=1", "workload.resources_per_trial.cpu=2",
+                      "schedule_timeout_s=5", timeout=120)
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("rayflow: error: schedule_timeout_s: ") and "2 CPU" in last and "1 CPU" in last, last
+    assert "workload.resources_per_trial.cpu" in last and "Traceback" not in out.stderr
+    assert time.monotonic() - started < 90
+    client, parents, _ = rayflow.mlflow("cifar")
+    assert parents[0].info.status == "FAILED"

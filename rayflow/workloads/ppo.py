@@ -9,6 +9,7 @@ trial per learning rate (tune.grid_search, as in the seed notebook).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -72,10 +73,14 @@ def check(cfg) -> None:
         raise ConfigError("workload.stop", "set at least one of episode_return_mean, env_steps, iterations")
     positive_int(cfg, "workload.checkpoint_every", minimum=0)
     positive_int(cfg, "workload.max_failures", minimum=0)
+    rllib_log = logging.getLogger("ray.rllib")
+    level, rllib_log.level = rllib_log.level, logging.ERROR  # its "new API stack" notice is not an error
     try:  # RLlib's own consistency checks, before anything starts
         algo_config(cfg, gpu=False).validate()
     except (ValueError, TypeError) as err:
         raise ConfigError("workload", f"RLlib rejects this PPO config: {str(err).strip().splitlines()[0]}") from None
+    finally:
+        rllib_log.setLevel(level)
 
 
 def demand(cfg) -> list[Bundle]:

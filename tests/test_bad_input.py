@@ -1,0 +1,104 @@
+"""Bad input, as users type it by mistake: each is refused before anything starts.
+
+One table across every config group. For each row `python -m rayflow` must exit 2 within
+60 s with one line `rayflow: error: <key>: ...` naming the key, print no traceback, and
+leave no Ray or Spark process, experiment folder, MLflow store or Hydra output behind.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import ray_daemon_pids
+
+BAD_INPUT = [
+    # booleans take true/false only (a string like "maybe" is truthy)
+    (["dry_run=maybe"], "dry_run"),
+    (["data.synthetic=maybe"], "data.synthetic"),
+    (["data.download=perhaps"], "data.download"),
+    (["backend.include_dashboard=maybe"], "backend.include_dashboard"),
+    (["workload.reuse_actors=maybe"], "workload.reuse_actors"),
+    (["tracking.log_best_checkpoint=1"], "tracking.log_best_checkpoint"),
+    (["workload=ddp", "workload.amp=maybe"], "workload.amp"),
+    (["workload=ddp", "workload.tune=yes"], "workload.tune"),
+    (["workload=ppo", "workload.vf_share_layers=maybe"], "workload.vf_share_layers"),
+    (["backend=spark", "backend.hybrid=sometimes"], "backend.hybrid"),
+    (["backend=spark", "backend.strict_mode=null"], "backend.strict_mode"),
+    # the tracking store, before the cluster
+    (["tracking.uri=bogus://x"], "tracking.uri"),
+    (["tracking.uri=http://127.0.0.1:1"], "tracking.uri"),
+    (["tracking.uri=http://user:pw@127.0.0.1:1"], "tracking.uri"),
+    (["tracking.uri=sqlite:////proc/no-such-dir/mlflow.db"], "tracking.uri"),
+    (["tracking.uri=postgresql://127.0.0.1:1/mlflow"], "tracking.uri"),
+    (["tracking.uri= "], "tracking.uri"),
+    (["tracking.timeout_s=0"], "tracking.timeout_s"),
+    # demands the cluster could never place
+    (["workload.resources_per_trial.cpu=1000"], "workload.resources_per_trial.cpu"),
+    (["backend.num_cpus=1", "workload.resources_per_trial.cpu=2"], "workload.resources_per_trial.cpu"),
+    (["workload.resources_per_trial.memory=1000000000000000"], "workload.resources_per_trial.memory"),
+    (["workload=ddp", "workload.num_workers=64"], "workload.num_workers"),
+    (["workload=ddp", "workload.resources_per_worker.cpu=100"], "workload.resources_per_worker.cpu"),
+    (["workload=ppo", "workload.num_env_runners=64"], "workload.num_env_runners"),
+    (["backend=spark", "backend.num_cpus_worker_node=4"], "backend.num_cpus_worker_node"),
+    (["backend=spark", "workload.resources_per_trial.cpu=2"], "workload.resources_per_trial.cpu"),
+    (["workload.resources_per_trial.gpu=1"], "workload.resources_per_trial.gpu"),
+    (["schedule_timeout_s=0"], "schedule_timeout_s"),
+    # the classes of issue 2: unknown keys and options, bad numbers, bounds, sweeps, resume
+    (["workload.nosuch=1"], "workload.nosuch"),
+    (["backend=nosuch"], "backend=nosuch"),
+    (["workload=nosuch"], "workload=nosuch"),
+    (["compute=nosuch"], "compute=nosuch"),
+    (["workload.num_samples=0"], "workload.num_samples"),
+    (["workload.num_samples=abc"], "workload.num_samples"),
+    (["workload.max_epochs=-2"], "workload.max_epochs"),
+    (["workload.search_space.lr.min=0.5", "workload.search_space.lr.max=0.01"], "workload.search_space.lr"),
+    (["workload.search_space.batch_size=[]"], "workload.search_space.batch_size"),
+    (["workload.scheduler.grace_period=50"], "workload.scheduler.grace_period"),
+    (["workload.metric=accuracy"], "workload.metric"),
+    (["data.val_fraction=1.5"], "data.val_fraction"),
+    (["data.timeout_s=-1"], "data.timeout_s"),
+    (["ray_auth_mode=maybe"], "ray_auth_mode"),
+    (["backend.num_cpus=0"], "backend.num_cpus"),
+    (["compute=gpu"], "compute"),
+    (["backend=attach", "backend.address=127.0.0.1:1"], "backend.address"),
+    (["backend=attach", "backend.address=nonsense"], "backend.address"),
+    (["-m", "workload.num_samples=2,0"], "workload.num_samples"),
+    (["workload.num_samples=2,4"], "workload.num_samples"),
+    (["resume=true"], "resume"),
+    (["workload=ddp", "workload.warmup_epochs=20"], "workload.warmup_epochs"),
+    (["workload=ppo", "workload.env=NoSuchEnv-v0"], "workload.env"),
+    (["backend=spark", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
+    (["backend=spark", "+backend.num_worker_nodes=2"], "backend.num_worker_nodes"),
+    (["backend=spark", "backend.master=yarn"], "backend.master"),
+]
+
+
+@pytest.mark.parametrize("args, key", BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_naming_the_key(rayflow, args, key):
+    if args == ["compute=gpu"]:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+    before = ray_daemon_pids()
+    started = time.monotonic()
+    out = rayflow.run(*args, timeout=60)
+    assert time.monotonic() - started < 60
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"rayflow: error: {key}"), lines[0]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert ray_daemon_pids() == before
+    assert not rayflow.storage.exists() and not rayflow.db.exists()
+    assert not (rayflow.workdir / "outputs").exists() and not (rayflow.workdir / "multirun").exists()
+    assert "pw@" not in out.stderr  # credentials in a URI are masked in the error too
+
+
+def test_the_table_covers_every_config_group():
+    covered = " ".join(" ".join(args) for args, _ in BAD_INPUT)
+    assert len(BAD_INPUT) >= 40
+    for group in ("backend=spark", "backend=attach", "workload=ddp", "workload=ppo", "tracking.", "compute=", "data."):
+        assert group in covered, group

@@ -1,0 +1,79 @@
+"""No secret in clear: values planted in secret-named keys and in URL credentials must not
+appear in anything a run writes — stdout, stderr, the MLflow store and its artifacts, and
+Ray's session logs. (Ray on Spark's collected logs are checked in test_spark.py.)"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from tests.conftest import ray_daemon_pids
+
+LOCAL_SECRETS = {
+    "data.url='https://alice:PLANTED-url-password@mirror.invalid/c.tgz?token=PLANTED-url-token'": ["PLANTED-url-password", "PLANTED-url-token"],
+    "+backend.api_token=PLANTED-backend-token": ["PLANTED-backend-token"],
+}
+SPARK_SECRETS = {
+    "+backend.spark_conf.spark.ssl.keyPassword=PLANTED-key-password": ["PLANTED-key-password"],
+    "+backend.spark_conf.spark.ssl.trustStorePassword=PLANTED-trust-password": ["PLANTED-trust-password"],
+    "+backend.spark_conf.fs.azure.account.key.acct.blob.core.windows.net=PLANTED-azure-key": ["PLANTED-azure-key"],
+    "+backend.spark_conf.fs.s3a.secret.key=PLANTED-s3-secret": ["PLANTED-s3-secret"],
+}
+
+
+def planted(table: dict) -> tuple[list[str], list[str]]:
+    return list(table), [value for values in table.values() for value in values]
+
+
+def files_under(*folders: Path):
+    for folder in folders:
+        if folder.exists():
+            yield from (p for p in folder.rglob("*") if p.is_file())
+
+
+def assert_nowhere(secrets: list[str], texts: list[str], folders: list[Path]) -> int:
+    """Every secret absent from each text and every file under the folders; returns files read."""
+    read = 0
+    for text in texts:
+        for secret in secrets:
+            assert secret not in text, f"{secret} printed"
+    for path in files_under(*folders):
+        data = path.read_bytes()
+        read += 1
+        for secret in secrets:
+            assert secret.encode() not in data, f"{secret} in {path}"
+    return read
+
+
+def ray_sessions_since(start: float) -> list[Path]:
+    root = Path(tempfile.gettempdir()) / "ray"
+    return [p for p in root.glob("session_2*") if p.stat().st_mtime >= start - 1] if root.exists() else []
+
+
+def test_a_local_run_prints_and_stores_no_planted_secret(rayflow):
+    overrides, secrets = planted(LOCAL_SECRETS)
+    start = time.time()
+    out = rayflow.run(*overrides, "workload.num_samples=1", "workload.max_epochs=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    sessions = ray_sessions_since(start)
+    assert sessions, "the run's Ray session logs were not found"
+    client, parents, _ = rayflow.mlflow("cifar")
+    assert parents[0].data.params["backend.api_token"] == "***"
+    assert "alice:***@mirror.invalid" in parents[0].data.params["data.url"]
+    read = assert_nowhere(secrets, [out.stdout, out.stderr], [rayflow.workdir, *sessions])
+    assert read > 10  # the store, its artifacts (config.yaml, spec, checkpoint) and Ray's logs
+
+
+def test_dry_runs_print_no_planted_secret(rayflow):
+    before = ray_daemon_pids()
+    overrides, secrets = planted(LOCAL_SECRETS)
+    out = rayflow.run(*overrides, "dry_run=true")
+    assert out.returncode == 0, out.stderr
+    spark_overrides, spark_secrets = planted(SPARK_SECRETS)
+    spark = rayflow.run(*spark_overrides, "backend=spark", "dry_run=true",
+                        "+backend.head_node_options.redis_password=PLANTED-option")
+    assert spark.returncode == 0, spark.stderr
+    assert "spark.ssl.keyPassword: '***'" in spark.stdout
+    assert_nowhere(secrets + spark_secrets + ["PLANTED-option"], [out.stdout, out.stderr, spark.stdout, spark.stderr], [])
+    assert ray_daemon_pids() == before
