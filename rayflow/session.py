@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,9 @@ def check_config(cfg: DictConfig) -> ClusterBackend:
         check_fits(bundles, nodes, backend.name)
     if cfg.resume is not False:
         experiment_dir(cfg)
-    check_uri(cfg)  # last: it may wait tracking.timeout_s for a server
+    # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
+    # share this machine's files cannot write a local SQLite or file store.
+    check_uri(cfg, local_files_ok=backend.connects_driver or backend.shares_filesystem)
     return backend
 
 
@@ -122,24 +125,46 @@ def _resolve_compute(cfg: DictConfig) -> None:
         OmegaConf.update(cfg, "compute.gpus_per_trial", 1 if gpus > 0 else 0)
 
 
+def node_type(node: dict) -> str:
+    """A node's type as the launcher named it (KubeRay group, cluster-launcher node type), else head/worker."""
+    labels = node.get("Labels") or {}
+    for key in ("ray.io/node-group", "ray.io/node-type", "ray.io/node_type"):
+        if labels.get(key):
+            return str(labels[key])
+    return "head" if "node:__internal_head__" in (node.get("Resources") or {}) else "worker"
+
+
 class NodePeak:
-    """The most Ray nodes alive at once (head included), sampled each second while a job runs."""
+    """The most Ray nodes alive at once (head included), and node-seconds alive per node type
+    (what an autoscaling cluster costs), sampled each second while a job runs."""
 
     def __init__(self, interval_s: float = 1.0):
         self.interval_s = interval_s
         self.peak = 0
+        self.node_seconds: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="rayflow-node-peak", daemon=True)
 
     def _sample(self) -> None:
         import ray
 
+        last = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.peak = max(self.peak, sum(1 for node in ray.nodes() if node["Alive"]))
-            except Exception:  # the driver is disconnecting: the peak so far stands
+                alive = [node for node in ray.nodes() if node["Alive"]]
+            except Exception:  # the driver is disconnecting: the figures so far stand
                 return
+            now = time.monotonic()
+            self.peak = max(self.peak, len(alive))
+            for node in alive:
+                kind = node_type(node)
+                self.node_seconds[kind] = self.node_seconds.get(kind, 0.0) + (now - last)
+            last = now
             self._stop.wait(self.interval_s)
+
+    def metrics(self) -> dict[str, float]:
+        per_type = {f"cluster_node_seconds/{kind}": round(s, 1) for kind, s in sorted(self.node_seconds.items())}
+        return {"cluster_nodes_peak": self.peak, "cluster_node_seconds": round(sum(self.node_seconds.values()), 1), **per_type}
 
     def __enter__(self) -> "NodePeak":
         self._thread.start()
@@ -155,7 +180,7 @@ def _parent_tags(cfg: DictConfig, path: Path) -> dict:
     import torch
 
     return {
-        "backend": cfg.backend.name,
+        "backend": os.environ.get(SUBMITTED_BY) or cfg.backend.name,  # vm, not the job's attach
         "workload": cfg.workload.name,
         "ray_version": ray.__version__,
         "torch_version": torch.__version__,
@@ -168,7 +193,7 @@ def _parent_tags(cfg: DictConfig, path: Path) -> dict:
 def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path, peak: NodePeak) -> None:
     """The outcome into the parent run and onto the terminal."""
     tracker.set_tags({"device": ",".join(summary.devices) or cfg.compute.device})
-    tracker.log_metrics({**summary.parent_metrics(), "cluster_nodes_peak": peak.peak})
+    tracker.log_metrics({**summary.parent_metrics(), **peak.metrics()})
     if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
         tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
     print(summary.table(), flush=True)
@@ -206,6 +231,48 @@ def _job_env(tracker: Tracker) -> dict[str, str]:
     return env
 
 
+# Set in a submitted job's environment: the backend that submitted it, its cluster spec (redacted).
+SUBMITTED_BY, SUBMITTED_SPEC = "RAYFLOW_SUBMITTED_BY", "RAYFLOW_CLUSTER_SPEC"
+
+
+def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
+    """Start (or reuse) the cluster, run this same command on it as a Ray Job (`backend=attach`
+    there), and end with the job's outcome. The job writes MLflow, checkpoints and the table."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rayflow.remote import FORWARDED_ENV, job_overrides, run_as_job
+
+    tracker = Tracker(cfg)
+    absolute = {"storage_path": str(Path(str(cfg.storage_path)).expanduser().resolve()),
+                "data.root": str(Path(str(cfg.data.root)).expanduser()), "ray_auth_mode": str(cfg.ray_auth_mode)}
+    if tracker.enabled:
+        absolute["tracking.uri"] = tracker.absolute_uri
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    python = sys.executable if backend.shares_filesystem else "python"  # fake nodes run this venv
+    entrypoint = [python, "-m", "rayflow", *job_overrides(overrides, absolute)]
+    env = {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: backend.name, SUBMITTED_SPEC: spec,
+           **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}}
+    try:
+        backend, _ = POOL.acquire(backend, ClusterPool.key_of(cfg))
+        status, error = run_as_job(backend.address, entrypoint, env)
+    except (KeyboardInterrupt, SystemExit):
+        code = termination_exit_code()
+        if code:
+            print(f"rayflow: stopped by signal {code - 128}; the job was stopped", file=sys.stderr)
+            raise Terminated(code) from None
+        raise
+    except BaseException:
+        command = backend.teardown_command()
+        if command:  # rayflow stops it on its way out; this is for a client that dies first
+            print(f"[rayflow] should anything of the cluster outlive this process: {command}", file=sys.stderr)
+        raise
+    finally:
+        if not _in_multirun() or sys.exc_info()[0] is not None:
+            POOL.release()
+    if status != "SUCCEEDED":
+        raise RunFailed(f"the job on backend={backend.name} ended {status}" + (f": {error}" if error else ""))
+
+
 def run_job(cfg: DictConfig):
     reset_termination()  # a signal an earlier job of this process received is not this job's
     backend = check_config(cfg)
@@ -213,6 +280,8 @@ def run_job(cfg: DictConfig):
     if cfg.dry_run:
         sys.stdout.write(spec)
         return None
+    if getattr(backend, "submits_jobs", False):
+        return run_submitted(cfg, backend, spec)
 
     path = experiment_dir(cfg)
     resuming = cfg.resume is not False
@@ -235,6 +304,7 @@ def run_job(cfg: DictConfig):
             backend, started = POOL.acquire(backend, ClusterPool.key_of(cfg))
             _resolve_compute(cfg)
             previous = read_state(path).get("mlflow_run_id") if resuming else None
+            spec = os.environ.get(SUBMITTED_SPEC) or spec  # a submitted run records the cluster it ran on
             tracker.start(cfg, spec, tags={**_parent_tags(cfg, path), **backend.tags()}, resume_run_id=previous)
             if started:
                 tracker.log_metrics(backend.metrics())

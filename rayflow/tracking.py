@@ -84,7 +84,7 @@ def _writable_dir(folder: Path) -> bool:
     return True
 
 
-def check_uri(cfg) -> None:
+def check_uri(cfg, local_files_ok: bool = True) -> None:
     """Preflight for tracking.uri: a store MLflow has, a local path rayflow can write, a server
     or database that answers within tracking.timeout_s. Starts nothing, writes nothing."""
     if not cfg.tracking.enabled:
@@ -99,6 +99,8 @@ def check_uri(cfg) -> None:
         base = ""
     if base not in STORE_SCHEMES and scheme not in _plugin_schemes():
         raise ConfigError("tracking.uri", f"{shown!r}: {scheme!r} is not an MLflow tracking store; use sqlite:///PATH, a folder, http(s)://HOST:PORT or databricks")
+    if base in ("sqlite", "", "file") and not local_files_ok:
+        raise ConfigError("tracking.uri", f"{shown!r} is a file on this machine, which the cluster's nodes do not share; use a tracking server (http(s)://HOST:PORT, databricks)")
     if base == "sqlite":
         path = uri[len(parsed.scheme) + 3 :].split("?")[0]
         if path not in ("", ":memory:"):

@@ -9,63 +9,24 @@ from __future__ import annotations
 
 import os
 import signal
+import shutil
+import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from rayflow.cli import compose_config
+from rayflow.testing.processes import process_pids, ray_daemon_pids, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-__all__ = ["compose_config"]
+__all__ = ["compose_config", "process_pids", "ray_daemon_pids", "wait_until"]
 
 
 @pytest.fixture(scope="session")
 def default_config():
     """The default config, composed once for the session: copy before changing it."""
     return compose_config()
-
-
-def ray_daemon_pids() -> set[int]:
-    """Pids of the processes a cluster leaves if not stopped: Ray's GCS servers and raylets,
-    and Spark JVMs (the py4j gateway, executors) on this machine."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[0].endswith((b"/gcs_server", b"/raylet")):
-            pids.add(int(entry.name))
-        elif argv[0].endswith(b"java") and any(a.startswith(b"org.apache.spark") for a in argv):
-            pids.add(int(entry.name))
-    return pids
-
-
-def process_pids(title: bytes) -> set[int]:
-    """Pids of processes whose command line starts with `title`: Ray names an actor's
-    process after its class, e.g. b"ray::RayTrainWorker" or b"ray::ImplicitFunc"."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(title):
-                pids.add(int(entry.name))
-        except OSError:
-            pass
-    return pids
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 @pytest.fixture(scope="session")
@@ -139,3 +100,35 @@ def rayflow(tmp_path, data_root) -> Rayflow:
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
         pytest.fail(f"Ray daemons left running after the test: {sorted(leftover)}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="class")
+def head_node():
+    """A real cluster started with `ray start --head`, as a user's existing cluster would be.
+    Stopped by its own temp dir, never by `ray stop` (which stops every Ray cluster on the machine)."""
+    import tempfile
+
+    from rayflow.processes import stop_processes_mentioning
+
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    port = _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="rf-head-")  # short: Ray's socket paths must stay < 108 chars
+    env = dict(os.environ, RAY_AUTH_MODE="token")
+    try:
+        subprocess.run(
+            [ray_cli, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+             f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
+             f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"],
+            check=True, env=env, capture_output=True, timeout=120,
+        )
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_processes_mentioning(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -14,7 +14,7 @@ import yaml
 from rayflow.backends import backend_for
 from rayflow.config import ConfigError
 from tests.conftest import compose_config, ray_daemon_pids, wait_until
-from tests.test_backends import ClusterBackendContract
+from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 from tests.test_secrets import SPARK_SECRETS, assert_nowhere, planted
 
 pytest.importorskip("pyspark")
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 FIXED = ["backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=1"]
 
 
-class TestSpark(ClusterBackendContract):
+class TestSpark(LifecycleSuite, DriverConnectionSuite):
     name = "spark"
     owns_cluster = True
     # every step that does the work, then every fallback behind it

@@ -9,7 +9,6 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import process_pids, wait_until
-from tests.test_backends import head_node  # noqa: F401  (a `ray start --head` cluster, as a fixture)
 
 SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
 

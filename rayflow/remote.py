@@ -1,0 +1,127 @@
+"""The seam for backends whose workload runs on the cluster, not in this process (vm, kuberay).
+
+A submitted run is rayflow itself: the same overrides with `backend=attach`, run as a Ray Job
+on the head through the Jobs API. So the results table, the MLflow runs, the checkpoints and
+`resume` are those a local run makes. This side ships rayflow's package with the job
+(runtime_env `py_modules`), prints the job id and dashboard URL, streams the job's logs, and
+decides the outcome from the job's status, never from the log stream ending. Ctrl-C and
+SIGTERM stop the job before the cluster is torn down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+from rayflow.redaction import mask_text
+
+# What the job's driver must see as this side does: MLflow's and Databricks' credentials
+# (through the job's runtime_env, never its command line or logs).
+FORWARDED_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                 "MLFLOW_TRACKING_INSECURE_TLS", "DATABRICKS_HOST", "DATABRICKS_TOKEN")
+RAY_UPLOAD_LIMIT = 100 * 2**20  # Ray refuses a runtime_env package larger than this
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# Keys that describe the cluster this side started: the job joins it instead.
+LOCAL_ONLY_PREFIXES = ("backend", "+backend", "++backend", "~backend", "hydra", "dry_run")
+
+
+def job_overrides(task_overrides: list[str], absolute: dict[str, str]) -> list[str]:
+    """The job's command line: this run's overrides, joining the cluster (`backend=attach`,
+    whose address defaults to the job's RAY_ADDRESS) instead of starting one, with the paths
+    in `absolute` (tracking.uri, storage_path, ...) as this side resolved them."""
+    kept = [o for o in task_overrides if not o.split("=", 1)[0].split(".", 1)[0].lstrip("+~") in ("backend", "hydra", "dry_run")]
+    kept = [o for o in kept if o.split("=", 1)[0].lstrip("+~") not in absolute]
+    return ["backend=attach", *kept, *(f"{k}={v}" for k, v in absolute.items())]
+
+
+def stage_package(folder: Path) -> Path:
+    """rayflow's package as it is installed, with its configs, under `folder` (for py_modules):
+    in a source checkout conf/ and backends/ sit beside the package, in a wheel inside it."""
+    source = Path(__file__).resolve().parent
+    target = folder / "rayflow"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
+    for name in ("conf", "cluster_defs"):
+        found = resources.files(f"rayflow.{name}")
+        if not (target / name).exists():
+            shutil.copytree(str(found), target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+    if size > RAY_UPLOAD_LIMIT:
+        raise RuntimeError(f"rayflow's package is {size / 2**20:.0f} MiB, over Ray's {RAY_UPLOAD_LIMIT // 2**20} MiB upload limit")
+    return target
+
+
+class _LogStream(threading.Thread):
+    """Follows a job's logs (the Jobs API's websocket) onto this terminal."""
+
+    def __init__(self, client, job_id: str):
+        super().__init__(name="rayflow-job-logs", daemon=True)
+        self.client, self.job_id = client, job_id
+        self.lines: list[str] = []
+
+    def run(self) -> None:
+        async def follow() -> None:
+            async for chunk in self.client.tail_job_logs(self.job_id):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+                self.lines = (self.lines + chunk.splitlines())[-200:]
+
+        try:
+            asyncio.run(follow())
+        except Exception as err:  # the stream is a convenience: the job's status decides the outcome
+            print(f"[rayflow] job log stream ended: {type(err).__name__}", file=sys.stderr, flush=True)
+
+
+def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], stop_timeout_s: float = 60,
+               agent_timeout_s: float = 120) -> tuple[str, str]:
+    """Submit rayflow to the cluster, stream its logs, wait for a terminal status.
+    Returns (status, the job's last error line). Ctrl-C or SIGTERM stops the job, then re-raises."""
+    import shlex
+
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(dashboard_url)
+    with tempfile.TemporaryDirectory(prefix="rayflow-job-") as tmp:
+        package = stage_package(Path(tmp))
+        deadline = time.monotonic() + agent_timeout_s
+        while True:
+            try:
+                job_id = client.submit_job(
+                    entrypoint=shlex.join(entrypoint),
+                    runtime_env={"py_modules": [str(package)], "env_vars": env},
+                    metadata={"submitted_by": "rayflow"},
+                )
+                break
+            except RuntimeError as err:  # a head whose dashboard answers before its agent registers
+                if "No available agent" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(2.0)
+    print(f"[rayflow] submitted job {job_id}; dashboard: {mask_text(dashboard_url)}/#/jobs/{job_id}", flush=True)
+    stream = _LogStream(client, job_id)
+    stream.start()
+    try:
+        status = _wait(client, job_id)
+    except BaseException:  # Ctrl-C, SIGTERM: stop the job before the cluster goes
+        print(f"[rayflow] stopping job {job_id}", file=sys.stderr, flush=True)
+        client.stop_job(job_id)
+        _wait(client, job_id, deadline=time.monotonic() + stop_timeout_s)
+        raise
+    finally:
+        stream.join(timeout=10)
+    info = client.get_job_info(job_id)
+    error = (info.message or "").strip().splitlines()
+    errors = [line for line in stream.lines if line.startswith("rayflow: error:")]
+    return status, (errors[-1] if errors else error[-1] if error else "")
+
+
+def _wait(client, job_id: str, deadline: float | None = None) -> str:
+    while True:
+        status = str(client.get_job_status(job_id).value)
+        if status in TERMINAL or (deadline is not None and time.monotonic() > deadline):
+            return status
+        time.sleep(1.0)

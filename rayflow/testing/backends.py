@@ -1,0 +1,191 @@
+"""The backend contract, split by capability. Subclass per backend:
+
+    class TestMine(LifecycleSuite, DriverConnectionSuite):
+        name = "mine"
+        owns_cluster = True
+        teardown_faults = [("step one",), ("step two",)]
+        def overrides(self): return ["backend=mine", ...]
+
+A backend renders its spec as YAML, checks its config without starting anything, and
+stops what it started, and only that, on success, on an exception, on SIGINT and SIGTERM,
+and when a step of its own teardown fails; stop() may be called again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from rayflow.backends import REGISTRY, ClusterBackend, backend_for
+from rayflow.cli import compose_config
+from rayflow.testing.processes import ray_daemon_pids, wait_until
+
+
+class BackendSuite:
+    name: str
+    owns_cluster: bool  # True: start() starts a cluster and stop() must stop it
+    # Teardown steps to make fail (by the start of their on_stop description), one start and
+    # stop per tuple: whatever fails, the other steps still run and nothing is left behind.
+    teardown_faults: list[tuple[str, ...]] = []
+    start_timeout_s: float = 180
+
+    def overrides(self) -> list[str]:
+        return [f"backend={self.name}"]
+
+    @pytest.fixture
+    def backend(self) -> ClusterBackend:
+        return backend_for(compose_config(*self.overrides()))
+
+    def _script_env(self) -> dict:
+        return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+
+
+class LifecycleSuite(BackendSuite):
+    """Every backend: check and render start nothing; stop is idempotent; an exception, SIGINT,
+    SIGTERM or a failing teardown step leaves nothing behind."""
+
+    def test_is_registered_under_its_config_name(self, backend):
+        assert isinstance(backend, ClusterBackend)
+        assert backend.name == self.name and self.name in REGISTRY
+
+    def test_check_and_render_start_nothing(self, backend):
+        before = ray_daemon_pids()
+        backend.check()
+        spec = yaml.safe_load(backend.render())
+        assert spec["backend"] == self.name
+        assert ray_daemon_pids() == before
+
+    def test_stop_is_idempotent(self, backend):
+        import ray
+
+        backend.__enter__()
+        backend.stop()
+        backend.stop()
+        backend.__exit__(None, None, None)
+        assert not ray.is_initialized()
+
+    def test_exception_stops_what_it_started(self, backend):
+        import ray
+
+        before = ray_daemon_pids()
+        with pytest.raises(RuntimeError, match="boom"):
+            with backend:
+                started = ray_daemon_pids() - before
+                raise RuntimeError("boom")
+        assert not ray.is_initialized()
+        if self.owns_cluster:
+            assert started, "start() should have started Ray daemons"
+            assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20)
+        else:
+            assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
+
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+    def test_signals_stop_what_it_started(self, tmp_path, signum):
+        script = textwrap.dedent(
+            f"""
+            import os, sys, time
+            from rayflow.cli import compose_config
+            from rayflow.backends import backend_for
+            cfg = compose_config(*{self.overrides()!r})
+            with backend_for(cfg):
+                print("ready", flush=True)
+                time.sleep(120)
+            """
+        )
+        before = ray_daemon_pids()
+        out = tmp_path / "out.log"  # a file, not a pipe: Ray's launchers print a lot there too
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=open(out, "w"), stderr=subprocess.STDOUT,
+                                cwd=tmp_path, env=self._script_env())
+        assert wait_until(lambda: "ready\n" in out.read_text().splitlines(keepends=True), timeout=self.start_timeout_s), out.read_text()[-3000:]
+        started = ray_daemon_pids() - before
+        proc.send_signal(signum)
+        code = proc.wait(timeout=60)
+        # SIGINT: KeyboardInterrupt unwinds, then Python ends the process by SIGINT itself
+        assert code == (128 + signum if signum == signal.SIGTERM else -signal.SIGINT)
+        if self.owns_cluster:
+            assert started
+            assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20)
+        else:
+            assert ray_daemon_pids() >= before
+
+
+    def test_a_failing_teardown_step_leaves_nothing_behind(self, tmp_path):
+        assert self.teardown_faults, "name the teardown steps to fail"
+        for faults in self.teardown_faults:
+            script = textwrap.dedent(
+                f"""
+                import json
+                from rayflow.backends import backend_for, base
+                from rayflow.cli import compose_config
+                registered, original = [], base.ClusterBackend.on_stop
+                def on_stop(self, what, undo, *args, **kwargs):
+                    registered.append(what)
+                    if what.startswith({faults!r}):  # the step fails before doing anything
+                        def undo(*args, **kwargs):
+                            raise RuntimeError("injected teardown failure")
+                    original(self, what, undo, *args, **kwargs)
+                base.ClusterBackend.on_stop = on_stop
+                backend = backend_for(compose_config(*{self.overrides()!r}))
+                with backend:
+                    print("STARTED", flush=True)
+                backend.stop()  # again, after the failures: a no-op
+                print("REGISTERED", json.dumps(registered))
+                print("ERRORS", json.dumps(backend.teardown_errors))
+                """
+            )
+            before = ray_daemon_pids()
+            out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
+                                 cwd=tmp_path, env=self._script_env())
+            assert out.returncode == 0, out.stderr[-3000:]
+            lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith(("REGISTERED", "ERRORS"))}
+            registered, errors = json.loads(lines["REGISTERED"]), json.loads(lines["ERRORS"])
+            failed = [step for step in registered if step.startswith(faults)]
+            assert all(any(step.startswith(f) for step in registered) for f in faults), (faults, registered)
+            assert len(errors) == len(failed) and all("injected teardown failure" in e for e in errors)
+            assert out.stderr.count("rayflow: warning: teardown step failed, going on") == len(failed)
+            if self.owns_cluster:
+                assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), f"left behind after {faults} failed"
+            else:
+                assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
+
+
+class DriverConnectionSuite(BackendSuite):
+    """Backends that leave this process connected to the cluster (ray.init)."""
+
+    def test_start_connects_the_driver(self, backend):
+        import ray
+
+        with backend as started:
+            assert started.address
+            assert ray.is_initialized()
+            assert ray.get(ray.remote(lambda x: x * 2).remote(21)) == 42
+        assert not ray.is_initialized()
+
+
+class JobSubmissionSuite(BackendSuite):
+    """Backends that run the workload on the cluster as a Ray Job (vm, kuberay): start() leaves
+    this process unconnected and returns the dashboard URL whose Jobs API runs a job."""
+
+    job_timeout_s: float = 120
+
+    def test_start_gives_a_jobs_api_that_runs_a_job(self, backend):
+        import ray
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        with backend as started:
+            assert started.address.startswith(("http://", "https://"))
+            assert not ray.is_initialized(), "a submitting backend must not connect this process"
+            client = JobSubmissionClient(started.address)
+            job = client.submit_job(entrypoint="python -c \"import ray; ray.init(); print('nodes', len(ray.nodes()))\"")
+            status = wait_until(lambda: client.get_job_status(job) in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED) and client.get_job_status(job),
+                                timeout=self.job_timeout_s, interval=1.0)
+            assert status == JobStatus.SUCCEEDED, client.get_job_logs(job)[-3000:]
+            assert "nodes " in client.get_job_logs(job)
+        assert not ray.is_initialized()
