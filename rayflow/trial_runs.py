@@ -78,6 +78,9 @@ class TrialRuns(Callback):
             from mlflow.entities import RunTag
 
             tags = [RunTag(k, str(result[k]).lower()) for k in ("device", "synthetic") if k in result]
+            if result.get("device_name"):  # the GPU model as the trial's process saw it, e.g. "NVIDIA H100 80GB HBM3"
+                tags.append(RunTag("device_name", str(result["device_name"])))
+                self.client.set_tag(self.parent_run_id, "device_name", str(result["device_name"]))
             self._tagged.add(run_id)
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
 

@@ -21,6 +21,11 @@ processes on the same data, alternating; `ratio` = rayflow / raw (see bench_ddp.
 ppo (`--repeats 2`) times workload=ppo (through Tune, with MLflow) and the same PPOConfig
 trained by RLlib alone to an episode return of 450; `ratio` = rayflow / plain wall seconds.
 
+data-pipeline (`--batch-size 32`, on a GPU) times a CIFAR10 epoch of the seed CNN through
+rayflow's in-memory tensors and through the seed tutorial's torchvision pipeline (8 loader
+workers); `ratio` = seed / rayflow. cifar-search times the whole workload=cifar search
+(8 trials x 10 epochs) with --compute gpu or cpu (see bench_data.py).
+
 Everything except the JSON line (Ray's logs, worker output) goes to stderr, so
 `python scripts/bench.py tune-overhead > result.json` gives a clean file.
 """
@@ -37,7 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import bench_ddp  # scripts/ is on sys.path when this file runs
+import bench_data  # scripts/ is on sys.path when this file runs
+import bench_ddp
 import bench_ppo
 
 # Must be set before ray is imported anywhere (rayflow imports it lazily); a local
@@ -255,6 +261,10 @@ def spark_cluster_args(p: argparse.ArgumentParser) -> None:
 # name -> (function returning the result dict, function adding its options, help).
 # A new benchmark is one more entry here (longer ones live in a bench_*.py next to this file).
 BENCHMARKS = {
+    "data-pipeline": (bench_data.data_pipeline, bench_data.data_pipeline_args,
+                      "seconds per CIFAR10 epoch: rayflow's in-memory tensors against the seed's torchvision DataLoader"),
+    "cifar-search": (bench_data.cifar_search, bench_data.cifar_search_args,
+                     "wall seconds of the whole workload=cifar search (8 trials x 10 epochs) on GPU or CPU"),
     "ppo": (bench_ppo.ppo, bench_ppo.ppo_args,
             "wall seconds and env steps to return 450 on CartPole: workload=ppo against RLlib alone"),
     "ddp-overhead": (bench_ddp.ddp_overhead, bench_ddp.ddp_overhead_args,

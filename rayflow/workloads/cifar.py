@@ -123,6 +123,7 @@ def train_cifar(config: dict, data: DataSpec, max_epochs: int, want_gpu: bool) -
             "val_loss": val_loss / len(val_y),
             "val_accuracy": correct / len(val_y),
             "device": device,
+            "device_name": torch.cuda.get_device_name(device) if device == "cuda" else device,
             "synthetic": data.synthetic,
         }
         with tempfile.TemporaryDirectory() as folder:

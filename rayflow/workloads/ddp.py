@@ -188,7 +188,8 @@ def train_loop(config: dict) -> None:
         }
         if rank == 0 and mlflow:
             log_step(mlflow["uri"], mlflow["run_id"], metrics, step=epoch)
-        reported = {**metrics, "device": device.type, "synthetic": data.synthetic}
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type  # e.g. "NVIDIA H100 80GB HBM3"
+        reported = {**metrics, "device": device.type, "device_name": name, "synthetic": data.synthetic}
         if epoch % config["checkpoint_every"] and epoch != config["epochs"]:
             ray.train.report(reported)
             continue

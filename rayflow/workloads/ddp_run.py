@@ -136,7 +136,12 @@ def run_training(cfg, ctx) -> TrainSummary:
             raise
         result = Result.from_path(str(path))
     summary = summarize_result(result, int(cfg.workload.epochs), errored)
+    name = ((result.metrics or {}) if result else {}).get("device_name")  # what the workers reported
+    if name:
+        tracker.set_tags({"device_name": name})
     if run_id:
+        if name:
+            tracker.client.set_tag(run_id, "device_name", name)
         status = "KILLED" if summary.interrupted else "FAILED" if errored else "FINISHED"
         tracker.client.set_terminated(run_id, status)
     return summary

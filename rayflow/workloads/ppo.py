@@ -125,7 +125,8 @@ def algo_config(cfg, gpu: bool):
 
 class StepRate(RLlibCallback):
     """Adds env_steps_per_s: env steps sampled in the iteration per wall second since the last one
-    (or since the algorithm was built, for the first iteration and after a restore)."""
+    (or since the algorithm was built, for the first iteration and after a restore); and the
+    learner's device and device_name."""
 
     def on_algorithm_init(self, *, algorithm, **kwargs):
         algorithm._rayflow_clock = time.perf_counter()
@@ -137,6 +138,23 @@ class StepRate(RLlibCallback):
         if steps is not None and last is not None and now > last:
             result["env_steps_per_s"] = steps / (now - last)
         algorithm._rayflow_clock = now
+        if getattr(algorithm, "_rayflow_device", None) is None:  # asked of the learner, once
+            found = [r.get() for r in algorithm.learner_group.foreach_learner(_learner_device) if r.ok]
+            algorithm._rayflow_device = found[0] if found else None
+        if algorithm._rayflow_device:
+            result["device"], result["device_name"] = algorithm._rayflow_device
+
+
+def _learner_device(learner) -> tuple[str, str]:
+    """(device type, device name) of the parameters of the learner's RLModule, in the process that
+    holds it (the trial's Algorithm actor, num_learners=0): the GPU's model on CUDA, else "cpu"."""
+    import torch
+
+    for module_id in learner.module.keys():
+        for param in learner.module[module_id].parameters():
+            if param.device.type == "cuda":
+                return "cuda", torch.cuda.get_device_name(param.device)
+    return "cpu", "cpu"
 
 
 class Progress(tune.Callback):
