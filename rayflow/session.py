@@ -1,27 +1,24 @@
 """One invocation (or one job of a multirun): check, start or reuse the cluster, run, report.
 
 The cluster outlives a job only inside a multirun, where the jobs with the same backend
-config share it; MultirunCallback (a Hydra callback, see conf/config.yaml) stops
-it when the multirun ends, and atexit does if the multirun dies first.
+config share it (rayflow.cluster_pool). A backend that submits the run (vm) hands it to
+the cluster as a Ray Job (rayflow.remote); the others run it here.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import json
 import os
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from rayflow.backends import ClusterBackend, backend_for
+from rayflow.cluster_pool import POOL, ClusterPool
+from rayflow.node_usage import NodePeak
 from rayflow.backends.base import Terminated, reset_termination, termination_exit_code
 from rayflow.config import ConfigError, check_common, drop_redacted, positive_number, redact, to_container
 from rayflow.data import DataSpec, prepare
@@ -55,46 +52,6 @@ def check_config(cfg: DictConfig) -> ClusterBackend:
     return backend
 
 
-class ClusterPool:
-    """At most one cluster at a time, kept between the jobs of a multirun."""
-
-    def __init__(self) -> None:
-        self.backend: ClusterBackend | None = None
-        self.key: str | None = None
-
-    @staticmethod
-    def key_of(cfg: DictConfig) -> str:
-        """What defines a cluster: its backend section and auth mode. (Not the rendered spec,
-        which can describe the state a running cluster left, e.g. an active SparkSession.)"""
-        return json.dumps([to_container(cfg.backend), str(cfg.ray_auth_mode)], sort_keys=True, default=str)
-
-    def acquire(self, backend: ClusterBackend, key: str) -> tuple[ClusterBackend, bool]:
-        """The cluster for this job, and whether this job started it (its start-up figures
-        belong to this job's run, not to the later jobs that reuse it)."""
-        if self.backend is not None and self.key == key:
-            print(f"[rayflow] reusing the {backend.name} cluster at {self.backend.address}", flush=True)
-            return self.backend, False
-        self.release()
-        print(f"[rayflow] starting the {backend.name} cluster", flush=True)
-        backend.__enter__()
-        self.backend, self.key = backend, key
-        return backend, True
-
-    def release(self) -> None:
-        backend, self.backend, self.key = self.backend, None, None
-        if backend is not None:
-            backend.__exit__(None, None, None)
-
-
-POOL = ClusterPool()
-atexit.register(POOL.release)
-
-
-class MultirunCallback(Callback):
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        POOL.release()
-
-
 # Config a resumed experiment keeps from its first run, whatever the resume command says.
 RESUMED_KEYS = ("workload", "data", "seed", "compute")
 
@@ -123,56 +80,6 @@ def _resolve_compute(cfg: DictConfig) -> None:
         raise ConfigError("compute", "compute=gpu but the cluster has no GPU")
     if cfg.compute.device == "auto":
         OmegaConf.update(cfg, "compute.gpus_per_trial", 1 if gpus > 0 else 0)
-
-
-def node_type(node: dict) -> str:
-    """A node's type as the launcher named it (KubeRay group, cluster-launcher node type), else head/worker."""
-    labels = node.get("Labels") or {}
-    for key in ("ray.io/node-group", "ray.io/node-type", "ray.io/node_type"):
-        if labels.get(key):
-            return str(labels[key])
-    return "head" if "node:__internal_head__" in (node.get("Resources") or {}) else "worker"
-
-
-class NodePeak:
-    """The most Ray nodes alive at once (head included), and node-seconds alive per node type
-    (what an autoscaling cluster costs), sampled each second while a job runs."""
-
-    def __init__(self, interval_s: float = 1.0):
-        self.interval_s = interval_s
-        self.peak = 0
-        self.node_seconds: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="rayflow-node-peak", daemon=True)
-
-    def _sample(self) -> None:
-        import ray
-
-        last = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                alive = [node for node in ray.nodes() if node["Alive"]]
-            except Exception:  # the driver is disconnecting: the figures so far stand
-                return
-            now = time.monotonic()
-            self.peak = max(self.peak, len(alive))
-            for node in alive:
-                kind = node_type(node)
-                self.node_seconds[kind] = self.node_seconds.get(kind, 0.0) + (now - last)
-            last = now
-            self._stop.wait(self.interval_s)
-
-    def metrics(self) -> dict[str, float]:
-        per_type = {f"cluster_node_seconds/{kind}": round(s, 1) for kind, s in sorted(self.node_seconds.items())}
-        return {"cluster_nodes_peak": self.peak, "cluster_node_seconds": round(sum(self.node_seconds.values()), 1), **per_type}
-
-    def __enter__(self) -> "NodePeak":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def _parent_tags(cfg: DictConfig, path: Path) -> dict:
