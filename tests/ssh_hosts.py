@@ -18,7 +18,10 @@ private bridge, running its own sshd in its own PID, mount and UTS namespaces
 - one user (`rayhost`) for all hosts, with a per-host HOME (/home/rayhost inside each host, which
   does not exist on the machine itself): Ray's cluster config has one `auth.ssh_user` for every
   node, so one name is what a real cluster looks like, and per-host homes keep the hosts' `~/.ray`,
-  `~/ray_bootstrap_config.yaml` apart. Password field `*` (not locked, no password login).
+  `~/ray_bootstrap_config.yaml` apart. The user exists only inside the hosts: each host binds its
+  own copies of the machine's /etc/passwd, group, shadow (and gshadow) with the user added (a
+  uid/gid free on the machine, password field `*`: not locked, no password login), so there is
+  no useradd/userdel on the machine, nothing to clean there, and no clash with a user of that name.
   `~/.bashrc` (and `~/.profile`, which sources it) puts the venv's bin first on PATH and sets
   RAY_USAGE_STATS_ENABLED=0.
 - the venv must be usable by that user. Directories on the way to it (the venv, the real
@@ -30,10 +33,10 @@ private bridge, running its own sshd in its own PID, mount and UTS namespaces
   mounts), is refused up front with the path and its mode. After start, each host runs the venv's
   python through `bash --login -c -i 'source ~/.bashrc; ...'` and must report the venv's prefix.
 
-Machine-wide names (bridge, user, subnet) make this one-at-a-time: a lock (an abstract unix socket,
-released by the kernel when its process dies) serialises SshHosts across processes. Holding it, a
-new SshHosts first sweeps what a killed earlier run left (namespaces and their processes, links,
-the user if it carries this module's marker, its temp dirs).
+Machine-wide names (bridge, namespaces, subnet) make this one-at-a-time: a lock (an abstract unix
+socket, released by the kernel when its process dies) serialises SshHosts across processes. Holding
+it, a new SshHosts first sweeps what a killed earlier run left (namespaces and their processes,
+links, its temp dirs): `python -m tests.ssh_hosts sweep` does the same by hand.
 
 Cleanup is an undo stack (each step registers its undo as soon as it succeeded), run by close()
 in __exit__, also when start() fails halfway; close() is idempotent, goes on past a failing undo,
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import ipaddress
 import os
 import pwd
@@ -68,7 +72,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MARKER = "rayflow test ssh host (tests/ssh_hosts.py)"  # the user's GECOS: how a stale user is known
+MARKER = "rayflow test ssh host (tests/ssh_hosts.py)"  # the user's GECOS in the hosts
 LOCK_NAME = b"\0rayflow-ssh-hosts"  # abstract unix socket: one SshHosts at a time on this machine
 WORKDIR_PREFIX = "rayflow-ssh-hosts-"
 SSHD = "/usr/sbin/sshd"
@@ -83,6 +87,9 @@ mkdir -m 0755 /run/sshd /run/rfssh /run/rfssh-stage
 mount --bind "$hostdir/etc" /run/rfssh
 mount --bind "$hostdir/etc/hosts" /etc/hosts
 mount --bind "$hostdir/etc/resolv.conf" /etc/resolv.conf
+for f in passwd group shadow gshadow; do
+  if [ -e "$hostdir/etc/$f" ]; then mount --bind "$hostdir/etc/$f" /etc/$f; fi
+done
 mount -t tmpfs -o mode=1777,nosuid,nodev rfssh-shm /dev/shm
 {expose}
 mount --bind "$hostdir/home" /home
@@ -99,8 +106,8 @@ class SshHostsError(RuntimeError):
 def unavailable_reason() -> str | None:
     """Why SshHosts cannot run here (for pytest.skip), or None."""
     if os.geteuid() != 0:
-        return "SSH test hosts need root (network namespaces, mounts, useradd)"
-    missing = [c for c in ("ip", "unshare", "tini", "ssh", "ssh-keygen", "rsync", "useradd", "userdel", "mount")
+        return "SSH test hosts need root (network namespaces, mounts)"
+    missing = [c for c in ("ip", "unshare", "tini", "ssh", "ssh-keygen", "rsync", "mount", "umount")
                if shutil.which(c) is None]
     if not os.access(SSHD, os.X_OK):
         missing.append(SSHD)
@@ -219,8 +226,9 @@ def _wait(predicate, timeout: float, interval: float = 0.1):
 class SshHosts:
     """n SSH hosts on this machine; a context manager (see the module's docstring).
 
-    Attributes once started: ips, user, key_path, bridge_ip, names (namespace = hostname per
-    host), workdir, venv_bin, pids (the recorded `unshare` PIDs), timings (seconds of start/close)."""
+    Attributes once started: ips, user, uid/gid (the user's, inside the hosts), key_path,
+    bridge_ip, names (namespace = hostname per host), workdir, venv_bin, pids (the recorded
+    `unshare` PIDs), timings (seconds of start/close)."""
 
     def __init__(self, n: int = 2, venv_bin: str | Path | None = None, *, user: str = "rayhost",
                  prefix: str = "rfssh", subnet: str = "10.213.0.0/24", ready_timeout: float = 30,
@@ -242,6 +250,7 @@ class SshHosts:
             raise ValueError(f"prefix {prefix!r} too long for interface names (15 characters)")
         self.ready_timeout, self.lock_timeout, self.expose_blocked = ready_timeout, lock_timeout, expose_blocked
         self.workdir: Path | None = None
+        self.uid = self.gid = None
         self.key_path: Path | None = None
         self.pids: list[int] = []
         self.timings: dict[str, float] = {}
@@ -335,11 +344,10 @@ class SshHosts:
         (self.workdir / "launcher" / "home").mkdir(parents=True)
         (self.workdir / "launcher" / "tmp").mkdir()
 
-        self._add_user()
+        self.uid = self.gid = _free_id()
         self._add_bridge()
-        pw = pwd.getpwnam(self.user)
         for i in range(self.n):
-            self._prepare_host_dir(i, pw, host_key)
+            self._prepare_host_dir(i, host_key)
             self._add_netns(i)
             self._start_host(i, expose)
         for i in range(self.n):
@@ -385,16 +393,6 @@ class SshHosts:
         for link in _link_names():
             if link == self.bridge or link.startswith(f"{self.prefix}-v"):
                 _run(["ip", "link", "delete", link], check=False)
-        try:
-            pw = pwd.getpwnam(self.user)
-        except KeyError:
-            pw = None
-        if pw is not None:
-            if pw.pw_gecos != MARKER:
-                raise SshHostsError(f"user {self.user} exists and is not one this module made (GECOS "
-                                    f"{pw.pw_gecos!r}): pass another user= name")
-            _kill_user_processes(pw.pw_uid)
-            _run(["userdel", self.user], check=False)
         for old in Path(tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
             shutil.rmtree(old, ignore_errors=True)
         _remove_netns_dir_if_empty()
@@ -432,21 +430,6 @@ class SshHosts:
         paths = [str(self.venv_bin), str(python), *[p for p in out if p]]
         return list(dict.fromkeys(os.path.realpath(p) for p in paths))
 
-    def _add_user(self) -> None:
-        _run(["useradd", "--no-create-home", "--home-dir", f"/home/{self.user}", "--shell", "/bin/bash",
-              "--comment", MARKER, "--user-group", "--password", "*", self.user])
-        self._undo(self._del_user, what=f"delete user {self.user}")
-
-    def _del_user(self) -> None:
-        try:
-            pw = pwd.getpwnam(self.user)
-        except KeyError:
-            return
-        _kill_user_processes(pw.pw_uid)
-        done = _run(["userdel", self.user], check=False)
-        if done.returncode != 0 and _user_exists(self.user):
-            _run(["userdel", "--force", self.user])
-
     def _add_bridge(self) -> None:
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         self._undo(_del_link, self.bridge, what=f"delete bridge {self.bridge}")
@@ -454,7 +437,24 @@ class SshHosts:
         _run(["ip", "addr", "add", f"{self.bridge_ip}/{self.network.prefixlen}", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
 
-    def _prepare_host_dir(self, i: int, pw: pwd.struct_passwd, host_key: Path) -> None:
+    def _user_files(self, etc: Path) -> None:
+        """The machine's passwd/group/shadow/gshadow plus the hosts' user (replacing any of its name)."""
+        days = int(time.time() // 86400)
+        extra = {"passwd": f"{self.user}:x:{self.uid}:{self.gid}:{MARKER}:/home/{self.user}:/bin/bash",
+                 "group": f"{self.user}:x:{self.gid}:",
+                 "shadow": f"{self.user}:*:{days}:0:99999:7:::",
+                 "gshadow": f"{self.user}:!::"}
+        for name, line in extra.items():
+            src = Path("/etc") / name
+            if not src.exists():
+                continue
+            kept = [x for x in src.read_text().splitlines() if x.split(":", 1)[0] != self.user]
+            (etc / name).write_text("\n".join([*kept, line]) + "\n")
+            st = src.stat()
+            os.chown(etc / name, st.st_uid, st.st_gid)
+            (etc / name).chmod(stat.S_IMODE(st.st_mode))
+
+    def _prepare_host_dir(self, i: int, host_key: Path) -> None:
         d = self.workdir / "hosts" / str(i)
         (d / "etc").mkdir(parents=True)
         (d / "tmp").mkdir()
@@ -470,7 +470,7 @@ class SshHosts:
             "export RAY_USAGE_STATS_ENABLED=0\n")
         (home / ".profile").write_text('[ -f ~/.bashrc ] && . ~/.bashrc\n')
         for p in (home, home / ".ssh", home / ".ssh" / "authorized_keys", home / ".bashrc", home / ".profile"):
-            os.chown(p, pw.pw_uid, pw.pw_gid)
+            os.chown(p, self.uid, self.gid)
         home.chmod(0o755)
         (home / ".ssh").chmod(0o700)
         (home / ".ssh" / "authorized_keys").chmod(0o600)
@@ -479,6 +479,7 @@ class SshHosts:
         (d / "etc" / "hosts").write_text(
             "127.0.0.1\tlocalhost\n" + "".join(f"{ip}\t{name}\n" for ip, name in zip(self.ips, self.names)))
         (d / "etc" / "resolv.conf").write_text("# no DNS on rayflow's test hosts\n")
+        self._user_files(d / "etc")
         (d / "etc" / "sshd_config").write_text(f"""\
 ListenAddress {self.ips[i]}
 Port 22
@@ -650,8 +651,6 @@ LogLevel INFO
                 left.append(f"processes in host {self.names[i]}: {_pids_in_pid_ns(ns)}")
         left += [f"namespace {ns}" for ns in _netns_names() if ns in self.names]
         left += [f"link {link}" for link in _link_names() if link == self.bridge or link in self.veths]
-        if _user_exists(self.user) and pwd.getpwnam(self.user).pw_gecos == MARKER:
-            left.append(f"user {self.user}")
         if self._made_netns_dir and os.path.isdir("/run/netns") and not os.listdir("/run/netns"):
             left.append("directory /run/netns (made by ip netns add)")
         if self.workdir is not None and self.workdir.exists():
@@ -666,20 +665,27 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _user_exists(user: str) -> bool:
-    try:
-        pwd.getpwnam(user)
-        return True
-    except KeyError:
-        return False
-
-
-def _kill_user_processes(uid: int) -> None:
+def _free_id(first: int = 60100, last: int = 60999) -> int:
+    """A number that is neither a uid nor a gid on this machine, nor the uid of a running process."""
+    running = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    os.kill(int(entry), signal.SIGKILL)
+                running.add(os.stat(f"/proc/{entry}").st_uid)
+    for n in range(first, last + 1):
+        if n in running:
+            continue
+        try:
+            pwd.getpwuid(n)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(n)
+            continue
+        except KeyError:
+            return n
+    raise SshHostsError(f"no free uid/gid in {first}..{last}")
 
 
 def _kill_netns_processes(ns: str) -> None:
@@ -727,10 +733,10 @@ def _remove_netns_dir_if_empty() -> None:
             os.rmdir(d)
 
 
-def sweep(user: str = "rayhost", prefix: str = "rfssh", lock_timeout: float = 60) -> None:
+def sweep(prefix: str = "rfssh", lock_timeout: float = 60) -> None:
     """Remove what a killed SshHosts run left (every SshHosts.start() does this first, too):
     python -m tests.ssh_hosts sweep"""
-    hosts = SshHosts(1, user=user, prefix=prefix, lock_timeout=lock_timeout)
+    hosts = SshHosts(1, prefix=prefix, lock_timeout=lock_timeout)
     with hosts._lock():
         hosts._sweep_stale()
 
@@ -757,7 +763,6 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="SSH test hosts from network namespaces (tests/ssh_hosts.py)")
     parser.add_argument("action", choices=["sweep"], help="sweep: remove what a killed run left")
-    parser.add_argument("--user", default="rayhost")
     parser.add_argument("--prefix", default="rfssh")
     args = parser.parse_args()
-    sweep(user=args.user, prefix=args.prefix)
+    sweep(prefix=args.prefix)

@@ -169,3 +169,19 @@ def test_a_killed_runs_leftovers_are_swept_by_the_next():
     assert crashed._procs[0].wait(timeout=10) is not None  # the old host's unshare was killed
     assert crashed.pids_in_host(0) == {}
     crashed.close()
+
+
+@pytest.mark.slow
+@needs_hosts
+def test_an_unusable_venv_is_refused_up_front_with_the_reason(tmp_path):
+    blocked, _ = access_plan([sys.executable, os.path.realpath(sys.executable)])
+    if blocked:  # e.g. /root (0700) on the way to /root/.pyenv: refused when not exposed in the hosts
+        with pytest.raises(SshHostsError, match=rf"{re.escape(str(sorted(blocked)[0]))} is d.*cannot pass it"):
+            SshHosts(1, expose_blocked=False).start()
+    if str(tmp_path).startswith("/tmp/"):  # a venv below /tmp would vanish under the hosts' own /tmp
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "python").symlink_to(sys.executable)
+        hosts = SshHosts(1, tmp_path / "bin")
+        with pytest.raises(SshHostsError, match="lies under /tmp, which each host mounts its own"):
+            hosts.start()
+        assert hosts.leftovers() == []
