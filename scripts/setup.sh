@@ -28,4 +28,17 @@ if ! command -v java >/dev/null 2>&1; then
     echo "rayflow setup: no java; backend=spark needs Java 17 (apt-get install openjdk-17-jre-headless)" >&2
   fi
 fi
+# backend=vm provider=local tests (tests/ssh_hosts.py) make SSH hosts from network namespaces on
+# this machine: sshd (openssh-server), rsync (Ray's launcher syncs files with it), tini (each host's PID 1).
+ssh_host_pkgs=()
+[ -x /usr/sbin/sshd ] || ssh_host_pkgs+=(openssh-server)
+command -v rsync >/dev/null 2>&1 || ssh_host_pkgs+=(rsync)
+command -v tini >/dev/null 2>&1 || ssh_host_pkgs+=(tini)
+if [ ${#ssh_host_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 "${ssh_host_pkgs[@]}" >/dev/null
+  else
+    echo "rayflow setup: no ${ssh_host_pkgs[*]}; the backend=vm SSH-host tests need them (apt-get install ${ssh_host_pkgs[*]}) and skip without them" >&2
+  fi
+fi
 .venv/bin/python -c "import torch, ray, mlflow, pyspark; print('rayflow setup: torch', torch.__version__, '| cuda', torch.cuda.is_available(), '| ray', ray.__version__, '| mlflow', mlflow.__version__, '| pyspark', pyspark.__version__)"
