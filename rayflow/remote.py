@@ -46,10 +46,12 @@ def stage_package(folder: Path) -> Path:
     source = Path(__file__).resolve().parent
     target = folder / "rayflow"
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
-    for name in ("conf", "cluster_defs"):
-        found = resources.files(f"rayflow.{name}")
-        if not (target / name).exists():
-            shutil.copytree(str(found), target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name, beside in (("conf", "conf"), ("cluster_defs", "backends")):
+        if (target / name).exists():  # installed from the wheel: already inside the package
+            continue
+        checkout = source.parent / beside  # a source checkout (editable install)
+        found = checkout if checkout.is_dir() else Path(str(resources.files(f"rayflow.{name}")))
+        shutil.copytree(found, target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     if size > RAY_UPLOAD_LIMIT:
         raise RuntimeError(f"rayflow's package is {size / 2**20:.0f} MiB, over Ray's {RAY_UPLOAD_LIMIT // 2**20} MiB upload limit")

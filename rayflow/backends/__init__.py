@@ -18,6 +18,7 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "local": ("rayflow.backends.local", "LocalCluster", None),
     "attach": ("rayflow.backends.attach", "AttachedCluster", None),
     "spark": ("rayflow.backends.spark", "SparkCluster", "spark"),
+    "vm": ("rayflow.backends.vm", "VMCluster", None),
 }
 
 

@@ -1,0 +1,223 @@
+"""backend=vm: a Ray cluster from Ray's cluster launcher, running the workload as a Ray Job.
+
+`fake_multinode` (the default) is Ray's real autoscaler launching worker nodes as processes
+on this machine: rayflow starts the head itself (`RAY_FAKE_CLUSTER=1 ray start --head` with
+an autoscaling config it writes completely) in a temp dir of its own, and stops exactly the
+processes that name it. `local` (SSH hosts), `aws` and `gcp` go through Ray's SDK
+(`create_or_update_cluster`, `teardown_cluster`), the library behind `ray up`/`ray down`.
+The run itself is submitted to the head (rayflow.remote); nothing connects this driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from rayflow.backends import vm_config
+from rayflow.backends.base import ClusterBackend
+from rayflow.config import ConfigError
+from rayflow.processes import kill_processes_mentioning, pids_mentioning, stop_processes_mentioning
+
+
+DASHBOARD_PORT = 8265  # Ray's default, on the head of a launched cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _token_file() -> str | None:
+    from rayflow.backends.spark_hook import auth_token
+
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    return str(path) if auth_token() is not None and path.is_file() else None
+
+
+def wait_for_dashboard(url: str, timeout_s: float, what: str) -> None:
+    """Until the Jobs API answers (any HTTP status: 401 without a token still means up)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/version", timeout=5):
+                return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s (backend.start_timeout_s)") from None
+            time.sleep(1.0)
+
+
+class VMCluster(ClusterBackend):
+    connects_driver = False
+    submits_jobs = True
+
+    @property
+    def provider(self) -> str:
+        return str(self.section.provider)
+
+    @property
+    def shares_filesystem(self) -> bool:  # fake nodes are processes on this machine
+        return self.provider == "fake_multinode"
+
+    @property
+    def owns_cluster(self) -> bool:
+        return not bool(self.section.keep_cluster)
+
+    def gpu(self) -> bool:
+        """The run uses GPUs (compute=gpu): the GPU worker type is rendered too."""
+        return str(self.section.get("compute_device")) == "cuda"
+
+    def check(self) -> None:
+        vm_config.check(self.section, self.gpu(), self.auth_mode)
+
+    def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
+        """The head and max_worker_nodes workers of the type the run uses, where sizes are set."""
+        b = self.section
+        worker = b.worker.gpu if self.gpu() else b.worker.cpu
+        if worker.num_cpus is None:
+            return None  # the node's own size, known once it runs
+        node = {"CPU": float(worker.num_cpus), "GPU": float(worker.num_gpus or 0)}
+        if worker.memory is not None:
+            node["memory"] = float(worker.memory)
+        high = worker.max_workers if worker.max_workers is not None else b.max_worker_nodes
+        head = {"CPU": float(b.num_cpus_head_node or 0), "GPU": float(b.num_gpus_head_node or 0)}
+        return [head] + [dict(node) for _ in range(int(high))]
+
+    def cluster_config(self, gcs_address: str | None = None) -> dict:
+        import ray
+
+        return vm_config.render(self.section, self.gpu(), self.auth_mode, ray.__version__,
+                                f"{sys.version_info.major}.{sys.version_info.minor}", _token_file(), gcs_address)
+
+    def render(self) -> str:
+        return yaml.safe_dump({"backend": "vm", "provider": self.provider, "cluster": self.cluster_config()}, sort_keys=False)
+
+    def teardown_command(self) -> str | None:
+        """What stops the cluster if this process dies before it can (printed on every error path)."""
+        if not getattr(self, "_temp_dir", None):
+            return None  # nothing started yet
+        if self.provider == "fake_multinode":
+            return f"python -m rayflow.teardown {self._temp_dir}"
+        return f"python -m rayflow.teardown {self._config_file}"
+
+    def start(self) -> str:
+        if self.provider == "fake_multinode":
+            return self._start_fake()
+        return self._start_with_sdk()
+
+    # --- fake_multinode: the head on this machine, worker nodes started by its autoscaler ----
+
+    def _state_file(self) -> Path:
+        return Path.home() / ".cache" / "rayflow" / "vm" / f"{self.section.cluster_name}.json"
+
+    def _reuse_fake(self) -> str | None:
+        """The dashboard URL of a running fake cluster of this cluster_name (kept by an earlier run)."""
+        try:
+            state = json.loads(self._state_file().read_text())
+        except (OSError, ValueError):
+            return None
+        if not pids_mentioning(state["temp_dir"]):
+            return None
+        self._temp_dir = state["temp_dir"]
+        try:
+            wait_for_dashboard(state["url"], 10, "backend=vm")
+        except RuntimeError:
+            return None
+        print(f"[rayflow] vm: reusing the running cluster {self.section.cluster_name} ({self._temp_dir})", flush=True)
+        return state["url"]
+
+    def _register_fake_teardown(self) -> None:
+        if self.owns_cluster:  # keep_cluster=true leaves it for a later run (resume=true) to reuse
+            self.on_stop("forget the fake cluster's state", self._state_file().unlink, missing_ok=True)
+            self.on_stop("remove the fake cluster's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
+            self.on_stop("kill what is left of the fake cluster", kill_processes_mentioning, self._temp_dir)
+            self.on_stop("stop the fake cluster's processes", stop_processes_mentioning, self._temp_dir)
+
+    def _start_fake(self) -> str:
+        url = self._reuse_fake()
+        if url:
+            self._register_fake_teardown()
+            return url
+        self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")  # short: Ray's socket paths stay < 108 chars
+        self._register_fake_teardown()
+        import ray._private.services as services
+
+        port, dashboard = _free_port(), _free_port()
+        config = self.cluster_config(gcs_address=f"{services.get_node_ip_address()}:{port}")
+        self._config_file = os.path.join(self._temp_dir, "autoscaling.yaml")
+        Path(self._config_file).write_text(yaml.safe_dump(config))
+        command = [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
+                   f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1", f"--temp-dir={self._temp_dir}",
+                   *vm_config.head_start_args(self.section), f"--autoscaling-config={self._config_file}",
+                   # every port of its own: other Ray clusters on this machine keep theirs
+                   f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
+                   f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
+                   "--disable-usage-stats"]
+        env = dict(os.environ, **vm_config.launcher_env(self.section, self.auth_mode, _token_file()))
+        timeout = float(self.section.start_timeout_s)
+        print(f"[rayflow] vm: starting a fake_multinode head in {self._temp_dir}", flush=True)
+        try:
+            subprocess.run(command, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        except subprocess.CalledProcessError as err:
+            raise RuntimeError(f"ray start --head failed: {(err.stderr or '').strip().splitlines()[-1:]}") from None
+        url = f"http://127.0.0.1:{dashboard}"
+        wait_for_dashboard(url, timeout, "backend=vm")
+        self._state_file().parent.mkdir(parents=True, exist_ok=True)
+        self._state_file().write_text(json.dumps({"temp_dir": self._temp_dir, "url": url}))
+        return url
+
+    # --- local, aws, gcp: Ray's cluster launcher ---------------------------------------------
+
+    def _start_with_sdk(self) -> str:
+        from ray.autoscaler import sdk
+
+        vm_config.require_filled(self.section)
+        self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
+        self.on_stop("remove the cluster config's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
+        config = self.cluster_config()
+        self._config_file = os.path.join(self._temp_dir, f"{config['cluster_name']}.yaml")
+        Path(self._config_file).write_text(yaml.safe_dump(config))
+        if self.owns_cluster:  # registered first: a `ray up` that failed halfway is torn down too
+            if self.provider == "local":
+                self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
+            self.on_stop(f"tear down cluster {config['cluster_name']}", sdk.teardown_cluster, self._config_file)
+        env = vm_config.launcher_env(self.section, self.auth_mode, _token_file())  # v1 for local (ray#59905)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            sdk.create_or_update_cluster(self._config_file, no_restart=False, restart_only=False, no_config_cache=True)
+        finally:
+            for key, value in saved.items():
+                os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        head_ip = sdk.get_head_node_ip(self._config_file)
+        url = f"http://{head_ip}:{DASHBOARD_PORT}"
+        wait_for_dashboard(url, float(self.section.start_timeout_s), f"backend=vm provider={self.provider}")
+        return url
+
+
+
+def stop_local_workers(config: dict) -> None:
+    """`ray stop` on each worker host of a local-provider cluster over SSH, as Ray runs its commands."""
+    auth = config["auth"]
+    for ip in config["provider"].get("worker_ips") or []:
+        subprocess.run(["ssh", "-i", os.path.expanduser(auth["ssh_private_key"]), "-o", "StrictHostKeyChecking=no",
+                        "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+                        f"{auth['ssh_user']}@{ip}", "bash --login -c -i 'ray stop'"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+
+
+__all__ = ["VMCluster", "ConfigError"]

@@ -1,0 +1,65 @@
+"""backend=vm with provider=fake_multinode: Ray's real autoscaler adding and removing worker
+nodes as processes on this machine, and the run submitted to the head as a Ray Job.
+
+Slow: a head takes ~12 s and each scale-up ~14 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
+from tests.conftest import ray_daemon_pids, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAKE = ["backend=vm", "backend.provider=fake_multinode", "backend.autoscale_idle_timeout_minutes=0.2"]
+
+
+class TestVM(LifecycleSuite, JobSubmissionSuite):
+    name = "vm"
+    owns_cluster = True
+    # the graceful stop, then the SIGKILL sweep behind it
+    teardown_faults = [("stop the fake cluster's processes",), ("kill what is left of the fake cluster",)]
+
+    def overrides(self):
+        return FAKE
+
+
+def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(rayflow):
+    out = rayflow.run(*FAKE, "workload.num_samples=4", "workload.max_epochs=3", "workload.scheduler.grace_period=3",
+                      "workload.reuse_actors=false", "data.synthetic_train_size=2000", timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "[rayflow] submitted job raysubmit_" in out.stdout and "== rayflow results ==" in out.stdout
+    client, parents, children = rayflow.mlflow("cifar")
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"
+    assert parent.data.metrics["cluster_nodes_peak"] >= 3  # the head and 2 autoscaled workers
+    assert parent.data.metrics["cluster_node_seconds"] > 0
+    assert len(children[parent.info.run_id]) == 4
+
+
+def test_ddp_as_a_job_puts_two_train_workers_on_two_autoscaled_nodes(rayflow):
+    out = rayflow.run(*FAKE, "workload=ddp", "workload.epochs=2", timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client, parents, children = rayflow.mlflow("ddp")
+    assert parents[0].info.status == "FINISHED"
+    assert parents[0].data.metrics["cluster_nodes_peak"] >= 3
+
+
+def test_sigterm_during_the_job_stops_it_and_tears_down(rayflow):
+    before = ray_daemon_pids()
+    proc, log = rayflow.start(*FAKE, "workload.num_samples=2", "workload.max_epochs=30", "workload.scheduler.grace_period=30")
+    assert wait_until(lambda: "submitted job" in log.read_text() and rayflow.checkpoints(), timeout=300, interval=0.5), log.read_text()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=180) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    assert "stopping job" in log.read_text()
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60)
+
+
+def test_a_file_tracking_uri_is_refused_for_a_cloud_provider(rayflow):
+    out = rayflow.run("backend=vm", "backend.provider=aws", "tracking.uri=sqlite:///mlflow.db")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("rayflow: error: tracking.uri: ")
