@@ -5,14 +5,17 @@ on one device, through two pipelines over the same python-batch files:
 
   rayflow  the workload's in-memory tensors: the batches read once into uint8 tensors on the
            device (rayflow.data.load_split), each mini-batch indexed and normalised there
-           (rayflow.data.iterate); the epoch body is train_cifar's (workload=cifar), validation
-           in batches of 512 as there.
+           (rayflow.data.iterate); the epoch body is train_cifar's own code (workload=cifar:
+           rayflow.workloads.cifar.train_epoch with its TrainStep, then evaluate, validation
+           in batches of 512): batch losses summed on the device and read once per epoch, and
+           on CUDA the full-size batches replaying a CUDA graph of forward, backward and
+           optimizer.step (the last, smaller batch eager).
   seed     the seed tutorial's: torchvision.datasets.CIFAR10 with ToTensor and
            Normalize((0.5,)*3, (0.5,)*3) per sample, an 80/20 random_split, DataLoaders with
            `--workers` (8) workers and shuffle for training, each batch copied to the device.
 
-Both train with SGD(lr=0.001, momentum=0.9) at the same batch size and take loss.item()
-every step, as both originals do; an epoch is training on the 80% split plus validation on
+Both train with SGD(lr=0.001, momentum=0.9) at the same batch size; the seed side takes
+loss.item() every step, as the tutorial does; an epoch is training on the 80% split plus validation on
 the other 20%. The data is rayflow's synthetic set at the full CIFAR10 size (50,000 + 10,000
 images) unless --cifar-root points at the real batches; the seed side reads the same
 synthetic batches re-pickled with str keys, the way torchvision reads the official files
@@ -68,12 +71,14 @@ def _sync(device) -> None:
 
 def rayflow_epochs(spec, device, batch_size: int, count: int) -> tuple[list[float], list[float], float]:
     """(epoch seconds, training-only seconds, seconds of the pipeline alone for one epoch) of
-    train_cifar's epoch body on `device`."""
+    train_cifar's epoch body on `device`: rayflow.workloads.cifar's train_epoch and evaluate,
+    the functions the trainable calls."""
     import torch
     import torch.nn as nn
 
     from rayflow.data import iterate, load_split
     from rayflow.models import Net
+    from rayflow.workloads.cifar import TrainStep, evaluate, train_epoch
 
     start = time.perf_counter()
     train_x, train_y, val_x, val_y = load_split(spec, str(device))
@@ -85,30 +90,19 @@ def rayflow_epochs(spec, device, batch_size: int, count: int) -> tuple[list[floa
     optimizer = torch.optim.SGD(net.parameters(), lr=0.001, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(0)
+    step = TrainStep(net, optimizer, criterion, batch_size)
     epochs, trains = [], []
     for _ in range(count):
         began = time.perf_counter()
-        net.train()
-        train_loss = 0.0
-        for images, labels in iterate(train_x, train_y, batch_size, shuffle=True, generator=generator):
-            optimizer.zero_grad(set_to_none=True)
-            loss = criterion(net(images), labels)
-            loss.backward()
-            optimizer.step()
-            train_loss += loss.item()
+        train_loss = train_epoch(step, train_x, train_y, generator)
         _sync(device)
         trained = time.perf_counter()
-        net.eval()
-        correct = 0
-        with torch.no_grad():
-            for images, labels in iterate(val_x, val_y, 512, shuffle=False):
-                outputs = net(images)
-                criterion(outputs, labels).item()
-                correct += (outputs.argmax(1) == labels).sum().item()
+        _, val_accuracy = evaluate(net, criterion, val_x, val_y)
         _sync(device)
         epochs.append(time.perf_counter() - began)
         trains.append(trained - began)
-        log(f"rayflow epoch: {epochs[-1]:.3f} s (training {trains[-1]:.3f} s), val_accuracy {correct / len(val_y):.3f}")
+        log(f"rayflow epoch: {epochs[-1]:.3f} s (training {trains[-1]:.3f} s), train_loss {train_loss:.4f}, "
+            f"val_accuracy {val_accuracy:.3f}, CUDA graph {'on' if step.graph is not None else 'off'}")
     began = time.perf_counter()  # the pipeline alone: an epoch of training batches, no model
     for images, labels in iterate(train_x, train_y, batch_size, shuffle=True, generator=generator):
         pass

@@ -53,3 +53,84 @@ def test_checkpoint_round_trip_restores_model_and_optimizer(tmp_path):
         torch.nn.functional.cross_entropy(model(images), labels).backward()
         opt.step()
     assert torch.equal(net.fc3.weight, restored.fc3.weight)
+
+
+def _toy_split(n: int = 200, seed: int = 0):
+    """uint8 CIFAR-shaped images with a class signal, int64 labels (n % 32 != 0: a short last batch)."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 10, (n,), generator=g)
+    base = torch.randint(0, 256, (10, 3, 32, 32), generator=g)
+    noise = torch.randint(-40, 41, (n, 3, 32, 32), generator=g)
+    images = (base[labels] + noise).clamp(0, 255).to(torch.uint8)
+    return images, labels
+
+
+def _former_epoch(net, optimizer, criterion, images, labels, batch_size, generator):
+    """train_cifar's epoch body as it was: loss.item() every step, then the val loop."""
+    from rayflow.data import iterate
+
+    net.train()
+    train_loss, steps = 0.0, 0
+    for x, y in iterate(images, labels, batch_size, shuffle=True, generator=generator):
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(net(x), y)
+        loss.backward()
+        optimizer.step()
+        train_loss += loss.item()
+        steps += 1
+    net.eval()
+    val_loss, correct = 0.0, 0
+    with torch.no_grad():
+        for x, y in iterate(images, labels, 64, shuffle=False):
+            outputs = net(x)
+            val_loss += criterion(outputs, y).item() * len(y)
+            correct += (outputs.argmax(1) == y).sum().item()
+    return train_loss / steps, val_loss / len(labels), correct / len(labels)
+
+
+def test_train_epoch_gives_the_former_loop_values_on_cpu():
+    images, labels = _toy_split()
+    criterion = torch.nn.CrossEntropyLoss()
+    runs = []
+    for refactored in (False, True):
+        torch.manual_seed(0)
+        net = cifar.Net(16, 8)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        generator = torch.Generator().manual_seed(0)
+        step = cifar.TrainStep(net, optimizer, criterion, 32)
+        assert not step.use_graph  # CPU: the eager step, always
+        values = []
+        for _ in range(2):
+            if refactored:
+                values.append((cifar.train_epoch(step, images, labels, generator),
+                               *cifar.evaluate(net, criterion, images, labels, batch_size=64)))
+            else:
+                values.append(_former_epoch(net, optimizer, criterion, images, labels, 32, generator))
+        runs.append((values, [p.detach().clone() for p in net.parameters()]))
+    (former, former_params), (new, new_params) = runs
+    assert new == former  # the same floats: train_loss, val_loss, val_accuracy per epoch
+    assert all(torch.equal(a, b) for a, b in zip(former_params, new_params))
+    assert new[1][0] < new[0][0]
+
+
+def test_train_epoch_continues_from_a_restored_checkpoint(tmp_path):
+    images, labels = _toy_split()
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def fresh():
+        torch.manual_seed(0)
+        net = cifar.Net(16, 8)
+        return net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+    net, optimizer = fresh()
+    step = cifar.TrainStep(net, optimizer, criterion, 32)
+    cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(1))
+    cifar.save_checkpoint(str(tmp_path), net, optimizer, epoch=1)
+    expected = cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(2))
+
+    restored = cifar.Net(16, 8)
+    restored_optimizer = torch.optim.SGD(restored.parameters(), lr=0.5, momentum=0.0)
+    assert cifar.load_checkpoint(str(tmp_path), restored, restored_optimizer) == 1
+    restored_step = cifar.TrainStep(restored, restored_optimizer, criterion, 32)
+    assert cifar.train_epoch(restored_step, images, labels, torch.Generator().manual_seed(2)) == expected
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), restored.parameters()))

@@ -82,3 +82,56 @@ def test_ppo_learner_on_cuda(rayflow, gpu_model):
     assert trial.data.tags["device"] == "cuda" and gpu_model in trial.data.tags["device_name"]
     assert trial.data.metrics["num_env_steps_sampled_lifetime"] == 2000
     assert sorted(rayflow.storage.glob("ppo-*/PPO_*/checkpoint_*/algorithm_state.pkl"))
+
+
+def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path):
+    """workload=cifar's TrainStep on CUDA: the full-size batches replay a captured CUDA graph,
+    the loss falls, and every epoch's loss and the weights match the eager step's; a
+    checkpoint restores into a fresh trial and into the captured one (which re-captures)."""
+    from rayflow.workloads import cifar
+
+    g = torch.Generator().manual_seed(0)
+    n = 2000  # 62 batches of 32 and one of 16 (eager)
+    labels = torch.randint(0, 10, (n,), generator=g)
+    images = (torch.randint(0, 256, (10, 3, 32, 32), generator=g)[labels]
+              + torch.randint(-40, 41, (n, 3, 32, 32), generator=g)).clamp(0, 255).to(torch.uint8)
+    images, labels = images.cuda(), labels.cuda()
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def trial():
+        torch.manual_seed(0)
+        net = cifar.Net(16, 8).cuda()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        return net, optimizer
+
+    runs = {}
+    for graph in (False, True):
+        net, optimizer = trial()
+        step = cifar.TrainStep(net, optimizer, criterion, 32, cuda_graph=graph)
+        losses = []
+        for epoch in range(3):
+            losses.append(cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(epoch)))
+            if epoch == 1 and graph:
+                cifar.save_checkpoint(str(tmp_path), net, optimizer, epoch=2)
+        assert (step.graph is not None) == graph
+        runs[graph] = (losses, [p.detach().clone() for p in net.parameters()],
+                       cifar.evaluate(net, criterion, images, labels))
+    (eager, eager_params, eager_val), (graphed, graphed_params, graphed_val) = runs[False], runs[True]
+    assert graphed[2] < graphed[0] * 0.9, graphed
+    assert graphed == pytest.approx(eager, rel=1e-3)
+    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(graphed_params, eager_params))
+    assert graphed_val == pytest.approx(eager_val, rel=1e-2)
+
+    # a fresh trial restored from the epoch-2 checkpoint: its epoch 3 is the graphed run's
+    net, optimizer = trial()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.0)
+    assert cifar.load_checkpoint(str(tmp_path), net, optimizer, "cuda") == 2
+    step = cifar.TrainStep(net, optimizer, criterion, 32)
+    assert cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(2)) == pytest.approx(graphed[2], rel=1e-4)
+    assert step.graph is not None
+    # restored into the trial whose graph is captured: the graph is dropped and re-captured
+    captured = step.graph
+    assert cifar.load_checkpoint(str(tmp_path), net, optimizer, "cuda") == 2
+    assert cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(2)) == pytest.approx(graphed[2], rel=1e-4)
+    assert step.graph is not None and step.graph is not captured
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(net.parameters(), graphed_params))
