@@ -8,6 +8,7 @@ the cluster as a Ray Job (rayflow.remote); the others run it here.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -138,8 +139,9 @@ def _job_env(tracker: Tracker) -> dict[str, str]:
     return env
 
 
-# Set in a submitted job's environment: the backend that submitted it, its cluster spec (redacted).
-SUBMITTED_BY, SUBMITTED_SPEC = "RAYFLOW_SUBMITTED_BY", "RAYFLOW_CLUSTER_SPEC"
+# Set in a submitted job's environment: the backend that submitted it, its cluster spec (redacted),
+# and its start-up figures (for the job that started the cluster).
+SUBMITTED_BY, SUBMITTED_SPEC, SUBMITTED_METRICS = "RAYFLOW_SUBMITTED_BY", "RAYFLOW_CLUSTER_SPEC", "RAYFLOW_CLUSTER_METRICS"
 
 
 def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
@@ -160,7 +162,8 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
     env = {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: backend.name, SUBMITTED_SPEC: spec,
            **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}}
     try:
-        backend, _ = POOL.acquire(backend, ClusterPool.key_of(cfg))
+        backend, started = POOL.acquire(backend, ClusterPool.key_of(cfg))
+        env[SUBMITTED_METRICS] = json.dumps(backend.metrics() if started else {})
         status, error = run_as_job(backend.address, entrypoint, env)
     except (KeyboardInterrupt, SystemExit):
         code = termination_exit_code()
@@ -213,7 +216,9 @@ def run_job(cfg: DictConfig):
             previous = read_state(path).get("mlflow_run_id") if resuming else None
             spec = os.environ.get(SUBMITTED_SPEC) or spec  # a submitted run records the cluster it ran on
             tracker.start(cfg, spec, tags={**_parent_tags(cfg, path), **backend.tags()}, resume_run_id=previous)
-            if started:
+            if os.environ.get(SUBMITTED_METRICS):  # the start-up of the cluster that submitted this job
+                tracker.log_metrics(json.loads(os.environ[SUBMITTED_METRICS]))
+            elif started:
                 tracker.log_metrics(backend.metrics())
             state = {"mlflow_run_id": tracker.run_id, "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
             write_state(path, {**read_state(path), **redact(state)})  # keeps what the workload saved (resume)

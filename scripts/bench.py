@@ -45,6 +45,7 @@ from pathlib import Path
 import bench_data  # scripts/ is on sys.path when this file runs
 import bench_ddp
 import bench_ppo
+import bench_vm
 
 # Must be set before ray is imported anywhere (rayflow imports it lazily); a local
 # benchmark cluster needs no token, and the caller may still choose otherwise.
@@ -270,6 +271,8 @@ BENCHMARKS = {
     "ddp-overhead": (bench_ddp.ddp_overhead, bench_ddp.ddp_overhead_args,
                      "step time of rayflow's Ray Train path against raw torch.distributed DDP, 2 CPU workers"),
     "tune-overhead": (tune_overhead, tune_overhead_args, "rayflow's run_tune against a plain Tuner"),
+    "vm-cluster": (bench_vm.vm_cluster, bench_vm.vm_cluster_args,
+                   "backend=vm on fake_multinode: head ready, scale-up/down, what submitting the run as a Ray Job adds"),
     "spark-cluster": (spark_cluster, spark_cluster_args,
                       "Ray on Spark via rayflow against plain setup_ray_cluster: ready, scale-up, scale-down"),
 }

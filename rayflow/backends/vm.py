@@ -168,6 +168,8 @@ class VMCluster(ClusterBackend):
                    f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
                    "--disable-usage-stats"]
         env = dict(os.environ, **vm_config.launcher_env(self.section, self.auth_mode, _token_file()))
+        # jobs on this head run `python`: this venv's, as the fake nodes do
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         timeout = float(self.section.start_timeout_s)
         print(f"[rayflow] vm: starting a fake_multinode head in {self._temp_dir}", flush=True)
         try:
