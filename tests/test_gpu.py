@@ -84,11 +84,18 @@ def test_ppo_learner_on_cuda(rayflow, gpu_model):
     assert sorted(rayflow.storage.glob("ppo-*/PPO_*/checkpoint_*/algorithm_state.pkl"))
 
 
-def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path):
+def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path, monkeypatch):
     """workload=cifar's TrainStep on CUDA: the full-size batches replay a captured CUDA graph,
     the loss falls, and every epoch's loss and the weights match the eager step's; a
     checkpoint restores into a fresh trial and into the captured one (which re-captures)."""
     from rayflow.workloads import cifar
+
+    # cuDNN's default conv backward algorithms are nondeterministic: on the H100 two eager runs
+    # of this very test differed by up to 1.3e-2 in a weight after 3 epochs, which fails the
+    # comparisons below now and then. With deterministic kernels graph, eager and restored runs
+    # were bit-identical there, so what is compared is the step, not the kernels' atomics.
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
 
     g = torch.Generator().manual_seed(0)
     n = 2000  # 62 batches of 32 and one of 16 (eager)
