@@ -24,9 +24,14 @@ from rayflow.backends.base import Terminated, reset_termination, termination_exi
 from rayflow.config import ConfigError, check_common, drop_redacted, positive_number, redact, to_container
 from rayflow.data import DataSpec, prepare
 from rayflow.placement import PlacementWatch, check_fits
-from rayflow.tracking import Tracker, check_uri, git_commit
+from rayflow.tracking import Tracker, check_uri, git_commit, is_local_store
 from rayflow.tuning import experiment_dir, read_state, write_state
 from rayflow.workloads import workload_for
+
+
+def _local_files_ok(backend: ClusterBackend) -> bool:
+    """Whether MLflow can write a file on this machine: this process writes it, or the nodes share it."""
+    return backend.connects_driver or backend.shares_filesystem
 
 
 def check_config(cfg: DictConfig) -> ClusterBackend:
@@ -49,7 +54,8 @@ def check_config(cfg: DictConfig) -> ClusterBackend:
         experiment_dir(cfg)
     # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
     # share this machine's files cannot write a local SQLite or file store.
-    check_uri(cfg, local_files_ok=backend.connects_driver or backend.shares_filesystem)
+    # A dry run only notes it (a provider's defaults alone still render).
+    check_uri(cfg, local_files_ok=_local_files_ok(backend) or bool(cfg.dry_run))
     return backend
 
 
@@ -189,8 +195,13 @@ def run_job(cfg: DictConfig):
     spec = yaml.safe_dump(redact(yaml.safe_load(backend.render()) or {}), sort_keys=False)  # printed and logged
     if cfg.dry_run:
         sys.stdout.write(spec)
+        notes = backend.notes()
+        if cfg.tracking.enabled and not _local_files_ok(backend) and is_local_store(cfg.tracking.uri):
+            notes.append("tracking.uri: a real run needs a tracking server (http(s)://, databricks): the cluster's nodes do not share this machine's files")
+        for note in notes:
+            print(note if note.startswith("rayflow:") else f"rayflow: {note}", file=sys.stderr)
         return None
-    if getattr(backend, "submits_jobs", False):
+    if backend.submits_jobs:
         return run_submitted(cfg, backend, spec)
 
     path = experiment_dir(cfg)

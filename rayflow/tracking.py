@@ -84,6 +84,12 @@ def _writable_dir(folder: Path) -> bool:
     return True
 
 
+def is_local_store(uri: str) -> bool:
+    """A store that is a file or folder on this machine (SQLite, a file store)."""
+    scheme = urllib.parse.urlparse(str(uri)).scheme.lower().split("+")[0]
+    return scheme in ("sqlite", "", "file") or len(scheme) == 1
+
+
 def check_uri(cfg, local_files_ok: bool = True) -> None:
     """Preflight for tracking.uri: a store MLflow has, a local path rayflow can write, a server
     or database that answers within tracking.timeout_s. Starts nothing, writes nothing."""

@@ -72,6 +72,17 @@ BAD_INPUT = [
     (["backend=spark", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
     (["backend=spark", "+backend.num_worker_nodes=2"], "backend.num_worker_nodes"),
     (["backend=spark", "backend.master=yarn"], "backend.master"),
+    # backend=vm: outdated guides, sizes, SSH, where tracking can go
+    (["backend=vm", "+backend.initial_workers=2"], "backend.initial_workers"),
+    (["backend=vm", "+backend.target_utilization_fraction=0.8"], "backend.target_utilization_fraction"),
+    (["backend=vm", "backend.provider=aws", "+backend.instance_type=m5.large"], "backend.instance_type"),
+    (["backend=vm", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
+    (["backend=vm", "compute=gpu", "backend.worker.gpu.num_gpus=0"], "backend.worker.gpu.num_gpus"),
+    (["backend=vm", "backend.provider=local", "backend.ssh_private_key=/nonexistent/key"], "backend.ssh_private_key"),
+    (["backend=vm", "backend.provider=aws", "tracking.uri=sqlite:///mlflow.db"], "tracking.uri"),
+    (["backend=vm", "backend.provider=nosuch"], "backend.provider"),
+    (["backend=vm", "backend.keep_cluster=maybe"], "backend.keep_cluster"),
+    (["backend=vm", "backend.worker.cpu.num_cpus=1.5"], "backend.worker.cpu.num_cpus"),
 ]
 
 
@@ -100,5 +111,5 @@ def test_bad_input_is_one_line_naming_the_key(rayflow, args, key):
 def test_the_table_covers_every_config_group():
     covered = " ".join(" ".join(args) for args, _ in BAD_INPUT)
     assert len(BAD_INPUT) >= 40
-    for group in ("backend=spark", "backend=attach", "workload=ddp", "workload=ppo", "tracking.", "compute=", "data."):
+    for group in ("backend=spark", "backend=attach", "backend=vm", "workload=ddp", "workload=ppo", "tracking.", "compute=", "data."):
         assert group in covered, group

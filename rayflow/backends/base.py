@@ -70,6 +70,7 @@ class ClusterBackend(abc.ABC):
     connects_driver: bool = True  # start() leaves this process connected (ray.init) to the cluster
     shares_filesystem: bool = False  # its nodes see this machine's files (data prepared here, SQLite)
     owns_cluster: bool = True  # start() starts a cluster, and stop() stops it
+    submits_jobs: bool = False  # the run goes to the cluster as a Ray Job (rayflow.remote)
 
     def __init__(self, section: DictConfig, auth_mode: str = "token"):
         self.section = section  # the `backend:` config section
@@ -95,6 +96,14 @@ class ClusterBackend(abc.ABC):
     def metrics(self) -> dict:
         """Start-up figures (seconds) of the start() that this backend object last ran."""
         return {"cluster_start_s": self.start_seconds} if self.start_seconds is not None else {}
+
+    def notes(self) -> list[str]:
+        """Lines a dry run prints under the spec (to stderr): what is left for the user to fill in."""
+        return []
+
+    def teardown_command(self) -> str | None:
+        """A command that stops what start() left, should this process die before stop() runs."""
+        return None
 
     def cluster_gpus(self) -> float | None:
         """GPUs the cluster would offer, when known before it starts (None: ask it later)."""

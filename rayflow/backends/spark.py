@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from rayflow.auth import ensure_token
 from rayflow.backends.base import ClusterBackend
 from rayflow.backends.spark_plan import sizing_plan
 from rayflow.config import ConfigError, flatten, positive_int, positive_number, redact, renamed_key_error
@@ -181,11 +182,7 @@ class SparkCluster(ClusterBackend):
             self._set_env("SPARK_WORKER_DIR", worker_dir)
         self._set_env("RAY_ON_SPARK_START_HOOK", HOOK)
         if os.environ.get("RAY_AUTH_MODE") == "token":
-            from rayflow.backends.spark_hook import auth_token
-
-            if auth_token() is None:  # one token for head, workers and driver, made before any starts
-                subprocess.run([str(Path(bin_dir) / "ray"), "get-auth-token", "--generate"], check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+            ensure_token()  # one token for head, workers and driver, made before any starts
 
     def start(self) -> str:
         from pyspark.sql import SparkSession

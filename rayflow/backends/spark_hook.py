@@ -9,10 +9,11 @@ whose environment the driver does not control. Ray loads the hook with no argume
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ray.util.spark.start_hook_base import RayOnSparkStartHook
 from ray.util.spark.utils import is_in_databricks_runtime
+
+from rayflow.auth import auth_token
 
 if is_in_databricks_runtime():  # keep Databricks' own defaults (temp dir, dashboard proxy, creds)
     from ray.util.spark.databricks_hook import DefaultDatabricksRayOnSparkStartHook as _Base
@@ -29,17 +30,6 @@ FORWARDED = (
     "DATABRICKS_HOST",
     "DATABRICKS_TOKEN",
 )
-
-
-def auth_token() -> str | None:
-    """The token this driver authenticates with: RAY_AUTH_TOKEN, its file, or ~/.ray/auth_token."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"]
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def forwarded_env() -> dict[str, str]:

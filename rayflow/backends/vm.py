@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from rayflow.auth import auth_token, ensure_token, token_path
 from rayflow.backends import vm_config
 from rayflow.backends.base import ClusterBackend
 from rayflow.config import ConfigError
@@ -40,9 +41,8 @@ def _free_port() -> int:
 
 
 def _token_file() -> str | None:
-    from rayflow.backends.spark_hook import auth_token
-
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    """The token's file, mounted on every node by path (its value never enters the config)."""
+    path = token_path()
     return str(path) if auth_token() is not None and path.is_file() else None
 
 
@@ -106,6 +106,10 @@ class VMCluster(ClusterBackend):
     def render(self) -> str:
         return yaml.safe_dump({"backend": "vm", "provider": self.provider, "cluster": self.cluster_config()}, sort_keys=False)
 
+    def notes(self) -> list[str]:
+        note = vm_config.placeholder_note(self.section)
+        return [note] if note else []
+
     def teardown_command(self) -> str | None:
         """What stops the cluster if this process dies before it can (printed on every error path)."""
         if not getattr(self, "_temp_dir", None):
@@ -115,6 +119,8 @@ class VMCluster(ClusterBackend):
         return f"python -m rayflow.teardown {self._config_file}"
 
     def start(self) -> str:
+        if self.auth_mode == "token":
+            ensure_token()  # one token for this client, the head and every worker
         if self.provider == "fake_multinode":
             return self._start_fake()
         return self._start_with_sdk()

@@ -1,0 +1,112 @@
+"""backend=vm provider=local for real: Ray's cluster launcher (`ray up` through Ray's SDK) over
+SSH to two hosts that are network namespaces on this machine (tests/ssh_hosts.py), the run
+submitted to the head as a Ray Job, tracking into a real `mlflow server` on the bridge address,
+token auth on. The head runs no trials (0 CPUs): they must land on the worker host. Afterwards
+no Ray process is alive in any host; SshHosts then removes every namespace, link and process.
+
+Slow: ~2 minutes (ray up, a worker joining, the job, ray down, ray stop on the worker).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.ssh_hosts import SshHosts, unavailable_reason
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def hosts():
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with SshHosts(2) as made:
+        yield made
+        assert not [pid for i in range(2) for pid, cmd in made.pids_in_host(i).items() if "ray" in cmd], "Ray left in a host"
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder every host sees at the same path (the hosts have their own /tmp, /home, /root):
+    what an NFS mount is to real hosts, for Tune's experiment folder and the data set."""
+    folder = Path(tempfile.mkdtemp(prefix="rf-shared-", dir="/var/tmp"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def mlflow_server(hosts, tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", hosts.bridge_ip, "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                             "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1",
+                             "--allowed-hosts", f"{hosts.bridge_ip}:{port},{hosts.bridge_ip}"],
+                            stdout=open(tmp_path / "mlflow.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://{hosts.bridge_ip}:{port}"
+
+    def up() -> bool:
+        try:
+            with socket.create_connection((hosts.bridge_ip, port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    try:
+        assert wait_until(up, timeout=60), (tmp_path / "mlflow.log").read_text()[-2000:]
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(hosts, shared_dir, mlflow_server, tmp_path):
+    head, worker = hosts.ips
+    env = hosts.launcher_env()  # its own HOME: a token made for this cluster, not the machine's
+    env.pop("MLFLOW_TRACKING_URI", None)
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "rayflow", "backend=vm", "backend.provider=local", f"backend.head_ip={head}",
+         f"backend.worker_ips=[{worker}]", f"backend.ssh_user={hosts.user}", f"backend.ssh_private_key={hosts.key_path}",
+         "backend.min_worker_nodes=1", "backend.max_worker_nodes=1", "backend.worker.cpu.num_cpus=1",
+         "backend.cluster_name=rayflow-ssh-test", "ray_auth_mode=token", f"tracking.uri={mlflow_server}",
+         f"storage_path={shared_dir / 'ray_results'}", f"data.root={shared_dir / 'data'}", "data.synthetic=true",
+         "data.synthetic_train_size=1000", "data.synthetic_test_size=100", "workload.num_samples=2", "workload.max_epochs=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    print(f"\nray up -> job -> ray down over SSH: {time.monotonic() - started:.1f} s")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
+
+    # every trial ran on the worker host (the head has 0 CPUs)
+    results = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
+    assert len(results) == 2
+    ips = {json.loads(line)["node_ip"] for path in results for line in path.read_text().splitlines() if line.strip()}
+    assert ips == {worker}
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    runs = client.search_runs([client.get_experiment_by_name("cifar").experiment_id])
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"
+    assert parent.data.metrics["cluster_nodes_peak"] == 2
+    assert len(runs) == 3
+    token = (Path(env["HOME"]) / ".ray" / "auth_token").read_text().strip()
+    assert token and token not in out.stdout + out.stderr  # the token travelled by file, never printed
