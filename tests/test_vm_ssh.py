@@ -39,7 +39,11 @@ def hosts():
         pytest.skip(reason)
     with SshHosts(2) as made:
         yield made
-        assert not [pid for i in range(2) for pid, cmd in made.pids_in_host(i).items() if "ray" in cmd], "Ray left in a host"
+        # Ray's processes (the hosts' sshd sessions of user `rayhost` are not Ray)
+        left = {pid: cmd for i in range(2) for pid, cmd in made.pids_in_host(i).items()
+                if any(mark in cmd for mark in ("raylet", "gcs_server", "site-packages/ray/", "ray::", "ray start"))}
+        assert not left, f"Ray left in a host: {left}"
+    assert not made.leftovers()  # no namespace, link, process or folder of the hosts
 
 
 @pytest.fixture
