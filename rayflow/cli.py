@@ -104,13 +104,14 @@ def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> None:
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
 def _job(cfg: DictConfig):
     from rayflow.data import DataError
+    from rayflow.remote import JobError
     from rayflow.session import RunFailed, run_job
 
     try:
         run_job(cfg)
     except ConfigError as err:
         fail(err)
-    except (DataError, RunFailed) as err:
+    except (DataError, RunFailed, JobError) as err:
         fail(err, EXIT_FAILED)
 
 

@@ -31,6 +31,11 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 LOCAL_ONLY_PREFIXES = ("backend", "+backend", "++backend", "~backend", "hydra", "dry_run")
 
 
+class JobError(RuntimeError):
+    """The Jobs API refused or could not be reached (a wrong token, a head that went away):
+    one line for the user, as the CLI prints it."""
+
+
 def job_overrides(task_overrides: list[str], absolute: dict[str, str]) -> list[str]:
     """The job's command line: this run's overrides, joining the cluster (`backend=attach`,
     whose address defaults to the job's RAY_ADDRESS) instead of starting one, with the paths
@@ -87,7 +92,11 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
 
     from ray.job_submission import JobSubmissionClient
 
-    client = JobSubmissionClient(dashboard_url)
+    shown = mask_text(dashboard_url)
+    try:
+        client = JobSubmissionClient(dashboard_url)
+    except (RuntimeError, ConnectionError) as err:
+        raise JobError(f"the Jobs API at {shown} refused this client: {_first_line(err)}") from None
     with tempfile.TemporaryDirectory(prefix="rayflow-job-") as tmp:
         package = stage_package(Path(tmp))
         deadline = time.monotonic() + agent_timeout_s
@@ -100,8 +109,10 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
                 )
                 break
             except RuntimeError as err:  # a head whose dashboard answers before its agent registers
-                if "No available agent" not in str(err) or time.monotonic() > deadline:
-                    raise
+                if "No available agent" not in str(err):
+                    raise JobError(f"the Jobs API at {shown} refused the job: {_first_line(err)}") from None
+                if time.monotonic() > deadline:
+                    raise JobError(f"the head at {shown} ran no job agent within {agent_timeout_s:g} s") from None
                 time.sleep(2.0)
     print(f"[rayflow] submitted job {job_id}; dashboard: {mask_text(dashboard_url)}/#/jobs/{job_id}", flush=True)
     stream = _LogStream(client, job_id)
@@ -119,6 +130,11 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
     error = (info.message or "").strip().splitlines()
     errors = [line for line in stream.lines if line.startswith("rayflow: error:")]
     return status, (errors[-1] if errors else error[-1] if error else "")
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return mask_text(lines[0] if lines else type(err).__name__)
 
 
 def _wait(client, job_id: str, deadline: float | None = None) -> str:

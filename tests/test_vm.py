@@ -65,3 +65,27 @@ def test_a_file_tracking_uri_is_refused_for_a_cloud_provider(rayflow):
     out = rayflow.run("backend=vm", "backend.provider=aws", "tracking.uri=sqlite:///mlflow.db")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("rayflow: error: tracking.uri: ")
+
+
+def test_sigterm_while_the_head_starts_leaves_nothing(rayflow):
+    before = ray_daemon_pids()
+    proc, log = rayflow.start(*FAKE, "workload.num_samples=1", "workload.max_epochs=1")
+    assert wait_until(lambda: "starting a fake_multinode head" in log.read_text(), timeout=120, interval=0.1), log.read_text()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=180) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the half-started head was left"
+
+
+def test_a_wrong_token_is_one_line(monkeypatch):
+    """The head asks for the token; a client holding another one gets one line, not a traceback."""
+    from rayflow.backends import backend_for
+    from rayflow.cli import compose_config
+    from rayflow.remote import JobError, run_as_job
+
+    with backend_for(compose_config(*FAKE, "ray_auth_mode=token")) as backend:
+        monkeypatch.setenv("RAY_AUTH_TOKEN", "not-the-cluster-token")
+        with pytest.raises(JobError) as raised:
+            run_as_job(backend.address, ["python", "-c", "print(1)"], {})
+    message = str(raised.value)
+    assert "\n" not in message and "not-the-cluster-token" not in message
+    assert message.startswith("the Jobs API at http://127.0.0.1:")

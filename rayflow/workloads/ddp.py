@@ -57,7 +57,7 @@ def check(cfg) -> None:
         if grace > epochs:
             raise ConfigError("workload.sweep.grace_period", f"({grace}) exceeds workload.epochs ({epochs})")
         positive_int(cfg, "workload.sweep.reduction_factor", minimum=2)
-        if cfg.backend.name == "local" and not cfg.backend.include_dashboard:
+        if cfg.backend.get("include_dashboard") is False:  # a backend whose dashboard can be switched off
             # ASHA stops Train runs midway; Ray Train then frees their workers' placement
             # group through the state API, which the dashboard serves. Without it the sweep hangs.
             raise ConfigError("backend.include_dashboard", "must be true for workload.tune=true (Ray Train frees stopped runs through the dashboard's state API)")
