@@ -1,0 +1,123 @@
+"""backend=vm: what runs on the nodes, and what the launcher runs under.
+
+`setup_commands` (pinning this machine's versions on cloud nodes, `runtime_requirements`;
+checking Ray's on your hosts), `start_commands` (`ray start` on head and workers),
+`head_start_args` (the head's resources as `ray start` arguments) and `launcher_env` (the
+environment of `ray up`, or of `ray start --head` for fake_multinode).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Mapping
+
+from omegaconf import DictConfig
+
+from rayflow.backends.vm_defaults import CLOUDS, placeholder, with_defaults
+
+# rayflow's runtime dependencies, pinned on every cloud node to what this machine runs.
+RUNTIME_PACKAGES = ("torch", "mlflow", "hydra-core", "omegaconf", "filelock", "numpy", "pyyaml")
+
+
+def installed_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name).split("+")[0]  # torch 2.13.0+cpu -> 2.13.0: PyPI's build for the node
+
+
+def runtime_requirements(ray_version: str) -> list[str]:
+    """pip requirements pinning Ray and rayflow's runtime dependencies to this machine's versions."""
+    pins = [f"ray[default,tune]=={ray_version}"]
+    for package in RUNTIME_PACKAGES:
+        try:
+            pins.append(f"{package}=={installed_version(package)}")
+        except Exception:  # not installed here: leave it to pip on the node
+            pins.append(package)
+    return pins
+
+
+def _auth_env(auth_mode: str) -> str:
+    # Every node exports the mode before `ray start`: a head finding a token file turns auth
+    # on by itself, a worker does not, and the two must agree.
+    return f"export RAY_AUTH_MODE={auth_mode};"
+
+
+def _dashboard_host(b: dict, auth_mode: str) -> str:
+    if b.get("dashboard_host"):
+        return str(b["dashboard_host"])
+    # Reachable from other machines only where it asks for the token; else `ray dashboard`
+    # (an SSH tunnel) reaches it on the head's loopback.
+    return "0.0.0.0" if auth_mode == "token" else "127.0.0.1"
+
+
+def head_start_args(section: DictConfig | Mapping) -> list[str]:
+    """The head's resources as `ray start` arguments: they must match the head node type of
+    the rendered config (fake_multinode: the launcher runs `ray start --head` itself)."""
+    b = with_defaults(section)
+    return [f"--num-cpus={int(b['num_cpus_head_node'])}", f"--num-gpus={int(b['num_gpus_head_node'])}"]
+
+
+def _local_worker_args(b: dict, gpu: bool) -> list[str]:
+    t = b["worker"]["gpu" if gpu else "cpu"]
+    args = []
+    for key, flag in (("num_cpus", "--num-cpus"), ("num_gpus", "--num-gpus"), ("memory", "--memory"),
+                      ("object_store_memory", "--object-store-memory")):
+        if t.get(key) is not None:
+            args.append(f"{flag}={int(t[key])}")
+    return args
+
+
+def start_commands(b: dict, gpu: bool, auth_mode: str) -> tuple[list[str], list[str]]:
+    provider = b["provider"]
+    env = _auth_env(auth_mode)
+    head = ["ray start --head --port=6379 --object-manager-port=8076",
+            "--autoscaling-config=~/ray_bootstrap_config.yaml", *head_start_args(b),
+            f"--dashboard-host={_dashboard_host(b, auth_mode)}"]
+    worker = ["ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076"]
+    if provider == "local":
+        # Without --node-ip-address Ray finds no route on such hosts and advertises 127.0.0.1.
+        head.append(f"--node-ip-address={shlex.quote(str(b.get('head_ip') or placeholder('head_ip')))}")
+        worker += ["--node-ip-address=$(hostname -I | cut -d' ' -f1)", *_local_worker_args(b, gpu)]
+        prefix = env  # hosts you run: no ulimit raise that may need privileges
+    else:  # cloud: resources reach `ray start` from the node type (RAY_OVERRIDE_RESOURCES)
+        prefix = f"{env} ulimit -n 65536;"
+    return (["ray stop", f"{prefix} {' '.join(head)}"], ["ray stop", f"{prefix} {' '.join(worker)}"])
+
+
+def setup_commands(b: dict, ray_version: str) -> dict[str, list[str]]:
+    provider = b["provider"]
+    pins = " ".join(f'"{pin}"' for pin in runtime_requirements(ray_version))
+    if provider in CLOUDS:
+        # Ray's defaults put the image's conda env on PATH, then install a nightly wheel: keep
+        # the first, replace the second with this machine's versions.
+        path = {
+            "aws": "(stat $HOME/anaconda3/envs/tensorflow2_p310/ &> /dev/null && echo 'export PATH=\"$HOME/anaconda3/envs/tensorflow2_p310/bin:$PATH\"' >> ~/.bashrc) || true",
+            "gcp": "(stat /opt/conda/bin/ &> /dev/null && echo 'export PATH=\"/opt/conda/bin:$PATH\"' >> ~/.bashrc) || true",
+        }[provider]
+        sdk = {"aws": "pip install 'boto3>=1.4.8'", "gcp": "pip install google-api-python-client==1.7.8"}[provider]
+        return {"setup_commands": [path, f"pip install -U {pins}"],
+                "head_setup_commands": [sdk],  # the head's autoscaler talks to the cloud API
+                "worker_setup_commands": []}
+    if provider == "local":
+        # Your hosts, maybe without internet: check the versions instead of installing.
+        check = (f"test \"$(python -c 'import ray; print(ray.__version__)')\" = {ray_version} || "
+                 f"{{ echo \"rayflow: this host needs ray {ray_version}, as the launcher: pip install -U \\\"ray[default,tune]=={ray_version}\\\"\" >&2; exit 1; }}")
+        return {"setup_commands": [check], "head_setup_commands": [], "worker_setup_commands": []}
+    return {"setup_commands": [], "head_setup_commands": [], "worker_setup_commands": []}  # this machine's venv
+
+
+def launcher_env(section: DictConfig | Mapping, auth_mode: str, token_file: str | None = None) -> dict[str, str]:
+    """Environment for the process that starts the cluster (`ray up`, or `ray start --head`
+    for fake_multinode), on top of this process's own."""
+    b = with_defaults(section)
+    env = {"RAY_AUTH_MODE": str(auth_mode)}
+    if b["provider"] == "fake_multinode":
+        env["RAY_FAKE_CLUSTER"] = "1"  # the head's monitor builds FakeMultiNodeProvider only then
+        # v2 would run prepare_config, which needs Ray's example.yaml (not in the wheel)
+        env["RAY_enable_autoscaler_v2"] = "0"
+        if auth_mode == "token" and token_file:
+            env["RAY_AUTH_TOKEN_PATH"] = str(token_file)  # worker processes start from the head's monitor
+    if b["provider"] == "local":
+        # Autoscaler v2 loses fresh local-provider hosts (Ray 2.60, ray#59905): `ray up` runs v1.
+        env["RAY_UP_enable_autoscaler_v2"] = "0"
+    return env
