@@ -90,12 +90,13 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
     Returns (status, the job's last error line). Ctrl-C or SIGTERM stops the job, then re-raises."""
     import shlex
 
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     shown = mask_text(dashboard_url)
     try:
         client = JobSubmissionClient(dashboard_url)
-    except (RuntimeError, ConnectionError) as err:
+    except (RuntimeError, ConnectionError, AuthenticationError) as err:
         raise JobError(f"the Jobs API at {shown} refused this client: {_first_line(err)}") from None
     with tempfile.TemporaryDirectory(prefix="rayflow-job-") as tmp:
         package = stage_package(Path(tmp))
@@ -108,6 +109,8 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
                     metadata={"submitted_by": "rayflow"},
                 )
                 break
+            except AuthenticationError as err:
+                raise JobError(f"the Jobs API at {shown} refused the job: {_first_line(err)}") from None
             except RuntimeError as err:  # a head whose dashboard answers before its agent registers
                 if "No available agent" not in str(err):
                     raise JobError(f"the Jobs API at {shown} refused the job: {_first_line(err)}") from None
