@@ -79,6 +79,9 @@ SSHD = "/usr/sbin/sshd"
 _HELD_HERE: list = []  # the SshHosts of this process holding the lock
 # Paths each host mounts its own over: a venv (or its interpreter) below them would vanish in a host.
 HOST_PRIVATE = ("/tmp", "/home", "/run", "/dev/shm")
+# Of those, where a venv may still live (a CI checkout under /tmp, a user's home): its top folder
+# there is bound into each host at the same path, over the host's own /tmp or /home.
+HOST_CARRIED = ("/tmp", "/home")
 HOST_SCRIPT = r"""
 set -eu
 hostdir=$1 name=$2
@@ -92,8 +95,10 @@ for f in passwd group shadow gshadow; do
 done
 mount -t tmpfs -o mode=1777,nosuid,nodev rfssh-shm /dev/shm
 {expose}
+{carry_stage}
 mount --bind "$hostdir/home" /home
 mount --bind "$hostdir/tmp" /tmp
+{carry_move}
 hostname "$name"
 exec {sshd} -D -e -f /run/rfssh/sshd_config
 """
@@ -137,7 +142,7 @@ def access_plan(paths: list[str | Path]) -> tuple[dict[Path, set[str]], list[str
     for raw in paths:
         path = Path(os.path.realpath(raw))
         for private in HOST_PRIVATE:
-            if path == Path(private) or Path(private) in path.parents:
+            if (path == Path(private) or Path(private) in path.parents) and not carried_dir(path):
                 problems.append(f"{path} lies under {private}, which each host mounts its own: put the venv elsewhere")
         chain = [*reversed(path.parents), path]
         for parent, entry in zip(chain, chain[1:]):
@@ -153,6 +158,27 @@ def access_plan(paths: list[str | Path]) -> tuple[dict[Path, set[str]], list[str
             problems.append(f"{path} is {stat.filemode(st.st_mode)} (owner {owner}): others cannot "
                             f"{'enter and read' if stat.S_ISDIR(st.st_mode) else 'read'} it")
     return blocked, problems
+
+
+def carried_dir(path: Path) -> Path | None:
+    """The top folder of `path` under /tmp or /home (HOST_CARRIED), bound into the hosts; else None."""
+    for private in HOST_CARRIED:
+        root = Path(private)
+        if root in path.parents:
+            return root / path.relative_to(root).parts[0]
+    return None
+
+
+def carry_scripts(paths: list[str | Path]) -> tuple[str, str]:
+    """Shell lines for a host's mount namespace: stage each carried folder before the host's own
+    /tmp and /home hide it, then move it back in at the same path."""
+    folders = sorted({d for d in (carried_dir(Path(os.path.realpath(p))) for p in paths) if d})
+    stage, move = [], []
+    for k, folder in enumerate(folders):
+        staged, src = f"/run/rfssh-stage/carried{k}", shlex.quote(str(folder))
+        stage += [f"mkdir {staged}", f"mount --rbind {src} {staged}"]
+        move += [f"mkdir -p {src}", f"mount --move {staged} {src}"]
+    return "\n".join(stage), "\n".join(move)
 
 
 def expose_script(blocked: dict[Path, set[str]]) -> str:
@@ -334,6 +360,7 @@ class SshHosts:
         if problems:
             raise SshHostsError(f"the venv {self.venv_bin} is not usable by the hosts' user: " + "; ".join(problems))
         expose = expose_script(blocked)
+        self._carry = carry_scripts(plan_paths)
 
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         self._undo(shutil.rmtree, self.workdir, what=f"remove {self.workdir}")
@@ -520,7 +547,8 @@ LogLevel INFO
 
     def _start_host(self, i: int, expose: str) -> None:
         d = self.workdir / "hosts" / str(i)
-        script = HOST_SCRIPT.format(expose=expose, sshd=SSHD)
+        carry_stage, carry_move = getattr(self, "_carry", ("", ""))
+        script = HOST_SCRIPT.format(expose=expose, sshd=SSHD, carry_stage=carry_stage, carry_move=carry_move)
         argv = ["ip", "netns", "exec", self.names[i],
                 "unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--mount", "--uts",
                 "--propagation", "private",

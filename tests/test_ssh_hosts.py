@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh_hosts import SshHosts, SshHostsError, access_plan, expose_script, ssh_hosts_fixture, unavailable_reason
+from tests.ssh_hosts import (SshHosts, SshHostsError, access_plan, carry_scripts, expose_script, ssh_hosts_fixture,
+                              unavailable_reason)
 
 needs_hosts = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 # Shared by the tests of TestTwoHosts (one up/down cycle for both), gone before the tests below
@@ -56,8 +57,12 @@ def test_access_plan_hides_blocked_directories_and_refuses_unreadable(tmp_path):
     outer.chmod(0o700)
     blocked, problems = access_plan([python])
     assert blocked[outer] == {"pyenv"}
-    # It lies under /tmp, which every host mounts its own: refused with the reason.
-    assert any("/tmp" in p and "each host mounts its own" in p for p in problems) == str(tmp_path).startswith("/tmp/")
+    # Under /tmp, which every host mounts its own, its top folder is carried into the hosts instead.
+    assert not any("each host mounts its own" in p for p in problems)
+    if str(tmp_path).startswith("/tmp/"):
+        stage, move = carry_scripts([python])
+        top = Path("/tmp") / tmp_path.relative_to("/tmp").parts[0]
+        assert f"mount --rbind {top} /run/rfssh-stage/carried0" in stage and f"mount --move /run/rfssh-stage/carried0 {top}" in move
     script = expose_script(blocked)
     assert f"mount -t tmpfs -o mode=0755,size=1m rfssh-hide {outer}" in script
     assert re.search(rf"^mount --move /run/rfssh-stage/\d+ {re.escape(str(outer / 'pyenv'))}$", script, re.M), script
@@ -178,10 +183,10 @@ def test_an_unusable_venv_is_refused_up_front_with_the_reason(tmp_path):
     if blocked:  # e.g. /root (0700) on the way to /root/.pyenv: refused when not exposed in the hosts
         with pytest.raises(SshHostsError, match=rf"{re.escape(str(sorted(blocked)[0]))} is d.*cannot pass it"):
             SshHosts(1, expose_blocked=False).start()
-    if str(tmp_path).startswith("/tmp/"):  # a venv below /tmp would vanish under the hosts' own /tmp
+    if str(tmp_path).startswith("/tmp/"):  # a venv below /tmp (a CI checkout) is carried into the hosts
         (tmp_path / "bin").mkdir()
         (tmp_path / "bin" / "python").symlink_to(sys.executable)
-        hosts = SshHosts(1, tmp_path / "bin")
-        with pytest.raises(SshHostsError, match="lies under /tmp, which each host mounts its own"):
-            hosts.start()
+        with SshHosts(1, tmp_path / "bin") as hosts:  # start() runs the venv's python in the host
+            assert hosts.ssh(0, f"{tmp_path / 'bin' / 'python'} -c 'print(6 * 7)'", timeout=30).stdout.strip() == "42"
+            assert tmp_path.relative_to("/tmp").parts[0] in hosts.ssh(0, "ls /tmp", timeout=30).stdout.split()
         assert hosts.leftovers() == []
