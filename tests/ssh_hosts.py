@@ -169,10 +169,25 @@ def carried_dir(path: Path) -> Path | None:
     return None
 
 
+def _link_chain(path: Path) -> list[Path]:
+    """`path`, each symlink it goes through and where it ends (absolute)."""
+    chain, seen = [], set()
+    current = Path(os.path.abspath(path))
+    while current not in seen:
+        seen.add(current)
+        chain.append(current)
+        if not current.is_symlink():
+            break
+        current = Path(os.path.abspath(current.parent / os.readlink(current)))
+    chain.append(Path(os.path.realpath(path)))
+    return chain
+
+
 def carry_scripts(paths: list[str | Path]) -> tuple[str, str]:
     """Shell lines for a host's mount namespace: stage each carried folder before the host's own
     /tmp and /home hide it, then move it back in at the same path."""
-    folders = sorted({d for d in (carried_dir(Path(os.path.realpath(p))) for p in paths) if d})
+    hops = [hop for p in paths for hop in _link_chain(Path(p))]  # a symlinked python's every hop must resolve
+    folders = sorted({d for d in (carried_dir(hop) for hop in hops) if d})
     stage, move = [], []
     for k, folder in enumerate(folders):
         staged, src = f"/run/rfssh-stage/carried{k}", shlex.quote(str(folder))
@@ -360,7 +375,7 @@ class SshHosts:
         if problems:
             raise SshHostsError(f"the venv {self.venv_bin} is not usable by the hosts' user: " + "; ".join(problems))
         expose = expose_script(blocked)
-        self._carry = carry_scripts(plan_paths)
+        self._carry = carry_scripts([*plan_paths, self.venv_bin / "python"])
 
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         self._undo(shutil.rmtree, self.workdir, what=f"remove {self.workdir}")
