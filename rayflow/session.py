@@ -7,7 +7,6 @@ the cluster as a Ray Job (rayflow.remote); the others run it here.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -20,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rayflow.backends import ClusterBackend, backend_for
 from rayflow.cluster_pool import POOL, ClusterPool
 from rayflow.node_usage import NodePeak
-from rayflow.backends.base import Terminated, reset_termination, termination_exit_code
+from rayflow.backends.base import Terminated, reset_termination, scoped_env, termination_exit_code
 from rayflow.config import ConfigError, check_common, drop_redacted, positive_number, redact, to_container
 from rayflow.data import DataSpec, prepare
 from rayflow.placement import PlacementWatch, check_fits
@@ -118,21 +117,6 @@ def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path, peak: NodePe
 class RunFailed(RuntimeError):
     """The run started but could not finish: trials errored, or a demand could never be placed.
     The CLI prints the message as one line and exits 1."""
-
-
-@contextlib.contextmanager
-def scoped_env(values: dict[str, str]):
-    """Set environment variables for one job and put back what was there (notebooks, multirun)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _job_env(tracker: Tracker) -> dict[str, str]:

@@ -65,6 +65,21 @@ def apply_auth_mode(mode: str) -> None:
         sys.modules["ray._raylet"].Config.initialize("")
 
 
+@contextlib.contextmanager
+def scoped_env(values: dict[str, str]):
+    """Set environment variables for one job and put back what was there (notebooks, multirun)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 class ClusterBackend(abc.ABC):
     # What a backend can do; callers ask these, never the backend's name.
     connects_driver: bool = True  # start() leaves this process connected (ray.init) to the cluster

@@ -26,8 +26,7 @@ import yaml
 
 from rayflow.auth import auth_token, ensure_token, token_path
 from rayflow.backends import vm_config
-from rayflow.backends.base import ClusterBackend
-from rayflow.config import ConfigError
+from rayflow.backends.base import ClusterBackend, scoped_env
 from rayflow.processes import kill_processes_mentioning, pids_mentioning, stop_processes_mentioning
 
 
@@ -204,13 +203,8 @@ class VMCluster(ClusterBackend):
                 self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
             self.on_stop(f"tear down cluster {config['cluster_name']}", sdk.teardown_cluster, self._config_file)
         env = vm_config.launcher_env(self.section, self.auth_mode, _token_file())  # v1 for local (ray#59905)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with scoped_env(env):
             sdk.create_or_update_cluster(self._config_file, no_restart=False, restart_only=False, no_config_cache=True)
-        finally:
-            for key, value in saved.items():
-                os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
         head_ip = sdk.get_head_node_ip(self._config_file)
         url = f"http://{head_ip}:{DASHBOARD_PORT}"
         wait_for_dashboard(url, float(self.section.start_timeout_s), f"backend=vm provider={self.provider}")
@@ -228,4 +222,4 @@ def stop_local_workers(config: dict) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
 
 
-__all__ = ["VMCluster", "ConfigError"]
+__all__ = ["VMCluster"]
