@@ -19,6 +19,7 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "attach": ("rayflow.backends.attach", "AttachedCluster", None),
     "spark": ("rayflow.backends.spark", "SparkCluster", "spark"),
     "vm": ("rayflow.backends.vm", "VMCluster", None),
+    "kuberay": ("rayflow.backends.kuberay", "KubeRayCluster", "kuberay"),
 }
 
 
