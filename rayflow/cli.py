@@ -103,6 +103,7 @@ def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> None:
 
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
 def _job(cfg: DictConfig):
+    from rayflow.backends.base import ClusterError
     from rayflow.data import DataError
     from rayflow.remote import JobError
     from rayflow.session import RunFailed, run_job
@@ -111,7 +112,7 @@ def _job(cfg: DictConfig):
         run_job(cfg)
     except ConfigError as err:
         fail(err)
-    except (DataError, RunFailed, JobError) as err:
+    except (DataError, RunFailed, JobError, ClusterError) as err:
         fail(err, EXIT_FAILED)
 
 

@@ -85,9 +85,12 @@ class _LogStream(threading.Thread):
 
 
 def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], stop_timeout_s: float = 60,
-               agent_timeout_s: float = 120) -> tuple[str, str]:
+               agent_timeout_s: float = 120, headers: dict[str, str] | None = None, runtime_env: dict | None = None,
+               on_submitted=None) -> tuple[str, str]:
     """Submit rayflow to the cluster, stream its logs, wait for a terminal status.
-    Returns (status, the job's last error line). Ctrl-C or SIGTERM stops the job, then re-raises."""
+    Returns (status, the job's last error line). Ctrl-C or SIGTERM stops the job, then re-raises.
+    `headers` go with every request (a token the backend holds), `runtime_env` is merged into
+    the job's, and `on_submitted(job_id)` is called once the job exists (a RayJob tracks it)."""
     import shlex
 
     from ray.exceptions import AuthenticationError
@@ -95,7 +98,7 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
 
     shown = mask_text(dashboard_url)
     try:
-        client = JobSubmissionClient(dashboard_url)
+        client = JobSubmissionClient(dashboard_url, headers=dict(headers or {}))
     except (RuntimeError, ConnectionError, AuthenticationError) as err:
         raise JobError(f"the Jobs API at {shown} refused this client: {_first_line(err)}") from None
     with tempfile.TemporaryDirectory(prefix="rayflow-job-") as tmp:
@@ -105,7 +108,7 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
             try:
                 job_id = client.submit_job(
                     entrypoint=shlex.join(entrypoint),
-                    runtime_env={"py_modules": [str(package)], "env_vars": env},
+                    runtime_env={**(runtime_env or {}), "py_modules": [str(package)], "env_vars": env},
                     metadata={"submitted_by": "rayflow"},
                 )
                 break
@@ -119,6 +122,12 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
                 time.sleep(2.0)
     print(f"[rayflow] submitted job {job_id}; dashboard: {mask_text(dashboard_url)}/#/jobs/{job_id}", flush=True)
     stream = _LogStream(client, job_id)
+    if on_submitted is not None:
+        try:
+            on_submitted(job_id)
+        except BaseException:
+            client.stop_job(job_id)
+            raise
     stream.start()
     try:
         status = _wait(client, job_id)

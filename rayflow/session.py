@@ -142,8 +142,10 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
     from rayflow.remote import FORWARDED_ENV, job_overrides, run_as_job
 
     tracker = Tracker(cfg)
-    absolute = {"storage_path": str(Path(str(cfg.storage_path)).expanduser().resolve()),
-                "data.root": str(Path(str(cfg.data.root)).expanduser()), "ray_auth_mode": str(cfg.ray_auth_mode)}
+    absolute = {"ray_auth_mode": str(cfg.ray_auth_mode)}
+    if backend.shares_filesystem:  # else this machine's paths mean nothing there: `~` is the head's own
+        absolute.update({"storage_path": str(Path(str(cfg.storage_path)).expanduser().resolve()),
+                         "data.root": str(Path(str(cfg.data.root)).expanduser())})
     if tracker.enabled:
         absolute["tracking.uri"] = tracker.absolute_uri
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
@@ -154,7 +156,8 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
     try:
         backend, started = POOL.acquire(backend, ClusterPool.key_of(cfg))
         env[SUBMITTED_METRICS] = json.dumps(backend.metrics() if started else {})
-        status, error = run_as_job(backend.address, entrypoint, env)
+        status, error = run_as_job(backend.address, entrypoint, env, headers=backend.job_headers(),
+                                   runtime_env=backend.job_runtime_env(), on_submitted=backend.job_submitted)
     except (KeyboardInterrupt, SystemExit):
         code = termination_exit_code()
         if code:

@@ -29,6 +29,11 @@ from rayflow.redaction import mask_text
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
+class ClusterError(RuntimeError):
+    """The cluster could not be started or reached, for a reason the user can act on (an image
+    that cannot be pulled, a pod nothing can schedule, credentials refused): one line, exit 1."""
+
+
 class Terminated(SystemExit):
     """Raised in the main thread when the process receives SIGTERM or SIGHUP."""
 
@@ -119,6 +124,18 @@ class ClusterBackend(abc.ABC):
     def teardown_command(self) -> str | None:
         """A command that stops what start() left, should this process die before stop() runs."""
         return None
+
+    # For backends that submit the run (submits_jobs): what the Jobs client and the job need.
+    def job_headers(self) -> dict[str, str]:
+        """Headers for every request to the Jobs API (a token only this backend holds)."""
+        return {}
+
+    def job_runtime_env(self) -> dict:
+        """More of the job's runtime_env (pip packages the cluster's image lacks)."""
+        return {}
+
+    def job_submitted(self, job_id: str) -> None:
+        """Called once the job exists (a KubeRay RayJob is told its job id)."""
 
     def cluster_gpus(self) -> float | None:
         """GPUs the cluster would offer, when known before it starts (None: ask it later)."""

@@ -185,7 +185,7 @@ class JobSubmissionSuite(BackendSuite):
         with backend as started:
             assert started.address.startswith(("http://", "https://"))
             assert not ray.is_initialized(), "a submitting backend must not connect this process"
-            client = JobSubmissionClient(started.address)
+            client = JobSubmissionClient(started.address, headers=started.job_headers())
             job = client.submit_job(entrypoint="python -c \"import ray; ray.init(); print('nodes', len(ray.nodes()))\"")
             status = wait_until(lambda: client.get_job_status(job) in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED) and client.get_job_status(job),
                                 timeout=self.job_timeout_s, interval=1.0)

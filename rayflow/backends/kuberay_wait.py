@@ -1,0 +1,124 @@
+"""Waiting for a KubeRay head, and failing fast, in one line, on what keeps it from coming up.
+
+The wait is on the RayCluster's `HeadPodReady` condition, not on `status.state: ready`: the
+state waits for every worker pod, so one GPU worker pod that no node can hold would block it
+forever, while the run only needs the head (the autoscaler and the placement watch take care
+of workers). While waiting, the head pod and the events about it and the RayCluster are read
+for what users hit most: an image that cannot be pulled, a pod nothing can schedule (after a
+grace period: a cluster autoscaler may be adding a node), a spec the operator refused
+(`InvalidRayClusterSpec`, which is an event, not an API error), a container that keeps crashing.
+`diagnose` is a pure function of those objects, so it is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+from rayflow.backends.base import ClusterError
+
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+
+
+def head_ready(cluster: dict | None) -> bool:
+    conditions = ((cluster or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "HeadPodReady" and c.get("status") == "True" for c in conditions)
+
+
+def _latest(events: list[dict], reason: str) -> dict | None:
+    found = [e for e in events if e.get("reason") == reason and e.get("type") == "Warning"]
+    return max(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "") if found else None
+
+
+def _statuses(pod: dict) -> list[dict]:
+    status = pod.get("status") or {}
+    return (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+
+
+def unschedulable(pod: dict) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in conditions)
+
+
+def diagnose(cluster_name: str, cluster_events: list[dict], head: dict | None, head_events: list[dict],
+             unschedulable_for_s: float, grace_s: float) -> str | None:
+    """Why the head will not come up, as one line; None while it may still come up."""
+    invalid = _latest(cluster_events, "InvalidRayClusterSpec")
+    if invalid is not None:
+        return f"KubeRay refused RayCluster {cluster_name} (InvalidRayClusterSpec): {invalid.get('message', '').strip()}"
+    if head is None:
+        return None
+    name = head["metadata"]["name"]
+    for status in _statuses(head):
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        reason, message = waiting.get("reason"), (waiting.get("message") or "").strip()
+        if reason in PULL_FAILURES:
+            return f"the head pod {name} cannot pull its image {status.get('image')}: {reason}" + (f": {message}" if message else "")
+        if reason in CONFIG_FAILURES:
+            return f"the head pod {name} cannot start container {status.get('name')}: {reason}" + (f": {message}" if message else "")
+        if reason == "CrashLoopBackOff":
+            last = (status.get("lastState") or {}).get("terminated") or {}
+            detail = f"last exit {last.get('reason', '?')} (code {last.get('exitCode', '?')})"
+            if last.get("message"):
+                detail += f": {last['message'].strip().splitlines()[-1]}"
+            return (f"the head pod {name}'s container {status.get('name')} keeps crashing "
+                    f"(CrashLoopBackOff, {status.get('restartCount', 0)} restarts), {detail}")
+    if (head.get("status") or {}).get("phase") == "Failed":
+        return f"the head pod {name} failed: {(head.get('status') or {}).get('message') or (head.get('status') or {}).get('reason')}"
+    if unschedulable(head) and unschedulable_for_s >= grace_s:
+        event = _latest(head_events, "FailedScheduling")
+        why = (event or {}).get("message") or next(
+            (c.get("message") for c in head["status"].get("conditions", []) if c.get("type") == "PodScheduled"), "")
+        return f"no node can hold the head pod {name} (FailedScheduling for {unschedulable_for_s:.0f} s): {why.strip()}"
+    return None
+
+
+def describe(head: dict | None) -> str:
+    """What the head pod is doing now, for the progress line."""
+    if head is None:
+        return "no head pod yet"
+    status = head.get("status") or {}
+    for container in _statuses(head):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            return f"{status.get('phase', 'Pending')} ({waiting['reason']})"
+    return "unschedulable" if unschedulable(head) else str(status.get("phase") or "Pending")
+
+
+def wait_for_head(kube, cluster_name: Callable[[], str | None], timeout_s: float, grace_s: float,
+                  poll_s: float = 2.0, progress_every_s: float = 10.0) -> dict:
+    """Until the RayCluster's HeadPodReady; returns the head pod. `cluster_name` names the
+    RayCluster once known (a RayJob's cluster is named by the operator). Raises ClusterError."""
+    started = time.monotonic()
+    unschedulable_since: float | None = None
+    last_report = started
+    interactive = sys.stderr.isatty()
+    while True:
+        name = cluster_name()
+        cluster = kube.get("RayCluster", name) if name else None
+        pods = kube.pods(f"ray.io/cluster={name},ray.io/node-type=head") if name else []
+        head = pods[0] if pods else None
+        if head_ready(cluster) and head is not None:
+            return head
+        now = time.monotonic()
+        if head is not None and unschedulable(head):
+            unschedulable_since = unschedulable_since or now
+        else:
+            unschedulable_since = None
+        if name:
+            problem = diagnose(name, kube.events(name), head, kube.events(head["metadata"]["name"]) if head else [],
+                               now - unschedulable_since if unschedulable_since else 0.0, grace_s)
+            if problem:
+                raise ClusterError(problem)
+        waited = now - started
+        if waited > timeout_s:
+            raise ClusterError(f"the head of RayCluster {name or '(not created yet)'} was not ready within "
+                               f"{timeout_s:g} s (backend.start_timeout_s); it is {describe(head)}")
+        if interactive and now - last_report >= progress_every_s:
+            print(f"[rayflow] kuberay: still waiting for the head pod (HeadPodReady): {describe(head)}, "
+                  f"{waited:.0f} s of {timeout_s:g} s", file=sys.stderr, flush=True)
+            last_report = now
+        time.sleep(poll_s)
