@@ -233,9 +233,10 @@ def test_with_defaults_fills_defaults_without_touching_its_input():
     group = stored["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
     assert (group["numOfHosts"], group["priority"]) == (1, 0)
     assert stored["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["name"] == "ray"
-    # Defaults are copies: changing one stored manifest leaves the schema's default alone.
-    stored["spec"]["submissionMode"] = "HTTPMode"
-    assert with_defaults(manifest)["spec"]["submissionMode"] == "K8sJobMode"
+    # The copy shares nothing with the input: editing it deep down leaves the input alone.
+    stored["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = "other"
+    stored["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"] = "1"
+    assert manifest == before
 
 
 def test_schema_errors_does_not_mutate_its_input():
@@ -264,7 +265,7 @@ def test_every_pattern_of_both_schemas_compiles_as_re2_would():
         collect(kuberay_schema._schema(kind))
     assert patterns
     for pattern in patterns:
-        regex = kuberay_schema.python_regex(pattern)
+        regex = kuberay_schema._python_regex(pattern)
         assert "$" not in regex.pattern.replace("\\$", "")  # Python's `$` also matches before "\n"
     with pytest.raises(ValueError):
-        kuberay_schema.python_regex(r"^[[:alpha:]]+$")
+        kuberay_schema._python_regex(r"^[[:alpha:]]+$")

@@ -65,7 +65,7 @@ def _schema(kind: str) -> dict:
 
 
 @functools.cache
-def python_regex(go_pattern: str) -> re.Pattern:
+def _python_regex(go_pattern: str) -> re.Pattern:
     """Compile a Go RE2 pattern so that `re` accepts exactly the strings Go's MatchString does.
 
     Differences that matter: Go's `$` (no multiline flag) matches only at the very end, Python's
@@ -232,7 +232,7 @@ class _Walker:
     def _scalar(self, value, schema: dict, path: str) -> None:
         if isinstance(value, str):
             pattern = schema.get("pattern")
-            if pattern and not python_regex(pattern).search(value):
+            if pattern and not _python_regex(pattern).search(value):
                 what = "a Kubernetes quantity" if pattern == _QUANTITY else f"matching {pattern}"
                 self.error(path, f"{value!r} is not {what}")
             self._bounds(len(value), schema, "minLength", "maxLength", "characters", path)
