@@ -83,6 +83,22 @@ BAD_INPUT = [
     (["backend=vm", "backend.provider=nosuch"], "backend.provider"),
     (["backend=vm", "backend.keep_cluster=maybe"], "backend.keep_cluster"),
     (["backend=vm", "backend.worker.cpu.num_cpus=1.5"], "backend.worker.cpu.num_cpus"),
+    # backend=kuberay: names, replicas, quantities, the autoscaler, RayJob lifecycle, and
+    # KubeRay's CRD schema and operator rules on what backend.overrides adds
+    (["backend=kuberay", "+backend.overrides.spec.enableInTreeAutoscalling=true"], "backend.overrides"),
+    (["backend=kuberay", "backend.autoscaler_version=v2", "+backend.overrides.spec.headGroupSpec.template.spec.restartPolicy=Always"], "backend.overrides"),
+    (["backend=kuberay", "backend.cluster_name=Bad_Name"], "backend.cluster_name"),
+    (["backend=kuberay", "backend.cluster_name=" + "r" * 60], "backend.cluster_name"),
+    (["backend=kuberay", "backend.mode=rayjob", "backend.cluster_name=" + "r" * 50], "backend.cluster_name"),
+    (["backend=kuberay", "backend.worker_groups.cpu.min_replicas=3", "backend.worker_groups.cpu.max_replicas=2"], "backend.worker_groups.cpu.min_replicas"),
+    (["backend=kuberay", "backend.worker_groups.cpu.memory='5 Gi'"], "backend.worker_groups.cpu.memory"),
+    (["backend=kuberay", "backend.autoscaler_version=v3"], "backend.autoscaler_version"),
+    (["backend=kuberay", "backend.upscaling_mode=Fast"], "backend.upscaling_mode"),
+    (["backend=kuberay", "backend.mode=rayjob", "backend.rayjob.shutdown_after_job_finishes=false"], "backend.rayjob.ttl_seconds_after_finished"),
+    (["backend=kuberay", "ray_auth_mode=token", "backend.ray_version=2.40.0"], "backend.ray_version"),
+    (["backend=kuberay", "backend.mode=serverless"], "backend.mode"),
+    (["backend=kuberay", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
+    (["backend=kuberay", "backend.start_timeout_s=0"], "backend.start_timeout_s"),
 ]
 
 
@@ -111,5 +127,5 @@ def test_bad_input_is_one_line_naming_the_key(rayflow, args, key):
 def test_the_table_covers_every_config_group():
     covered = " ".join(" ".join(args) for args, _ in BAD_INPUT)
     assert len(BAD_INPUT) >= 40
-    for group in ("backend=spark", "backend=attach", "backend=vm", "workload=ddp", "workload=ppo", "tracking.", "compute=", "data."):
+    for group in ("backend=spark", "backend=attach", "backend=vm", "backend=kuberay", "workload=ddp", "workload=ppo", "tracking.", "compute=", "data."):
         assert group in covered, group

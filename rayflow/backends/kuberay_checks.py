@@ -1,0 +1,259 @@
+"""backend=kuberay: the checks of the `backend:` section, before anything is applied.
+
+`check` refuses bad keys and values naming the key, then renders the manifest and holds it to
+the operator's own rules (`operator_errors`, mirroring ray-operator/controllers/ray/utils/
+validation.go of KubeRay v1.7.0) and to KubeRay's CRD schema (kuberay_schema.schema_errors).
+A rule the manifest only breaks because of backend.overrides is reported as backend.overrides.
+Pure functions: no Kubernetes cluster, no credentials.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+from omegaconf import DictConfig
+
+from rayflow.backends import kuberay_manifest as km
+from rayflow.config import ConfigError
+
+CHOICES = {
+    "mode": ("cluster", "rayjob"),
+    "dashboard_access": ("auto", "proxy", "service"),
+    "service_type": ("ClusterIP", "NodePort", "LoadBalancer"),
+    "autoscaler_version": ("v1", "v2"),
+    "upscaling_mode": (None, "Default", "Conservative", "Aggressive"),
+}
+# MaxRayClusterNameLength and MaxRayJobNameLength (= 53 - 6) of KubeRay's utils/constant.go.
+MAX_NAME = {"RayCluster": 53, "RayJob": 47}
+DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+TOKEN_AUTH_MIN_RAY = (2, 52, 0)  # ValidateRayClusterSpec: authOptions.mode token needs Ray 2.52.0
+GROUP_KEYS = ("cpu", "memory", "gpu", "replicas", "min_replicas", "max_replicas", "node_selector", "tolerations")
+START_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
+
+
+def _version(text: Any) -> tuple[int, ...] | None:
+    match = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", str(text or ""))
+    return tuple(int(p or 0) for p in match.groups()) if match else None
+
+
+def _whole(value: Any, key: str, minimum: int = 0, allow_null: bool = False) -> int | None:
+    if value is None and allow_null:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(key, f"must be a whole number >= {minimum}{' or null' if allow_null else ''}; got {value!r}")
+    return value
+
+
+def _number(value: Any, key: str, positive: bool) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        raise ConfigError(key, f"must be a number {'> 0' if positive else '>= 0'}; got {value!r}")
+    return float(value)
+
+
+def _quantity(value: Any, key: str) -> None:
+    amount = km.parse_quantity(value)
+    if amount is None or amount <= 0:
+        raise ConfigError(key, f"must be a Kubernetes quantity > 0 (e.g. 500m, 2, 4Gi, 512Mi: no spaces); got {value!r}")
+
+
+def _name(name: Any, key: str, kind: str) -> None:
+    if not isinstance(name, str) or len(name) > MAX_NAME[kind]:  # ValidateRayClusterMetadata / ValidateRayJobMetadata
+        raise ConfigError(key, f"{kind} name should be no more than {MAX_NAME[kind]} characters; got {name!r}")
+    if not DNS_1035.fullmatch(name):
+        raise ConfigError(key, f"{kind} name should be a valid DNS1035 label (lowercase letters, digits and '-', starting with a letter); got {name!r}")
+
+
+# --- the keys ----------------------------------------------------------------------------------
+
+
+def _check_groups(b: dict, gpu: bool) -> None:
+    groups = b.get("worker_groups")
+    if not isinstance(groups, Mapping) or "cpu" not in groups or (gpu and "gpu" not in groups):
+        raise ConfigError("backend.worker_groups", f"must be a mapping of groups with cpu{' and gpu' if gpu else ''}; got {groups!r}")
+    for name, group in groups.items():
+        prefix = f"backend.worker_groups.{name}"
+        if not isinstance(group, Mapping) or not DNS_1123.fullmatch(str(name)):
+            raise ConfigError(prefix, "must be a mapping, named with lowercase letters, digits and '-' (pod names carry it)")
+        for key in group:
+            if key not in GROUP_KEYS:
+                raise ConfigError(f"{prefix}.{key}", f"is not a key of a worker group; use one of {', '.join(GROUP_KEYS)}")
+        for key in ("cpu", "memory"):
+            _quantity(group.get(key), f"{prefix}.{key}")
+        _whole(group.get("gpu", 0), f"{prefix}.gpu")  # nvidia.com/gpu counts whole devices
+        for key in ("replicas", "min_replicas", "max_replicas"):
+            _whole(group.get(key), f"{prefix}.{key}", allow_null=True)
+        if not isinstance(group.get("node_selector") or {}, Mapping) or not isinstance(group.get("tolerations") or [], list):
+            raise ConfigError(prefix, "node_selector must be a mapping and tolerations a list")
+        _, low, high = km.replica_bounds(b, name, gpu)
+        if low > high:  # ValidateRayClusterSpec: "minReplicas greater than maxReplicas"
+            key = "min_replicas" if group.get("min_replicas") is not None else "max_replicas"
+            raise ConfigError(f"{prefix}.{key}", f"worker group {name} has minReplicas {low} greater than maxReplicas {high}")
+    if gpu and groups["gpu"].get("gpu", 0) < 1:
+        raise ConfigError("backend.worker_groups.gpu.gpu", f"must be >= 1 for the GPU group with compute=gpu; got {groups['gpu'].get('gpu')!r}")
+
+
+def _check_keys(b: dict, gpu: bool, auth_mode: str, installed_ray: str) -> None:
+    for key, choices in CHOICES.items():
+        if b.get(key) not in choices:
+            raise ConfigError(f"backend.{key}", f"must be one of {', '.join(str(c) for c in choices if c)}{' or null' if None in choices else ''}; got {b.get(key)!r}")
+    _name(b.get("cluster_name"), "backend.cluster_name", "RayJob" if b["mode"] == "rayjob" else "RayCluster")
+    if not isinstance(b.get("namespace"), str) or not DNS_1123.fullmatch(b["namespace"]) or len(b["namespace"]) > 63:
+        raise ConfigError("backend.namespace", f"must be a Kubernetes namespace name (DNS-1123 label); got {b.get('namespace')!r}")
+    for key in ("start_timeout_s", "schedule_grace_s", "delete_timeout_s", "autoscale_upscaling_speed"):
+        _number(b.get(key), f"backend.{key}", positive=True)
+    _number(b.get("autoscale_idle_timeout_minutes"), "backend.autoscale_idle_timeout_minutes", positive=False)
+    low = _whole(b.get("min_worker_nodes"), "backend.min_worker_nodes")
+    high = _whole(b.get("max_worker_nodes"), "backend.max_worker_nodes")
+    if low > high:
+        raise ConfigError("backend.min_worker_nodes", f"({low}) is greater than backend.max_worker_nodes ({high})")
+    head = b.get("head") or {}
+    _whole(head.get("num_cpus"), "backend.head.num_cpus")  # ray start --num-cpus takes a whole number
+    for prefix, part in (("backend.head", head), ("backend.autoscaler", b.get("autoscaler") or {})):
+        for key in ("cpu", "memory"):
+            _quantity(part.get(key), f"{prefix}.{key}")
+    _check_groups(b, gpu)
+
+    if b.get("image") is not None and (not isinstance(b["image"], str) or not b["image"].strip()):
+        raise ConfigError("backend.image", f"must be an image reference or null; got {b['image']!r}")
+    wanted, tagged = b.get("ray_version"), km.image_ray_version(b.get("image"))
+    if wanted is not None and not re.fullmatch(r"\d+\.\d+\.\d+", str(wanted)):
+        raise ConfigError("backend.ray_version", f"must be a Ray version like 2.60.0, or null; got {wanted!r}")
+    if wanted is not None and tagged is not None and str(wanted) != tagged:
+        raise ConfigError("backend.ray_version", f"is {wanted} but backend.image runs Ray {tagged} (rayVersion must match the image)")
+    version = km.ray_version_of(b, installed_ray)
+    if auth_mode == "token" and (_version(version) or (0,)) < TOKEN_AUTH_MIN_RAY:
+        key = "backend.ray_version" if wanted is not None else "backend.image" if tagged else "ray_auth_mode"
+        raise ConfigError(key, f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use Ray >= 2.52.0 or ray_auth_mode=disabled)")
+
+    job = b.get("rayjob") or {}
+    _whole(job.get("ttl_seconds_after_finished"), "backend.rayjob.ttl_seconds_after_finished", allow_null=True)
+    for key in ("active_deadline_seconds", "pre_running_deadline_seconds"):
+        _whole(job.get(key), f"backend.rayjob.{key}", minimum=1, allow_null=True)
+    if b["mode"] == "rayjob" and not job.get("shutdown_after_job_finishes") and (job.get("ttl_seconds_after_finished") or 0) > 0:
+        raise ConfigError("backend.rayjob.ttl_seconds_after_finished", "a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished (set backend.rayjob.shutdown_after_job_finishes=true or the TTL to 0)")
+    if not isinstance(b.get("overrides") or {}, Mapping):
+        raise ConfigError("backend.overrides", f"must be a mapping (deep-merged into the manifest); got {b.get('overrides')!r}")
+
+
+# --- the operator's rules on a rendered manifest -----------------------------------------------
+
+
+def _findings(manifest: Mapping, ray_version: str | None = None) -> list[tuple[str, str]]:
+    """(manifest path, message) for each rule of KubeRay's validation.go the manifest breaks."""
+    out: list[tuple[str, str]] = []
+    kind = manifest.get("kind")
+    name = str((manifest.get("metadata") or {}).get("name", ""))
+    if kind in MAX_NAME:  # ValidateRayClusterMetadata, ValidateRayJobMetadata
+        if len(name) > MAX_NAME[kind]:
+            out.append(("metadata.name", f"{kind} name should be no more than {MAX_NAME[kind]} characters"))
+        elif not DNS_1035.fullmatch(name):
+            out.append(("metadata.name", f"{kind} name should be a valid DNS1035 label"))
+    spec = manifest.get("spec") or {}
+    base = "spec.rayClusterSpec" if kind == "RayJob" else "spec"
+    if kind == "RayJob":  # ValidateRayJobSpec, validateDeletionConfiguration
+        ttl = spec.get("ttlSecondsAfterFinished") or 0
+        if ttl < 0:
+            out.append(("spec.ttlSecondsAfterFinished", "TTLSecondsAfterFinished must be a non-negative integer"))
+        if not spec.get("shutdownAfterJobFinishes") and ttl > 0:
+            out.append(("spec.ttlSecondsAfterFinished", "a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished"))
+        for field in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
+            if spec.get(field) is not None and spec[field] <= 0:
+                out.append((f"spec.{field}", f"{field} must be a positive integer"))
+        if spec.get("submissionMode") == "InteractiveMode" and (spec.get("backoffLimit") or 0) > 0:
+            out.append(("spec.backoffLimit", "BackoffLimit is incompatible with InteractiveMode"))
+    cluster = km.cluster_of(manifest)
+    autoscaling = bool(cluster.get("enableInTreeAutoscaling"))
+    v2 = (cluster.get("autoscalerOptions") or {}).get("version") == "v2"  # IsAutoscalingV2Enabled
+    head = cluster.get("headGroupSpec") or {}
+    head_env = [e.get("name") for c in ((head.get("template") or {}).get("spec") or {}).get("containers", [])[:1] for e in c.get("env") or []]
+    groups = [("Head", f"{base}.headGroupSpec", head)]
+    groups += [(g.get("groupName"), f"{base}.workerGroupSpecs[{g.get('groupName')}]", g) for g in cluster.get("workerGroupSpecs") or []]
+    for group_name, path, group in groups:  # ValidateRayClusterSpec, per group
+        params = group.get("rayStartParams") or {}
+        if any(params.get(p) not in (None, "") for p in START_RESOURCE_PARAMS) and group.get("resources"):  # validateRayGroupResources
+            out.append((f"{path}.resources", f"resource fields should not be set in both rayStartParams and Resources for {group_name} group; please use only one"))
+        if "labels" in params:  # validateRayGroupLabels
+            out.append((f"{path}.rayStartParams.labels", f"rayStartParams['labels'] is not supported for {group_name} group; please use the top-level Labels field instead"))
+        policy = ((group.get("template") or {}).get("spec") or {}).get("restartPolicy")
+        if autoscaling and v2 and policy not in (None, "", "Never"):
+            who = "head Pod" if group_name == "Head" else f"worker group {group_name}"
+            out.append((f"{path}.template.spec.restartPolicy", f"restartPolicy for {who} should be Never or unset when using autoscaler V2"))
+        if group_name == "Head":
+            continue
+        low, high = group.get("minReplicas"), group.get("maxReplicas")
+        if not autoscaling and (low is None or high is None):
+            out.append((f"{path}.minReplicas", f"worker group {group_name} must set both minReplicas and maxReplicas when autoscaling is disabled"))
+        for field, value in (("minReplicas", low), ("maxReplicas", high)):
+            if value is not None and value < 0:
+                out.append((f"{path}.{field}", f"worker group {group_name} has negative {field} {value}"))
+        if low is not None and high is not None and low > high:
+            out.append((f"{path}.minReplicas", f"worker group {group_name} has minReplicas {low} greater than maxReplicas {high}"))
+        if group.get("idleTimeoutSeconds") is not None and not v2 and "RAY_enable_autoscaler_v2" not in head_env:  # validateWorkerGroupIdleTimeout
+            out.append((f"{path}.idleTimeoutSeconds", f"worker group {group_name}: idleTimeoutSeconds is set, but autoscaler v2 is not enabled"))
+    options = cluster.get("autoscalerOptions") or {}
+    if autoscaling and options.get("version") and "RAY_enable_autoscaler_v2" in head_env:
+        out.append((f"{base}.autoscalerOptions.version", "both .spec.autoscalerOptions.version and head Pod env var RAY_enable_autoscaler_v2 are set, please only use the former"))
+    if (options.get("idleTimeoutSeconds") or 0) < 0:
+        out.append((f"{base}.autoscalerOptions.idleTimeoutSeconds", f"autoscalerOptions.idleTimeoutSeconds must be non-negative, got {options['idleTimeoutSeconds']}"))
+    if (cluster.get("authOptions") or {}).get("mode") == "token":  # ValidateRayClusterSpec, IsAuthEnabled
+        version = cluster.get("rayVersion") or ray_version
+        if not version:
+            out.append((f"{base}.rayVersion", "authOptions.mode is 'token' but RayVersion was not specified. Ray version 2.52.0 or later is required"))
+        elif _version(version) is None:
+            out.append((f"{base}.rayVersion", f"authOptions.mode is 'token' but RayVersion format is invalid: {version}"))
+        elif _version(version) < TOKEN_AUTH_MIN_RAY:
+            out.append((f"{base}.rayVersion", f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version}"))
+    return out
+
+
+def config_key(path: str) -> str | None:
+    """The `backend:` key rayflow renders a manifest path from, or None."""
+    path = path.replace("spec.rayClusterSpec.", "spec.")
+    group = re.fullmatch(r"spec\.workerGroupSpecs\[([^\]]+)\]\.(minReplicas|maxReplicas)", path)
+    if group:
+        return f"backend.worker_groups.{group.group(1)}.{'min_replicas' if group.group(2) == 'minReplicas' else 'max_replicas'}"
+    return {
+        "metadata.name": "backend.cluster_name", "spec.rayVersion": "backend.ray_version",
+        "spec.autoscalerOptions.idleTimeoutSeconds": "backend.autoscale_idle_timeout_minutes",
+        "spec.ttlSecondsAfterFinished": "backend.rayjob.ttl_seconds_after_finished",
+        "spec.activeDeadlineSeconds": "backend.rayjob.active_deadline_seconds",
+        "spec.preRunningDeadlineSeconds": "backend.rayjob.pre_running_deadline_seconds",
+    }.get(path)
+
+
+def operator_errors(manifest: Mapping, ray_version: str | None = None) -> list[tuple[str, str]]:
+    """(where, message) for each rule of the KubeRay operator the manifest breaks: where is the
+    `backend:` key the field is rendered from, else the manifest path (message: "<path>: ...").
+    ray_version: the rayVersion to assume where the manifest gives none."""
+    return [(config_key(path) or path, f"{path}: {message}") for path, message in _findings(manifest, ray_version)]
+
+
+def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version: str, python_version: str) -> None:
+    """Raise ConfigError naming the key for a bad `backend:` section of backend=kuberay."""
+    b = km.plain(section)
+    _check_keys(b, gpu, auth_mode, ray_version)
+    manifest = km.render(b, gpu, auth_mode, ray_version, python_version, {})
+    rendered = km.render({**b, "overrides": {}}, gpu, auth_mode, ray_version, python_version, {})
+    for where, line in _schema_errors(manifest, rendered):  # first: the rules below assume the types
+        raise ConfigError(where, f"{line} (KubeRay's CRD schema)")
+    own = set(_findings(rendered, ray_version))
+    for path, message in _findings(manifest, ray_version):
+        key = (config_key(path) or "backend") if (path, message) in own else "backend.overrides"
+        raise ConfigError(key, f"{path}: {message} (the KubeRay operator refuses it)")
+
+
+def _schema_errors(manifest: Mapping, rendered: Mapping) -> list[tuple[str, str]]:
+    """("backend" | "backend.overrides", "path: message") for each error of KubeRay's CRD schema:
+    an error the manifest without overrides lacks comes from backend.overrides."""
+    try:
+        from rayflow.backends.kuberay_schema import schema_errors
+    except ModuleNotFoundError as err:  # the schema module lands separately; nothing else is skipped
+        if err.name != "rayflow.backends.kuberay_schema":
+            raise
+        return []
+    own = set(schema_errors(rendered))
+    return [("backend" if line in own else "backend.overrides", line) for line in schema_errors(manifest)]

@@ -1,0 +1,306 @@
+"""backend=kuberay, offline half: the `backend:` section -> a KubeRay RayCluster or RayJob.
+
+Pure functions, nothing applied and no `kubernetes` import: `render` builds the manifest,
+`capacity` reads the Ray resources its pods will have the way the operator derives them,
+`autoscaling_table` is the one mapping of the autoscaling vocabulary rayflow shares with
+backend=spark and backend=vm (backends/kuberay/README.md prints the same rows).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from decimal import ROUND_UP, Decimal
+from typing import Any, Mapping, NamedTuple
+
+from omegaconf import DictConfig, OmegaConf
+
+API_VERSION = "ray.io/v1"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "rayflow"}
+HEAD_CONTAINER, WORKER_CONTAINER = "ray-head", "ray-worker"
+# KubeRay builds the head service's ports from the head container's named ports.
+HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+IMAGE_REPOSITORY = "rayproject/ray"
+
+# Kubernetes' quantity grammar (k8s.io/apimachinery resource.ParseQuantity): a signed decimal
+# and one suffix, binary (Ki..Ei), decimal (n u m k M G T P E) or an exponent (e3, E-2).
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+_SUFFIX = {"Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+           "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60, "n": Decimal("1e-9"), "u": Decimal("1e-6"),
+           "m": Decimal("1e-3"), "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"),
+           "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18")}
+
+
+def parse_quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity ("500m", "4Gi", 2) as a Decimal, or None if it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    match = _QUANTITY.match(str(value))
+    if not match:
+        return None
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return number.scaleb(int(suffix[1:]))
+    return number * _SUFFIX.get(suffix, Decimal(1))
+
+
+def quantity_value(value: Any) -> int | None:
+    """Quantity.Value() of the operator: rounded up to a whole number (500m CPU -> 1)."""
+    number = parse_quantity(value)
+    return None if number is None else int(number.to_integral_value(rounding=ROUND_UP))
+
+
+# --- the autoscaling vocabulary ----------------------------------------------------------------
+
+
+class AutoscalingRow(NamedTuple):
+    key: str       # backend.<key>, the same name in conf/backend/{spark,vm,kuberay}.yaml
+    spark: str     # ray.util.spark.setup_ray_cluster's argument
+    vm: str        # Ray's cluster YAML
+    kuberay: str   # the RayCluster field
+
+
+AUTOSCALING = (
+    AutoscalingRow("min_worker_nodes", "min_worker_nodes", "min_workers of the node type the run uses", "workerGroupSpecs[].minReplicas of the group the run uses"),
+    AutoscalingRow("max_worker_nodes", "max_worker_nodes", "max_workers", "workerGroupSpecs[].maxReplicas"),
+    AutoscalingRow("autoscale_idle_timeout_minutes", "autoscale_idle_timeout_minutes", "idle_timeout_minutes", "autoscalerOptions.idleTimeoutSeconds (x 60, rounded)"),
+    AutoscalingRow("autoscale_upscaling_speed", "autoscale_upscaling_speed", "upscaling_speed", "autoscalerOptions.upscalingMode (<= 1: Conservative, > 1: Default)"),
+    AutoscalingRow("upscaling_mode", "-", "-", "autoscalerOptions.upscalingMode (set: wins over the speed)"),
+    AutoscalingRow("enable_in_tree_autoscaling", "- (on when min < max)", "- (always on)", "enableInTreeAutoscaling"),
+    AutoscalingRow("autoscaler_version", "-", "- (v2 on clouds, v1 local)", "autoscalerOptions.version"),
+)
+
+
+def autoscaling_table() -> list[tuple[str, str, str, str]]:
+    """The rows (rayflow key, spark, vm, kuberay): the README's table and the tests read these."""
+    return [tuple(row) for row in AUTOSCALING]
+
+
+def upscaling_mode(b: Mapping) -> str:
+    """upscaling_mode, else from the speed. Ray's KubeRay autoscaler reads the mode back as a
+    speed (ray/autoscaler/_private/kuberay/autoscaling_config.py,
+    _derive_autoscaling_config_from_ray_cr): Conservative -> 1, Default and Aggressive -> 1000."""
+    if b.get("upscaling_mode"):
+        return str(b["upscaling_mode"])
+    return "Conservative" if float(b["autoscale_upscaling_speed"]) <= 1 else "Default"
+
+
+def autoscaler_options(b: Mapping) -> dict:
+    """spec.autoscalerOptions: the one place the shared vocabulary becomes KubeRay's."""
+    return {
+        "version": str(b["autoscaler_version"]),  # explicit: the operator's default changes across releases
+        "idleTimeoutSeconds": round(float(b["autoscale_idle_timeout_minutes"]) * 60),
+        "upscalingMode": upscaling_mode(b),
+        "resources": _resources(b["autoscaler"]["cpu"], b["autoscaler"]["memory"]),
+    }
+
+
+# --- the section -------------------------------------------------------------------------------
+
+
+def plain(section: DictConfig | Mapping) -> dict:
+    if isinstance(section, DictConfig):
+        return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
+    return copy.deepcopy(dict(section))
+
+
+def merge(base: Mapping, top: Mapping) -> dict:
+    """`top` deep-merged over `base`; a null in `top` deletes the key (how `overrides` removes one)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in top.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def group_names(b: Mapping, gpu: bool) -> list[str]:
+    """The worker groups rendered: cpu, gpu with compute=gpu, and any a user added."""
+    return [name for name in (b.get("worker_groups") or {}) if name != "gpu" or gpu]
+
+
+def run_group(gpu: bool) -> str:
+    return "gpu" if gpu else "cpu"
+
+
+def replica_bounds(b: Mapping, name: str, gpu: bool) -> tuple[int, int, int]:
+    """(replicas, min, max) of a group: explicit values, else min_worker_nodes for the group the
+    run uses and 0 for the others, max_worker_nodes, and replicas = min."""
+    group = b["worker_groups"][name]
+    low = group.get("min_replicas")
+    if low is None:
+        low = b["min_worker_nodes"] if name == run_group(gpu) else 0
+    high = group.get("max_replicas")
+    if high is None:
+        high = b["max_worker_nodes"]
+    replicas = group.get("replicas")
+    return int(low if replicas is None else replicas), int(low), int(high)
+
+
+def image_ray_version(image: str | None) -> str | None:
+    """The Ray version of an image tag: rayproject/ray:2.52.0-py311-gpu -> 2.52.0."""
+    tag = str(image or "").rpartition("/")[2].partition("@")[0]
+    match = re.match(r"^[^:]+:(\d+\.\d+\.\d+)(?:$|-)", tag)
+    return match.group(1) if match else None
+
+
+def ray_version_of(b: Mapping, installed: str) -> str:
+    """rayVersion: backend.ray_version, else the explicit image's tag, else the installed Ray."""
+    return str(b.get("ray_version") or image_ray_version(b.get("image")) or installed)
+
+
+def image_for(b: Mapping, ray_version: str, python_version: str, gpu_group: bool) -> str:
+    if b.get("image"):
+        return str(b["image"])
+    return f"{IMAGE_REPOSITORY}:{ray_version}-py{python_version.replace('.', '')}{'-gpu' if gpu_group else ''}"
+
+
+# --- render ------------------------------------------------------------------------------------
+
+
+def _resources(cpu: Any, memory: Any, gpus: Any = 0) -> dict:
+    """requests = limits (Guaranteed QoS: Ray's scheduling assumes the pod keeps what it asked for)."""
+    amounts = {"cpu": str(cpu), "memory": str(memory)}
+    limits = dict(amounts, **({GPU_RESOURCE: str(gpus)} if gpus and float(gpus) > 0 else {}))
+    return {"requests": amounts, "limits": limits}
+
+
+def _pod_spec(container: dict, node_selector: Mapping, tolerations: list, v2: bool) -> dict:
+    spec: dict[str, Any] = {"containers": [container]}
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = list(tolerations)
+    if v2:  # the v2 autoscaler replaces failed pods itself: KubeRay requires Never (or unset)
+        spec["restartPolicy"] = "Never"
+    return spec
+
+
+def cluster_spec(b: Mapping, gpu: bool, auth_mode: str, ray_version: str, python_version: str) -> dict:
+    autoscaling = bool(b["enable_in_tree_autoscaling"])
+    v2 = autoscaling and b["autoscaler_version"] == "v2"
+    head = b["head"]
+    head_container = {
+        "name": HEAD_CONTAINER, "image": image_for(b, ray_version, python_version, False),
+        "ports": [{"containerPort": port, "name": name} for name, port in HEAD_PORTS],
+        "resources": _resources(head["cpu"], head["memory"]),
+    }
+    spec: dict[str, Any] = {"rayVersion": ray_version, "enableInTreeAutoscaling": autoscaling}
+    if autoscaling:
+        spec["autoscalerOptions"] = autoscaler_options(b)
+    if auth_mode == "token":  # the operator makes the Secret and sets RAY_AUTH_MODE/RAY_AUTH_TOKEN
+        spec["authOptions"] = {"mode": "token"}
+    spec["headGroupSpec"] = {
+        "serviceType": str(b["service_type"]),
+        "rayStartParams": {"num-cpus": str(head["num_cpus"])},  # rayStartParams values are strings
+        "template": {"spec": _pod_spec(head_container, head.get("node_selector") or {}, head.get("tolerations") or [], v2)},
+    }
+    workers = []
+    for name in group_names(b, gpu):
+        group = b["worker_groups"][name]
+        gpus = group.get("gpu") or 0
+        container = {"name": WORKER_CONTAINER, "image": image_for(b, ray_version, python_version, float(gpus) > 0),
+                     "resources": _resources(group["cpu"], group["memory"], gpus)}
+        tolerations = list(group.get("tolerations") or [])
+        if float(gpus) > 0 and GPU_TOLERATION not in tolerations:
+            tolerations.append(dict(GPU_TOLERATION))
+        replicas, low, high = replica_bounds(b, name, gpu)
+        workers.append({"groupName": name, "replicas": replicas, "minReplicas": low, "maxReplicas": high,
+                        "template": {"spec": _pod_spec(container, group.get("node_selector") or {}, tolerations, v2)}})
+    spec["workerGroupSpecs"] = workers
+    return spec
+
+
+def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version: str,
+           python_version: str, labels: Mapping) -> dict:
+    """The RayCluster (mode=cluster) or RayJob (mode=rayjob) for a `backend:` section, with
+    backend.overrides deep-merged last. ray_version: the installed Ray (used when neither
+    backend.ray_version nor an explicit image's tag says otherwise)."""
+    b = plain(section)
+    version = ray_version_of(b, ray_version)
+    metadata = {"name": str(b["cluster_name"]), "namespace": str(b["namespace"]),
+                "labels": {**MANAGED_BY, **{str(k): str(v) for k, v in labels.items()}}}
+    spec = cluster_spec(b, gpu, auth_mode, version, python_version)
+    if b["mode"] == "rayjob":
+        lifecycle = b.get("rayjob") or {}
+        # InteractiveMode: the operator starts the cluster and waits; rayflow submits the job
+        # itself, then writes its id into spec.jobId for the operator to follow.
+        job: dict[str, Any] = {"submissionMode": "InteractiveMode",
+                               "shutdownAfterJobFinishes": bool(lifecycle.get("shutdown_after_job_finishes"))}
+        for key, field in (("ttl_seconds_after_finished", "ttlSecondsAfterFinished"),
+                           ("active_deadline_seconds", "activeDeadlineSeconds"),
+                           ("pre_running_deadline_seconds", "preRunningDeadlineSeconds")):
+            if lifecycle.get(key) is not None:
+                job[field] = int(lifecycle[key])
+        manifest = {"apiVersion": API_VERSION, "kind": "RayJob", "metadata": metadata,
+                    "spec": {**job, "rayClusterSpec": spec}}
+    else:
+        manifest = {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": spec}
+    return merge(manifest, b.get("overrides") or {})
+
+
+# --- capacity ----------------------------------------------------------------------------------
+
+
+def cluster_of(manifest: Mapping) -> Mapping:
+    spec = manifest.get("spec") or {}
+    return (spec.get("rayClusterSpec") or {}) if manifest.get("kind") == "RayJob" else spec
+
+
+def ray_resources(group: Mapping) -> dict[str, float] | None:
+    """The CPU, GPU and memory Ray starts a group's pods with, as the operator derives them
+    (ray-operator/controllers/ray/common/pod.go): the group's `resources` field overrides
+    rayStartParams (updateRayStartParamsResources); what is still unset comes from the Ray
+    container, CPU from limits else requests, memory and GPUs from limits
+    (generateRayStartCommand, addWellKnownAcceleratorResources), each Quantity.Value() (rounded up).
+    None when a quantity cannot be parsed."""
+    params = {k: str(v) for k, v in (group.get("rayStartParams") or {}).items()}
+    for name, amount in (group.get("resources") or {}).items():
+        value, lower = quantity_value(amount), str(name).lower()
+        if value is None:
+            return None
+        key = {"cpu": "num-cpus", "memory": "memory"}.get(lower, "num-gpus" if lower.endswith("gpu") else None)
+        if key:
+            params[key] = str(value)
+    containers = (((group.get("template") or {}).get("spec") or {}).get("containers")) or [{}]
+    resources = containers[0].get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    derived = {"num-cpus": limits.get("cpu", requests.get("cpu")), "memory": limits.get("memory"),
+               "num-gpus": next((v for k, v in sorted(limits.items()) if k.endswith("gpu") and parse_quantity(v)), None)}
+    for key, amount in derived.items():
+        if key not in params and amount is not None:
+            value = quantity_value(amount)
+            if value is None:
+                return None
+            params[key] = str(value)
+    out: dict[str, float] = {}
+    for key, ray_name in (("num-cpus", "CPU"), ("num-gpus", "GPU"), ("memory", "memory")):
+        try:
+            out[ray_name] = float(params.get(key, 0))
+        except ValueError:
+            return None
+    return out
+
+
+def capacity(section: DictConfig | Mapping, gpu: bool) -> list[dict[str, float]] | None:
+    """The Ray nodes at full scale: the head, then max_replicas pods of the group the run uses,
+    read from the rendered manifest (overrides included); None when a quantity cannot be parsed."""
+    manifest = render(section, gpu, "disabled", "0.0.0", "3.11", {})
+    spec = cluster_of(manifest)
+    head = ray_resources(spec.get("headGroupSpec") or {})
+    if head is None:
+        return None
+    nodes = [{"CPU": head["CPU"], "GPU": head["GPU"]}]
+    for group in spec.get("workerGroupSpecs") or []:
+        if group.get("groupName") == run_group(gpu):
+            pod = ray_resources(group)
+            if pod is None:
+                return None
+            count = int(group.get("maxReplicas") or 0) * int(group.get("numOfHosts") or 1)
+            nodes.extend(dict(pod) for _ in range(count))
+    return nodes
