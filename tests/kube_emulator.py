@@ -218,7 +218,7 @@ class EmulatorHandler(kmock.KubernetesEmulator):
         if plural not in RESOURCES or RESOURCES[plural][:2] != (res.group, res.version):
             raise api_error(404, "NotFound", "the server could not find the requested resource")
         q, method = request.params, request.method
-        if method == "GET" and q.get("watch") in ("true", "1"):
+        if method == "GET" and q.get("watch") in ("1", "t", "T", "TRUE", "true", "True"):  # Go's ParseBool
             return await self._watch(request._raw_request, plural, ns, q)
         if method == "GET" and name is None:
             items = self.list(plural, ns, q.get("labelSelector"), q.get("fieldSelector"))
@@ -325,7 +325,7 @@ class EmulatorHandler(kmock.KubernetesEmulator):
                 new = copy.deepcopy(old)
                 new["metadata"].update(deletionTimestamp=now_iso(), deletionGracePeriodSeconds=0,
                                        finalizers=meta["finalizers"])
-                old = self._commit(plural, ns, name, self.store[plural, ns, name], new)
+                old = self._commit(plural, ns, name, self.store[plural, ns, name], new, deleting=True)
             if propagation == "Foreground":
                 asyncio.get_running_loop().create_task(self._collect(old["metadata"]["uid"], foreground=(plural, ns, name)))
             return old
@@ -360,12 +360,17 @@ class EmulatorHandler(kmock.KubernetesEmulator):
                 k: v for k, v in body.items() if k != "status"}
         return body
 
-    def _commit(self, plural: str, ns: str | None, name: str, old: dict | None, new: dict | None) -> dict:
-        """Store a change: bump resourceVersion/generation, finish released deletions, notify."""
+    def _commit(self, plural: str, ns: str | None, name: str, old: dict | None, new: dict | None,
+                deleting: bool = False) -> dict:
+        """Store a change: bump resourceVersion/generation, finish released deletions, notify.
+
+        Only the server sets deletionTimestamp (`deleting`); writers cannot change it or the identity.
+        """
         key = (plural, ns, name)
         if new is not None and old is not None:
             meta, was = new.setdefault("metadata", {}), old["metadata"]
-            for immutable in ("uid", "creationTimestamp", "name", "namespace", "deletionTimestamp", "generation"):
+            for immutable in ("uid", "creationTimestamp", "name", "namespace", "generation") + (
+                    () if deleting else ("deletionTimestamp", "deletionGracePeriodSeconds")):
                 if immutable in was:
                     meta[immutable] = was[immutable]
                 else:
