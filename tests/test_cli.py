@@ -18,7 +18,7 @@ def test_help_is_fast_and_loads_no_heavy_module():
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "Configuration groups" in out.stdout and "backend: attach, local" in out.stdout
+    assert "Configuration groups" in out.stdout and "backend: attach, kuberay, local, spark, vm" in out.stdout
     assert "HEAVY []" in out.stdout
 
 

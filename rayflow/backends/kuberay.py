@@ -70,10 +70,15 @@ class KubeRayCluster(ClusterBackend):
         return {"Authorization": f"Bearer {self._ray_token}"} if getattr(self, "_ray_token", None) else {}
 
     def job_runtime_env(self) -> dict:
-        """The image's Python lacks rayflow's dependencies unless it was built with them
-        (backends/kuberay/Dockerfile): the job installs `backend.job_pip`."""
-        pip = list(self.section.get("job_pip") or [])
-        return {"pip": pip} if pip else {}
+        """rayproject/ray images lack rayflow's dependencies unless built with them
+        (backends/kuberay/Dockerfile): the job installs `backend.job_pip` (null: them, pinned to
+        this machine's versions; the image already has Ray, numpy and pyyaml)."""
+        from rayflow.backends.vm_commands import pinned
+
+        pip = self.section.get("job_pip")
+        if pip is None:
+            pip = pinned(("torch", "mlflow", "hydra-core", "omegaconf", "filelock"), {"mlflow": "mlflow-skinny"})
+        return {"pip": list(pip)} if pip else {}
 
     def job_submitted(self, job_id: str) -> None:
         """A RayJob in InteractiveMode learns its job from spec.jobId and tracks it from then on."""

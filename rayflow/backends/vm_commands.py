@@ -25,15 +25,24 @@ def installed_version(name: str) -> str:
     return version(name).split("+")[0]  # torch 2.13.0+cpu -> 2.13.0: PyPI's build for the node
 
 
+def pinned(packages, rename: dict[str, str] | None = None) -> list[str]:
+    """`name==version` as installed here (unpinned where it is not installed here); `rename`
+    pins another distribution at the same version (mlflow -> mlflow-skinny)."""
+    from importlib.metadata import PackageNotFoundError
+
+    pins = []
+    for package in packages:
+        shipped = (rename or {}).get(package, package)
+        try:
+            pins.append(f"{shipped}=={installed_version(package)}")
+        except PackageNotFoundError:  # not installed here: leave it to pip on the node
+            pins.append(shipped)
+    return pins
+
+
 def runtime_requirements(ray_version: str) -> list[str]:
     """pip requirements pinning Ray and rayflow's runtime dependencies to this machine's versions."""
-    pins = [f"ray[default,tune]=={ray_version}"]
-    for package in RUNTIME_PACKAGES:
-        try:
-            pins.append(f"{package}=={installed_version(package)}")
-        except Exception:  # not installed here: leave it to pip on the node
-            pins.append(package)
-    return pins
+    return [f"ray[default,tune]=={ray_version}", *pinned(RUNTIME_PACKAGES)]
 
 
 def _auth_env(auth_mode: str) -> str:
