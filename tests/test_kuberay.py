@@ -1,0 +1,279 @@
+"""backend=kuberay's client path: `python -m rayflow backend=kuberay` against a Kubernetes API
+emulator served over real HTTP on loopback (tests/kube_emulator.py), driven by the real,
+unpatched `kubernetes` client; the operator's part (head pod, Secret, Service, conditions,
+events) is played by tests/kube_operator.py, and the dashboard behind the API server's service
+proxy is a real local Ray head serving the Jobs API with token auth. A real Kubernetes cluster
+with the KubeRay operator runs the same cycle in test_kuberay_cluster.py (marker `kuberay`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from rayflow.processes import stop_processes_mentioning
+from rayflow.testing.backends import JobSubmissionSuite
+from tests.conftest import wait_until
+from tests.kube_emulator import KubeEmulator
+from tests.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
+
+pytest.importorskip("kmock")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RayHead:
+    """A real Ray head with its dashboard and token auth: what the head pod would run."""
+
+    def __init__(self):
+        self.token = secrets.token_hex(24)
+        self.temp_dir = tempfile.mkdtemp(prefix="rf-kr-")  # short: Ray's socket paths stay < 108 chars
+        self.dashboard_url = f"http://127.0.0.1:{_free_port()}"
+
+    def start(self) -> None:
+        bin_dir = Path(sys.executable).parent  # jobs run `python`: this venv's, as the image's would be
+        env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        env.pop("MLFLOW_TRACKING_URI", None)
+        subprocess.run(
+            [str(bin_dir / "ray"), "start", "--head", f"--port={_free_port()}", "--node-ip-address=127.0.0.1",
+             "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={self.dashboard_url.rsplit(':', 1)[1]}", f"--temp-dir={self.temp_dir}",
+             "--disable-usage-stats", f"--dashboard-agent-listen-port={_free_port()}",
+             f"--ray-client-server-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+             f"--runtime-env-agent-port={_free_port()}"],
+            check=True, env=env, capture_output=True, timeout=120)
+
+    def stop(self) -> None:
+        stop_processes_mentioning(self.temp_dir)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    head = RayHead()
+    try:
+        head.start()
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.fixture
+def emulator():
+    with KubeEmulator() as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
+                             "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
+                            stdout=open(folder / "mlflow.log", "w"), stderr=subprocess.STDOUT, env=env)
+
+    def up() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    try:
+        assert wait_until(up, timeout=60), (folder / "mlflow.log").read_text()[-2000:]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def kuberay(emulator: KubeEmulator, *more: str) -> list[str]:
+    return ["backend=kuberay", f"backend.kubeconfig={emulator.kubeconfig_path}", "backend.job_pip=[]",
+            "backend.start_timeout_s=60", "backend.delete_timeout_s=20", *more]
+
+
+SMALL_CIFAR = ["workload.num_samples=2", "workload.max_epochs=1", "workload.scheduler.grace_period=1"]
+
+
+def _gone(emulator: KubeEmulator) -> bool:
+    return not emulator.objects("rayclusters") and not emulator.objects("pods") and not emulator.objects("rayjobs")
+
+
+# --- the happy path ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_apply_run_as_a_job_and_delete(ray_head, rayflow, emulator, mlflow_server):
+    applied: list[dict] = []
+    emulator.add_listener(lambda kind, plural, old, new: applied.append(new) if plural == "rayclusters" and new and not old else None)
+    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+        out = rayflow.run(*kuberay(emulator), *SMALL_CIFAR, f"tracking.uri={mlflow_server}", timeout=400)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    for line in ("[rayflow] kuberay: applied RayCluster default/rayflow", "[rayflow] kuberay: head pod rayflow-head-",
+                 "[rayflow] submitted job raysubmit_", "== rayflow results ==",
+                 "[rayflow] kuberay: deleted RayCluster default/rayflow and its pods"):
+        assert line in text, (line, text[-3000:])
+    assert ray_head.token not in text
+    # server-side apply with a field manager, labelled as rayflow's and this run's
+    applies = [r for r in emulator.requests if r.method == "PATCH" and r.path.endswith("/rayclusters/rayflow")]
+    assert applies and applies[0].content_type == "application/apply-patch+yaml"
+    assert applies[0].query.get("fieldManager") == "rayflow"
+    labels = applied[0]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "rayflow" and labels["rayflow.io/run"]
+    # the Jobs API was reached through the API server's service proxy
+    proxied = [r.path for r in emulator.requests if "/services/rayflow-head-svc:dashboard/proxy/api/jobs" in r.path]
+    assert proxied
+    assert wait_until(lambda: _gone(emulator), timeout=10)
+    # MLflow: the parent run records the manifest and what the cluster cost
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("cifar")
+    parents = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    parent = max(parents, key=lambda r: r.info.start_time)
+    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "kuberay"
+    spec = Path(client.download_artifacts(parent.info.run_id, "cluster/spec.yaml")).read_text()
+    assert "kind: RayCluster" in spec and "enableInTreeAutoscaling: true" in spec and ray_head.token not in spec
+    for metric in ("cluster_nodes_peak", "cluster_node_seconds", "cluster_start_s"):
+        assert metric in parent.data.metrics, metric
+    assert ray_head.token not in str(parent.data.params) + str(parent.data.tags)
+
+
+@pytest.mark.slow
+def test_rayjob_mode_tells_the_rayjob_its_job_and_deletes_it(ray_head, rayflow, emulator):
+    seen: list[dict] = []
+    emulator.add_listener(lambda kind, plural, old, new: seen.append(new) if plural == "rayjobs" and new else None)
+    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+        out = rayflow.run(*kuberay(emulator, "backend.mode=rayjob"), *SMALL_CIFAR, "tracking=none", timeout=400)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "applied RayJob default/rayflow" in out.stdout
+    job_ids = {(obj.get("spec") or {}).get("jobId") for obj in seen} - {None, ""}
+    assert len(job_ids) == 1 and next(iter(job_ids)).startswith("raysubmit_")
+    assert seen[0]["spec"]["shutdownAfterJobFinishes"] is True and seen[0]["spec"]["submissionMode"] == "InteractiveMode"
+    assert wait_until(lambda: _gone(emulator), timeout=10)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_job_stops_it_and_deletes_the_cluster(ray_head, rayflow, emulator):
+    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+        proc, log = rayflow.start(*kuberay(emulator), "workload.num_samples=1", "workload.max_epochs=50",
+                                  "workload.scheduler.grace_period=50", "tracking=none")
+        assert wait_until(lambda: "submitted job" in log.read_text(), timeout=120, interval=0.5), log.read_text()[-3000:]
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "stopping job" in text and "deleted RayCluster default/rayflow" in text
+    assert _gone(emulator)
+
+
+@pytest.mark.slow
+def test_keep_cluster_leaves_it_and_the_next_run_reuses_it(ray_head, rayflow, emulator):
+    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+        first = rayflow.run(*kuberay(emulator, "backend.keep_cluster=true"), *SMALL_CIFAR, "tracking=none", timeout=400)
+        assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+        assert emulator.get("rayclusters", "default", "rayflow") is not None
+        second = rayflow.run(*kuberay(emulator), *SMALL_CIFAR, "tracking=none", timeout=400)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "reusing the existing RayCluster default/rayflow" in second.stdout
+    assert _gone(emulator)
+
+
+class TestKubeRayContract(JobSubmissionSuite):
+    """The job-submission contract every submitting backend passes (vm's too), on the emulator."""
+
+    name = "kuberay"
+    owns_cluster = True
+
+    @pytest.fixture(autouse=True)
+    def _cluster(self, ray_head, emulator):
+        self._emulator = emulator
+        with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+            yield
+        assert _gone(emulator), "the backend must delete what it applied"
+
+    def overrides(self):
+        return kuberay(self._emulator)
+
+
+# --- failing fast, in one line ----------------------------------------------------------------------
+
+FAIL_FAST = [
+    ("image_pull", [], "cannot pull its image rayproject/ray:2.60.0-py311: "),
+    ("unschedulable", ["backend.schedule_grace_s=2", "compute=gpu"], "FailedScheduling for "),
+    ("invalid_spec", [], "(InvalidRayClusterSpec): The RayCluster spec is invalid"),
+    ("crash_loop", [], "keeps crashing (CrashLoopBackOff, "),
+]
+
+
+@pytest.mark.parametrize("scenario,more,expected", FAIL_FAST, ids=[f[0] for f in FAIL_FAST])
+def test_what_keeps_the_head_down_fails_fast_in_one_line(rayflow, emulator, scenario, more, expected):
+    started = time.monotonic()
+    with FakeKubeRayOperator(emulator, None, "unused-token", scenario=scenario, head_ready_after_s=0.5):
+        out = rayflow.run(*kuberay(emulator, *more), "tracking=none", timeout=120)
+    assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
+    assert len(errors) == 1 and expected in errors[0], out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    if scenario == "unschedulable":
+        assert GPU_MESSAGE.split(".")[0] in errors[0]
+    assert time.monotonic() - started < 45, "a fail-fast cause must not wait for start_timeout_s"
+    assert "deleted RayCluster default/rayflow" in out.stdout
+    assert wait_until(lambda: _gone(emulator), timeout=10)
+
+
+def test_a_gpu_worker_that_cannot_be_scheduled_does_not_block_the_head_wait(emulator):
+    """`state: ready` waits for every worker pod; the head wait only needs HeadPodReady."""
+    from rayflow.backends.kuberay_kube import Kube
+    from rayflow.backends.kuberay_wait import wait_for_head
+    from rayflow.cli import compose_config
+    from rayflow.backends.kuberay_manifest import render
+    import ray
+
+    manifest = render(compose_config("backend=kuberay", "compute=gpu", "backend.min_worker_nodes=1").backend, True, "disabled", ray.__version__, "3.11", {})
+    with FakeKubeRayOperator(emulator, None, scenario="worker_unschedulable", head_ready_after_s=0.5):
+        kube = Kube("default", emulator.kubeconfig_path)
+        kube.apply(manifest)
+        head = wait_for_head(kube, lambda: "rayflow", timeout_s=20, grace_s=1, poll_s=0.2)
+        assert head["metadata"]["name"].startswith("rayflow-head-")
+        assert emulator.get("rayclusters", "default", "rayflow").get("status", {}).get("state") != "ready"
+        kube.delete("RayCluster", "rayflow")
+        kube.close()
+
+
+def test_a_finalizer_that_holds_the_cluster_is_reported_by_name(rayflow, emulator):
+    with FakeKubeRayOperator(emulator, None, "unused-token", scenario="stuck_finalizer", head_ready_after_s=60):
+        out = rayflow.run(*kuberay(emulator, "backend.start_timeout_s=3", "backend.delete_timeout_s=3"), "tracking=none", timeout=120)
+    assert out.returncode == 1
+    assert "was not ready within 3 s" in out.stderr
+    assert f"held by finalizer(s) {HOLD_FINALIZER}" in out.stderr and "rayflow: warning: teardown step failed" in out.stderr
+
+
+def test_no_kubeconfig_is_one_line(rayflow, tmp_path):
+    out = rayflow.run("backend=kuberay", f"backend.kubeconfig={tmp_path / 'nope'}", "tracking=none", timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("rayflow: error: backend.kubeconfig: no usable Kubernetes credentials")
+
+
+def test_dry_run_prints_the_manifest_without_a_token(rayflow, emulator):
+    out = rayflow.run(*kuberay(emulator), "dry_run=true", "tracking=none", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "kind: RayCluster" in out.stdout and "mode: token" in out.stdout
+    assert "auth_token" not in out.stdout and "RAY_AUTH_TOKEN" not in out.stdout
+    assert not emulator.objects("rayclusters"), "a dry run applies nothing"
