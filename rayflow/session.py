@@ -163,6 +163,9 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
         if code:
             print(f"rayflow: stopped by signal {code - 128}; the job was stopped", file=sys.stderr)
             raise Terminated(code) from None
+        if sys.exc_info()[0] is KeyboardInterrupt:  # Ctrl-C: the job was stopped; exit as the CLI does for a local run
+            print("rayflow: interrupted; the job was stopped", file=sys.stderr)
+            raise SystemExit(130) from None
         raise
     except BaseException:
         command = backend.teardown_command()
