@@ -75,5 +75,10 @@ def test_dry_runs_print_no_planted_secret(rayflow):
                         "+backend.head_node_options.redis_password=PLANTED-option")
     assert spark.returncode == 0, spark.stderr
     assert "spark.ssl.keyPassword: '***'" in spark.stdout
-    assert_nowhere(secrets + spark_secrets + ["PLANTED-option"], [out.stdout, out.stderr, spark.stdout, spark.stderr], [])
+    kuberay = rayflow.run("backend=kuberay", "tracking=none", "dry_run=true",
+                          "+backend.overrides.metadata.annotations.api_token=PLANTED-annotation")
+    assert kuberay.returncode == 0, kuberay.stderr
+    assert "api_token: '***'" in kuberay.stdout
+    assert_nowhere(secrets + spark_secrets + ["PLANTED-option", "PLANTED-annotation"],
+                   [out.stdout, out.stderr, spark.stdout, spark.stderr, kuberay.stdout, kuberay.stderr], [])
     assert ray_daemon_pids() == before
