@@ -151,14 +151,14 @@ def test_upscaling_speed_becomes_upscaling_mode(overrides, mode):
 
 def test_autoscaling_table_keys_exist_and_the_readme_shows_it():
     conf = {name: yaml.safe_load((REPO / "conf" / "backend" / f"{name}.yaml").read_text()) for name in ("kuberay", "spark", "vm")}
-    readme = (REPO / "backends" / "kuberay" / "README.md").read_text()
-    for key, spark, vm, kuberay in km.autoscaling_table():
+    readme = (REPO / "README.md").read_text()
+    for key, spark, vm, kuberay, ray in km.autoscaling_table():
         assert key in conf["kuberay"], key
         if spark == key:
             assert key in conf["spark"], key
         if key.startswith(("min_worker", "max_worker", "autoscale_")):
             assert key in conf["vm"], key
-        assert f"| `{key}` | {spark} | {vm} | {kuberay} |" in readme, key
+        assert f"| `{key}` | {spark} | {vm} | {kuberay} | {ray} |" in readme, key
     options = manifest()["spec"]["autoscalerOptions"]
     assert {row.kuberay.split()[0].removeprefix("autoscalerOptions.") for row in km.AUTOSCALING if row.kuberay.startswith("autoscalerOptions.")} == set(options) - {"resources"}
 

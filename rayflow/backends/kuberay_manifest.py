@@ -60,21 +60,22 @@ class AutoscalingRow(NamedTuple):
     spark: str     # ray.util.spark.setup_ray_cluster's argument
     vm: str        # Ray's cluster YAML
     kuberay: str   # the RayCluster field
+    ray: str       # what Ray's autoscaler, underneath all three, runs with (its units)
 
 
 AUTOSCALING = (
-    AutoscalingRow("min_worker_nodes", "min_worker_nodes", "min_workers of the node type the run uses", "workerGroupSpecs[].minReplicas of the group the run uses"),
-    AutoscalingRow("max_worker_nodes", "max_worker_nodes", "max_workers", "workerGroupSpecs[].maxReplicas"),
-    AutoscalingRow("autoscale_idle_timeout_minutes", "autoscale_idle_timeout_minutes", "idle_timeout_minutes", "autoscalerOptions.idleTimeoutSeconds (x 60, rounded)"),
-    AutoscalingRow("autoscale_upscaling_speed", "autoscale_upscaling_speed", "upscaling_speed", "autoscalerOptions.upscalingMode (<= 1: Conservative, > 1: Default)"),
-    AutoscalingRow("upscaling_mode", "-", "-", "autoscalerOptions.upscalingMode (set: wins over the speed)"),
-    AutoscalingRow("enable_in_tree_autoscaling", "- (on when min < max)", "- (always on)", "enableInTreeAutoscaling"),
-    AutoscalingRow("autoscaler_version", "-", "- (v2 on clouds, v1 local)", "autoscalerOptions.version"),
+    AutoscalingRow("min_worker_nodes", "min_worker_nodes", "min_workers of the node type the run uses", "workerGroupSpecs[].minReplicas of the group the run uses", "min_workers of a node type (nodes)"),
+    AutoscalingRow("max_worker_nodes", "max_worker_nodes", "max_workers", "workerGroupSpecs[].maxReplicas", "max_workers (nodes)"),
+    AutoscalingRow("autoscale_idle_timeout_minutes", "autoscale_idle_timeout_minutes", "idle_timeout_minutes", "autoscalerOptions.idleTimeoutSeconds (x 60, rounded)", "idle_timeout_minutes (minutes)"),
+    AutoscalingRow("autoscale_upscaling_speed", "autoscale_upscaling_speed", "upscaling_speed", "autoscalerOptions.upscalingMode (<= 1: Conservative, > 1: Default)", "upscaling_speed (nodes added at once, a multiple of those running)"),
+    AutoscalingRow("upscaling_mode", "-", "-", "autoscalerOptions.upscalingMode (set: wins over the speed)", "upscaling_speed 1 (Conservative) or 1000 (Default, Aggressive)"),
+    AutoscalingRow("enable_in_tree_autoscaling", "- (on when min < max)", "- (always on)", "enableInTreeAutoscaling", "the autoscaler runs (KubeRay: a sidecar of the head pod)"),
+    AutoscalingRow("autoscaler_version", "-", "- (v2 on clouds, v1 local)", "autoscalerOptions.version", "autoscaler v1 or v2"),
 )
 
 
 def autoscaling_table() -> list[tuple[str, str, str, str]]:
-    """The rows (rayflow key, spark, vm, kuberay): the README's table and the tests read these."""
+    """The rows (rayflow key, spark, vm, kuberay, Ray's autoscaler): the README's table, kept equal by a test."""
     return [tuple(row) for row in AUTOSCALING]
 
 
