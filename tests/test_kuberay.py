@@ -238,6 +238,26 @@ def test_what_keeps_the_head_down_fails_fast_in_one_line(rayflow, emulator, scen
     assert wait_until(lambda: _gone(emulator), timeout=10)
 
 
+def test_a_rayjob_the_operator_refuses_fails_fast_in_one_line(rayflow, emulator):
+    """The operator's refusal of a RayJob is a status, not an API error (here written as KubeRay does)."""
+    import threading
+
+    def refuse() -> None:
+        if wait_until(lambda: emulator.get("rayjobs", "default", "rayflow") is not None, timeout=60, interval=0.2):
+            emulator.patch("rayjobs", "default", "rayflow", {"status": {
+                "jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed",
+                "message": "The RayJob spec is invalid default/rayflow: a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished"}})
+
+    operator = threading.Thread(target=refuse, daemon=True)
+    operator.start()
+    out = rayflow.run(*kuberay(emulator, "backend.mode=rayjob"), "tracking=none", timeout=120)
+    operator.join(timeout=5)
+    assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
+    assert len(errors) == 1 and "KubeRay marked RayJob default/rayflow ValidationFailed: The RayJob spec is invalid" in errors[0]
+    assert wait_until(lambda: _gone(emulator), timeout=10)
+
+
 def test_a_gpu_worker_that_cannot_be_scheduled_does_not_block_the_head_wait(emulator):
     """`state: ready` waits for every worker pod; the head wait only needs HeadPodReady."""
     from rayflow.backends.kuberay_kube import Kube

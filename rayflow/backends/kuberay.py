@@ -122,8 +122,11 @@ class KubeRayCluster(ClusterBackend):
     def _cluster_name(self) -> str | None:
         if self._kind == "RayCluster":
             return self._object_name
-        job = self.kube.get("RayJob", self._object_name) or {}
-        return (job.get("status") or {}).get("rayClusterName") or None  # named by the operator
+        status = (self.kube.get("RayJob", self._object_name) or {}).get("status") or {}
+        if status.get("jobDeploymentStatus") in ("ValidationFailed", "Failed"):  # the operator refused or gave up on it
+            raise ClusterError(f"KubeRay marked RayJob {self.section.namespace}/{self._object_name} "
+                               f"{status['jobDeploymentStatus']}: {status.get('message') or status.get('reason') or ''}".rstrip(": "))
+        return status.get("rayClusterName") or None  # named by the operator
 
     def _access(self) -> str:
         from rayflow.backends.kuberay_kube import in_cluster
