@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from rayflow.backends import kuberay_manifest as km
 from rayflow.backends.kuberay_metadata import DNS_1123_LABEL, is_dns_label
+from rayflow.backends.kuberay_resources import parse_quantity
 from rayflow.config import ConfigError
 
 CHOICES = {
@@ -55,7 +56,7 @@ def _number(value: Any, key: str, positive: bool) -> float:
 
 
 def _quantity(value: Any, key: str) -> None:
-    amount = km.parse_quantity(value)
+    amount = parse_quantity(value)
     if amount is None or amount <= 0:
         raise ConfigError(key, f"must be a Kubernetes quantity > 0 (e.g. 500m, 2, 4Gi, 512Mi: no spaces); got {value!r}")
 
