@@ -6,7 +6,8 @@ discovery and Status-shaped errors; this subclass replaces its plain dict-merge 
 API-server semantics rayflow's KubeRay path relies on: server-side apply, merge and JSON patches,
 resourceVersion/generation/uid, label and field selectors, finalizers, ownerReference garbage
 collection, status subresources, watches, bearer-token auth and the services proxy (streamed, and
-websockets bridged). The KubeRay operator's part is played by tests/kube_operator.py.
+websockets bridged: tests/kube_proxy.py). The KubeRay operator's part is played by
+tests/kube_operator.py.
 
 All state lives on the emulator loop; the sync accessors hop onto it, so tests and the operator
 never race the HTTP handlers.
@@ -34,6 +35,8 @@ import kmock
 import yaml
 from kmock import KubernetesError
 
+from tests.kube_proxy import PROXY_PATH, ServicesProxy
+
 # plural -> (group, version, kind, namespaced, has a status subresource)
 RESOURCES: dict[str, tuple[str, str, str, bool, bool]] = {
     "pods": ("", "v1", "Pod", True, True),
@@ -52,9 +55,6 @@ FIELD_LABELS = {
     "pods": {"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
              "status.phase", "status.podIP", "status.nominatedNodeName"},
 }
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-              "trailer", "transfer-encoding", "upgrade", "host", "authorization"}
-PROXY_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)/proxy(/.*)?$")
 
 
 class SeenRequest(NamedTuple):
@@ -173,7 +173,7 @@ def fields_match(plural: str, obj: dict[str, Any], selector: str | None) -> bool
 
 
 @attrs.define(kw_only=True)
-class EmulatorHandler(kmock.KubernetesEmulator):
+class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
     """The served app; every method here runs on the emulator loop."""
 
     token: str
@@ -454,69 +454,6 @@ class EmulatorHandler(kmock.KubernetesEmulator):
             self._watchers.remove((plural, queue))
         await response.write_eof()
         return response
-
-    # -- the services proxy ----------------------------------------------------------------------
-    async def _proxy(self, raw: aiohttp.web.BaseRequest, ns: str, target: str, path: str) -> aiohttp.web.StreamResponse:
-        parts = target.split(":")
-        name, port = (parts[1], parts[2]) if len(parts) == 3 else (parts[0], parts[1] if len(parts) == 2 else "")
-        svc = self.read("services", ns, name)
-        ports = svc.get("spec", {}).get("ports", [])
-        chosen = next((p for p in ports if port in (p.get("name"), str(p.get("port")))), None) if port else (
-            ports[0] if ports else None)
-        if chosen is None:
-            raise api_error(503, "ServiceUnavailable", f'no service port "{port}" found for service "{name}"')
-        selector = svc.get("spec", {}).get("selector")
-        ready = [p for p in self.list("pods", ns, ",".join(f"{k}={v}" for k, v in (selector or {}).items()))
-                 if any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
-        upstream = self.upstreams.get((ns, name, chosen.get("name"))) or self.upstreams.get((ns, name, None))
-        if (selector and not ready) or upstream is None:  # no endpoints: nothing ready behind the service
-            raise api_error(503, "ServiceUnavailable", f'no endpoints available for service "{name}"')
-        url = upstream.rstrip("/") + path + (f"?{raw.query_string}" if raw.query_string else "")
-        headers = {k: v for k, v in raw.headers.items() if k.lower() not in HOP_BY_HOP}
-        if self._session is None:
-            self._session = aiohttp.ClientSession(auto_decompress=False)
-        if raw.headers.get("Upgrade", "").lower() == "websocket":
-            return await self._bridge_websocket(raw, url, headers)
-        try:
-            upstream_response = await self._session.request(
-                raw.method, url, headers=headers, data=raw.content if raw.body_exists else None,
-                allow_redirects=False)
-        except aiohttp.ClientConnectorError as e:
-            raise api_error(503, "ServiceUnavailable", f"error trying to reach service: {e}") from e
-        async with upstream_response:
-            response = aiohttp.web.StreamResponse(status=upstream_response.status, headers={
-                k: v for k, v in upstream_response.headers.items() if k.lower() not in HOP_BY_HOP})
-            await response.prepare(raw)
-            async for chunk in upstream_response.content.iter_any():
-                await response.write(chunk)
-        await response.write_eof()
-        return response
-
-    async def _bridge_websocket(self, raw: aiohttp.web.BaseRequest, url: str, headers: dict[str, str]):
-        headers = {k: v for k, v in headers.items() if not k.lower().startswith("sec-websocket")}
-        try:
-            upstream = await self._session.ws_connect(url, headers=headers)
-        except aiohttp.WSServerHandshakeError as e:  # the upstream's refusal reaches the client as is
-            return aiohttp.web.Response(status=e.status, text=e.message)
-        async with upstream:
-            downstream = aiohttp.web.WebSocketResponse()
-            await downstream.prepare(raw)
-
-            async def pump(source, sink) -> None:
-                async for msg in source:
-                    if msg.type == aiohttp.WSMsgType.TEXT:
-                        await sink.send_str(msg.data)
-                    elif msg.type == aiohttp.WSMsgType.BINARY:
-                        await sink.send_bytes(msg.data)
-                await sink.close()
-
-            tasks = [asyncio.ensure_future(pump(upstream, downstream)), asyncio.ensure_future(pump(downstream, upstream))]
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
-            for task in done:
-                task.result()
-        return downstream
 
 
 def _api_version(plural: str) -> str:

@@ -15,7 +15,7 @@ from importlib.metadata import version
 import pytest
 import yaml
 
-from rayflow.backends import backend_for, kuberay_checks, kuberay_manifest as km
+from rayflow.backends import backend_for, kuberay_checks, kuberay_manifest as km, kuberay_resources
 from rayflow.config import ConfigError
 from tests.conftest import REPO, compose_config
 
@@ -219,19 +219,19 @@ def test_capacity_rounds_up_like_the_operator_and_follows_overrides():
 def test_capacity_is_none_for_a_quantity_that_does_not_parse():
     section = compose_config("backend=kuberay").backend
     section.worker_groups.cpu.memory = "5 Gi"
-    assert km.capacity(section, False) is None
+    assert kuberay_resources.capacity(section, False) is None
 
 
 @pytest.mark.parametrize("text", ["500m", "4Gi", "1.5", "2e3", "1E-2", ".5Ki", "12k", "100M", "3"])
 def test_quantities_parse_as_rays_kuberay_autoscaler_parses_them(text):
     from ray.autoscaler._private.kuberay.utils import parse_quantity
 
-    assert km.parse_quantity(text) == Decimal(parse_quantity(text))
+    assert kuberay_resources.parse_quantity(text) == Decimal(parse_quantity(text))
 
 
 @pytest.mark.parametrize("text", ["5 Gi", "4GB", "", "1.2.3", "Gi", "-"])
 def test_what_kubernetes_refuses_is_not_a_quantity(text):
-    assert km.parse_quantity(text) is None
+    assert kuberay_resources.parse_quantity(text) is None
 
 
 # --- the operator's rules and the CRD schema ---------------------------------------------------

@@ -16,7 +16,7 @@ import uuid
 
 import yaml
 
-from rayflow.backends import kuberay_checks, kuberay_manifest
+from rayflow.backends import kuberay_checks, kuberay_manifest, kuberay_resources
 from rayflow.backends.base import ClusterBackend, ClusterError
 from rayflow.backends.kuberay_wait import wait_for_head
 
@@ -49,7 +49,7 @@ class KubeRayCluster(ClusterBackend):
                              f"{sys.version_info.major}.{sys.version_info.minor}")
 
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
-        return kuberay_manifest.capacity(self.section, self.gpu())
+        return kuberay_resources.capacity(self.section, self.gpu())
 
     def render(self) -> str:
         return yaml.safe_dump({"backend": "kuberay", "manifest": self.manifest()}, sort_keys=False)

@@ -16,6 +16,8 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from rayflow.backends import kuberay_manifest as km
+from rayflow.backends.kuberay_metadata import DNS_1123_LABEL, is_dns_label
+from rayflow.backends.kuberay_resources import parse_quantity
 from rayflow.config import ConfigError
 
 CHOICES = {
@@ -28,7 +30,6 @@ CHOICES = {
 # MaxRayClusterNameLength and MaxRayJobNameLength (= 53 - 6) of KubeRay's utils/constant.go.
 MAX_NAME = {"RayCluster": 53, "RayJob": 47}
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 TOKEN_AUTH_MIN_RAY = (2, 52, 0)  # ValidateRayClusterSpec: authOptions.mode token needs Ray 2.52.0
 GROUP_KEYS = ("cpu", "memory", "gpu", "replicas", "min_replicas", "max_replicas", "node_selector", "tolerations")
 START_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
@@ -55,7 +56,7 @@ def _number(value: Any, key: str, positive: bool) -> float:
 
 
 def _quantity(value: Any, key: str) -> None:
-    amount = km.parse_quantity(value)
+    amount = parse_quantity(value)
     if amount is None or amount <= 0:
         raise ConfigError(key, f"must be a Kubernetes quantity > 0 (e.g. 500m, 2, 4Gi, 512Mi: no spaces); got {value!r}")
 
@@ -76,7 +77,7 @@ def _check_groups(b: dict, gpu: bool) -> None:
         raise ConfigError("backend.worker_groups", f"must be a mapping of groups with cpu{' and gpu' if gpu else ''}; got {groups!r}")
     for name, group in groups.items():
         prefix = f"backend.worker_groups.{name}"
-        if not isinstance(group, Mapping) or not DNS_1123.fullmatch(str(name)):
+        if not isinstance(group, Mapping) or not DNS_1123_LABEL.match(str(name)):
             raise ConfigError(prefix, "must be a mapping, named with lowercase letters, digits and '-' (pod names carry it)")
         for key in group:
             if key not in GROUP_KEYS:
@@ -101,7 +102,7 @@ def _check_keys(b: dict, gpu: bool, auth_mode: str, installed_ray: str) -> None:
         if b.get(key) not in choices:
             raise ConfigError(f"backend.{key}", f"must be one of {', '.join(str(c) for c in choices if c)}{' or null' if None in choices else ''}; got {b.get(key)!r}")
     _name(b.get("cluster_name"), "backend.cluster_name", "RayJob" if b["mode"] == "rayjob" else "RayCluster")
-    if not isinstance(b.get("namespace"), str) or not DNS_1123.fullmatch(b["namespace"]) or len(b["namespace"]) > 63:
+    if not isinstance(b.get("namespace"), str) or not is_dns_label(b["namespace"]):
         raise ConfigError("backend.namespace", f"must be a Kubernetes namespace name (DNS-1123 label); got {b.get('namespace')!r}")
     for key in ("start_timeout_s", "schedule_grace_s", "delete_timeout_s", "autoscale_upscaling_speed"):
         _number(b.get(key), f"backend.{key}", positive=True)

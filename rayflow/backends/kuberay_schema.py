@@ -18,8 +18,7 @@ silently changes, so this walker implements the structural-schema semantics itse
   matches the same strings), anyOf/oneOf/allOf, and the uniqueness that
   `x-kubernetes-list-type: map | set` demands.
 * the root `metadata` is validated as Kubernetes validates ObjectMeta (the schema only says
-  `type: object`): known fields, name or generateName (DNS-1123 subdomain), namespace
-  (DNS-1123 label), label keys and values, annotation keys and total size, finalizers.
+  `type: object`): kuberay_metadata.
 * embedded `metadata` (pod templates, headService, volumeClaimTemplate): KubeRay generates its
   CRDs with `generateEmbeddedObjectMeta=true`, so these are plain objects declaring only
   annotations, finalizers, labels, name, namespace. The API server treats them as ordinary
@@ -44,6 +43,8 @@ import gzip
 import json
 import re
 from importlib import resources
+
+from rayflow.backends.kuberay_metadata import describe, join_path, object_meta_errors
 
 KUBERAY_VERSION = "v1.7.0"
 API_VERSION = "ray.io/v1"
@@ -102,23 +103,6 @@ def _python_regex(go_pattern: str) -> re.Pattern:
     return re.compile("".join(out), re.ASCII)
 
 
-def _join(path: str, key: str) -> str:
-    # Keys such as label names hold dots and slashes: bracket them so the path stays readable.
-    key_text = f"[{key}]" if re.search(r"[./\[\]\s]", key) else key
-    if not path:
-        return key_text
-    return path + key_text if key_text.startswith("[") else f"{path}.{key_text}"
-
-
-def _got(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, (dict, list)):
-        return "an object" if isinstance(value, dict) else "an array"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
 def _is_type(value, type_name: str) -> bool:
     if type_name == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
@@ -171,7 +155,7 @@ class _Walker:
         else:
             return True
         if not ok:
-            self.error(path, f"must be {expected}, got {_got(value)}")
+            self.error(path, f"must be {expected}, got {describe(value)}")
         return ok
 
     def _object(self, obj: dict, schema: dict, path: str) -> dict:
@@ -188,10 +172,10 @@ class _Walker:
                     out[key] = copy.deepcopy(sub["default"])
         for key in schema.get("required", []):
             if key not in out:
-                self.error(_join(path, key), "required field missing")
+                self.error(join_path(path, key), "required field missing")
         keeps_unknown = schema.get("x-kubernetes-preserve-unknown-fields") or self.in_branch
         for key in list(out):
-            child = _join(path, key)
+            child = join_path(path, key)
             if key in props:
                 out[key] = self.walk(out[key], props[key], child)
             elif isinstance(extra, dict):
@@ -273,80 +257,9 @@ class _Walker:
                 self.error(path, f"must match exactly one allowed form, matches {matching}")
 
 
-# ObjectMeta of the root object: the CRD schema leaves it to the API server, which checks it
-# as for every object (k8s.io/apimachinery validation: ValidateObjectMetaAccessor with
-# NameIsDNSSubdomain for custom resources).
-_OBJECT_META_FIELDS = {
-    "name", "generateName", "namespace", "labels", "annotations", "finalizers", "ownerReferences",
-    "uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
-    "deletionGracePeriodSeconds", "managedFields", "selfLink",
-}
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-_QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
-_ANNOTATIONS_MAX_BYTES = 256 * 1024
-
-
-def _is_dns_subdomain(text: str) -> bool:
-    return len(text) <= 253 and bool(_DNS_SUBDOMAIN.match(text))
-
-
-def _is_qualified_name(text: str) -> bool:
-    prefix, _, name = text.rpartition("/")
-    if "/" in text and not _is_dns_subdomain(prefix):
-        return False
-    return len(name) <= 63 and bool(_QUALIFIED_NAME_PART.match(name))
-
-
-def _object_meta_errors(meta) -> list[str]:
-    if not isinstance(meta, dict):
-        return [f"metadata: must be an object, got {_got(meta)}"]
-    errors = [f"{_join('metadata', key)}: unknown field (not a field of Kubernetes ObjectMeta)"
-              for key in meta if key not in _OBJECT_META_FIELDS]
-    string_maps = {key: meta[key] for key in ("labels", "annotations") if key in meta}
-    for key, value in [(k, meta[k]) for k in ("name", "generateName", "namespace") if k in meta]:
-        if not isinstance(value, str):
-            errors.append(f"metadata.{key}: must be a string, got {_got(value)}")
-    for key, mapping in string_maps.items():
-        if not isinstance(mapping, dict):
-            errors.append(f"metadata.{key}: must be an object, got {_got(mapping)}")
-            string_maps[key] = {}
-            continue
-        errors += [f"{_join('metadata.' + key, k)}: must be a string, got {_got(v)}"
-                   for k, v in mapping.items() if not isinstance(v, str)]
-    if errors:
-        return errors
-    name, generate_name = meta.get("name"), meta.get("generateName")
-    if not name and not generate_name:
-        errors.append("metadata.name: required field missing (or set metadata.generateName)")
-    if name and not _is_dns_subdomain(name):
-        errors.append(f"metadata.name: {name!r} is not a DNS-1123 subdomain (lowercase a-z, 0-9, '-', '.')")
-    # The server appends random characters to generateName; a trailing '-' is fine.
-    if generate_name and not _is_dns_subdomain(generate_name[:-1] + "a" if generate_name.endswith("-") else generate_name):
-        errors.append(f"metadata.generateName: {generate_name!r} is not a DNS-1123 subdomain prefix")
-    namespace = meta.get("namespace")
-    if namespace and not (len(namespace) <= 63 and _DNS_LABEL.match(namespace)):
-        errors.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label")
-    for key, value in string_maps.get("labels", {}).items():
-        if not _is_qualified_name(key):
-            errors.append(f"{_join('metadata.labels', key)}: {key!r} is not a qualified name")
-        if len(value) > 63 or not _LABEL_VALUE.match(value):
-            errors.append(f"{_join('metadata.labels', key)}: {value!r} is not a label value (<= 63 of A-Za-z0-9-_.)")
-    annotations = string_maps.get("annotations", {})
-    errors += [f"{_join('metadata.annotations', key)}: {key!r} is not a qualified name"
-               for key in annotations if not _is_qualified_name(key.lower())]
-    if sum(len(k) + len(v) for k, v in annotations.items()) > _ANNOTATIONS_MAX_BYTES:
-        errors.append(f"metadata.annotations: longer than {_ANNOTATIONS_MAX_BYTES} bytes in total")
-    finalizers = meta.get("finalizers", [])
-    if not isinstance(finalizers, list) or not all(isinstance(f, str) and _is_qualified_name(f) for f in finalizers):
-        errors.append("metadata.finalizers: must be a list of qualified names")
-    return errors
-
-
 def _kind_error(manifest) -> str | None:
     if not isinstance(manifest, dict):
-        return f"<manifest>: must be an object, got {_got(manifest)}"
+        return f"<manifest>: must be an object, got {describe(manifest)}"
     api_version, kind = manifest.get("apiVersion"), manifest.get("kind")
     if api_version != API_VERSION or kind not in _SCHEMA_FILES:
         return (f"apiVersion/kind: expected apiVersion {API_VERSION} with kind RayCluster or RayJob, "
@@ -360,7 +273,7 @@ def _walk_manifest(manifest: dict) -> tuple[dict, list[str]]:
     out, properties = {}, _schema(kind)["properties"]
     for key, value in manifest.items():
         if key == "metadata":
-            walker.errors += _object_meta_errors(value)
+            walker.errors += object_meta_errors(value)
             out[key] = copy.deepcopy(value)
         elif key == "status":
             walker.error("status", "set by the operator; the API server ignores it (status subresource)")
