@@ -70,12 +70,14 @@ def learning_curves(trials: list[Trial], metric: str, mode: str, max_t: int, run
     finals = final_values(trials, metric)
     best = best_trial(finals, mode)
     lines = stopped = 0
+    drawn = {}  # trial id -> epochs drawn
     for trial in trials:
         points = series(trial.rows, "epoch", metric)
         if not points:
             continue
         xs, ys = zip(*points)
         lines += 1
+        drawn[trial.trial_id] = len(points)
         early = trial.done and xs[-1] < max_t  # ended before max_t: ASHA stopped it
         stopped += early
         color = "tab:red" if trial.trial_id == best else "tab:gray" if early else "tab:blue"
@@ -102,7 +104,8 @@ def learning_curves(trials: list[Trial], metric: str, mode: str, max_t: int, run
         Line2D([], [], color="tab:red", linewidth=2.5, label=f"best: {best}"),
         Line2D([], [], color="tab:green", linestyle=":", label="ASHA rung"),
     ], fontsize=8, loc="best")
-    return figure, {"lines": lines, "stopped_early": stopped, "best": best, "rungs": rungs, "metric": metric}
+    return figure, {"lines": lines, "stopped_early": stopped, "best": best, "rungs": rungs, "metric": metric,
+                    "points": drawn}
 
 
 def _categorical(values: list) -> bool:

@@ -51,7 +51,8 @@ def test_cifar_learning_curves_and_search_view(tmp_path):
     assert [f.name for f in files] == ["learning_curves.png", "search.png"]
     assert all(f.parent == root / "plots" for f in files)
     curves, search = (read_meta(f) for f in files)
-    assert curves == {"lines": 4, "stopped_early": 2, "best": "a_00001", "rungs": [1, 2, 4], "metric": "val_loss"}
+    assert curves == {"lines": 4, "stopped_early": 2, "best": "a_00001", "rungs": [1, 2, 4], "metric": "val_loss",
+                      "points": {"a_00000": 4, "a_00001": 4, "a_00002": 1, "a_00003": 2}}
     # momentum is the same for every trial: not a searched hyperparameter
     assert search == {"panels": ["batch_size", "l1", "lr"], "points": 4, "best": "a_00001", "metric": "val_loss"}
 
@@ -76,7 +77,7 @@ def test_a_resumed_trial_is_drawn_whole_and_a_rerun_epoch_once(tmp_path):
     assert series(trial.rows, "epoch", "val_loss") == [(1, 2.0), (2, 1.7), (3, 1.5), (4, 1.2)]
     cfg = compose_config("workload.max_epochs=4")
     curves = read_meta(make_plots(cfg, root)[0])
-    assert curves["lines"] == 1 and curves["stopped_early"] == 0
+    assert curves["lines"] == 1 and curves["stopped_early"] == 0 and curves["points"] == {"r_00000": 4}
 
 
 def test_an_interrupted_trial_is_not_counted_as_stopped_by_asha(tmp_path):
@@ -97,7 +98,8 @@ def test_ddp_sweep_uses_the_sweep_settings(tmp_path):
     (root / "train-d_00000").mkdir()  # the trials' Ray Train runs live here too: not trials
     cfg = compose_config("workload=ddp", "workload.tune=true", "workload.epochs=2", "workload.sweep.grace_period=1")
     curves, search = (read_meta(f) for f in make_plots(cfg, root))
-    assert curves == {"lines": 3, "stopped_early": 1, "best": "d_00002", "rungs": [1, 2], "metric": "val_accuracy"}
+    assert curves == {"lines": 3, "stopped_early": 1, "best": "d_00002", "rungs": [1, 2], "metric": "val_accuracy",
+                      "points": {"d_00000": 1, "d_00001": 2, "d_00002": 2}}
     assert search["panels"] == ["lr"] and search["points"] == 3
 
 
