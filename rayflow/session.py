@@ -110,8 +110,28 @@ def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path, peak: NodePe
     if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
         tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
     print(summary.table(), flush=True)
+    _plots(cfg, tracker, path)
     print(f"experiment: {path}   (continue it with resume={path})")
     print(f"MLflow: {tracker.ui_hint()}", flush=True)
+
+
+def _plots(cfg: DictConfig, tracker: Tracker, path: Path) -> None:
+    """The run's plots (rayflow.plots), drawn from its experiment folder now that the run is over,
+    into `<path>/plots/` and the parent run's `plots/`; their place goes under the results table."""
+    try:
+        from rayflow.plots import FOLDER, make_plots
+
+        files = make_plots(cfg, path)
+        if files:
+            tracker.log_artifacts(str(path / FOLDER), FOLDER)
+    # Broad on purpose: the run itself is done; a plot (matplotlib, an odd result, the upload)
+    # that fails costs the plot and one warning line, never the run's outcome.
+    except Exception as err:  # noqa: BLE001
+        print(f"rayflow: warning: plots: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return
+    if files:
+        where = f"; MLflow: {FOLDER}/ of the parent run {tracker.run_id}" if tracker.run_id else ""
+        print(f"plots: {path / FOLDER}/ ({', '.join(f.name for f in files)}){where}", flush=True)
 
 
 class RunFailed(RuntimeError):

@@ -89,6 +89,16 @@ class Rayflow:
         children = {p.info.run_id: [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id] for p in parents}
         return client, parents, children
 
+    def plots(self, client, run) -> dict[str, dict]:
+        """{PNG name: the summary it stores} of the plots/ artifacts of an MLflow run (rayflow.plots)."""
+        from rayflow.plots import read_meta
+
+        names = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
+        folder = self.workdir / "downloaded" / run.info.run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        local = Path(client.download_artifacts(run.info.run_id, "plots", str(folder)))
+        return {Path(n).name: read_meta(local / Path(n).name) for n in names if n.endswith(".png")}
+
 
 @pytest.fixture
 def rayflow(tmp_path, data_root) -> Rayflow:

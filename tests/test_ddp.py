@@ -56,6 +56,9 @@ def test_two_workers_two_epochs_learn_checkpoint_and_log_each_epoch(rayflow):
     state = torch.load(saved[-1], map_location="cpu")
     assert state["epoch"] == 2 and {"model", "optimizer", "scheduler"} <= set(state)
     assert "final val_accuracy" in out.stdout
+    plots = rayflow.plots(client, parent)
+    assert plots == {"training.png": {"lines": 4, "panels": {"loss": 2, "accuracy": 1, "throughput": 1}, "epochs": [1, 2]}}
+    assert "plots: " in out.stdout and "(training.png); MLflow: plots/" in out.stdout
 
 
 def test_killed_worker_restarts_the_group_from_the_last_checkpoint(rayflow):
@@ -94,6 +97,8 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
     epochs = [step for step, _ in history(client, train, "epoch")]
     assert epochs[-1] == 4 and epochs.count(1) == 1, f"epochs were repeated from scratch: {epochs}"
     assert parent.data.tags.get("resumed") == "true" and parent.data.metrics["epochs_completed"] == 4
+    # the plot of the resumed run has every epoch, those before the interrupt too
+    assert rayflow.plots(client, parent)["training.png"]["epochs"] == [1, 2, 3, 4]
 
 
 def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):
@@ -107,3 +112,10 @@ def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):
     assert parent.data.metrics["best_val_accuracy"] == max(t.data.metrics["val_accuracy"] for t in trials)
     runs = sorted(p.name for p in rayflow.storage.glob("ddp-*/train-*"))  # each trial's Ray Train run
     assert len(runs) == 2, runs
+    plots = rayflow.plots(client, parent)
+    curves = plots["learning_curves.png"]
+    assert curves["lines"] == 2 and curves["rungs"] == [1, 2] and curves["metric"] == "val_accuracy"
+    [best] = [t for t in trials if t.data.tags["trial_id"] == curves["best"]]
+    assert best.data.metrics["val_accuracy"] == parent.data.metrics["best_val_accuracy"]
+    assert curves["stopped_early"] == parent.data.metrics["trials_stopped_early"]
+    assert plots["search.png"]["panels"] == ["lr"] and plots["search.png"]["points"] == 2

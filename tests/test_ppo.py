@@ -39,6 +39,8 @@ def test_lr_grid_logs_each_iteration_and_checkpoints(rayflow):
     assert parent.data.metrics["num_env_steps_sampled_lifetime"] in (1000, 2000)
     assert len(checkpoints(rayflow)) >= 2  # both trials, every iteration (and at the end)
     assert "best episode_return_mean" in out.stdout
+    returns = rayflow.plots(client, parent)["returns.png"]  # default stop: episode_return_mean 450
+    assert returns == {"lines": 2, "lrs": [1e-4, 1e-3], "points": [2, 2], "goal": 450.0}
 
 
 def test_interrupt_then_resume_continues_the_iterations(rayflow):

@@ -36,6 +36,18 @@ def test_asha_run_lands_in_mlflow_with_checkpoints(rayflow):
     config_text = Path(client.download_artifacts(parent.info.run_id, "config.yaml", str(rayflow.workdir))).read_text()
     assert yaml.safe_load(config_text)["workload"]["max_epochs"] == 2
     assert "best_val_loss" in parent.data.metrics and "best_val_accuracy" in parent.data.metrics
+    [experiment] = rayflow.experiments()
+    assert f"plots: {experiment / 'plots'}/ (learning_curves.png, search.png); MLflow: plots/" in out.stdout
+    plots = rayflow.plots(client, parent)
+    assert set(plots) == {"learning_curves.png", "search.png"}
+    curves = plots["learning_curves.png"]
+    # ASHA's defaults: grace_period 1, reduction_factor 2, max_t = max_epochs = 2
+    assert curves["lines"] == 2 and curves["rungs"] == [1, 2] and curves["metric"] == "val_loss"
+    stopped = sum(r.data.tags.get("stopped_early") == "true" for r in children[parent.info.run_id])
+    assert curves["stopped_early"] == stopped == parent.data.metrics["trials_stopped_early"]
+    [best] = [r for r in children[parent.info.run_id] if r.data.tags["trial_id"] == curves["best"]]
+    assert best.data.metrics["val_loss"] == parent.data.metrics["best_val_loss"]
+    assert plots["search.png"]["points"] == 2 and "lr" in plots["search.png"]["panels"]
 
     trials = children[parent.info.run_id]
     assert len(trials) == 2
@@ -105,6 +117,12 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     assert len(parents) == 1, "resume must continue the same parent run"
     assert parents[0].info.status == "FINISHED" and parents[0].data.tags.get("resumed") == "true"
     assert len(children[parents[0].info.run_id]) == 3
+    # the plots of the resumed run draw the whole history: every epoch of the trial cut in two
+    curves = rayflow.plots(client, parents[0])["learning_curves.png"]
+    assert curves["lines"] == 3 and curves["stopped_early"] == 0 and curves["rungs"] == [epochs]
+    assert curves["points"] == {t.data.tags["trial_id"]: epochs for t in children[parents[0].info.run_id]}
+    cut = next(t for t in curves["points"] if running[0].name.startswith(f"train_cifar_{t}_"))
+    assert curves["points"][cut] == epochs  # epochs before the interrupt and after the resume
 
 
 def test_killed_trial_worker_restarts_from_its_checkpoint(rayflow):

@@ -8,14 +8,39 @@ RunConfig(name, storage_path): Train reloads its checkpoint snapshot from that f
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ray.train import UserCallback
+
 from rayflow.backends.base import termination_exit_code
+from rayflow.plots_data import EPOCHS_FILE
 from rayflow.tracking import create_nested_run
 from rayflow.tuning import read_state, write_state
 from rayflow.workloads.ddp import METRICS, loop_config, train_loop
+
+SWEEP_METRIC, SWEEP_MODE = "val_accuracy", "max"  # what ASHA optimises with workload.tune=true (rayflow.plots too)
+
+
+class EpochLog(UserCallback):
+    """Appends rank 0's report of each epoch, as a JSON line, to EPOCHS_FILE in the run's folder:
+    Ray Train keeps no per-epoch results of its own, and the plots (rayflow.plots) read them from
+    there, so a resumed run is drawn whole. It runs in Train's controller, which Ray places on the
+    driver's node; a write that fails costs a plot point, never the run."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def after_report(self, run_context, metrics, checkpoint):
+        if not metrics:
+            return
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(metrics[0], default=str) + "\n")
+        except OSError:
+            pass
 
 
 def trainer_spec(cfg) -> dict:
@@ -120,7 +145,8 @@ def run_training(cfg, ctx) -> TrainSummary:
     if run_id:
         tracker.client.update_run(run_id, status="RUNNING")
         config["mlflow"] = {"uri": tracker.absolute_uri, "run_id": run_id}
-    trainer = make_trainer(trainer_spec(cfg), config, name=path.name, storage=str(path.parent))
+    trainer = make_trainer(trainer_spec(cfg), config, name=path.name, storage=str(path.parent),
+                           callbacks=[EpochLog(str(path / EPOCHS_FILE))])
     errored = False
     try:
         result = trainer.fit()
@@ -174,8 +200,8 @@ def run_sweep(cfg, ctx):
     job = TuneJob(
         trainable=tune.with_parameters(train_trial, base=loop_config(cfg, ctx.data), spec=spec, storage=str(ctx.experiment_dir)),
         param_space={"lr": tune.loguniform(float(w.sweep.lr.min), float(w.sweep.lr.max))},
-        metric="val_accuracy",
-        mode="max",
+        metric=SWEEP_METRIC,
+        mode=SWEEP_MODE,
         num_samples=samples,
         resources={"cpu": 0, "memory": 1},  # Tune wants a non-empty request; 1 byte is not a CPU
         scheduler=ASHAScheduler(

@@ -1,0 +1,99 @@
+"""What the plots draw, read back from an experiment folder (never from this invocation's memory,
+so a resumed run draws the whole history).
+
+Ray Tune keeps a folder per trial with `params.json` (the trial's config) and `result.json`
+(one JSON line per report; reopened for appending when a trial is restored, so it holds every
+report since the trial first started). A single Ray Train run writes no per-epoch file of its
+own: rayflow.workloads.ddp_run.EpochLog, a Train callback on its controller (which Ray
+places on the driver's node), appends rank 0's reports to EPOCHS_FILE in the run's folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TUNE_RESULT, TUNE_PARAMS = "result.json", "params.json"
+EPOCHS_FILE = "rayflow_epochs.jsonl"  # next to rayflow.json, in a Train run's folder
+
+
+def read_lines(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file; a line cut short (a run killed mid-write) is skipped."""
+    rows = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return rows
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def lookup(row: dict, key: str):
+    """row[key], or the nested value "a/b" names (RLlib's results are nested dicts)."""
+    if key in row:
+        return row[key]
+    value = row
+    for part in key.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)
+
+
+def series(rows: list[dict], x: str, y: str) -> list[tuple[float, float]]:
+    """(x, y) points sorted by x; a repeated x (epochs re-run after a restore) keeps its last report."""
+    points: dict[float, float] = {}
+    for row in rows:
+        px, py = _number(lookup(row, x)), _number(lookup(row, y))
+        if px is not None and py is not None:
+            points[px] = py
+    return sorted(points.items())
+
+
+@dataclass
+class Trial:
+    trial_id: str
+    params: dict
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        """Tune marks a trial's last report done=true when it ends (finished or stopped by the scheduler)."""
+        return bool(self.rows and self.rows[-1].get("done"))
+
+
+def tune_trials(experiment_dir: Path) -> list[Trial]:
+    """Every trial folder of a Tune experiment (sorted by trial id), with its reports so far."""
+    trials = []
+    for folder in sorted(p for p in Path(experiment_dir).iterdir() if (p / TUNE_PARAMS).is_file()):
+        try:
+            params = json.loads((folder / TUNE_PARAMS).read_text())
+        except (OSError, ValueError):
+            params = {}
+        rows = read_lines(folder / TUNE_RESULT)
+        ids = [r["trial_id"] for r in rows if r.get("trial_id")]
+        trials.append(Trial(str(ids[-1]) if ids else folder.name, params if isinstance(params, dict) else {}, rows))
+    return sorted(trials, key=lambda t: t.trial_id)
+
+
+def train_epochs(experiment_dir: Path) -> list[dict]:
+    """A Ray Train run's reports (rank 0's), one per epoch; a re-run epoch keeps its last report."""
+    by_epoch: dict[int, dict] = {}
+    for row in read_lines(Path(experiment_dir) / EPOCHS_FILE):
+        if _number(row.get("epoch")) is not None:
+            by_epoch[int(row["epoch"])] = row
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
