@@ -15,12 +15,14 @@ import pickle
 import shutil
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from rayflow import progress
 from rayflow.redaction import mask_text
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -85,7 +87,11 @@ def _lock(root: Path, timeout_s: float):
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(root / ".rayflow.lock"))
     try:
-        lock.acquire(timeout=timeout_s)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:  # another process prepares the data: say so once, then wait for it
+            progress.note(f"waiting for another process preparing the data under {root}", "data")
+            lock.acquire(timeout=timeout_s)
     except Timeout:
         raise DataError(f"data.timeout_s: waited {timeout_s:g} s for another process preparing the data under {root} (lock {lock.lock_file})") from None
     try:
@@ -115,26 +121,35 @@ def prepare(spec: DataSpec) -> Path:
 
 def download(root: Path, url: str = CIFAR_URL, md5: str = CIFAR_MD5, timeout_s: float = 600.0) -> None:
     """Fetch the official archive, check its md5, unpack it under root (caller holds the lock).
-    timeout_s bounds each connect and read, so a server that stops sending ends the wait."""
+    timeout_s bounds each connect and read, so a server that stops sending ends the wait.
+    Shows bytes, rate and time left on a terminal; one line on any other stderr."""
     shown = mask_text(url)
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
+    name = Path(urllib.parse.urlsplit(url).path).name or "cifar-10-python.tar.gz"
+    with tempfile.TemporaryDirectory(dir=root) as tmp, progress.Transfer(f"downloading {name}", "data") as bar:
         archive = Path(tmp) / "cifar-10-python.tar.gz"
+        digest = hashlib.md5()
         try:
             with urllib.request.urlopen(url, timeout=timeout_s) as response, open(archive, "wb") as out:
-                shutil.copyfileobj(response, out)
+                bar.expect(int(response.headers.get("Content-Length") or 0))
+                while chunk := response.read(1 << 16):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
         except OSError as err:
             raise DataError(
                 f"data.download: could not fetch {shown} ({mask_text(str(err))}; data.timeout_s={timeout_s:g}); "
                 "set data.synthetic=true to run offline"
             ) from None
-        digest = hashlib.md5(archive.read_bytes()).hexdigest()
-        if digest != md5:
-            raise DataError(f"data.download: {shown} has md5 {digest}, expected {md5}; not unpacked")
+        bar.finished()
+        if digest.hexdigest() != md5:
+            raise DataError(f"data.download: {shown} has md5 {digest.hexdigest()}, expected {md5}; not unpacked")
+        bar.status("md5 ok, unpacking")
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         target = root / BATCH_DIR
         shutil.rmtree(target, ignore_errors=True)
         shutil.move(str(Path(tmp) / BATCH_DIR), str(target))
+        bar.done(f"downloaded {name} from {shown} ({bar.summary()}), md5 ok, unpacked")
 
 
 def write_synthetic(batch_dir: Path, train_size: int, test_size: int, seed: int) -> None:

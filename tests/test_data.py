@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
 import pickle
 import subprocess
 import sys
-import tarfile
-import threading
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,40 +66,6 @@ def test_synthetic_signal_is_learnable(tmp_path):
 def test_missing_data_without_download_names_the_keys(tmp_path):
     with pytest.raises(DataError, match="data.download=true"):
         data.prepare(DataSpec(root=str(tmp_path), download=False))
-
-
-def _cifar_archive(folder: Path) -> bytes:
-    """A tiny archive laid out like the official cifar-10-python.tar.gz."""
-    data.write_synthetic(folder / "src" / data.BATCH_DIR, 50, 10, seed=1)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(folder / "src" / data.BATCH_DIR, arcname=data.BATCH_DIR)
-    return buffer.getvalue()
-
-
-@pytest.fixture
-def archive_server(tmp_path):
-    """A loopback HTTP server holding a CIFAR-format archive; counts the downloads."""
-    served = tmp_path / "served"
-    served.mkdir()
-    payload = _cifar_archive(tmp_path)
-    (served / "cifar-10-python.tar.gz").write_bytes(payload)
-    hits = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def do_GET(self):
-            hits.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(served)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/cifar-10-python.tar.gz"
-    yield url, hashlib.md5(payload).hexdigest(), hits
-    server.shutdown()
 
 
 def test_download_checks_md5_and_unpacks(tmp_path, archive_server):

@@ -19,6 +19,7 @@ import yaml
 from rayflow.backends import kuberay_checks, kuberay_manifest, kuberay_resources
 from rayflow.backends.base import ClusterBackend, ClusterError
 from rayflow.backends.kuberay_wait import wait_for_head
+from rayflow.progress import phase
 
 DASHBOARD_PORT = 8265  # the head container's port named `dashboard`
 
@@ -102,21 +103,25 @@ class KubeRayCluster(ClusterBackend):
         if existing is not None and self._kind == "RayCluster" and not existing["metadata"].get("deletionTimestamp"):
             print(f"[rayflow] kuberay: reusing the existing {where} as it is (delete it to apply a changed spec)", flush=True)
         else:
-            phase = time.monotonic()
-            self.kube.apply(manifest)
-            print(f"[rayflow] kuberay: applied {where} ({time.monotonic() - phase:.1f} s)", flush=True)
-        phase = time.monotonic()
-        deadline = phase + float(s.start_timeout_s)
-        head = wait_for_head(self.kube, self._cluster_name, float(s.start_timeout_s), float(s.schedule_grace_s))
+            with phase(f"applying {where}", "kuberay") as step:
+                self.kube.apply(manifest)
+                step.done(f"applied {where}")
+        deadline = time.monotonic() + float(s.start_timeout_s)
+        with phase(f"waiting for the head pod of {where} (HeadPodReady)", "kuberay") as step:
+            head = wait_for_head(self.kube, self._cluster_name, float(s.start_timeout_s), float(s.schedule_grace_s), step=step)
+            step.done(f"head pod {head['metadata']['name']} ready")
         cluster = self._cluster_name()
-        print(f"[rayflow] kuberay: head pod {head['metadata']['name']} ready ({time.monotonic() - phase:.1f} s)", flush=True)
-        self._ray_token = self._read_token(cluster, deadline) if self.auth_mode == "token" else None
-        relay = self._relay(cluster)
-        url = relay.start()
-        self.on_stop("stop the dashboard relay", relay.stop)
-        self._wait_for_jobs_api(url, deadline)
-        print(f"[rayflow] kuberay: dashboard of {cluster} reachable through {self._access()} "
-              f"({time.monotonic() - phase:.1f} s since apply)", flush=True)
+        if self.auth_mode == "token":
+            with phase(f"reading the Ray token from its Secret ({cluster})", "kuberay"):
+                self._ray_token = self._read_token(cluster, deadline)
+        else:
+            self._ray_token = None
+        with phase(f"waiting for the dashboard of {cluster} through {self._access()}", "kuberay") as step:
+            relay = self._relay(cluster)
+            url = relay.start()
+            self.on_stop("stop the dashboard relay", relay.stop)
+            self._wait_for_jobs_api(url, deadline, step)
+            step.done(f"dashboard of {cluster} reachable through {self._access()}")
         return url
 
     def _cluster_name(self) -> str | None:
@@ -156,7 +161,7 @@ class KubeRayCluster(ClusterBackend):
                                    f"within backend.start_timeout_s ({self.section.start_timeout_s} s)")
             time.sleep(1.0)
 
-    def _wait_for_jobs_api(self, url: str, deadline: float) -> None:
+    def _wait_for_jobs_api(self, url: str, deadline: float, step=None) -> None:
         """Until the Jobs API answers through the relay (the service may have no endpoint yet: 503)."""
         import urllib.error
         import urllib.request
@@ -172,6 +177,8 @@ class KubeRayCluster(ClusterBackend):
                 status = f"HTTP {err.code}"
             except (urllib.error.URLError, OSError) as err:
                 status = str(getattr(err, "reason", err))
+            if step is not None:
+                step.status(f"last answer: {status}")
             if time.monotonic() > deadline:
                 raise ClusterError(f"the dashboard of {self._cluster_name()} did not answer through {self._access()} "
                                    f"within backend.start_timeout_s ({self.section.start_timeout_s} s): {status}")

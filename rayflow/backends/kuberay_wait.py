@@ -12,11 +12,11 @@ grace period: a cluster autoscaler may be adding a node), a spec the operator re
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Callable
 
 from rayflow.backends.base import ClusterError
+from rayflow.progress import Phase
 
 PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
@@ -89,13 +89,12 @@ def describe(head: dict | None) -> str:
 
 
 def wait_for_head(kube, cluster_name: Callable[[], str | None], timeout_s: float, grace_s: float,
-                  poll_s: float = 2.0, progress_every_s: float = 10.0) -> dict:
+                  poll_s: float = 2.0, step: Phase | None = None) -> dict:
     """Until the RayCluster's HeadPodReady; returns the head pod. `cluster_name` names the
-    RayCluster once known (a RayJob's cluster is named by the operator). Raises ClusterError."""
+    RayCluster once known (a RayJob's cluster is named by the operator). Raises ClusterError.
+    `step` (a progress phase) is told what the head pod is doing: its ticker shows it on a terminal."""
     started = time.monotonic()
     unschedulable_since: float | None = None
-    last_report = started
-    interactive = sys.stderr.isatty()
     while True:
         name = cluster_name()
         cluster = kube.get("RayCluster", name) if name else None
@@ -117,8 +116,6 @@ def wait_for_head(kube, cluster_name: Callable[[], str | None], timeout_s: float
         if waited > timeout_s:
             raise ClusterError(f"the head of RayCluster {name or '(not created yet)'} was not ready within "
                                f"{timeout_s:g} s (backend.start_timeout_s); it is {describe(head)}")
-        if interactive and now - last_report >= progress_every_s:
-            print(f"[rayflow] kuberay: still waiting for the head pod (HeadPodReady): {describe(head)}, "
-                  f"{waited:.0f} s of {timeout_s:g} s", file=sys.stderr, flush=True)
-            last_report = now
+        if step is not None:
+            step.status(f"head pod {describe(head)}, limit {timeout_s:g} s")
         time.sleep(poll_s)

@@ -8,6 +8,7 @@ import yaml
 
 from rayflow.backends.base import ClusterBackend
 from rayflow.config import positive_int, positive_number
+from rayflow.progress import phase
 
 
 def local_cuda_devices() -> int:
@@ -74,7 +75,10 @@ class LocalCluster(ClusterBackend):
     def start(self) -> str:
         import ray
 
-        context = ray.init(**self.init_kwargs(), log_to_driver=True)
+        kwargs = self.init_kwargs()
+        gpus = f", num_gpus={kwargs['num_gpus']:g}" if kwargs["num_gpus"] is not None else ""
+        with phase(f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"):
+            context = ray.init(**kwargs, log_to_driver=True)
         node = ray._private.worker._global_node  # the GCS, raylet and dashboard this call started
         # Undo steps run newest first: a clean shutdown, then whatever of the node it left.
         self.on_stop("kill what is left of the local Ray node", node.kill_all_processes, check_alive=False, allow_graceful=False)

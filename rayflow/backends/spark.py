@@ -26,6 +26,8 @@ from rayflow.auth import ensure_token
 from rayflow.backends.base import ClusterBackend
 from rayflow.backends.spark_plan import sizing_plan
 from rayflow.config import ConfigError, flatten, positive_int, positive_number, redact, renamed_key_error
+from rayflow.progress import phase
+from rayflow.redaction import mask_text
 
 SETUP_KEYS = (
     "min_worker_nodes", "max_worker_nodes", "num_cpus_worker_node", "num_gpus_worker_node",
@@ -193,26 +195,35 @@ class SparkCluster(ClusterBackend):
         started = time.monotonic()
         spark = active_session()
         if spark is None:  # ours to stop; an active session (a notebook's) never is
-            builder = SparkSession.builder.master(str(self.section.master)).appName(str(self.section.app_name))
-            for key, value in self.spark_conf().items():
-                builder = builder.config(key, value)
-            spark = builder.getOrCreate()
+            with phase(f"starting Spark ({mask_text(str(self.section.master))})", "spark"):
+                builder = SparkSession.builder.master(str(self.section.master)).appName(str(self.section.app_name))
+                for key, value in self.spark_conf().items():
+                    builder = builder.config(key, value)
+                spark = builder.getOrCreate()
             self.on_stop("shut down Spark's py4j gateway JVM", shutdown_gateway_jvm)
             self.on_stop("stop the SparkSession rayflow built", spark.stop)
+        else:
+            print(f"[rayflow] spark: using the active SparkSession ({mask_text(str(spark.sparkContext.master))})", flush=True)
         self.timings["spark_ready_s"] = time.monotonic() - started
 
         import ray
         from ray.util.spark import cluster_init, setup_ray_cluster, shutdown_ray_cluster
 
-        try:
-            address, _ = setup_ray_cluster(**self.setup_args())
-        finally:  # a setup that failed halfway may still have left its head node running
-            cluster = cluster_init._active_ray_cluster
-            if cluster is not None:
-                self.on_stop("terminate what is left of the Ray-on-Spark head node", _terminate, cluster.head_proc)
-                self.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
+        args = self.setup_args()
+        low = args["min_worker_nodes"] if args["min_worker_nodes"] is not None else args["max_worker_nodes"]
+        with phase(f"starting Ray on Spark (head node, then {low} of up to {args['max_worker_nodes']} worker nodes)", "spark") as step:
+            # setup_ray_cluster starts the head, then waits for min_worker_nodes: say which, on a terminal
+            step.status(lambda: "waiting for worker nodes" if cluster_init._active_ray_cluster is not None else "starting the head node")
+            try:
+                address, _ = setup_ray_cluster(**args)
+            finally:  # a setup that failed halfway may still have left its head node running
+                cluster = cluster_init._active_ray_cluster
+                if cluster is not None:
+                    self.on_stop("terminate what is left of the Ray-on-Spark head node", _terminate, cluster.head_proc)
+                    self.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
         self.timings["ray_ready_s"] = time.monotonic() - started
-        ray.init(address=address, log_to_driver=True)
+        with phase(f"connecting this driver to {address}", "spark"):
+            ray.init(address=address, log_to_driver=True)
         self.on_stop("ray.shutdown() of this driver", ray.shutdown)
         return address
 

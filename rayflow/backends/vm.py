@@ -28,6 +28,7 @@ from rayflow.auth import auth_token, ensure_token, token_path
 from rayflow.backends import vm_config
 from rayflow.backends.base import ClusterBackend, scoped_env
 from rayflow.processes import kill_processes_mentioning, pids_mentioning, stop_processes_mentioning
+from rayflow.progress import phase
 
 
 DASHBOARD_PORT = 8265  # Ray's default, on the head of a launched cluster
@@ -176,13 +177,14 @@ class VMCluster(ClusterBackend):
         # jobs on this head run `python`: this venv's, as the fake nodes do
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         timeout = float(self.section.start_timeout_s)
-        print(f"[rayflow] vm: starting a fake_multinode head in {self._temp_dir}", flush=True)
-        try:
-            subprocess.run(command, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        except subprocess.CalledProcessError as err:
-            raise RuntimeError(f"ray start --head failed: {(err.stderr or '').strip().splitlines()[-1:]}") from None
+        with phase(f"starting a fake_multinode head in {self._temp_dir} (ray start --head)", "vm"):
+            try:
+                subprocess.run(command, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            except subprocess.CalledProcessError as err:
+                raise RuntimeError(f"ray start --head failed: {(err.stderr or '').strip().splitlines()[-1:]}") from None
         url = f"http://127.0.0.1:{dashboard}"
-        wait_for_dashboard(url, timeout, "backend=vm")
+        with phase(f"waiting for the head's dashboard at {url}", "vm"):
+            wait_for_dashboard(url, timeout, "backend=vm")
         self._state_file().parent.mkdir(parents=True, exist_ok=True)
         self._state_file().write_text(json.dumps({"temp_dir": self._temp_dir, "url": url}))
         return url
@@ -203,11 +205,12 @@ class VMCluster(ClusterBackend):
                 self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
             self.on_stop(f"tear down cluster {config['cluster_name']}", sdk.teardown_cluster, self._config_file)
         env = vm_config.launcher_env(self.section, self.auth_mode, _token_file())  # v1 for local (ray#59905)
-        with scoped_env(env):
+        with scoped_env(env), phase(f"creating or updating cluster {config['cluster_name']} (provider {self.provider}, as `ray up`)", "vm"):
             sdk.create_or_update_cluster(self._config_file, no_restart=False, restart_only=False, no_config_cache=True)
         head_ip = sdk.get_head_node_ip(self._config_file)
         url = f"http://{head_ip}:{DASHBOARD_PORT}"
-        wait_for_dashboard(url, float(self.section.start_timeout_s), f"backend=vm provider={self.provider}")
+        with phase(f"waiting for the head's dashboard at {url}", "vm"):
+            wait_for_dashboard(url, float(self.section.start_timeout_s), f"backend=vm provider={self.provider}")
         return url
 
 

@@ -1,0 +1,256 @@
+"""What the long waits print while they last: start-up phases, a ticker, download progress.
+
+On an interactive stderr (a terminal) a phase opens one line, `[rayflow] spark: starting
+Spark (local[2])...`, that a ticker thread redraws in place (\\r) after a few seconds with the
+time spent and what it still waits on, and that ends as `... done in 17.2 s`; a download
+redraws bytes, rate and time left, as torchvision's does. On any other stderr (a pipe, a file,
+a CI log, a Ray worker's log) each phase prints exactly one line, when it ends, with its time:
+no \\r, no ticker.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+from typing import Callable, TextIO
+
+TICK_AFTER_S = 2.0  # a phase shorter than this never ticks
+TICK_EVERY_S = 1.0
+REDRAW_EVERY_S = 0.2  # a download redraws at most this often
+RATE_WINDOW_S = 5.0  # the rate (and time left) of a download is over its last seconds
+
+
+def interactive(stream: TextIO | None = None) -> bool:
+    """Whether `stream` (default: sys.stderr) is a terminal that can take \\r redraws."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # closed, or not a real file
+        return False
+
+
+def format_size(n: float) -> str:
+    """Bytes in decimal units, as downloads are usually quoted: 170498071 -> '170.5 MB'."""
+    if n < 1000:
+        return f"{int(n)} B"
+    for unit in ("kB", "MB", "GB", "TB"):
+        n /= 1000.0
+        if n < 999.95 or unit == "TB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def format_rate(bytes_per_s: float) -> str:
+    return format_size(bytes_per_s) + "/s"
+
+
+def format_duration(seconds: float) -> str:
+    """A short span for 'time left': '8 s', '2 min 05 s', '1 h 02 min'."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def time_left(done: int, total: int | None, rate: float) -> float | None:
+    """Seconds until `total` at `rate`; None when that cannot be known."""
+    if not total or rate <= 0 or done > total:
+        return None
+    return (total - done) / rate
+
+
+def _width(stream: TextIO) -> int:
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        columns = 0
+    return (columns or 120) - 1  # the last column would wrap, and \r redraws one line only
+
+
+def _fit(head: str, tail: str, width: int) -> str:
+    """head + tail within width, shortening the head (what) rather than the numbers."""
+    if len(head) + len(tail) <= width:
+        return head + tail
+    keep = max(0, width - len(tail) - 1)
+    return (head[:keep] + "…" + tail)[:width]
+
+
+def note(text: str, backend: str, stream: TextIO | None = None) -> None:
+    """One line, on any stderr."""
+    stream = sys.stderr if stream is None else stream
+    print(f"[rayflow] {backend}: {text}", file=stream, flush=True)
+
+
+class Phase:
+    """One step of a long wait: `with phase("starting Spark (local[2])", "spark") as p:`.
+
+    p.status(text or callable) says what it waits on now (shown by the ticker); p.done(text)
+    replaces the end line's `{what}... done` (`applied RayCluster x` -> `applied RayCluster x in 0.3 s`).
+    """
+
+    def __init__(self, what: str, backend: str, stream: TextIO | None = None,
+                 tick_after_s: float = TICK_AFTER_S, tick_every_s: float = TICK_EVERY_S):
+        self.what = what
+        self.prefix = f"[rayflow] {backend}: "
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = interactive(self.stream)
+        self.tick_after_s, self.tick_every_s = tick_after_s, tick_every_s
+        self.detail: str | Callable[[], str] | None = None
+        self.result: str | None = None
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def status(self, detail: str | Callable[[], str] | None) -> None:
+        self.detail = detail
+
+    def done(self, result: str) -> None:
+        self.result = result
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def _detail(self) -> str:
+        detail = self.detail() if callable(self.detail) else self.detail
+        return f", {detail}" if detail else ""
+
+    def live(self) -> tuple[str, str]:
+        """The redrawn line as (what, numbers): the ticker shortens `what` to fit the terminal."""
+        return f"{self.prefix}{self.what}...", f" {self.elapsed:.0f} s{self._detail()}"
+
+    def end_line(self, error: BaseException | None) -> str:
+        t = self.elapsed
+        if error is not None:
+            verb = "failed" if isinstance(error, Exception) else "stopped"
+            return f"{self.prefix}{self.what}... {verb} after {t:.1f} s"
+        if self.result:
+            return f"{self.prefix}{self.result} in {t:.1f} s"
+        return f"{self.prefix}{self.what}... done in {t:.1f} s"
+
+    def _draw(self, text: str, end: str = "") -> None:
+        with self._lock:
+            try:
+                self.stream.write("\r\033[K" + text + end)
+                self.stream.flush()
+            except (ValueError, OSError):  # the terminal went away: progress is not worth an error
+                pass
+
+    def redraw(self) -> None:
+        if self.tty and not self._stop.is_set():
+            try:
+                head, tail = self.live()
+            except Exception:  # a status callable that fails must not end the run
+                head, tail = f"{self.prefix}{self.what}...", f" {self.elapsed:.0f} s"
+            self._draw(_fit(head, tail, _width(self.stream)))
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.tick_every_s):
+            if self.elapsed >= self.tick_after_s:
+                self.redraw()
+
+    def __enter__(self) -> "Phase":
+        self.started = time.monotonic()
+        if self.tty:
+            self._draw(_fit(f"{self.prefix}{self.what}...", "", _width(self.stream)))
+            self._ticker = threading.Thread(target=self._tick, name="rayflow-progress", daemon=True)
+            self._ticker.start()
+        return self
+
+    def __exit__(self, exc_type, error, tb) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+        line = self.end_line(error)
+        if self.tty:
+            self._draw(line, "\n")
+        else:
+            print(line, file=self.stream, flush=True)
+
+
+def phase(what: str, backend: str, stream: TextIO | None = None, **kwargs) -> Phase:
+    """A context manager that prints a phase of a long wait (see Phase)."""
+    return Phase(what, backend, stream, **kwargs)
+
+
+class Transfer(Phase):
+    """A download: `with Transfer("downloading x.tar.gz", "data") as t: t.expect(total); t.update(n)...`.
+
+    On a terminal: `[rayflow] data: downloading x.tar.gz: 76.5 MB / 170.5 MB (45%), 6.2 MB/s,
+    15 s left`, redrawn; the end line (any stderr) gives the size and mean rate.
+    """
+
+    def __init__(self, what: str, backend: str, stream: TextIO | None = None, **kwargs):
+        kwargs.setdefault("tick_after_s", 0.0)  # a stalled download shows its rate falling at once
+        super().__init__(what, backend, stream, **kwargs)
+        self.total: int | None = None
+        self.bytes = 0
+        self.transfer_s: float | None = None  # set when the bytes are all there
+        self._window: collections.deque = collections.deque()
+        self._drawn = 0.0
+
+    def expect(self, total: int | None) -> None:
+        self.total = total if total and total > 0 else None
+
+    def update(self, n: int) -> None:
+        self.bytes += n
+        now = time.monotonic()
+        self._window.append((now, self.bytes))
+        while len(self._window) > 2 and now - self._window[0][0] > RATE_WINDOW_S:
+            self._window.popleft()
+        if self.tty and now - self._drawn >= REDRAW_EVERY_S:
+            self._drawn = now
+            self.redraw()
+
+    def finished(self) -> None:
+        """The bytes are all there (what follows, e.g. unpacking, is not transfer time)."""
+        self.transfer_s = self.elapsed
+
+    def rate(self) -> float:
+        """Bytes per second over the last RATE_WINDOW_S (falling while nothing arrives)."""
+        if self.transfer_s is not None:
+            return self.mean_rate()
+        if not self._window:
+            return 0.0
+        first_t, first_b = self._window[0]
+        if len(self._window) == 1:
+            first_t, first_b = self.started, 0
+        span = time.monotonic() - first_t
+        return (self.bytes - first_b) / span if span > 0 else 0.0
+
+    def mean_rate(self) -> float:
+        span = self.transfer_s if self.transfer_s is not None else self.elapsed
+        return self.bytes / span if span > 0 else 0.0
+
+    def summary(self) -> str:
+        """'170.5 MB at 6.2 MB/s' (the mean rate of the transfer)."""
+        return f"{format_size(self.bytes)} at {format_rate(self.mean_rate())}"
+
+    def live(self) -> tuple[str, str]:
+        if self.transfer_s is not None:  # unpacking, checking: a plain phase line from here
+            return f"{self.prefix}{self.what}: {self.summary()}", f"{self._detail()}... {self.elapsed:.0f} s"
+        rate = self.rate()
+        if self.total:
+            left = time_left(self.bytes, self.total, rate)
+            numbers = (f" {format_size(self.bytes)} / {format_size(self.total)} "
+                       f"({100 * self.bytes // self.total}%), {format_rate(rate)}, "
+                       f"{format_duration(left) + ' left' if left is not None else 'time left unknown'}")
+        else:
+            numbers = f" {format_size(self.bytes)}, {format_rate(rate)}, {self.elapsed:.0f} s"
+        return f"{self.prefix}{self.what}:", numbers
+
+    def end_line(self, error: BaseException | None) -> str:
+        if error is None and self.result is None:
+            return f"{self.prefix}{self.what}: {self.summary()}, done in {self.elapsed:.1f} s"
+        if error is not None and self.bytes:
+            return super().end_line(error) + f" ({format_size(self.bytes)} received)"
+        return super().end_line(error)
+
+
+__all__ = ["Phase", "Transfer", "format_duration", "format_rate", "format_size", "interactive", "note", "phase", "time_left"]
