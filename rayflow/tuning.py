@@ -76,6 +76,38 @@ def write_state(path: Path, state: dict) -> None:
     (path / STATE_FILE).write_text(json.dumps(state, indent=2))
 
 
+def _first_result_wait():
+    """A Tune callback that shows the wait for the first trial's first result: the trial's
+    process starts and imports torch (and RLlib) before it reports, seconds with nothing printed."""
+    from ray.tune import Callback
+
+    from rayflow.progress import phase
+
+    class FirstResult(Callback):
+        def __init__(self):
+            self._phase = None
+
+        def __getstate__(self):  # Tune pickles its callbacks with the experiment; a live phase is not state
+            return {"_phase": None}
+
+        def setup(self, **info):
+            self._phase = phase("waiting for the first trial's first result (its process starts and imports torch)", "tune")
+            self._phase.__enter__()
+
+        def _close(self):
+            if self._phase is not None:
+                self._phase.__exit__(None, None, None)
+                self._phase = None
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            self._close()
+
+        def on_experiment_end(self, trials, **info):
+            self._close()
+
+    return FirstResult()
+
+
 def run_tune(job: TuneJob, path: Path, resume: bool = False):
     """Run (or continue) the experiment in `path`; returns (ResultGrid, interrupted)."""
     from ray import tune
@@ -107,7 +139,7 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
                     checkpoint_at_end=job.checkpoint_at_end,
                 ),
                 stop=job.stop,
-                callbacks=job.callbacks,
+                callbacks=[*(job.callbacks or []), _first_result_wait()],
                 verbose=job.verbose,
             ),
         )

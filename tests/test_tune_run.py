@@ -19,6 +19,9 @@ def test_asha_run_lands_in_mlflow_with_checkpoints(rayflow):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "== rayflow results ==" in out.stdout and "trial-epochs used:" in out.stdout
     assert "mlflow ui --backend-store-uri sqlite:///" in out.stdout
+    # the first trial's start-up (process, imports) is one line with its time, not silence
+    waits = [line for line in out.stderr.splitlines() if "waiting for the first trial's first result" in line]
+    assert len(waits) == 1 and " done in " in waits[0] and "\r" not in out.stderr, waits
 
     client, parents, children = rayflow.mlflow("cifar")
     assert len(parents) == 1
