@@ -162,7 +162,7 @@ def test_rayjob_mode_tells_the_rayjob_its_job_and_deletes_it(ray_head, rayflow, 
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
         out = rayflow.run(*kuberay(emulator, "backend.mode=rayjob"), *SMALL_CIFAR, "tracking=none", timeout=400)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    assert "applied RayJob default/rayflow" in out.stdout
+    assert "applied RayJob default/rayflow" in out.stdout + out.stderr  # phase lines go to stderr
     job_ids = {(obj.get("spec") or {}).get("jobId") for obj in seen} - {None, ""}
     assert len(job_ids) == 1 and next(iter(job_ids)).startswith("raysubmit_")
     assert seen[0]["spec"]["shutdownAfterJobFinishes"] is True and seen[0]["spec"]["submissionMode"] == "InteractiveMode"
