@@ -6,6 +6,7 @@ and exit non-zero before a cluster, a trial or an MLflow run exists.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from importlib import resources
@@ -172,3 +173,25 @@ def check_common(cfg: DictConfig) -> None:
     fraction = OmegaConf.select(cfg, "data.val_fraction")
     if not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise ConfigError("data.val_fraction", f"must be between 0 and 1 (exclusive); got {fraction!r}")
+
+
+def merge_overrides(base: Mapping, top: Mapping) -> dict:
+    """`top` deep-merged over `base`; a null in `top` deletes the key: how a backend's
+    `overrides` section changes the spec it renders (vm's cluster YAML, kuberay's manifest)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in top.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_overrides(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def checked_number(value: Any, key: str, positive: bool) -> float:
+    """A finite number >= 0 (> 0 when `positive`) from a plain section, else ConfigError naming `key`."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        raise ConfigError(key, f"must be a number {'> 0' if positive else '>= 0'}; got {value!r}")
+    return float(value)

@@ -8,17 +8,8 @@ from __future__ import annotations
 
 from ray.tune import Callback
 
+from rayflow.plots_data import lookup
 
-
-def _lookup(result: dict, key: str):
-    if key in result:
-        return result[key]
-    value = result
-    for part in key.split("/"):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
 
 
 class TrialRuns(Callback):
@@ -67,7 +58,7 @@ class TrialRuns(Callback):
         run_id = self.run_for(trial)
         step = int(result.get("epoch", result.get("training_iteration", 0)))
         stamp = int(result.get("timestamp", 0) * 1000)
-        values = {name: _lookup(result, key) for name, key in self.metrics.items()}
+        values = {name: lookup(result, key) for name, key in self.metrics.items()}
         metrics = [
             Metric(name, float(value), stamp, step)
             for name, value in values.items()

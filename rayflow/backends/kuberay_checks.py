@@ -9,7 +9,6 @@ Pure functions: no Kubernetes cluster, no credentials.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Mapping
 
@@ -18,7 +17,7 @@ from omegaconf import DictConfig
 from rayflow.backends import kuberay_manifest as km
 from rayflow.backends.kuberay_metadata import DNS_1123_LABEL, is_dns_label
 from rayflow.backends.kuberay_resources import parse_quantity
-from rayflow.config import ConfigError
+from rayflow.config import ConfigError, checked_number
 
 CHOICES = {
     "mode": ("cluster", "rayjob"),
@@ -46,13 +45,6 @@ def _whole(value: Any, key: str, minimum: int = 0, allow_null: bool = False) -> 
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(key, f"must be a whole number >= {minimum}{' or null' if allow_null else ''}; got {value!r}")
     return value
-
-
-def _number(value: Any, key: str, positive: bool) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        raise ConfigError(key, f"must be a number {'> 0' if positive else '>= 0'}; got {value!r}")
-    return float(value)
 
 
 def _quantity(value: Any, key: str) -> None:
@@ -105,8 +97,8 @@ def _check_keys(b: dict, gpu: bool, auth_mode: str, installed_ray: str) -> None:
     if not isinstance(b.get("namespace"), str) or not is_dns_label(b["namespace"]):
         raise ConfigError("backend.namespace", f"must be a Kubernetes namespace name (DNS-1123 label); got {b.get('namespace')!r}")
     for key in ("start_timeout_s", "schedule_grace_s", "delete_timeout_s", "autoscale_upscaling_speed"):
-        _number(b.get(key), f"backend.{key}", positive=True)
-    _number(b.get("autoscale_idle_timeout_minutes"), "backend.autoscale_idle_timeout_minutes", positive=False)
+        checked_number(b.get(key), f"backend.{key}", positive=True)
+    checked_number(b.get("autoscale_idle_timeout_minutes"), "backend.autoscale_idle_timeout_minutes", positive=False)
     low = _whole(b.get("min_worker_nodes"), "backend.min_worker_nodes")
     high = _whole(b.get("max_worker_nodes"), "backend.max_worker_nodes")
     if low > high:

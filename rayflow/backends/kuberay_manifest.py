@@ -14,6 +14,8 @@ from typing import Any, Mapping, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from rayflow.config import merge_overrides
+
 API_VERSION = "ray.io/v1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rayflow"}
 HEAD_CONTAINER, WORKER_CONTAINER = "ray-head", "ray-worker"
@@ -76,19 +78,6 @@ def plain(section: DictConfig | Mapping) -> dict:
     if isinstance(section, DictConfig):
         return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
     return copy.deepcopy(dict(section))
-
-
-def merge(base: Mapping, top: Mapping) -> dict:
-    """`top` deep-merged over `base`; a null in `top` deletes the key (how `overrides` removes one)."""
-    out = copy.deepcopy(dict(base))
-    for key, value in top.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def group_names(b: Mapping, gpu: bool) -> list[str]:
@@ -213,7 +202,7 @@ def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version
                     "spec": {**job, "rayClusterSpec": spec}}
     else:
         manifest = {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": spec}
-    return merge(manifest, b.get("overrides") or {})
+    return merge_overrides(manifest, b.get("overrides") or {})
 
 
 # --- reading a manifest ------------------------------------------------------------------------

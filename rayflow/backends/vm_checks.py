@@ -8,7 +8,6 @@ before a real start. Pure functions: nothing started, no cloud credentials read.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ from rayflow.backends.vm_defaults import (
     shipped_defaults,
     with_defaults,
 )
-from rayflow.config import ConfigError
+from rayflow.config import ConfigError, checked_number
 
 # Keys of cluster YAMLs from older guides and Ray versions, and what replaced them.
 REMOVED = {
@@ -74,13 +73,6 @@ def _whole(value: Any, key: str, minimum: int = 0, allow_null: bool = False) -> 
         why = " (Ray's cluster config takes whole CPUs, GPUs and bytes)" if isinstance(value, float) else ""
         raise ConfigError(key, f"must be a whole number >= {minimum}{null}{why}; got {value!r}")
     return value
-
-
-def _number(value: Any, key: str, positive: bool) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        raise ConfigError(key, f"must be a number {'> 0' if positive else '>= 0'}; got {value!r}")
-    return float(value)
 
 
 def _bool(value: Any, key: str) -> bool:
@@ -139,9 +131,9 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
         raise ConfigError("backend.cluster_name", f"must be 1-40 lowercase letters, digits and dashes, starting with a letter (cloud labels and instance names carry it); got {name!r}")
     _bool(b.get("keep_cluster"), "backend.keep_cluster")
     _bool(b.get("cache_stopped_nodes"), "backend.cache_stopped_nodes")
-    _number(b.get("start_timeout_s"), "backend.start_timeout_s", positive=True)
-    _number(b.get("autoscale_idle_timeout_minutes"), "backend.autoscale_idle_timeout_minutes", positive=False)
-    _number(b.get("autoscale_upscaling_speed"), "backend.autoscale_upscaling_speed", positive=True)
+    checked_number(b.get("start_timeout_s"), "backend.start_timeout_s", positive=True)
+    checked_number(b.get("autoscale_idle_timeout_minutes"), "backend.autoscale_idle_timeout_minutes", positive=False)
+    checked_number(b.get("autoscale_upscaling_speed"), "backend.autoscale_upscaling_speed", positive=True)
 
     high = _whole(b.get("max_worker_nodes"), "backend.max_worker_nodes", minimum=0)
     low = _whole(b.get("min_worker_nodes"), "backend.min_worker_nodes", minimum=0)

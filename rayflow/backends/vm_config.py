@@ -57,7 +57,7 @@ from rayflow.backends.vm_defaults import (
     shipped_defaults,
     with_defaults,
 )
-from rayflow.config import ConfigError
+from rayflow.config import ConfigError, merge_overrides
 
 # The callers' names, as before the split: rendering here, the rest re-exported.
 __all__ = [
@@ -70,18 +70,6 @@ __all__ = [
 
 
 # --- render -----------------------------------------------------------------------------------
-
-
-def _apply_overrides(config: dict, overrides: Mapping) -> dict:
-    out = copy.deepcopy(config)
-    for key, value in overrides.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _apply_overrides(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def _resources(t: dict) -> dict[str, int]:
@@ -203,7 +191,7 @@ def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version
         "node_types": {kind: WORKER_TYPES[kind] for kind in kinds} if provider != "local" else {},
         "placeholders": placeholders(b),
     }}
-    return _apply_overrides(config, b.get("overrides") or {})
+    return merge_overrides(config, b.get("overrides") or {})
 
 
 # --- Ray's validation -----------------------------------------------------------------------
