@@ -46,6 +46,7 @@ def check_config(cfg: DictConfig) -> ClusterBackend:
         if gpus is not None and gpus <= 0:
             raise ConfigError("compute", f"compute=gpu but backend {backend.name} has no CUDA device; use compute=cpu or compute=auto")
     bundles = workload.demand(cfg)
+    backend.preload_worker_imports(workload.WORKER_IMPORTS, sum(b.count for b in bundles))
     nodes = backend.capacity({k for b in bundles for k, v in b.resources.items() if v})
     if nodes is not None:  # else the running cluster is watched (PlacementWatch)
         check_fits(bundles, nodes, backend.name)
@@ -222,7 +223,7 @@ def run_job(cfg: DictConfig):
             OmegaConf.update(cfg, key, drop_redacted(value), merge=True)
     workload = workload_for(cfg.workload.name)
     data = DataSpec.from_config(cfg.data, seed=int(cfg.seed))
-    uses_data = getattr(workload, "USES_DATA", True)  # ppo makes its own
+    uses_data = workload.USES_DATA  # ppo makes its own
     if uses_data and data.synthetic:
         print(f"[rayflow] data: SYNTHETIC CIFAR-format set (data.synthetic=true) under {data.batch_dir}", flush=True)
     if uses_data and backend.shares_filesystem:

@@ -7,6 +7,7 @@ trial process keeps its loaded data set), and the end-of-run summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -143,7 +144,28 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
                 verbose=job.verbose,
             ),
         )
-    return fit_watching_interrupts(tuner)
+    with _trials_in_prestarted_workers():
+        return fit_watching_interrupts(tuner)
+
+
+@contextlib.contextmanager
+def _trials_in_prestarted_workers():
+    """Tune gives every trial actor the runtime_env {"env_vars": {"PL_DISABLE_FORK": "1"}}
+    (ray.tune.execution.class_cache: a PyTorch Lightning workaround; rayflow's workloads do not
+    use Lightning). Any runtime_env makes Ray start a new process for the actor rather than give
+    it one of the idle workers its raylet prestarted (and that imported the workload's modules:
+    LocalCluster.preload_worker_imports), which puts 2-5 s of process start and imports in front
+    of every trial. Without the variable the trial's runtime_env is empty and those workers fit.
+    Variables Tune forwards from the driver's environment (AWS keys, Ray Train's) still go."""
+    from ray.tune.execution import class_cache
+
+    saved = dict(class_cache.DEFAULT_ENV_VARS)
+    class_cache.DEFAULT_ENV_VARS.pop("PL_DISABLE_FORK", None)
+    try:
+        yield
+    finally:
+        class_cache.DEFAULT_ENV_VARS.clear()
+        class_cache.DEFAULT_ENV_VARS.update(saved)
 
 
 def _sigint_sentinel(signum, frame):

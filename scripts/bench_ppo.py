@@ -3,8 +3,11 @@
 rayflow's side is the ppo workload as the CLI runs it (its PPOConfig through Ray Tune, the
 per-iteration MLflow trial runs, checkpoints every 5 iterations and at the end); the plain
 side is the same PPOConfig (rayflow.workloads.ppo.algo_config) built and trained directly
-with RLlib's Algorithm.train() until the return reaches the goal. Both run on one local
-Ray cluster started before any timing, alternating, with the same seed.
+with RLlib's Algorithm.train() until the return reaches the goal. Sides alternate, with the
+same seed. Each run gets a new local cluster, started the way `python -m rayflow
+workload=ppo` starts it (backend=local, 2 CPUs, its idle workers importing the workload's
+modules), and its clock starts the moment ray.init returns: what the CLI does after its
+cluster is up (parent MLflow run aside, made before the cluster) is on the clock.
 """
 
 from __future__ import annotations
@@ -23,6 +26,18 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+def cluster(cfg):
+    """A new local cluster, configured by the CLI's preflight as `python -m rayflow workload=ppo
+    backend.num_cpus=2` configures it (with --no-warm: backend.preload_worker_imports=false)."""
+    from rayflow.session import check_config
+
+    return check_config(cfg)
+
+
+def overrides(args) -> list[str]:
+    return ["workload=ppo", "backend.num_cpus=2", f"backend.preload_worker_imports={str(args.warm).lower()}"]
+
+
 def rayflow_side(folder: Path, args) -> tuple[float, int, float]:
     """(wall s, env steps, return) of workload=ppo through rayflow's Tune path, MLflow on."""
     from rayflow.cli import compose_config
@@ -32,24 +47,32 @@ def rayflow_side(folder: Path, args) -> tuple[float, int, float]:
     from rayflow.tuning import experiment_dir
     from rayflow.workloads import ppo
 
-    cfg = compose_config("workload=ppo", f"storage_path={folder}", f"tracking.uri=sqlite:///{folder}/mlflow.db",
+    cfg = compose_config(*overrides(args), f"storage_path={folder}",
+                         f"tracking.uri=sqlite:///{folder}/mlflow.db",
                          f"workload.stop.episode_return_mean={args.goal}", f"workload.stop.env_steps={args.max_steps}")
     tracker = Tracker(cfg)
     tracker.start(cfg, "", tags={"workload": "ppo"})  # the store and parent run exist before timing
     context = RunContext(tracker, DataSpec.from_config(cfg.data), experiment_dir(cfg), resume=False)
-    start = time.perf_counter()
-    summary = ppo.run(cfg, context)
-    wall = time.perf_counter() - start
+    with cluster(cfg):
+        start = time.perf_counter()
+        summary = ppo.run(cfg, context)
+        wall = time.perf_counter() - start
     tracker.end("FINISHED")
     return wall, int(summary.steps_at_best or 0), float(summary.best_return or 0)
 
 
 def plain_side(folder: Path, args) -> tuple[float, int, float]:
-    """The same PPOConfig, driven by RLlib alone."""
+    """The same PPOConfig, driven by RLlib alone, on the same kind of cluster."""
     from rayflow.cli import compose_config
     from rayflow.workloads.ppo import algo_config
 
-    config = algo_config(compose_config("workload=ppo"), gpu=False)
+    cfg = compose_config(*overrides(args), "tracking=none")
+    config = algo_config(cfg, gpu=False)
+    with cluster(cfg):
+        return _train(config, args)
+
+
+def _train(config, args) -> tuple[float, int, float]:
     start = time.perf_counter()
     algo = config.build_algo()
     try:
@@ -67,7 +90,6 @@ def ppo(args) -> dict:
     import ray
 
     tmp = Path(tempfile.mkdtemp(prefix="rayflow-bench-ppo-"))
-    ray.init(address="local", num_cpus=2, include_dashboard=True)
     runs: dict[str, list[tuple[float, int, float]]] = {"rayflow": [], "plain": []}
     try:
         for rep in range(args.repeats):  # alternate, so drift on a noisy machine hits both
@@ -78,7 +100,6 @@ def ppo(args) -> dict:
                 wall, steps, value = runs[name][-1]
                 log(f"repeat {rep + 1}/{args.repeats} {name}: return {value:.1f} after {steps} env steps, {wall:.1f} s")
     finally:
-        ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
     wall = statistics.median(r[0] for r in runs["rayflow"])
     plain = statistics.median(r[0] for r in runs["plain"])
@@ -87,7 +108,7 @@ def ppo(args) -> dict:
         "env_steps": statistics.median(r[1] for r in runs["rayflow"]),
         "plain_env_steps": statistics.median(r[1] for r in runs["plain"]),
         "reached": all(r[2] >= args.goal for side in runs.values() for r in side),
-        "runs": runs, "goal": args.goal, "env": "CartPole-v1", "repeats": args.repeats, "ray_version": ray.__version__,
+        "warm_workers": args.warm, "runs": runs, "goal": args.goal, "env": "CartPole-v1", "repeats": args.repeats, "ray_version": ray.__version__,
     }
 
 
@@ -95,3 +116,5 @@ def ppo_args(p) -> None:
     p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating; medians compared")
     p.add_argument("--goal", type=float, default=450.0, help="episode_return_mean to reach")
     p.add_argument("--max-steps", type=int, default=300_000, help="give up after this many env steps")
+    p.add_argument("--no-warm", dest="warm", action="store_false",
+                   help="both sides without backend.preload_worker_imports (what it saves)")

@@ -43,6 +43,33 @@ def test_lr_grid_logs_each_iteration_and_checkpoints(rayflow):
     assert returns == {"lines": 2, "lrs": [1e-4, 1e-3], "points": [2, 2], "goal": 450.0}
 
 
+def test_the_trial_and_its_env_runner_start_in_workers_the_cluster_prestarted(rayflow):
+    """No start-up tax: backend=local has Ray's idle workers import torch and RLlib as it starts,
+    and the trial's algorithm (despite Tune's runtime_env) and its env runner (inside the trial's
+    placement group, which takes every CPU) run in those processes, not in new ones."""
+    import time
+
+    from ray.util.state import list_actors, list_workers
+
+    from rayflow.cli import compose_config
+    from rayflow.data import DataSpec
+    from rayflow.session import RunContext, check_config
+    from rayflow.tracking import Tracker
+    from rayflow.tuning import experiment_dir
+    from rayflow.workloads import ppo
+
+    cfg = compose_config(*QUICK, "workload.stop.iterations=1", "tracking=none", f"storage_path={rayflow.storage}")
+    with check_config(cfg) as backend:
+        assert backend.init_kwargs()["_system_config"]["num_workers_soft_limit"] == 2
+        fit_ms = time.time() * 1000
+        summary = ppo.run(cfg, RunContext(Tracker(cfg), DataSpec.from_config(cfg.data), experiment_dir(cfg), False))
+        pids = {a.class_name: a.pid for a in list_actors(detail=True, limit=100)}
+        launched = {w.pid: w.worker_launch_time_ms for w in list_workers(detail=True, limit=100)}
+    assert summary.trials == 1 and summary.errored == 0
+    for name in ("PPO", "SingleAgentEnvRunner"):
+        assert launched[pids[name]] < fit_ms, f"{name} ran in a worker started after the run began"
+
+
 def test_interrupt_then_resume_continues_the_iterations(rayflow):
     proc, log = rayflow.start(*QUICK, "workload.stop.iterations=8")
     assert wait_until(lambda: len(checkpoints(rayflow)) >= 2, timeout=240, interval=0.2), log.read_text()[-3000:]

@@ -137,6 +137,12 @@ class ClusterBackend(abc.ABC):
     def job_submitted(self, job_id: str) -> None:
         """Called once the job exists (a KubeRay RayJob is told its job id)."""
 
+    def preload_worker_imports(self, modules: tuple[str, ...], processes: int) -> None:
+        """Modules the workload's trial processes import first (torch, RLlib), and how many
+        processes one trial has. A backend that starts Ray's worker processes ahead of use has
+        them imported there, so the first trial does not wait seconds for its imports; the
+        others ignore this."""
+
     def cluster_gpus(self) -> float | None:
         """GPUs the cluster would offer, when known before it starts (None: ask it later)."""
         return None

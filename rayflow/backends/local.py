@@ -23,6 +23,19 @@ def total_memory_bytes() -> int:
 
 class LocalCluster(ClusterBackend):
     shares_filesystem = True  # its one node is this machine
+
+    def __init__(self, section, auth_mode: str = "token"):
+        super().__init__(section, auth_mode)
+        self.worker_imports: tuple[str, ...] = ()
+        self.warm_workers = 0
+
+    def preload_worker_imports(self, modules: tuple[str, ...], processes: int) -> None:
+        # Ray's raylet starts one idle worker per CPU as it starts; with Ray's
+        # preload_python_modules each imports the modules right away, while the driver still
+        # sets up Tune, so a trial and its env runners start in warm processes.
+        if self.section.preload_worker_imports and modules:
+            self.worker_imports, self.warm_workers = tuple(modules), max(1, int(processes))
+
     def check(self) -> None:
         b = self.section
         if b.num_cpus is not None:
@@ -58,6 +71,12 @@ class LocalCluster(ClusterBackend):
             "object_store_memory": b.object_store_memory,
             "include_dashboard": bool(b.include_dashboard),
         }
+        if self.worker_imports:
+            # Ray's default soft limit follows the CPUs left free, so a trial's placement group
+            # that takes them all gets the idle workers killed before its actors can use them;
+            # keep as many as one trial's processes (each holds its imports: ~0.45 GB for ppo).
+            kwargs["_system_config"] = {"preload_python_modules": list(self.worker_imports),
+                                        "num_workers_soft_limit": self.warm_workers}
         if b.include_dashboard:
             kwargs["dashboard_host"] = b.dashboard_host
             if b.dashboard_port is not None:

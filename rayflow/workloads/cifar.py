@@ -26,6 +26,8 @@ from rayflow.data import DataSpec, iterate, load_split
 from rayflow.models import Net
 from rayflow.placement import Bundle, section_bundle
 
+USES_DATA = True
+WORKER_IMPORTS = ()  # none preloaded (rayflow.workloads.Workload): a trial imports torch in about a second
 METRICS = ("val_loss", "val_accuracy", "train_loss", "epoch")
 
 

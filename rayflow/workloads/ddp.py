@@ -25,6 +25,8 @@ from rayflow.placement import Bundle, section_bundle
 from rayflow.tracking import log_step
 
 # What an epoch reports (to Ray Train, Tune and MLflow).
+USES_DATA = True
+WORKER_IMPORTS = ()  # none preloaded: every new worker would import them, Ray Train's controller (no torch) too
 METRICS = ("train_loss", "val_loss", "val_accuracy", "samples_per_s", "step_time_s", "lr", "epoch")
 SCHEDULES = ("cosine", "step", "constant")
 

@@ -22,6 +22,14 @@ from rayflow.config import ConfigError, positive_int, positive_number
 from rayflow.placement import Bundle
 
 USES_DATA = False  # the environment is the data: no CIFAR download or synthetic set
+# What the trial's process (the Algorithm with its learner) and its env runners import before
+# the first iteration: 2-5 s that Ray's prestarted workers can spend before the run needs them.
+WORKER_IMPORTS = (
+    "torch", "ray.rllib.algorithms.ppo", "ray.rllib.algorithms.ppo.torch.ppo_torch_learner",
+    "ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module", "ray.rllib.env.single_agent_env_runner",
+    "rayflow.workloads.ppo",
+    "torch._inductor.config",  # 1.5 s: the seed (.debugging) turns on torch.use_deterministic_algorithms, which imports it
+)
 RETURN = "env_runners/episode_return_mean"
 STEPS = "num_env_steps_sampled_lifetime"
 # What each iteration logs to MLflow: the name there -> the key in RLlib's (flattened) result.
