@@ -1,3 +1,14 @@
-"""rayflow: one Hydra config, the same Ray Tune / Ray Train job on every kind of cluster."""
+"""rayflow: one Hydra config, the same Ray Tune / Ray Train job on a laptop, Spark, KubeRay or VMs.
+
+From Python (a notebook): rayflow.run(...), rayflow.compose(...), rayflow.dry_run(...) (rayflow.api).
+Importing rayflow loads Hydra's config layer only; ray, torch and mlflow load when a job runs.
+"""
 
 __version__ = "0.1.0"
+
+from rayflow.api import compose, dry_run, run  # noqa: E402
+from rayflow.config import ConfigError  # noqa: E402
+from rayflow.result import RunResult  # noqa: E402
+from rayflow.result import RunFailed, RunInterrupted  # noqa: E402
+
+__all__ = ["ConfigError", "RunFailed", "RunInterrupted", "RunResult", "compose", "dry_run", "run"]

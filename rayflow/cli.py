@@ -106,7 +106,7 @@ def _job(cfg: DictConfig):
     from rayflow.backends.base import ClusterError
     from rayflow.data import DataError
     from rayflow.remote import JobError
-    from rayflow.session import RunFailed, run_job
+    from rayflow.session import RunFailed, RunInterrupted, run_job
 
     try:
         run_job(cfg)
@@ -114,6 +114,9 @@ def _job(cfg: DictConfig):
         fail(err)
     except (DataError, RunFailed, JobError, ClusterError) as err:
         fail(err, EXIT_FAILED)
+    except RunInterrupted as stop:  # Ctrl-C: torn down, state saved
+        print(f"rayflow: {stop}", file=sys.stderr)
+        sys.exit(130)
 
 
 def main() -> None:

@@ -109,6 +109,9 @@ def gpu_request(cfg: DictConfig, key: str) -> float:
     return gpu
 
 
+BOOLEAN_OR_PATH = {"resume"}  # false, true, or an experiment folder (checked by tuning.experiment_dir)
+
+
 @functools.lru_cache(maxsize=1)
 def boolean_keys() -> frozenset[str]:
     """Every key whose shipped default is true or false (root config and every group option).
@@ -121,7 +124,7 @@ def boolean_keys() -> frozenset[str]:
             if key in ("defaults", "hydra"):
                 continue
             path = f"{prefix}.{key}" if prefix else str(key)
-            if isinstance(value, bool):
+            if isinstance(value, bool) and path not in BOOLEAN_OR_PATH:
                 keys.add(path)
             elif isinstance(value, dict):
                 walk(value, path)

@@ -11,7 +11,10 @@ no \\r, no ticker.
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -254,3 +257,35 @@ class Transfer(Phase):
 
 
 __all__ = ["Phase", "Transfer", "format_duration", "format_rate", "format_size", "interactive", "note", "phase", "time_left"]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class _PlainText(logging.Filter):
+    """Drops colour codes from a log record (Ray colours its dashboard URL whatever the stream)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = _ANSI.sub("", record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(_ANSI.sub("", a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+@contextlib.contextmanager
+def plain_ray_logs(stream: TextIO | None = None):
+    """While a job runs: Ray's log lines without colour codes where stderr is not a terminal
+    (a pipe, a CI log, a notebook cell). Its worker-log prefixes follow RAY_COLOR_PREFIX=0."""
+    if interactive(stream):
+        yield
+        return
+    handlers = logging.getLogger("ray").handlers  # Ray's own stderr handler, set up on import
+    plain = _PlainText()
+    for handler in handlers:
+        handler.addFilter(plain)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(plain)

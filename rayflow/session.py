@@ -23,6 +23,8 @@ from rayflow.backends.base import Terminated, reset_termination, scoped_env, ter
 from rayflow.config import ConfigError, check_common, drop_redacted, positive_number, redact, to_container
 from rayflow.data import DataSpec, prepare
 from rayflow.placement import PlacementWatch, check_fits
+from rayflow.progress import plain_ray_logs
+from rayflow.result import RunFailed, RunInterrupted, RunResult
 from rayflow.tracking import Tracker, check_uri, git_commit, is_local_store
 from rayflow.tuning import experiment_dir, read_state, write_state
 from rayflow.workloads import workload_for
@@ -135,13 +137,10 @@ def _plots(cfg: DictConfig, tracker: Tracker, path: Path) -> None:
         print(f"plots: {path / FOLDER}/ ({', '.join(f.name for f in files)}){where}", flush=True)
 
 
-class RunFailed(RuntimeError):
-    """The run started but could not finish: trials errored, or a demand could never be placed.
-    The CLI prints the message as one line and exits 1."""
-
-
 def _job_env(tracker: Tracker) -> dict[str, str]:
     env = {}
+    if not sys.stdout.isatty():  # a pipe, a CI log, a notebook cell: Ray's log prefixes without colour codes
+        env["RAY_COLOR_PREFIX"] = os.environ.get("RAY_COLOR_PREFIX", "0")
     if tracker.enabled:  # Ray nodes that Spark or Kubernetes start get it forwarded
         env["MLFLOW_TRACKING_URI"] = tracker.absolute_uri
         # MLflow's own HTTP defaults retry an unreachable server for minutes: bound them.
@@ -155,7 +154,8 @@ def _job_env(tracker: Tracker) -> dict[str, str]:
 SUBMITTED_BY, SUBMITTED_SPEC, SUBMITTED_METRICS = "RAYFLOW_SUBMITTED_BY", "RAYFLOW_CLUSTER_SPEC", "RAYFLOW_CLUSTER_METRICS"
 
 
-def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
+def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str, overrides: list[str] | None = None,
+                  keep_cluster: bool = False) -> None:
     """Start (or reuse) the cluster, run this same command on it as a Ray Job (`backend=attach`
     there), and end with the job's outcome. The job writes MLflow, checkpoints and the table."""
     from hydra.core.hydra_config import HydraConfig
@@ -169,7 +169,8 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
                          "data.root": str(Path(str(cfg.data.root)).expanduser())})
     if tracker.enabled:
         absolute["tracking.uri"] = tracker.absolute_uri
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if overrides is None:
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     python = sys.executable if backend.shares_filesystem else "python"  # fake nodes run this venv
     entrypoint = [python, "-m", "rayflow", *job_overrides(overrides, absolute)]
     env = {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: backend.name, SUBMITTED_SPEC: spec,
@@ -194,16 +195,25 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str) -> None:
             print(f"[rayflow] should anything of the cluster outlive this process: {command}", file=sys.stderr)
         raise
     finally:
-        if not _in_multirun() or sys.exc_info()[0] is not None:
+        if not keep_cluster or sys.exc_info()[0] is not None:
             POOL.release()
     if status != "SUCCEEDED":
         raise RunFailed(f"the job on backend={backend.name} ended {status}" + (f": {error}" if error else ""))
 
 
-def run_job(cfg: DictConfig):
+def spec_text(backend: ClusterBackend) -> str:
+    """The cluster spec the backend starts or joins, as YAML with secrets masked (printed, logged)."""
+    return yaml.safe_dump(redact(yaml.safe_load(backend.render()) or {}), sort_keys=False)
+
+
+def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: bool | None = None) -> RunResult | None:
+    """One job, as the CLI and rayflow.run run it; its RunResult (None for a dry run or a run
+    submitted as a Ray Job, whose outcome is the job's). `overrides`: the job's command line
+    (default: Hydra's); `keep_cluster`: leave the cluster for the next job (default: in a multirun)."""
     reset_termination()  # a signal an earlier job of this process received is not this job's
+    keep_cluster = _in_multirun() if keep_cluster is None else keep_cluster
     backend = check_config(cfg)
-    spec = yaml.safe_dump(redact(yaml.safe_load(backend.render()) or {}), sort_keys=False)  # printed and logged
+    spec = spec_text(backend)
     if cfg.dry_run:
         sys.stdout.write(spec)
         notes = backend.notes()
@@ -213,7 +223,7 @@ def run_job(cfg: DictConfig):
             print(note if note.startswith("rayflow:") else f"rayflow: {note}", file=sys.stderr)
         return None
     if backend.submits_jobs:
-        return run_submitted(cfg, backend, spec)
+        return run_submitted(cfg, backend, spec, overrides, keep_cluster)
 
     path = experiment_dir(cfg)
     resuming = cfg.resume is not False
@@ -229,15 +239,20 @@ def run_job(cfg: DictConfig):
     if uses_data and backend.shares_filesystem:
         prepare(data)  # same filesystem as the trials: fail on missing data before Ray starts
     tracker = Tracker(cfg)
+    result = RunResult(str(cfg.workload.name), None, path, tuple(overrides or ()), redact(to_container(cfg)),
+                       tracker.absolute_uri if tracker.enabled else None, tracker.experiment or None)
     keys = sorted({bundle.keys[r] for bundle in workload.demand(cfg) for r, amount in bundle.resources.items() if amount})
     status = "FAILED"
-    with scoped_env(_job_env(tracker)):
+    import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
+
+    with scoped_env(_job_env(tracker)), plain_ray_logs():
         try:
             backend, started = POOL.acquire(backend, ClusterPool.key_of(cfg))
             _resolve_compute(cfg)
             previous = read_state(path).get("mlflow_run_id") if resuming else None
             spec = os.environ.get(SUBMITTED_SPEC) or spec  # a submitted run records the cluster it ran on
             tracker.start(cfg, spec, tags={**_parent_tags(cfg, path), **backend.tags()}, resume_run_id=previous)
+            result.mlflow_run_id, result.mlflow_experiment_id = tracker.run_id, tracker.experiment_id
             if os.environ.get(SUBMITTED_METRICS):  # the start-up of the cluster that submitted this job
                 tracker.log_metrics(json.loads(os.environ[SUBMITTED_METRICS]))
             elif started:
@@ -252,24 +267,28 @@ def run_job(cfg: DictConfig):
                     if watch.message is None:
                         raise
             if watch.message is not None:  # the watch stopped the run; Tune and Train saved their state
-                raise RunFailed(watch.message)
+                raise RunFailed(watch.message, result)
+            result.summary = summary
             _report(cfg, tracker, summary, path, peak)
             print(f"cluster nodes at peak: {peak.peak}", flush=True)
             if summary.interrupted:
-                print(f"rayflow: interrupted; state saved. Continue with: python -m rayflow resume={path}", file=sys.stderr)
-                sys.exit(130)
+                raise RunInterrupted(f"interrupted; state saved. Continue with: python -m rayflow resume={path}", result)
             if summary.errored:
-                raise RunFailed(f"{summary.errored} trial(s) errored; their errors are above and in {path}. Continue with: python -m rayflow resume={path}")
+                cause = f": {summary.error}" if getattr(summary, "error", None) else ""
+                raise RunFailed(f"{summary.errored} trial(s) errored{cause}; their errors are above and in {path}. "
+                                f"Continue with: python -m rayflow resume={path}", result)
             status = "FINISHED"
-            return summary
-        except (KeyboardInterrupt, SystemExit):
+            return result
+        except (KeyboardInterrupt, SystemExit) as stop:
             status = "KILLED"
             code = termination_exit_code()
             if code:
                 print(f"rayflow: stopped by signal {code - 128}; state saved. Continue with: python -m rayflow resume={path}", file=sys.stderr)
                 raise Terminated(code) from None
+            if isinstance(stop, KeyboardInterrupt) and not isinstance(stop, RunInterrupted):
+                raise RunInterrupted(f"interrupted; state saved. Continue with: python -m rayflow resume={path}", result) from None
             raise
         finally:
             tracker.end(status)
-            if not _in_multirun() or sys.exc_info()[0] is not None:
+            if not keep_cluster or sys.exc_info()[0] is not None:
                 POOL.release()

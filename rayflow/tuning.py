@@ -201,6 +201,7 @@ class TuneSummary:
     trial_epochs: int
     budget_epochs: int
     devices: list[str]
+    error: str | None = None  # the first errored trial's error, one line
 
     def parent_metrics(self) -> dict[str, float]:
         """What the invocation's parent MLflow run records about the whole search."""
@@ -225,6 +226,8 @@ class TuneSummary:
 
 
 def summarize(results, metric: str, mode: str, max_epochs: int, num_samples: int, interrupted: bool) -> TuneSummary:
+    from rayflow.result import first_error_line
+
     done = [r for r in results if r.metrics and metric in r.metrics and r.error is None]  # trials that reported
     best = results.get_best_result(metric=metric, mode=mode, scope="last") if done else None
     epochs = [int((r.metrics or {}).get("epoch", 0)) for r in results]
@@ -239,4 +242,5 @@ def summarize(results, metric: str, mode: str, max_epochs: int, num_samples: int
         trial_epochs=sum(epochs),
         budget_epochs=num_samples * max_epochs,
         devices=sorted({str(r.metrics["device"]) for r in done if "device" in r.metrics}),
+        error=first_error_line(results.errors[0]) if results.errors else None,
     )

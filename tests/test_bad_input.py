@@ -67,6 +67,7 @@ BAD_INPUT = [
     (["-m", "workload.num_samples=2,0"], "workload.num_samples"),
     (["workload.num_samples=2,4"], "workload.num_samples"),
     (["resume=true"], "resume"),
+    (["resume=/nowhere/cifar-1"], "resume"),  # a path is taken (resume=PATH) and checked as a folder
     (["workload=ddp", "workload.warmup_epochs=20"], "workload.warmup_epochs"),
     (["workload=ppo", "workload.env=NoSuchEnv-v0"], "workload.env"),
     (["backend=spark", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),

@@ -90,6 +90,7 @@ class TrainSummary:
     errored: int = 0
     interrupted: bool = False  # stopped (Ctrl-C) before the last epoch; resume=true continues
     devices: list[str] = field(default_factory=list)
+    error: str | None = None  # why the worker group failed, one line
 
     def parent_metrics(self) -> dict:
         keys = ("val_accuracy", "val_loss", "train_loss", "samples_per_s")
@@ -133,6 +134,8 @@ def run_training(cfg, ctx) -> TrainSummary:
     """One Ray Train run in the experiment folder; its epochs go to a nested MLflow run."""
     from ray.train import Result, TrainingFailedError
 
+    from rayflow.result import first_error_line
+
     path: Path = ctx.experiment_dir
     state = read_state(path)
     config = loop_config(cfg, ctx.data)
@@ -147,12 +150,12 @@ def run_training(cfg, ctx) -> TrainSummary:
         config["mlflow"] = {"uri": tracker.absolute_uri, "run_id": run_id}
     trainer = make_trainer(trainer_spec(cfg), config, name=path.name, storage=str(path.parent),
                            callbacks=[EpochLog(str(path / EPOCHS_FILE))])
-    errored = False
+    errored, error = False, None
     try:
         result = trainer.fit()
     except TrainingFailedError as err:
         print(f"rayflow: Ray Train failed: {err}", file=sys.stderr, flush=True)
-        result, errored = Result.from_path(str(path)), True
+        result, errored, error = Result.from_path(str(path)), True, first_error_line(err)
     except (KeyboardInterrupt, SystemExit):
         # Ctrl-C: Ray Train's own SIGINT handler aborts the run and exits through ray.get
         # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
@@ -162,6 +165,7 @@ def run_training(cfg, ctx) -> TrainSummary:
             raise
         result = Result.from_path(str(path))
     summary = summarize_result(result, int(cfg.workload.epochs), errored)
+    summary.error = error
     name = ((result.metrics or {}) if result else {}).get("device_name")  # what the workers reported
     if name:
         tracker.set_tags({"device_name": name})

@@ -191,6 +191,7 @@ class PPOSummary:
     interrupted: bool
     devices: list[str]
     goal: float | None
+    error: str | None = None  # the first errored trial's error, one line
 
     def parent_metrics(self) -> dict:
         if self.best_return is None:
@@ -209,6 +210,8 @@ class PPOSummary:
 
 
 def summarize(results, interrupted: bool, goal: float | None, gpu: bool) -> PPOSummary:
+    from rayflow.result import first_error_line
+
     best_return, steps, best = None, None, None
     for result in results:
         frame = result.metrics_dataframe
@@ -223,6 +226,7 @@ def summarize(results, interrupted: bool, goal: float | None, gpu: bool) -> PPOS
         best_return=best_return, steps_at_best=steps, best_checkpoint=checkpoint,
         trials=len(results), errored=results.num_errors, interrupted=interrupted,
         devices=["cuda" if gpu else "cpu"], goal=goal,
+        error=first_error_line(results.errors[0]) if results.errors else None,
     )
 
 
