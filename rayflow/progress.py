@@ -275,10 +275,25 @@ class _PlainText(logging.Filter):
         return True
 
 
+class _PlainWriter:
+    """A text stream that drops colour codes on their way to the stream it wraps: Ray colours
+    the "[repeated Nx across cluster]" of its deduplicated worker logs whatever the stream."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(_ANSI.sub("", text))
+
+    def __getattr__(self, name: str):  # flush, isatty, fileno, encoding, a kernel's own attributes
+        return getattr(self._stream, name)
+
+
 @contextlib.contextmanager
 def plain_ray_logs(stream: TextIO | None = None):
-    """While a job runs: Ray's log lines without colour codes where stderr is not a terminal
-    (a pipe, a CI log, a notebook cell). Its worker-log prefixes follow RAY_COLOR_PREFIX=0."""
+    """While a job runs, where stderr is not a terminal (a pipe, a CI log, a notebook cell):
+    Ray's log records and the worker logs it prints on stdout/stderr without colour codes.
+    (Its worker-log prefixes also follow RAY_COLOR_PREFIX=0.)"""
     if interactive(stream):
         yield
         return
@@ -286,8 +301,11 @@ def plain_ray_logs(stream: TextIO | None = None):
     plain = _PlainText()
     for handler in handlers:
         handler.addFilter(plain)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PlainWriter(sys.stdout), _PlainWriter(sys.stderr)
     try:
         yield
     finally:
+        sys.stdout, sys.stderr = saved
         for handler in handlers:
             handler.removeFilter(plain)

@@ -256,3 +256,32 @@ def test_local_start_up_prints_its_phase_with_its_time(rayflow, terminal):
         ours = [line for line in err.splitlines() if "[rayflow]" in line]
         assert "\r" not in err and len(ours) == 1, err[-3000:]
         assert re.fullmatch(phase + r" done in \d+\.\d s", ours[0]), ours
+
+
+def test_off_a_terminal_a_job_prints_no_colour_codes(capsys):
+    """What Ray prints uncoloured nowhere near a terminal: its log records (the dashboard URL, a
+    trial's traceback) and the "[repeated Nx across cluster]" of deduplicated worker logs."""
+    import logging
+
+    ray_log = logging.getLogger("ray")
+    handler = logging.StreamHandler(io.StringIO())
+    ray_log.addHandler(handler)
+    try:
+        with progress.plain_ray_logs(io.StringIO()):
+            print("(train_cifar pid=1) saved\x1b[32m [repeated 5x across cluster]\x1b[0m")
+            print("\x1b[36mray::ImplicitFunc.train()\x1b[39m failed", file=sys.stderr)
+            ray_log.warning("View the dashboard at %s%s%s", "\x1b[1m\x1b[32m", "http://127.0.0.1:8265", "\x1b[39m\x1b[22m")
+            try:
+                raise ValueError("\x1b[36mray::Task\x1b[39m boom")
+            except ValueError:
+                ray_log.exception("trial failed")
+        print("\x1b[32mafter the job\x1b[0m")  # the streams are the caller's again
+    finally:
+        ray_log.removeHandler(handler)
+    out, err = capsys.readouterr()
+    logged = handler.stream.getvalue()
+    assert "[repeated 5x across cluster]" in out and "ray::ImplicitFunc.train() failed" in err
+    assert "http://127.0.0.1:8265" in logged and "ray::Task boom" in logged
+    *during, after = out.splitlines()
+    assert "\x1b[" not in "\n".join(during) + err + logged
+    assert after == "\x1b[32mafter the job\x1b[0m"
