@@ -172,10 +172,10 @@ def test_rayjob_mode_tells_the_rayjob_its_job_and_deletes_it(ray_head, rayflow, 
 @pytest.mark.slow
 def test_ctrl_c_during_the_job_stops_it_and_deletes_the_cluster(ray_head, rayflow, emulator):
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        proc, log = rayflow.start(*kuberay(emulator), "workload.num_samples=1", "workload.max_epochs=50",
-                                  "workload.scheduler.grace_period=50", "tracking=none")
-        assert wait_until(lambda: "submitted job" in log.read_text(), timeout=120, interval=0.5), log.read_text()[-3000:]
-        time.sleep(3)
+        # long enough that Ctrl-C lands mid-run however fast the epochs are (50 took 9 s once)
+        proc, log = rayflow.start(*kuberay(emulator), "workload.num_samples=1", "workload.max_epochs=1000",
+                                  "workload.scheduler.grace_period=1000", "tracking=none")
+        assert wait_until(lambda: "Checkpoint successfully created" in log.read_text(), timeout=180, interval=0.5), log.read_text()[-3000:]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
     text = log.read_text()
