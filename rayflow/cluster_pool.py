@@ -20,6 +20,12 @@ class ClusterPool:
     def __init__(self) -> None:
         self.backend: ClusterBackend | None = None
         self.key: str | None = None
+        self.spec: str | None = None  # the spec the kept cluster was started from
+
+    def holds(self, key: str) -> bool:
+        """Whether the next job with this key reuses the kept cluster (and must not render a new
+        spec: rendering Spark's asks the session's executors, which the kept cluster occupies)."""
+        return self.backend is not None and self.key == key
 
     @staticmethod
     def key_of(cfg: DictConfig) -> str:
@@ -27,7 +33,7 @@ class ClusterPool:
         which can describe the state a running cluster left, e.g. an active SparkSession.)"""
         return json.dumps([to_container(cfg.backend), str(cfg.ray_auth_mode)], sort_keys=True, default=str)
 
-    def acquire(self, backend: ClusterBackend, key: str) -> tuple[ClusterBackend, bool]:
+    def acquire(self, backend: ClusterBackend, key: str, spec: str | None = None) -> tuple[ClusterBackend, bool]:
         """The cluster for this job, and whether this job started it (its start-up figures
         belong to this job's run, not to the later jobs that reuse it)."""
         if self.backend is not None and self.key == key:
@@ -36,11 +42,11 @@ class ClusterPool:
         self.release()
         print(f"[rayflow] starting the {backend.name} cluster", flush=True)
         backend.__enter__()
-        self.backend, self.key = backend, key
+        self.backend, self.key, self.spec = backend, key, spec
         return backend, True
 
     def release(self) -> None:
-        backend, self.backend, self.key = self.backend, None, None
+        backend, self.backend, self.key, self.spec = self.backend, None, None, None
         if backend is not None:
             backend.__exit__(None, None, None)
 

@@ -270,6 +270,8 @@ class _PlainText(logging.Filter):
             record.msg = _ANSI.sub("", record.msg)
         if isinstance(record.args, tuple):
             record.args = tuple(_ANSI.sub("", a) if isinstance(a, str) else a for a in record.args)
+        if record.exc_info and not record.exc_text:  # a trial's error: Ray colours the task's name in it
+            record.exc_text = _ANSI.sub("", logging.Formatter().formatException(record.exc_info))
         return True
 
 

@@ -176,7 +176,7 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str, overrides
     env = {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: backend.name, SUBMITTED_SPEC: spec,
            **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}}
     try:
-        backend, started = POOL.acquire(backend, ClusterPool.key_of(cfg))
+        backend, started = POOL.acquire(backend, ClusterPool.key_of(cfg), spec)
         env[SUBMITTED_METRICS] = json.dumps(backend.metrics() if started else {})
         status, error = run_as_job(backend.address, entrypoint, env, headers=backend.job_headers(),
                                    runtime_env=backend.job_runtime_env(), on_submitted=backend.job_submitted)
@@ -213,7 +213,8 @@ def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: b
     reset_termination()  # a signal an earlier job of this process received is not this job's
     keep_cluster = _in_multirun() if keep_cluster is None else keep_cluster
     backend = check_config(cfg)
-    spec = spec_text(backend)
+    key = ClusterPool.key_of(cfg)
+    spec = POOL.spec if POOL.holds(key) and POOL.spec is not None else spec_text(backend)
     if cfg.dry_run:
         sys.stdout.write(spec)
         notes = backend.notes()
@@ -247,7 +248,7 @@ def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: b
 
     with scoped_env(_job_env(tracker)), plain_ray_logs():
         try:
-            backend, started = POOL.acquire(backend, ClusterPool.key_of(cfg))
+            backend, started = POOL.acquire(backend, key, spec)
             _resolve_compute(cfg)
             previous = read_state(path).get("mlflow_run_id") if resuming else None
             spec = os.environ.get(SUBMITTED_SPEC) or spec  # a submitted run records the cluster it ran on

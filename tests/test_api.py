@@ -20,7 +20,7 @@ from tests.conftest import ray_daemon_pids
 SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
 
 
-def session(rayflow, body: str, timeout: float = 600) -> dict:
+def session(rayflow, body: str, timeout: float = 600, capture: bool = False) -> dict:
     """Run `body` in a fresh Python process in the test's work folder; {step: what it reported}."""
     prelude = textwrap.dedent(f"""
         import json, os, signal, sys
@@ -36,7 +36,10 @@ def session(rayflow, body: str, timeout: float = 600) -> dict:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "\x1b[" not in out.stdout + out.stderr  # no colour codes: the output is not a terminal
     reports = [json.loads(line[4:]) for line in out.stdout.splitlines() if line.startswith("API ")]
-    return {r.pop("step"): r for r in reports}
+    seen = {r.pop("step"): r for r in reports}
+    if capture:
+        seen["_output"] = out.stdout
+    return seen
 
 
 def test_a_bad_override_raises_the_configuration_error_naming_the_key(tmp_path):
@@ -93,10 +96,17 @@ def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayfl
             resumed = err.result.resume()
             report("resumed", folder=str(resumed.experiment_dir), trials=len(resumed.trials),
                    epochs=sorted(resumed.trials["epoch"].tolist()), connected=ray_connected())
+        try:
+            rayflow.run(*BASE, "workload.num_samples=0")
+        except rayflow.ConfigError as err:
+            report("refused", key=err.key)
         after = rayflow.run(*BASE, *{SMALL!r})
         report("after", val_accuracy=after.best_metrics.get("val_accuracy"), connected=ray_connected(),
                env_same=dict(os.environ) == env)
-    """)
+        sweep = rayflow.run(*BASE, *{SMALL!r}, "workload.scheduler.reduction_factor=2,4", multirun=True)
+        report("sweep", folders=[str(r.experiment_dir) for r in sweep], trials=[len(r.trials) for r in sweep],
+               connected=ray_connected())
+    """, capture=True)
     first, second = seen["first"], seen["second"]
     assert first["folder"] != second["folder"] and first["run_id"] != second["run_id"]
     for result in (first, second):
@@ -111,12 +121,25 @@ def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayfl
     assert stopped["env_same"] and stopped["sigint_same"]
     assert seen["resumed"]["folder"] == stopped["folder"] and seen["resumed"]["epochs"] == [20]
     assert not seen["resumed"]["connected"]
+    assert seen["refused"]["key"] == "workload.num_samples"  # a failed preflight, then a run that works
     assert seen["after"]["env_same"] and not seen["after"]["connected"]
+    sweep = seen["sweep"]
+    assert len(set(sweep["folders"])) == 2 and sweep["trials"] == [2, 2] and not sweep["connected"]
+    assert seen["_output"].count("[rayflow] reusing the local cluster") == 1  # the sweep's second job
     assert ray_daemon_pids() - before == set()
 
 
-def test_ddp_and_ppo_return_their_results(rayflow):
-    seen = session(rayflow, """
+def test_a_failed_run_raises_with_the_trial_error_then_ddp_and_ppo_return_their_results(rayflow, tmp_path):
+    broken = tmp_path / "broken" / "cifar-10-batches-py"  # every batch file there, none readable
+    broken.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (broken / name).write_bytes(b"not a pickle")
+    seen = session(rayflow, f"""
+        try:
+            rayflow.run(BASE[0], "data.root={broken.parent}", "data.synthetic=false", "data.download=false",
+                        "workload.num_samples=1", "workload.max_epochs=1", "workload.max_failures=0", "backend.num_cpus=1")
+        except rayflow.RunFailed as err:
+            report("failed", message=str(err), folder=str(err.result.experiment_dir), connected=ray_connected())
         ddp = rayflow.run(*BASE, "workload=ddp", "workload.num_workers=2", "workload.epochs=2", "backend.num_cpus=2")
         report("ddp", metrics=ddp.best_metrics, config=ddp.best_config, epochs=ddp.trials["epoch"].tolist(),
                run_id=ddp.mlflow_run_id, connected=ray_connected())
@@ -125,6 +148,9 @@ def test_ddp_and_ppo_return_their_results(rayflow):
         report("ppo", metrics=ppo.best_metrics, config=ppo.best_config, trials=ppo.trials.to_dict("records"),
                run_id=ppo.mlflow_run_id, text=repr(ppo), connected=ray_connected())
     """)
+    failed = seen["failed"]
+    assert failed["message"].startswith("1 trial(s) errored: ") and "pickle" in failed["message"].lower(), failed
+    assert "\n" not in failed["message"] and not failed["connected"]
     ddp, ppo = seen["ddp"], seen["ppo"]
     assert ddp["epochs"] == [1, 2] and 0 <= ddp["metrics"]["val_accuracy"] <= 1 and ddp["config"]["num_workers"] == 2
     assert ppo["metrics"]["episode_return_mean"] > 0 and ppo["config"] == {"lr": 0.0003}
