@@ -109,6 +109,19 @@ def _first_result_wait():
     return FirstResult()
 
 
+def _notebook_reporter():
+    """In a Jupyter kernel Tune draws its progress table as HTML, and by default clears the
+    cell's output first, which would wipe rayflow's lines above it (the Spark session used,
+    each start-up phase): keep them. None elsewhere (Tune's own terminal output)."""
+    from ray.tune.experimental.output import IS_NOTEBOOK
+
+    if not IS_NOTEBOOK:
+        return None
+    from ray.tune import JupyterNotebookReporter
+
+    return JupyterNotebookReporter(overwrite=False)
+
+
 def run_tune(job: TuneJob, path: Path, resume: bool = False):
     """Run (or continue) the experiment in `path`; returns (ResultGrid, interrupted)."""
     from ray import tune
@@ -142,6 +155,7 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
                 stop=job.stop,
                 callbacks=[*(job.callbacks or []), _first_result_wait()],
                 verbose=job.verbose,
+                progress_reporter=_notebook_reporter(),
             ),
         )
     with _trials_in_prestarted_workers():
