@@ -35,6 +35,7 @@ pytest.importorskip("ipykernel")
 
 KERNEL_NAME = "rayflow-test-python"
 REPORT_MIME = "application/json"
+STACKS = "kernel-stacks.txt"  # faulthandler's dump of a cell that hangs, in the kernel's cwd
 ANSI = "\x1b["
 ANSI_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -60,13 +61,14 @@ CELLS = [
             payload = json.loads(json.dumps({"cell": name, **values}, default=_plain))
             display({"application/json": payload}, raw=True)
 
-        # A cell that hangs shows where: the kernel's Python stacks, written to stderr (which the
-        # kernel forwards to the cell's output) shortly before the test's timeout for that cell.
+        # A cell that hangs shows where: the kernel's Python stacks, written to a file the test
+        # reads, shortly before the test's timeout for that cell.
         import faulthandler
 
+        _stacks = open(PARAMS["stacks"], "w")
+
         def _arm(info):
-            faulthandler.dump_traceback_later(max(PARAMS["timeouts"].get(info.raw_cell, 60) - 15, 5),
-                                          file=sys.__stderr__)  # fd 2: sys.stderr.fileno() bypasses the kernel's capture
+            faulthandler.dump_traceback_later(max(PARAMS["timeouts"].get(info.raw_cell, 60) - 15, 5), file=_stacks)
 
         get_ipython().events.register("pre_run_cell", _arm)
         get_ipython().events.register("post_run_cell", lambda result: faulthandler.cancel_dump_traceback_later())
@@ -151,7 +153,7 @@ def notebook(params: dict):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "rayflow test", "language": "python"}
     sources = [(timeout, textwrap.dedent(source).strip()) for timeout, source in CELLS]
-    params = {**params, "timeouts": {source: timeout for timeout, source in sources}}
+    params = {**params, "stacks": STACKS, "timeouts": {source: timeout for timeout, source in sources}}
     for timeout, source in sources:
         text = source.replace("__PARAMS__", repr(json.dumps(params)))
         nb.cells.append(nbformat.v4.new_code_cell(text, metadata={"rayflow_timeout_s": timeout}))
@@ -180,7 +182,6 @@ def kernel_env(base: dict) -> dict:
     package_root = Path(rayflow.__file__).resolve().parents[1]
     if package_root == REPO:  # a checkout (editable install, or PYTHONPATH): the kernel imports it too
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("PYDEVD_USE_FRAME_EVAL", None)
     return env
 
 
@@ -196,7 +197,7 @@ def outputs_text(cell) -> str:
 
 
 def cell_stack(text: str) -> str:
-    """From faulthandler's dump of every thread in a cell's output: the thread that ran the cell."""
+    """From faulthandler's dump of every thread: the one that ran the cell, down to the cell's line."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x[0-9a-f]+)", text)
     running = [b for b in blocks if "interactiveshell.py" in b and re.match(r"(Current thread|Thread) 0x", b)]
     if not running:
@@ -234,12 +235,12 @@ def execute(nb, workdir: Path, env: dict) -> tuple[object, float]:
         failed = next((c for c in reversed(nb.cells) if c.get("outputs")), None)
         text = outputs_text(failed) if failed is not None else ""
         message = f"a notebook cell failed ({type(err).__name__}):\n{err}\n--- the cell's output (tail) ---\n{text[-6000:]}"
-        stack = cell_stack(text)
+        stacks = workdir / STACKS
+        stack = cell_stack(stacks.read_text()) if stacks.exists() else ""
         if stack:
             message += f"\n--- where the cell was when it hung (faulthandler) ---\n{stack}"
         pytest.fail(ANSI_CODES.sub("", message), pytrace=False)  # IPython colours its tracebacks
-    finally:
-        assert client.km is None, "nbclient did not shut the kernel down"
+    assert client.km is None, "nbclient did not shut the kernel down"
     nbformat.write(nb, workdir / "executed.ipynb")
     return nb, time.monotonic() - started
 
@@ -248,12 +249,14 @@ def test_notebook_runs_rayflow_on_its_own_spark_session(rayflow, tmp_path, monke
     jupyter_path = tmp_path / "jupyter"
     kernel_spec(jupyter_path)
     monkeypatch.setenv("JUPYTER_PATH", str(jupyter_path))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))  # the connection file
     from jupyter_client.kernelspec import KernelSpecManager
 
     assert KernelSpecManager().get_kernel_spec(KERNEL_NAME).argv[0] == sys.executable
 
     params = {"fixed": FIXED, "base": rayflow.base}
-    nb, took = execute(notebook(params), rayflow.workdir, kernel_env(rayflow.env))
+    env = {**kernel_env(rayflow.env), "IPYTHONDIR": str(tmp_path / "ipython")}  # no profile in $HOME
+    nb, took = execute(notebook(params), rayflow.workdir, env)
     print(f"\nnotebook executed in {took:.1f} s")
     seen = reports(nb)
     assert list(seen) == ["kernel", "spark", "result", "dry_run", "multirun", "after", "stopped"], seen
@@ -327,6 +330,5 @@ def test_notebook_runs_rayflow_on_its_own_spark_session(rayflow, tmp_path, monke
         # a phase prints one line when it ends, not a ticker's redraws ("... 3 s, waiting for ...")
         assert not [line for line in own if re.search(r"\.\.\. \d+ s", line)], own
     assert "starting Spark (" not in run_output + multi_output
-    everything = "".join(outputs_text(cell) for cell in nb.cells)
-    assert "[rayflow] spark: using the active SparkSession" in everything, everything[:3000]
+    assert "[rayflow] spark: using the active SparkSession" in run_output, run_output[:3000]
     assert multi_output.count("== rayflow results ==") == 2, multi_output[:3000]
