@@ -7,8 +7,11 @@ Importing rayflow loads Hydra's config layer only; ray, torch and mlflow load wh
 __version__ = "0.1.0"
 
 from rayflow.api import compose, dry_run, run  # noqa: E402
-from rayflow.config import ConfigError  # noqa: E402
+from rayflow.errors import (  # noqa: E402
+    ConfigError,  # noqa: E402
+    RunFailed,
+    RunInterrupted,
+)
 from rayflow.result import RunResult  # noqa: E402
-from rayflow.result import RunFailed, RunInterrupted  # noqa: E402
 
 __all__ = ["ConfigError", "RunFailed", "RunInterrupted", "RunResult", "compose", "dry_run", "run"]

@@ -15,17 +15,10 @@ from typing import Any, Iterator, Mapping
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rayflow.errors import ConfigError
 from rayflow.redaction import REDACTED, drop_redacted, is_secret_name, mask_text, redact
 
 __all__ = ["REDACTED", "drop_redacted", "is_secret_name", "mask_text", "redact"]  # re-exported
-
-
-class ConfigError(ValueError):
-    """Bad user input. `key` is the dotted config key (or override) at fault."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
 
 
 # Keys that older posts and versions use, and what replaced them: the CLI names the

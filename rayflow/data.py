@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rayflow import progress
+from rayflow.errors import DataError
 from rayflow.redaction import mask_text
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -31,10 +32,6 @@ BATCH_DIR = "cifar-10-batches-py"
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_FILE = "test_batch"
 NUM_CLASSES = 10
-
-
-class DataError(RuntimeError):
-    """The data set cannot be found or fetched; the message names the data.* key to change."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from rayflow.config import ConfigError
+from rayflow.errors import ConfigError
 
 RESOURCE_KEYS = {"CPU": "cpu", "GPU": "gpu", "memory": "memory"}
 

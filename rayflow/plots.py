@@ -14,7 +14,15 @@ import math
 import sys
 from pathlib import Path
 
-from rayflow.plots_data import Trial, lookup, series, train_epochs, tune_trials
+from rayflow.plots_data import (
+    SWEEP_METRIC,
+    SWEEP_MODE,
+    Trial,
+    lookup,
+    series,
+    train_epochs,
+    tune_trials,
+)
 
 FOLDER = "plots"  # in the experiment folder, and the parent MLflow run's artifact path
 META_KEY = "rayflow"
@@ -202,7 +210,6 @@ def _figures(cfg, experiment_dir: Path):
         if w.name == "cifar":
             metric, mode, max_t, asha = str(w.metric), str(w.mode), int(w.max_epochs), w.scheduler
         else:
-            from rayflow.workloads.ddp_run import SWEEP_METRIC, SWEEP_MODE
 
             metric, mode, max_t, asha = SWEEP_METRIC, SWEEP_MODE, int(w.epochs), w.sweep
         rungs = asha_rungs(int(asha.grace_period), int(asha.reduction_factor), max_t)

@@ -4,7 +4,7 @@ so a resumed run draws the whole history).
 Ray Tune keeps a folder per trial with `params.json` (the trial's config) and `result.json`
 (one JSON line per report; reopened for appending when a trial is restored, so it holds every
 report since the trial first started). A single Ray Train run writes no per-epoch file of its
-own: rayflow.workloads.ddp_run.EpochLog, a Train callback on its controller (which Ray
+own: rayflow.workloads.ddp.EpochLog, a Train callback on its controller (which Ray
 places on the driver's node), appends rank 0's reports to EPOCHS_FILE in the run's folder.
 """
 
@@ -16,6 +16,8 @@ from pathlib import Path
 
 TUNE_RESULT, TUNE_PARAMS = "result.json", "params.json"
 EPOCHS_FILE = "rayflow_epochs.jsonl"  # next to rayflow.json, in a Train run's folder
+# What ASHA optimises in workload=ddp's sweep (workload.tune=true); the plots draw it too.
+SWEEP_METRIC, SWEEP_MODE = "val_accuracy", "max"
 
 
 def read_lines(path: Path) -> list[dict]:

@@ -19,6 +19,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from rayflow.errors import JobError
 from rayflow.redaction import mask_text
 
 # What the job's driver must see as this side does: MLflow's and Databricks' credentials
@@ -29,11 +30,6 @@ RAY_UPLOAD_LIMIT = 100 * 2**20  # Ray refuses a runtime_env package larger than 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # Keys that describe the cluster this side started: the job joins it instead.
 LOCAL_ONLY_PREFIXES = ("backend", "+backend", "++backend", "~backend", "hydra", "dry_run")
-
-
-class JobError(RuntimeError):
-    """The Jobs API refused or could not be reached (a wrong token, a head that went away):
-    one line for the user, as the CLI prints it."""
 
 
 def job_overrides(task_overrides: list[str], absolute: dict[str, str]) -> list[str]:

@@ -8,37 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 # Tune's bookkeeping in every result line; not what a trial table is read for.
 _TUNE_KEYS = ("trial_id", "training_iteration", "done")
-
-
-class RunFailed(RuntimeError):
-    """The run started but could not finish: trials errored, or a demand could never be placed.
-    The CLI prints the message as one line and exits 1. `.result`: what the run left (resumable)."""
-
-    def __init__(self, message: str, result: "RunResult | None" = None):
-        super().__init__(message)
-        self.result = result
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C (a notebook's interrupt) stopped the run; what it started is torn down and its
-    state saved: `.result.resume()` continues it. The CLI prints the message and exits 130."""
-
-    def __init__(self, message: str, result: "RunResult | None" = None):
-        super().__init__(message)
-        self.result = result
-
-
-def first_error_line(error: BaseException | str | None) -> str | None:
-    """The line of a trial's error a user acts on: the exception itself, the last line of a
-    remote traceback (Ray wraps a trial's exception in RayTaskError with the whole traceback)."""
-    if error is None:
-        return None
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
 
 
 @dataclass
@@ -54,6 +27,9 @@ class RunResult:
     mlflow_experiment: str | None = None
     mlflow_experiment_id: str | None = None
     mlflow_run_id: str | None = None  # the parent run; trials are its nested runs
+    # What `resume()` calls: the entry point that returned this result (rayflow.run) sets it,
+    # so this module, below the entry points, never imports them.
+    runner: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def interrupted(self) -> bool:
@@ -106,10 +82,11 @@ class RunResult:
 
     def resume(self) -> "RunResult":
         """Continue this experiment (finished trials are not repeated), as `resume=<folder>`."""
-        from rayflow.api import run
-
+        if self.runner is None:
+            raise RuntimeError(f"this result did not come from rayflow.run; continue it with "
+                               f"python -m rayflow resume={self.experiment_dir}")
         kept = [o for o in self.overrides if not o.split("=", 1)[0].lstrip("+~") == "resume"]
-        return run(*kept, f"resume={self.experiment_dir}")
+        return self.runner(*kept, f"resume={self.experiment_dir}")
 
     def __repr__(self) -> str:
         lines = [self.summary.table().strip() if self.summary is not None else "(no summary)"]

@@ -1,8 +1,9 @@
-"""One invocation (or one job of a multirun): check, start or reuse the cluster, run, report.
+"""The jobs of one invocation: start each cluster once, run the jobs that share it, report, stop.
 
-The cluster outlives a job only inside a multirun, where the jobs with the same backend
-config share it (rayflow.cluster_pool). A backend that submits the run (vm) hands it to
-the cluster as a Ray Job (rayflow.remote); the others run it here.
+`run_jobs` is what the CLI (one job, or every point of a `-m` sweep) and `rayflow.run` call: a
+cluster's lifetime is one `with` block (rayflow.shared_cluster) spanning the consecutive jobs
+whose backend config is the same. A backend that submits the run (vm, kuberay) hands each job
+to its cluster as a Ray Job (rayflow.remote); the others run it in this process.
 """
 
 from __future__ import annotations
@@ -12,54 +13,26 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from rayflow.backends import ClusterBackend, backend_for
-from rayflow.cluster_pool import POOL, ClusterPool
-from rayflow.node_usage import NodePeak
-from rayflow.backends.base import Terminated, reset_termination, scoped_env, termination_exit_code
-from rayflow.config import ConfigError, check_common, drop_redacted, positive_number, redact, to_container
+from rayflow.backends import ClusterBackend
+from rayflow.compose import Job, _local_files_ok, check_config
+from rayflow.config import to_container
 from rayflow.data import DataSpec, prepare
-from rayflow.placement import PlacementWatch, check_fits
+from rayflow.errors import ConfigError, RunFailed, RunInterrupted, Terminated
+from rayflow.node_usage import NodePeak
+from rayflow.placement import PlacementWatch
+from rayflow.process_state import reset_termination, scoped_env, termination_exit_code
 from rayflow.progress import plain_ray_logs
-from rayflow.result import RunFailed, RunInterrupted, RunResult
-from rayflow.tracking import Tracker, check_uri, git_commit, is_local_store
+from rayflow.redaction import drop_redacted, redact
+from rayflow.result import RunResult
+from rayflow.shared_cluster import SharedCluster, cluster_key
+from rayflow.tracking import Tracker, git_commit, is_local_store
 from rayflow.tuning import experiment_dir, read_state, write_state
 from rayflow.workloads import workload_for
-
-
-def _local_files_ok(backend: ClusterBackend) -> bool:
-    """Whether MLflow can write a file on this machine: this process writes it, or the nodes share it."""
-    return backend.connects_driver or backend.shares_filesystem
-
-
-def check_config(cfg: DictConfig) -> ClusterBackend:
-    """Every preflight check; raises ConfigError, starts nothing. Returns the backend."""
-    check_common(cfg)
-    positive_number(cfg, "schedule_timeout_s")
-    backend = backend_for(cfg)
-    backend.check()
-    workload = workload_for(cfg.workload.name)
-    workload.check(cfg)
-    if cfg.compute.device == "cuda":
-        gpus = backend.cluster_gpus()
-        if gpus is not None and gpus <= 0:
-            raise ConfigError("compute", f"compute=gpu but backend {backend.name} has no CUDA device; use compute=cpu or compute=auto")
-    bundles = workload.demand(cfg)
-    backend.preload_worker_imports(workload.WORKER_IMPORTS, sum(b.count for b in bundles))
-    nodes = backend.capacity({k for b in bundles for k, v in b.resources.items() if v})
-    if nodes is not None:  # else the running cluster is watched (PlacementWatch)
-        check_fits(bundles, nodes, backend.name)
-    if cfg.resume is not False:
-        experiment_dir(cfg)
-    # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
-    # share this machine's files cannot write a local SQLite or file store.
-    # A dry run only notes it (a provider's defaults alone still render).
-    check_uri(cfg, local_files_ok=_local_files_ok(backend) or bool(cfg.dry_run))
-    return backend
-
 
 # Config a resumed experiment keeps from its first run, whatever the resume command says.
 RESUMED_KEYS = ("workload", "data", "seed", "compute")
@@ -71,13 +44,6 @@ class RunContext:
     data: DataSpec
     experiment_dir: Path
     resume: bool
-
-
-def _in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _resolve_compute(cfg: DictConfig) -> None:
@@ -154,14 +120,12 @@ def _job_env(tracker: Tracker) -> dict[str, str]:
 SUBMITTED_BY, SUBMITTED_SPEC, SUBMITTED_METRICS = "RAYFLOW_SUBMITTED_BY", "RAYFLOW_CLUSTER_SPEC", "RAYFLOW_CLUSTER_METRICS"
 
 
-def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str, overrides: list[str] | None = None,
-                  keep_cluster: bool = False) -> None:
+def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str]) -> None:
     """Start (or reuse) the cluster, run this same command on it as a Ray Job (`backend=attach`
     there), and end with the job's outcome. The job writes MLflow, checkpoints and the table."""
-    from hydra.core.hydra_config import HydraConfig
-
     from rayflow.remote import FORWARDED_ENV, job_overrides, run_as_job
 
+    backend = cluster.backend
     tracker = Tracker(cfg)
     absolute = {"ray_auth_mode": str(cfg.ray_auth_mode)}
     if backend.shares_filesystem:  # else this machine's paths mean nothing there: `~` is the head's own
@@ -169,14 +133,12 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str, overrides
                          "data.root": str(Path(str(cfg.data.root)).expanduser())})
     if tracker.enabled:
         absolute["tracking.uri"] = tracker.absolute_uri
-    if overrides is None:
-        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     python = sys.executable if backend.shares_filesystem else "python"  # fake nodes run this venv
     entrypoint = [python, "-m", "rayflow", *job_overrides(overrides, absolute)]
-    env = {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: backend.name, SUBMITTED_SPEC: spec,
+    env = {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: backend.name, SUBMITTED_SPEC: cluster.spec,
            **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}}
     try:
-        backend, started = POOL.acquire(backend, ClusterPool.key_of(cfg), spec)
+        backend, started = cluster.acquire()
         env[SUBMITTED_METRICS] = json.dumps(backend.metrics() if started else {})
         status, error = run_as_job(backend.address, entrypoint, env, headers=backend.job_headers(),
                                    runtime_env=backend.job_runtime_env(), on_submitted=backend.job_submitted)
@@ -194,9 +156,6 @@ def run_submitted(cfg: DictConfig, backend: ClusterBackend, spec: str, overrides
         if command:  # rayflow stops it on its way out; this is for a client that dies first
             print(f"[rayflow] should anything of the cluster outlive this process: {command}", file=sys.stderr)
         raise
-    finally:
-        if not keep_cluster or sys.exc_info()[0] is not None:
-            POOL.release()
     if status != "SUCCEEDED":
         raise RunFailed(f"the job on backend={backend.name} ended {status}" + (f": {error}" if error else ""))
 
@@ -206,15 +165,13 @@ def spec_text(backend: ClusterBackend) -> str:
     return yaml.safe_dump(redact(yaml.safe_load(backend.render()) or {}), sort_keys=False)
 
 
-def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: bool | None = None) -> RunResult | None:
-    """One job, as the CLI and rayflow.run run it; its RunResult (None for a dry run or a run
-    submitted as a Ray Job, whose outcome is the job's). `overrides`: the job's command line
-    (default: Hydra's); `keep_cluster`: leave the cluster for the next job (default: in a multirun)."""
+def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> RunResult | None:
+    """One job on `cluster` (started by the first job that acquires it); its RunResult (None for
+    a dry run or a run submitted as a Ray Job, whose outcome is the job's). `overrides`: the job's
+    command line. Raises RunFailed, RunInterrupted or Terminated after its own clean-up; the
+    cluster is stopped by the `with` block that holds it."""
     reset_termination()  # a signal an earlier job of this process received is not this job's
-    keep_cluster = _in_multirun() if keep_cluster is None else keep_cluster
-    backend = check_config(cfg)
-    key = ClusterPool.key_of(cfg)
-    spec = POOL.spec if POOL.holds(key) and POOL.spec is not None else spec_text(backend)
+    backend, spec = cluster.backend, cluster.spec  # the jobs of a cluster share its backend config
     if cfg.dry_run:
         sys.stdout.write(spec)
         notes = backend.notes()
@@ -224,7 +181,7 @@ def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: b
             print(note if note.startswith("rayflow:") else f"rayflow: {note}", file=sys.stderr)
         return None
     if backend.submits_jobs:
-        return run_submitted(cfg, backend, spec, overrides, keep_cluster)
+        return run_submitted(cfg, cluster, overrides)
 
     path = experiment_dir(cfg)
     resuming = cfg.resume is not False
@@ -240,7 +197,7 @@ def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: b
     if uses_data and backend.shares_filesystem:
         prepare(data)  # same filesystem as the trials: fail on missing data before Ray starts
     tracker = Tracker(cfg)
-    result = RunResult(str(cfg.workload.name), None, path, tuple(overrides or ()), redact(to_container(cfg)),
+    result = RunResult(str(cfg.workload.name), None, path, tuple(overrides), redact(to_container(cfg)),
                        tracker.absolute_uri if tracker.enabled else None, tracker.experiment or None)
     keys = sorted({bundle.keys[r] for bundle in workload.demand(cfg) for r, amount in bundle.resources.items() if amount})
     status = "FAILED"
@@ -248,7 +205,7 @@ def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: b
 
     with scoped_env(_job_env(tracker)), plain_ray_logs():
         try:
-            backend, started = POOL.acquire(backend, key, spec)
+            backend, started = cluster.acquire()
             _resolve_compute(cfg)
             previous = read_state(path).get("mlflow_run_id") if resuming else None
             spec = os.environ.get(SUBMITTED_SPEC) or spec  # a submitted run records the cluster it ran on
@@ -275,7 +232,7 @@ def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: b
             if summary.interrupted:
                 raise RunInterrupted(f"interrupted; state saved. Continue with: python -m rayflow resume={path}", result)
             if summary.errored:
-                cause = f": {summary.error}" if getattr(summary, "error", None) else ""
+                cause = f": {summary.error}" if summary.error else ""
                 raise RunFailed(f"{summary.errored} trial(s) errored{cause}; their errors are above and in {path}. "
                                 f"Continue with: python -m rayflow resume={path}", result)
             status = "FINISHED"
@@ -291,5 +248,28 @@ def run_job(cfg: DictConfig, overrides: list[str] | None = None, keep_cluster: b
             raise
         finally:
             tracker.end(status)
-            if not keep_cluster or sys.exc_info()[0] is not None:
-                POOL.release()
+
+
+def _consecutive(jobs: Sequence[Job]) -> Iterator[list[Job]]:
+    """The jobs in runs of consecutive ones that share a cluster (the same backend config)."""
+    group: list[Job] = []
+    for job in jobs:
+        if group and cluster_key(job.cfg) != cluster_key(group[0].cfg):
+            yield group
+            group = []
+        group.append(job)
+    if group:
+        yield group
+
+
+def run_jobs(jobs: Sequence[Job]) -> list[RunResult | None]:
+    """Run checked jobs in order (rayflow.compose.preflight), each cluster started once for the
+    consecutive jobs that share it and stopped when they are done, or when one of them fails or
+    is interrupted: then the exception goes on after the teardown, and the rest do not run."""
+    results: list[RunResult | None] = []
+    for group in _consecutive(jobs):
+        backend = check_config(group[0].cfg)  # checked again just before it starts; sets what it preloads
+        with SharedCluster(backend, spec_text(backend)) as cluster:
+            for job in group:
+                results.append(run_job(job.cfg, job.overrides, cluster))
+    return results

@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         import yaml
         from ray.autoscaler import sdk
 
-        from rayflow.backends.vm import stop_local_workers
+        from rayflow.backends.vm.cluster import stop_local_workers
 
         config = yaml.safe_load(path.read_text())
         sdk.teardown_cluster(str(path))

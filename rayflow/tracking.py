@@ -12,8 +12,8 @@ from __future__ import annotations
 import base64
 import os
 import socket
-import tempfile
 import subprocess
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,39 +22,10 @@ from typing import Any
 
 import yaml
 
-from rayflow.config import ConfigError, flatten, mask_text, positive_number, redact, safe_yaml, to_container
-
-MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
-
-
-def _client(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def create_nested_run(client, experiment_id: str, parent_run_id: str, name: str, params: dict, tags: dict | None = None) -> str:
-    """A run under the invocation's parent (a Tune trial, a Ray Train run); returns its id."""
-    from mlflow.entities import Param
-
-    all_tags = {"mlflow.parentRunId": parent_run_id, "mlflow.runName": name, **(tags or {})}
-    run_id = client.create_run(experiment_id, tags=all_tags).info.run_id
-    flat = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flatten(redact(params))]
-    for i in range(0, len(flat), 100):  # log_batch takes at most 100 params
-        client.log_batch(run_id, params=flat[i : i + 100])
-    return run_id
-
-
-def log_step(uri: str, run_id: str, metrics: dict, step: int) -> None:
-    """Numeric `metrics` at `step` into a run, from any process (a Ray Train worker)."""
-    import time
-
-    from mlflow.entities import Metric
-
-    stamp = int(time.time() * 1000)
-    batch = [Metric(k, float(v), stamp, step) for k, v in metrics.items() if isinstance(v, (int, float))]
-    _client(uri).log_batch(run_id, metrics=batch)
-
+from rayflow.config import flatten, positive_number, safe_yaml, to_container
+from rayflow.errors import ConfigError
+from rayflow.mlflow_runs import MAX_PARAM_CHARS, mlflow_client
+from rayflow.redaction import mask_text, redact
 
 # The stores MLflow's tracking registry knows (mlflow.tracking._tracking_service.utils), by URI
 # scheme; database schemes may name a driver (postgresql+psycopg2). Plugins add more.
@@ -176,7 +147,7 @@ class Tracker:
     @property
     def client(self):
         if self._client is None:
-            self._client = _client(self.uri)
+            self._client = mlflow_client(self.uri)
         return self._client
 
     def start(self, cfg, spec_yaml: str, tags: dict[str, Any], resume_run_id: str | None = None) -> None:

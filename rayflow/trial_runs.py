@@ -11,7 +11,6 @@ from ray.tune import Callback
 from rayflow.plots_data import lookup
 
 
-
 class TrialRuns(Callback):
     def __init__(self, uri: str, experiment_id: str, parent_run_id: str, metric_names, max_epochs, param_keys=None):
         self.uri = uri
@@ -39,7 +38,7 @@ class TrialRuns(Callback):
     def run_for(self, trial) -> str:
         run_id = self.runs.get(trial.trial_id)
         if run_id is None:
-            from rayflow.tracking import create_nested_run
+            from rayflow.mlflow_runs import create_nested_run
 
             run_id = create_nested_run(
                 self.client, self.experiment_id, self.parent_run_id, str(trial),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rayflow.config import ConfigError
+from rayflow.errors import ConfigError
 
 STATE_FILE = "rayflow.json"  # next to Tune's own state: the MLflow parent run, for resume
 
@@ -240,7 +240,7 @@ class TuneSummary:
 
 
 def summarize(results, metric: str, mode: str, max_epochs: int, num_samples: int, interrupted: bool) -> TuneSummary:
-    from rayflow.result import first_error_line
+    from rayflow.errors import first_error_line
 
     done = [r for r in results if r.metrics and metric in r.metrics and r.error is None]  # trials that reported
     best = results.get_best_result(metric=metric, mode=mode, scope="last") if done else None

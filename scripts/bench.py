@@ -176,8 +176,8 @@ def spark_cluster(args) -> dict:
     from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
 
     from rayflow.backends import backend_for
-    from rayflow.backends.spark import stop_session_and_jvm
-    from rayflow.cli import compose_config
+    from rayflow.backends.spark.cluster import stop_session_and_jvm
+    from rayflow.compose import compose_config
 
     overrides = ["backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=2",
                  f"backend.autoscale_idle_timeout_minutes={args.idle_minutes}"]

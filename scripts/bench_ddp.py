@@ -37,8 +37,8 @@ def steady(step_times: dict[int, float]) -> float:
 
 
 def rayflow_epochs(config: dict, storage: Path) -> dict[int, float]:
-    """Epoch -> step time through rayflow's TorchTrainer (ddp_run.make_trainer + ddp.train_loop)."""
-    from rayflow.workloads.ddp_run import make_trainer
+    """Epoch -> step time through rayflow's TorchTrainer (ddp.make_trainer + ddp_loop.train_loop)."""
+    from rayflow.workloads.ddp import make_trainer
 
     spec = {"num_workers": WORKERS, "cpu": 1.0, "gpu": 0.0, "max_failures": 0, "keep_best": config["epochs"]}
     result = make_trainer(spec, config, name="ddp-bench", storage=str(storage)).fit()
@@ -54,7 +54,7 @@ def _raw_worker(rank: int, config: dict, port: int, out: str) -> None:
 
     from rayflow.data import iterate, load_split
     from rayflow.models import build_model
-    from rayflow.workloads.ddp import lr_factor
+    from rayflow.workloads.ddp_loop import lr_factor
 
     torch.set_num_threads(1)  # what Ray Train gives a 1-CPU worker (OMP_NUM_THREADS=1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORKERS)

@@ -1,4 +1,4 @@
-"""Regenerate rayflow/backends/kuberay_crds/ from KubeRay's CRD YAML files.
+"""Regenerate rayflow/backends/kuberay/crds/ from KubeRay's CRD YAML files.
 
     python scripts/kuberay_crds.py /path/to/ray.io_rayclusters.yaml /path/to/ray.io_rayjobs.yaml
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "rayflow" / "backends" / "kuberay_crds"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "rayflow" / "backends" / "kuberay" / "crds"
 SERVED_VERSION = "v1"
 
 # Keys of a schema node whose values are schemas (or lists of them). `properties` maps field

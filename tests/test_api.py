@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import rayflow as api
-from tests.conftest import ray_daemon_pids
+from rayflow.testing.processes import ray_daemon_pids
 
 SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
 

@@ -8,25 +8,27 @@ import pytest
 import yaml
 
 from rayflow.backends import backend_for
-from rayflow.cli import compose_config
+from rayflow.compose import compose_config
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 
 
 def test_a_signal_is_forgotten_by_the_next_job(tmp_path):
     """A SIGTERM one job of a process received (a multirun, a notebook) is not the next job's."""
-    from rayflow.backends import base
-    from rayflow.session import run_job
+    from rayflow import process_state
+    from rayflow.compose import Job
+    from rayflow.errors import Terminated
+    from rayflow.session import run_jobs
 
-    with pytest.raises(base.Terminated):
-        base._raise_terminated(signal.SIGTERM, None)
-    assert base.termination_exit_code() == 143
-    run_job(compose_config("dry_run=true", f"storage_path={tmp_path}"))
-    assert base.termination_exit_code() is None
+    with pytest.raises(Terminated):
+        process_state.raise_terminated(signal.SIGTERM, None)
+    assert process_state.termination_exit_code() == 143
+    run_jobs([Job([], compose_config("dry_run=true", f"storage_path={tmp_path}"))])
+    assert process_state.termination_exit_code() is None
 
 
 def test_missing_extra_gets_an_install_hint(monkeypatch):
     from rayflow.backends import REGISTRY
-    from rayflow.config import ConfigError
+    from rayflow.errors import ConfigError
 
     monkeypatch.setitem(REGISTRY, "local", ("rayflow_missing_module_for_test", "Cluster", "spark"))
     with pytest.raises(ConfigError, match=r"needs rayflow_missing_module_for_test: pip install 'rayflow\[spark\]'"):
@@ -60,7 +62,7 @@ class TestAttach(LifecycleSuite, DriverConnectionSuite):
         return ["backend=attach", f"backend.address={self.address}", "ray_auth_mode=token"]
 
     def test_unreachable_address_is_refused_by_check(self):
-        from rayflow.config import ConfigError
+        from rayflow.errors import ConfigError
 
         with pytest.raises(ConfigError, match="backend.address: cannot reach 127.0.0.1:1"):
             backend_for(compose_config("backend=attach", "backend.address=127.0.0.1:1")).check()

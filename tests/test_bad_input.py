@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import ray_daemon_pids
+from rayflow.testing.processes import ray_daemon_pids
 
 BAD_INPUT = [
     # booleans take true/false only (a string like "maybe" is truthy)

@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from tests.conftest import ray_daemon_pids
+from rayflow.testing.processes import ray_daemon_pids
 
 
 def test_help_is_fast_and_loads_no_heavy_module():

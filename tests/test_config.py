@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from rayflow.cli import one_line, preflight
-from rayflow.config import REDACTED, ConfigError, flatten, is_secret_name, redact, safe_yaml
+from rayflow.compose import one_line, preflight
+from rayflow.redaction import REDACTED, is_secret_name, redact
+from rayflow.errors import ConfigError
+from rayflow.config import flatten, safe_yaml
 from rayflow.session import check_config
-from tests.conftest import REPO, compose_config
+from tests.harness import REPO
+from rayflow.compose import compose_config
 
 GROUPS = {
     group.name: sorted(p.stem for p in group.glob("*.yaml"))
@@ -154,12 +157,12 @@ def test_redaction_masks_nested_secrets_only():
 
 def test_a_bug_in_a_check_is_not_reported_as_bad_input(monkeypatch):
     """Only configuration errors become `rayflow: error: <key>`; a bug keeps its traceback."""
-    import rayflow.session
+    import rayflow.compose
 
     def broken_check(cfg):
         raise ZeroDivisionError("a bug in rayflow")
 
-    monkeypatch.setattr(rayflow.session, "check_config", broken_check)
+    monkeypatch.setattr(rayflow.compose, "check_config", broken_check)
     with pytest.raises(ZeroDivisionError):
         preflight([], multirun=False)
 
@@ -192,7 +195,7 @@ def test_every_boolean_key_is_boolean_in_every_option():
     ("sqlite:///mlflow.db", "sqlite:///mlflow.db"),
 ])
 def test_credentials_in_urls_are_masked(text, masked):
-    from rayflow.config import mask_text
+    from rayflow.redaction import mask_text
 
     assert mask_text(text) == masked
 

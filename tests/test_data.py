@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rayflow import data
-from rayflow.data import DataError, DataSpec
+from rayflow.errors import DataError
+from rayflow.data import DataSpec
 
 
 def test_synthetic_files_have_the_cifar_format(tmp_path):

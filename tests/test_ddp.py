@@ -8,7 +8,7 @@ import signal
 
 import torch
 
-from tests.conftest import process_pids, wait_until
+from rayflow.testing.processes import process_pids, wait_until
 
 DDP = ["workload=ddp", "backend.num_cpus=2", "workload.num_workers=2", "workload.batch_size=32"]
 # A small ResNet at batch 32 takes a few seconds an epoch here: long enough to act mid-epoch.

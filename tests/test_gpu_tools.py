@@ -18,7 +18,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.harness import REPO
 
 
 def load_script(name: str):

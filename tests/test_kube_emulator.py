@@ -13,8 +13,8 @@ import aiohttp.web
 import kubernetes
 import pytest
 import requests
-from tests.kube_emulator import KubeEmulator
-from tests.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
+from tests.harness.kube_emulator import KubeEmulator
+from tests.harness.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
 from kubernetes.client import ApiException, CoreV1Api, CustomObjectsApi
 
 RC = ("ray.io", "v1", "default", "rayclusters")

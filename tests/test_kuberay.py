@@ -22,9 +22,9 @@ import pytest
 
 from rayflow.processes import stop_processes_mentioning
 from rayflow.testing.backends import JobSubmissionSuite
-from tests.conftest import wait_until
-from tests.kube_emulator import KubeEmulator
-from tests.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
+from rayflow.testing.processes import wait_until
+from tests.harness.kube_emulator import KubeEmulator
+from tests.harness.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
 
 pytest.importorskip("kmock")
 
@@ -260,10 +260,10 @@ def test_a_rayjob_the_operator_refuses_fails_fast_in_one_line(rayflow, emulator)
 
 def test_a_gpu_worker_that_cannot_be_scheduled_does_not_block_the_head_wait(emulator):
     """`state: ready` waits for every worker pod; the head wait only needs HeadPodReady."""
-    from rayflow.backends.kuberay_kube import Kube
-    from rayflow.backends.kuberay_wait import wait_for_head
-    from rayflow.cli import compose_config
-    from rayflow.backends.kuberay_manifest import render
+    from rayflow.backends.kuberay.kube import Kube
+    from rayflow.backends.kuberay.wait import wait_for_head
+    from rayflow.compose import compose_config
+    from rayflow.backends.kuberay.manifest import render
     import ray
 
     manifest = render(compose_config("backend=kuberay", "compute=gpu", "backend.min_worker_nodes=1").backend, True, "disabled", ray.__version__, "3.11", {})

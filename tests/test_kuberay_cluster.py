@@ -22,7 +22,7 @@ pytestmark = [
 
 
 def test_apply_run_delete_on_a_real_cluster(rayflow):
-    from rayflow.backends.kuberay_kube import Kube
+    from rayflow.backends.kuberay.kube import Kube
 
     name = f"rayflow-e2e-{secrets.token_hex(3)}"
     image = os.environ.get("RAYFLOW_TEST_KUBERAY_IMAGE")

@@ -15,9 +15,13 @@ from importlib.metadata import version
 import pytest
 import yaml
 
-from rayflow.backends import backend_for, kuberay_checks, kuberay_manifest as km, kuberay_resources
-from rayflow.config import ConfigError
-from tests.conftest import REPO, compose_config
+from rayflow.backends import backend_for
+from rayflow.backends.kuberay import checks as kuberay_checks
+from rayflow.backends.kuberay import manifest as km
+from rayflow.backends.kuberay import resources as kuberay_resources
+from rayflow.errors import ConfigError
+from tests.harness import REPO
+from rayflow.compose import compose_config
 
 RAY_VERSION = version("ray")
 PY = f"{sys.version_info.major}{sys.version_info.minor}"
@@ -289,7 +293,7 @@ def test_v1_allows_any_restart_policy():
 
 @pytest.fixture
 def schema_errors():
-    return pytest.importorskip("rayflow.backends.kuberay_schema").schema_errors
+    return pytest.importorskip("rayflow.backends.kuberay.schema").schema_errors
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

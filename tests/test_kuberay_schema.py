@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayflow.backends import kuberay_schema
-from rayflow.backends.kuberay_schema import schema_errors, with_defaults
+from rayflow.backends.kuberay import schema as kuberay_schema
+from rayflow.backends.kuberay.schema import schema_errors, with_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = Path(os.environ.get("RAYFLOW_KUBERAY_CRD_DIR") or REPO.parent / "shared" / "kuberay-crd")

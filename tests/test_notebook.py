@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, wait_until
+from tests.harness import REPO
+from rayflow.testing.processes import wait_until
 
 pytest.importorskip("pyspark")
 nbformat = pytest.importorskip("nbformat")

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("ray.rllib")
 
-from tests.conftest import wait_until  # noqa: E402
+from rayflow.testing.processes import wait_until  # noqa: E402
 
 # Small iterations (1000 env steps) keep a short run short; the defaults are RLlib's tuned ones.
 QUICK = ["workload=ppo", "backend.num_cpus=2", "workload.train_batch_size=1000", "workload.checkpoint_every=1"]
@@ -51,7 +51,7 @@ def test_the_trial_and_its_env_runner_start_in_workers_the_cluster_prestarted(ra
 
     from ray.util.state import list_actors, list_workers
 
-    from rayflow.cli import compose_config
+    from rayflow.compose import compose_config
     from rayflow.data import DataSpec
     from rayflow.session import RunContext, check_config
     from rayflow.tracking import Tracker

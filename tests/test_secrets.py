@@ -8,44 +8,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.conftest import ray_daemon_pids
+from rayflow.testing.processes import ray_daemon_pids
+from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
 
 LOCAL_SECRETS = {
     "data.url='https://alice:PLANTED-url-password@mirror.invalid/c.tgz?token=PLANTED-url-token'": ["PLANTED-url-password", "PLANTED-url-token"],
     "+backend.api_token=PLANTED-backend-token": ["PLANTED-backend-token"],
 }
-SPARK_SECRETS = {
-    "+backend.spark_conf.spark.ssl.keyPassword=PLANTED-key-password": ["PLANTED-key-password"],
-    "+backend.spark_conf.spark.ssl.trustStorePassword=PLANTED-trust-password": ["PLANTED-trust-password"],
-    "+backend.spark_conf.fs.azure.account.key.acct.blob.core.windows.net=PLANTED-azure-key": ["PLANTED-azure-key"],
-    "+backend.spark_conf.fs.s3a.secret.key=PLANTED-s3-secret": ["PLANTED-s3-secret"],
-}
-
-
-def planted(table: dict) -> tuple[list[str], list[str]]:
-    return list(table), [value for values in table.values() for value in values]
-
-
-def files_under(*folders: Path):
-    for folder in folders:
-        if folder.exists():
-            yield from (p for p in folder.rglob("*") if p.is_file())
-
-
-def assert_nowhere(secrets: list[str], texts: list[str], folders: list[Path]) -> int:
-    """Every secret absent from each text and every file under the folders; returns files read."""
-    read = 0
-    for text in texts:
-        for secret in secrets:
-            assert secret not in text, f"{secret} printed"
-    for path in files_under(*folders):
-        data = path.read_bytes()
-        read += 1
-        for secret in secrets:
-            assert secret.encode() not in data, f"{secret} in {path}"
-    return read
-
-
 def ray_sessions_since(start: float) -> list[Path]:
     root = Path(tempfile.gettempdir()) / "ray"
     return [p for p in root.glob("session_2*") if p.stat().st_mtime >= start - 1] if root.exists() else []

@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from rayflow.backends import backend_for
-from rayflow.config import ConfigError
-from tests.conftest import compose_config, ray_daemon_pids, wait_until
+from rayflow.errors import ConfigError
+from rayflow.compose import compose_config
+from rayflow.testing.processes import ray_daemon_pids, wait_until
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
-from tests.test_secrets import SPARK_SECRETS, assert_nowhere, planted
+from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
@@ -114,7 +115,7 @@ def test_credentials_reach_ray_workers_but_not_the_spec(monkeypatch):
     (["backend.autoscale_upscaling_speed=0.5"], "backend.autoscale_upscaling_speed"),
 ])
 def test_bad_spark_input_names_the_key_and_starts_nothing(overrides, key):
-    from rayflow.cli import preflight
+    from rayflow.compose import preflight
 
     before = ray_daemon_pids()
     with pytest.raises(ConfigError) as raised:
@@ -168,7 +169,7 @@ def test_an_active_session_is_used_and_left_running(monkeypatch):
 
     from pyspark.sql import SparkSession
 
-    from rayflow.backends.spark import stop_session_and_jvm
+    from rayflow.backends.spark.cluster import stop_session_and_jvm
 
     # As in an activated environment: executors find this python and the `ray` command.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh_hosts import (SshHosts, SshHostsError, access_plan, carry_scripts, expose_script, ssh_hosts_fixture,
+from tests.harness.ssh_hosts import (SshHosts, SshHostsError, access_plan, carry_scripts, expose_script, ssh_hosts_fixture,
                               unavailable_reason)
 
 needs_hosts = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until
-from tests.ssh_hosts import SshHosts, unavailable_reason
+from rayflow.testing.processes import wait_until
+from tests.harness.ssh_hosts import SshHosts, unavailable_reason
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import sysconfig
 
 import pytest
 
-from tests.conftest import REPO
+from tests.harness import REPO
 
 
 @pytest.mark.slow

@@ -11,15 +11,15 @@ import importlib
 from omegaconf import DictConfig
 
 from rayflow.backends.base import ClusterBackend
-from rayflow.config import ConfigError
+from rayflow.errors import ConfigError
 
 # name -> (module, class, pip extra that provides its dependencies or None)
 REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "local": ("rayflow.backends.local", "LocalCluster", None),
     "attach": ("rayflow.backends.attach", "AttachedCluster", None),
-    "spark": ("rayflow.backends.spark", "SparkCluster", "spark"),
-    "vm": ("rayflow.backends.vm", "VMCluster", None),
-    "kuberay": ("rayflow.backends.kuberay", "KubeRayCluster", "kuberay"),
+    "spark": ("rayflow.backends.spark.cluster", "SparkCluster", "spark"),
+    "vm": ("rayflow.backends.vm.cluster", "VMCluster", None),
+    "kuberay": ("rayflow.backends.kuberay.cluster", "KubeRayCluster", "kuberay"),
 }
 
 

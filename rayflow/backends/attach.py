@@ -10,7 +10,9 @@ from pathlib import Path
 import yaml
 
 from rayflow.backends.base import ClusterBackend
-from rayflow.config import ConfigError, mask_text, positive_number
+from rayflow.config import positive_number
+from rayflow.errors import ConfigError
+from rayflow.redaction import mask_text
 
 
 def _host_port(address: str) -> tuple[str, int]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import os
 import signal
 import sys
 import threading
@@ -24,65 +23,8 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from rayflow.process_state import TERMINATING, apply_auth_mode, raise_terminated
 from rayflow.redaction import mask_text
-
-_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not be started or reached, for a reason the user can act on (an image
-    that cannot be pulled, a pod nothing can schedule, credentials refused): one line, exit 1."""
-
-
-class Terminated(SystemExit):
-    """Raised in the main thread when the process receives SIGTERM or SIGHUP."""
-
-
-_received: list[int] = []
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    _received.append(signum)
-    raise Terminated(128 + signum)
-
-
-def termination_exit_code() -> int | None:
-    """128 + the terminating signal this job received, if any. Ray's C++ calls (ray.wait) turn
-    the SystemExit our handler raises into SystemExit(1), so the code is kept here as well."""
-    return 128 + _received[-1] if _received else None
-
-
-def reset_termination() -> None:
-    """Forget a signal an earlier job in this process received (a multirun, a notebook)."""
-    _received.clear()
-
-
-def apply_auth_mode(mode: str) -> None:
-    """Export RAY_AUTH_MODE for this driver and everything it starts.
-
-    Ray reads the mode into its C++ config when it is first imported; a driver that
-    imported ray earlier (a notebook, a test) would keep the old mode and then fail with
-    InvalidAuthToken against the cluster it just started, so the config is re-read, as
-    Ray's own token setup does.
-    """
-    os.environ["RAY_AUTH_MODE"] = mode
-    if "ray._raylet" in sys.modules:
-        sys.modules["ray._raylet"].Config.initialize("")
-
-
-@contextlib.contextmanager
-def scoped_env(values: dict[str, str]):
-    """Set environment variables for one job and put back what was there (notebooks, multirun)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 class ClusterBackend(abc.ABC):
@@ -180,8 +122,8 @@ class ClusterBackend(abc.ABC):
 
     def _catch_termination(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            for sig in _TERMINATING:
-                previous = signal.signal(sig, _raise_terminated)
+            for sig in TERMINATING:
+                previous = signal.signal(sig, raise_terminated)
                 self._old_handlers.setdefault(sig, previous)
 
     def __enter__(self) -> "ClusterBackend":

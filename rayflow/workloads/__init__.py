@@ -9,7 +9,7 @@ import importlib
 from types import ModuleType
 from typing import Any, Protocol
 
-from rayflow.config import ConfigError
+from rayflow.errors import ConfigError
 
 
 class Workload(Protocol):

@@ -21,8 +21,9 @@ import warnings
 import torch
 import torch.nn as nn
 
-from rayflow.config import ConfigError, bounds, gpu_request, one_of, positive_int, positive_number
+from rayflow.config import bounds, gpu_request, one_of, positive_int, positive_number
 from rayflow.data import DataSpec, iterate, load_split
+from rayflow.errors import ConfigError
 from rayflow.models import Net
 from rayflow.placement import Bundle, section_bundle
 

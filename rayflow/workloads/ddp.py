@@ -1,33 +1,41 @@
-"""workload=ddp: data-parallel training of a CIFAR10 model with Ray Train's TorchTrainer.
+"""workload=ddp: data-parallel training with Ray Train; this is the driver side: the checks, one
+Ray Train run or an ASHA sweep of them, and the summary. What runs in every worker is
+rayflow.workloads.ddp_loop.
 
-`train_loop` runs in every worker: the data set as in-memory tensors (rayflow.data, as
-workload=cifar), its own shard from a DistributedSampler, the model wrapped in DDP by
-`prepare_model` (gloo on CPU, NCCL on GPU). Each epoch all workers report the same
-cross-worker metrics; rank 0 saves the checkpoint and writes them to the nested MLflow
-run. A restarted worker group (a worker died) or `resume=true` continues from the
-latest checkpoint: Ray Train keeps a snapshot of its checkpoints in the run's folder.
-The driver side (`run`, the Tune sweep, the summary) is in rayflow.workloads.ddp_run.
+Ray 2.60 runs Ray Train V2: a Trainer is not handed to a Tuner any more; a Tune trial is a
+function that builds a TorchTrainer and calls fit(), and TuneReportCallback forwards rank
+0's reports to Tune. A Train run is resumed by running it again under the same
+RunConfig(name, storage_path): Train reloads its checkpoint snapshot from that folder.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
-import torch
-import torch.nn as nn
+from ray.train import UserCallback
 
-from rayflow.config import ConfigError, boolean, bounds, gpu_request, one_of, positive_int, positive_number
-from rayflow.data import iterate, load_split
-from rayflow.models import MODELS, build_model
+from rayflow.config import (
+    boolean,
+    bounds,
+    gpu_request,
+    one_of,
+    positive_int,
+    positive_number,
+)
+from rayflow.errors import ConfigError
+from rayflow.mlflow_runs import create_nested_run
+from rayflow.models import MODELS
 from rayflow.placement import Bundle, section_bundle
-from rayflow.tracking import log_step
+from rayflow.plots_data import EPOCHS_FILE, SWEEP_METRIC, SWEEP_MODE
+from rayflow.process_state import termination_exit_code
+from rayflow.tuning import read_state, write_state
+from rayflow.workloads.ddp_loop import METRICS, loop_config, train_loop
 
-# What an epoch reports (to Ray Train, Tune and MLflow).
 USES_DATA = True
 WORKER_IMPORTS = ()  # none preloaded: every new worker would import them, Ray Train's controller (no torch) too
-METRICS = ("train_loss", "val_loss", "val_accuracy", "samples_per_s", "step_time_s", "lr", "epoch")
 SCHEDULES = ("cosine", "step", "constant")
 
 
@@ -71,148 +79,207 @@ def demand(cfg) -> list[Bundle]:
                            count=int(cfg.workload.num_workers), count_key="workload.num_workers")]
 
 
-def lr_factor(config: dict, steps_per_epoch: int):
-    """The multiplier of the peak lr at each optimizer step: warm-up, then the schedule."""
-    import math
-
-    warmup = config["warmup_epochs"] * steps_per_epoch
-    total = config["epochs"] * steps_per_epoch
-    name = config["lr_schedule"]
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if name == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-        if name == "step":
-            return config["gamma"] ** ((step - warmup) // (config["step_epochs"] * steps_per_epoch))
-        return 1.0
-
-    return factor
 
 
-def evaluate(model: nn.Module, images, labels, indices, criterion) -> torch.Tensor:
-    """(summed loss, correct, count) over this worker's share of the validation set."""
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=images.device)
-    with torch.no_grad():
-        for x, y in iterate(images, labels, 1024, shuffle=False, indices=indices):
-            out = model(x).float()
-            totals[0] += criterion(out, y) * len(y)
-            totals[1] += (out.argmax(1) == y).sum()
-            totals[2] += len(y)
-    return totals
+class EpochLog(UserCallback):
+    """Appends rank 0's report of each epoch, as a JSON line, to EPOCHS_FILE in the run's folder:
+    Ray Train keeps no per-epoch results of its own, and the plots (rayflow.plots) read them from
+    there, so a resumed run is drawn whole. It runs in Train's controller, which Ray places on the
+    driver's node; a write that fails costs a plot point, never the run."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def after_report(self, run_context, metrics, checkpoint):
+        if not metrics:
+            return
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(metrics[0], default=str) + "\n")
+        except OSError:
+            pass
 
 
-def _save(folder: str, epoch: int, model, optimizer, scheduler, scaler) -> None:
-    state = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}
-    torch.save(state, os.path.join(folder, "checkpoint.pt"))
-
-
-def _restore(model, optimizer, scheduler, scaler, device) -> int:
-    """Load the latest checkpoint of this run, if any; returns the epoch it ended."""
-    import ray.train
-
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return 0
-    with checkpoint.as_directory() as folder:
-        state = torch.load(os.path.join(folder, "checkpoint.pt"), map_location=device)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
-    return int(state["epoch"])
-
-
-def train_loop(config: dict) -> None:
-    """Runs on every Ray Train worker."""
-    import ray.train
-    import ray.train.torch
-    import torch.distributed as dist
-    from torch.utils.data import DistributedSampler
-
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    device = ray.train.torch.get_device()
-    data = config["data"]
-    train_x, train_y, val_x, val_y = load_split(data, str(device))
-    torch.manual_seed(data.seed)  # every replica starts from the same weights
-    net = build_model(config["model"])
-    model = ray.train.torch.prepare_model(net)  # to the device; DDP when world > 1
-    optimizer = torch.optim.SGD(net.parameters(), lr=config["lr"], momentum=config["momentum"],
-                                weight_decay=config["weight_decay"])
-    sampler = DistributedSampler(range(len(train_y)), num_replicas=world, rank=rank, shuffle=True,
-                                 seed=data.seed, drop_last=True)  # equal shards: DDP needs equal step counts
-    batch = config["batch_size"]
-    steps_per_epoch = -(-len(sampler) // batch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, steps_per_epoch))
-    amp = bool(config["amp"]) and device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
-    criterion = nn.CrossEntropyLoss()
-    start = _restore(net, optimizer, scheduler, scaler, device)
-    if start and rank == 0:
-        print(f"[rayflow] rank 0 resumed from the checkpoint of epoch {start}", flush=True)
-    val_share = torch.arange(rank, len(val_y), world)
-    mlflow = config.get("mlflow")
-
-    for epoch in range(start + 1, config["epochs"] + 1):
-        sampler.set_epoch(epoch)
-        model.train()
-        began = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for images, labels in iterate(train_x, train_y, batch, shuffle=False, indices=list(sampler)):
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
-                loss = criterion(model(images), labels)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            loss_sum += loss.detach()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - began
-        # Validation on the unwrapped module: shards may differ by one batch, DDP must not sync there.
-        totals = torch.cat([loss_sum.reshape(1), evaluate(net, val_x, val_y, val_share, criterion)])
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(totals)
-        loss_total, val_loss, correct, count = totals.tolist()
-        metrics = {
-            "epoch": epoch,
-            "train_loss": loss_total / (steps_per_epoch * world),
-            "val_loss": val_loss / count,
-            "val_accuracy": correct / count,
-            "samples_per_s": len(sampler) * world / seconds,
-            "step_time_s": seconds / steps_per_epoch,
-            "lr": scheduler.get_last_lr()[0],
-        }
-        if rank == 0 and mlflow:
-            log_step(mlflow["uri"], mlflow["run_id"], metrics, step=epoch)
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type  # e.g. "NVIDIA H100 80GB HBM3"
-        reported = {**metrics, "device": device.type, "device_name": name, "synthetic": data.synthetic}
-        if epoch % config["checkpoint_every"] and epoch != config["epochs"]:
-            ray.train.report(reported)
-            continue
-        with tempfile.TemporaryDirectory() as folder:
-            checkpoint = None
-            if rank == 0:  # one copy of the replicated state is enough
-                _save(folder, epoch, net, optimizer, scheduler, scaler)
-                checkpoint = ray.train.Checkpoint.from_directory(folder)
-            ray.train.report(reported, checkpoint=checkpoint)
-
-
-def loop_config(cfg, data, mlflow: dict | None = None) -> dict:
-    """What every worker needs, as plain values (it is pickled to the workers)."""
+def trainer_spec(cfg) -> dict:
+    """The Ray Train settings of a run, as plain values (a Tune trial carries them)."""
     w = cfg.workload
-    keys = ("model", "epochs", "batch_size", "lr", "momentum", "weight_decay", "lr_schedule",
-            "warmup_epochs", "step_epochs", "gamma", "amp")
-    config = {k: w[k] for k in keys}
-    return {**config, "checkpoint_every": int(w.checkpoint.every_epochs), "data": data, "mlflow": mlflow}
+    return {
+        "num_workers": int(w.num_workers),
+        "cpu": float(w.resources_per_worker.cpu),
+        "gpu": float(w.resources_per_worker.gpu or 0),
+        "memory": int(w.resources_per_worker.get("memory") or 0),
+        "max_failures": int(w.max_failures),
+        "keep_best": int(w.checkpoint.keep_best),
+    }
+
+
+def make_trainer(spec: dict, config: dict, name: str, storage: str, callbacks=()):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    resources = {"CPU": spec["cpu"], **({"GPU": spec["gpu"]} if spec["gpu"] else {}),
+                 **({"memory": spec["memory"]} if spec.get("memory") else {})}
+    return TorchTrainer(
+        train_loop,
+        train_loop_config=config,
+        torch_config=TorchConfig(backend="nccl" if spec["gpu"] else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=spec["num_workers"], use_gpu=spec["gpu"] > 0, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=spec["max_failures"]),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=spec["keep_best"], checkpoint_score_attribute="val_accuracy", checkpoint_score_order="max"
+            ),
+            callbacks=list(callbacks),
+        ),
+    )
+
+
+@dataclass
+class TrainSummary:
+    final: dict  # metrics of the last checkpointed epoch (every run checkpoints its last epoch)
+    best_val_accuracy: float | None
+    best_checkpoint: str | None
+    epochs: int
+    errored: int = 0
+    interrupted: bool = False  # stopped (Ctrl-C) before the last epoch; resume=true continues
+    devices: list[str] = field(default_factory=list)
+    error: str | None = None  # why the worker group failed, one line
+
+    def parent_metrics(self) -> dict:
+        keys = ("val_accuracy", "val_loss", "train_loss", "samples_per_s")
+        metrics = {k: self.final[k] for k in keys if k in self.final}
+        metrics["epochs_completed"] = int(self.final.get("epoch", 0))
+        if self.best_val_accuracy is not None:
+            metrics["best_val_accuracy"] = self.best_val_accuracy
+        return metrics
+
+    def table(self) -> str:
+        lines = ["", "== rayflow results (Ray Train) =="]
+        lines.append(f"epochs: {int(self.final.get('epoch', 0))} of {self.epochs}")
+        for key in ("val_accuracy", "val_loss", "train_loss", "samples_per_s"):
+            if key in self.final:
+                lines.append(f"final {key:<14} {self.final[key]:.4f}")
+        if self.best_val_accuracy is not None:
+            lines.append(f"best  val_accuracy   {self.best_val_accuracy:.4f}")
+        lines.append(f"best checkpoint: {self.best_checkpoint}")
+        if self.errored:
+            lines.append("the run FAILED: the worker group ran out of restarts (workload.max_failures)")
+        return "\n".join(lines)
+
+
+def summarize_result(result, epochs: int, errored: bool) -> TrainSummary:
+    final = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float, str))} if result else {}
+    best = result.best_checkpoints if result and result.best_checkpoints else []
+    top = max(best, key=lambda pair: pair[1].get("val_accuracy", 0.0)) if best else None
+    done = int(final.get("epoch", 0))
+    return TrainSummary(
+        final={k: v for k, v in final.items() if not isinstance(v, str)},
+        best_val_accuracy=top[1].get("val_accuracy") if top else None,
+        best_checkpoint=top[0].path if top else None,
+        epochs=epochs,
+        errored=int(errored),
+        interrupted=not errored and done < epochs,
+        devices=[final["device"]] if "device" in final else [],
+    )
+
+
+def run_training(cfg, ctx) -> TrainSummary:
+    """One Ray Train run in the experiment folder; its epochs go to a nested MLflow run."""
+    from ray.train import Result, TrainingFailedError
+
+    from rayflow.errors import first_error_line
+
+    path: Path = ctx.experiment_dir
+    state = read_state(path)
+    config = loop_config(cfg, ctx.data)
+    tracker = ctx.tracker
+    run_id = state.get("train_run_id") if ctx.resume else None
+    if tracker.run_id and run_id is None:
+        params = {k: v for k, v in config.items() if k not in ("data", "mlflow")} | trainer_spec(cfg)
+        run_id = create_nested_run(tracker.client, tracker.experiment_id, tracker.run_id, "train", params)
+        write_state(path, {**state, "train_run_id": run_id})
+    if run_id:
+        tracker.client.update_run(run_id, status="RUNNING")
+        config["mlflow"] = {"uri": tracker.absolute_uri, "run_id": run_id}
+    trainer = make_trainer(trainer_spec(cfg), config, name=path.name, storage=str(path.parent),
+                           callbacks=[EpochLog(str(path / EPOCHS_FILE))])
+    errored, error = False, None
+    try:
+        result = trainer.fit()
+    except TrainingFailedError as err:
+        print(f"rayflow: Ray Train failed: {err}", file=sys.stderr, flush=True)
+        result, errored, error = Result.from_path(str(path)), True, first_error_line(err)
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C: Ray Train's own SIGINT handler aborts the run and exits through ray.get
+        # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
+        if termination_exit_code():
+            if run_id:
+                tracker.client.set_terminated(run_id, "KILLED")
+            raise
+        result = Result.from_path(str(path))
+    summary = summarize_result(result, int(cfg.workload.epochs), errored)
+    summary.error = error
+    name = ((result.metrics or {}) if result else {}).get("device_name")  # what the workers reported
+    if name:
+        tracker.set_tags({"device_name": name})
+    if run_id:
+        if name:
+            tracker.client.set_tag(run_id, "device_name", name)
+        status = "KILLED" if summary.interrupted else "FAILED" if errored else "FINISHED"
+        tracker.client.set_terminated(run_id, status)
+    return summary
+
+
+def train_trial(config: dict, base: dict, spec: dict, storage: str) -> None:
+    """One Tune trial: a whole Ray Train run with the trial's lr; Train's reports go to Tune."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    trial_id = tune.get_context().get_trial_id()
+    trainer = make_trainer(spec, {**base, "lr": config["lr"]}, f"train-{trial_id}", storage, [TuneReportCallback()])
+    trainer.fit()
+
+
+def run_sweep(cfg, ctx):
+    """ASHA over the learning rate; each trial trains on num_workers Ray Train workers."""
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from rayflow.tuning import TuneJob, run_tune, summarize
+
+    w = cfg.workload
+    spec = trainer_spec(cfg)
+    epochs, samples = int(w.epochs), int(w.sweep.num_samples)
+    # A trial only waits on its Train run; its workers hold the resources. Run as many
+    # trials at once as the cluster has room for their workers.
+    free = ray.cluster_resources().get("CPU", 1) // (spec["cpu"] * spec["num_workers"])
+    job = TuneJob(
+        trainable=tune.with_parameters(train_trial, base=loop_config(cfg, ctx.data), spec=spec, storage=str(ctx.experiment_dir)),
+        param_space={"lr": tune.loguniform(float(w.sweep.lr.min), float(w.sweep.lr.max))},
+        metric=SWEEP_METRIC,
+        mode=SWEEP_MODE,
+        num_samples=samples,
+        resources={"cpu": 0, "memory": 1},  # Tune wants a non-empty request; 1 byte is not a CPU
+        scheduler=ASHAScheduler(
+            time_attr="epoch", max_t=epochs,
+            grace_period=int(w.sweep.grace_period), reduction_factor=int(w.sweep.reduction_factor),
+        ),
+        reuse_actors=False,  # a stopped trial's actor goes, and with it its Train workers
+        max_concurrent_trials=max(1, int(free)),
+        callbacks=[cb for cb in [ctx.tracker.trial_callback(METRICS, epochs)] if cb],
+    )
+    results, interrupted = run_tune(job, ctx.experiment_dir, resume=ctx.resume)
+    summary = summarize(results, job.metric, job.mode, epochs, samples, interrupted)
+    if summary.best_config:  # the trial's checkpoints live in its Train run's folder
+        best = results.get_best_result(metric=job.metric, mode=job.mode, scope="last")
+        summary.best_checkpoint = (best.metrics or {}).get("checkpoint_path")
+    return summary
 
 
 def run(cfg, ctx):
-    from rayflow.workloads.ddp_run import run_sweep, run_training
-
     return run_sweep(cfg, ctx) if cfg.workload.tune else run_training(cfg, ctx)

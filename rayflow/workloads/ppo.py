@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from ray import tune
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from rayflow.config import ConfigError, positive_int, positive_number
+from rayflow.config import positive_int, positive_number
+from rayflow.errors import ConfigError
 from rayflow.placement import Bundle
 
 USES_DATA = False  # the environment is the data: no CIFAR download or synthetic set
@@ -210,7 +211,7 @@ class PPOSummary:
 
 
 def summarize(results, interrupted: bool, goal: float | None, gpu: bool) -> PPOSummary:
-    from rayflow.result import first_error_line
+    from rayflow.errors import first_error_line
 
     best_return, steps, best = None, None, None
     for result in results:

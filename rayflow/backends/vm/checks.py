@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from rayflow.backends.vm_defaults import (
+from rayflow.backends.vm.defaults import (
     CLOUDS,
     PROVIDERS,
     cloud_region,
@@ -26,7 +26,8 @@ from rayflow.backends.vm_defaults import (
     shipped_defaults,
     with_defaults,
 )
-from rayflow.config import ConfigError, checked_number
+from rayflow.config import checked_number
+from rayflow.errors import ConfigError
 
 # Keys of cluster YAMLs from older guides and Ray versions, and what replaced them.
 REMOVED = {

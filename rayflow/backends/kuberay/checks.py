@@ -14,10 +14,11 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from rayflow.backends import kuberay_manifest as km
-from rayflow.backends.kuberay_metadata import DNS_1123_LABEL, is_dns_label
-from rayflow.backends.kuberay_resources import parse_quantity
-from rayflow.config import ConfigError, checked_number
+from rayflow.backends.kuberay import manifest as km
+from rayflow.backends.kuberay.metadata import DNS_1123_LABEL, is_dns_label
+from rayflow.backends.kuberay.resources import parse_quantity
+from rayflow.config import checked_number
+from rayflow.errors import ConfigError
 
 CHOICES = {
     "mode": ("cluster", "rayjob"),
@@ -243,9 +244,9 @@ def _schema_errors(manifest: Mapping, rendered: Mapping) -> list[tuple[str, str]
     """("backend" | "backend.overrides", "path: message") for each error of KubeRay's CRD schema:
     an error the manifest without overrides lacks comes from backend.overrides."""
     try:
-        from rayflow.backends.kuberay_schema import schema_errors
+        from rayflow.backends.kuberay.schema import schema_errors
     except ModuleNotFoundError as err:  # the schema module lands separately; nothing else is skipped
-        if err.name != "rayflow.backends.kuberay_schema":
+        if err.name != "rayflow.backends.kuberay.schema":
             raise
         return []
     own = set(schema_errors(rendered))

@@ -16,7 +16,9 @@ from ray.util.spark.utils import is_in_databricks_runtime
 from rayflow.auth import auth_token
 
 if is_in_databricks_runtime():  # keep Databricks' own defaults (temp dir, dashboard proxy, creds)
-    from ray.util.spark.databricks_hook import DefaultDatabricksRayOnSparkStartHook as _Base
+    from ray.util.spark.databricks_hook import (
+        DefaultDatabricksRayOnSparkStartHook as _Base,
+    )
 else:
     _Base = RayOnSparkStartHook
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from rayflow.backends.kuberay_manifest import cluster_of, render, run_group
+from rayflow.backends.kuberay.manifest import cluster_of, render, run_group
 
 # Kubernetes' quantity grammar (k8s.io/apimachinery resource.ParseQuantity): a signed decimal
 # and one suffix, binary (Ki..Ei), decimal (n u m k M G T P E) or an exponent (e3, E-2).

@@ -12,7 +12,7 @@ import base64
 import os
 from typing import Any
 
-from rayflow.backends.base import ClusterError
+from rayflow.errors import ClusterError
 
 GROUP, VERSION = "ray.io", "v1"
 PLURALS = {"RayCluster": "rayclusters", "RayJob": "rayjobs"}

@@ -25,11 +25,17 @@ from pathlib import Path
 import yaml
 
 from rayflow.auth import auth_token, ensure_token, token_path
-from rayflow.backends import vm_config
-from rayflow.backends.base import ClusterBackend, scoped_env
-from rayflow.processes import kill_processes_mentioning, pids_mentioning, stop_processes_mentioning
+from rayflow.backends.base import ClusterBackend
+from rayflow.backends.vm.checks import check, placeholder_note, require_filled
+from rayflow.backends.vm.commands import head_start_args, launcher_env
+from rayflow.backends.vm.config import render
+from rayflow.process_state import scoped_env
+from rayflow.processes import (
+    kill_processes_mentioning,
+    pids_mentioning,
+    stop_processes_mentioning,
+)
 from rayflow.progress import phase
-
 
 DASHBOARD_PORT = 8265  # Ray's default, on the head of a launched cluster
 
@@ -82,7 +88,7 @@ class VMCluster(ClusterBackend):
         return str(self.section.get("compute_device")) == "cuda"
 
     def check(self) -> None:
-        vm_config.check(self.section, self.gpu(), self.auth_mode)
+        check(self.section, self.gpu(), self.auth_mode)
 
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
         """The head and max_worker_nodes workers of the type the run uses, where sizes are set."""
@@ -100,14 +106,14 @@ class VMCluster(ClusterBackend):
     def cluster_config(self, gcs_address: str | None = None) -> dict:
         import ray
 
-        return vm_config.render(self.section, self.gpu(), self.auth_mode, ray.__version__,
+        return render(self.section, self.gpu(), self.auth_mode, ray.__version__,
                                 f"{sys.version_info.major}.{sys.version_info.minor}", _token_file(), gcs_address)
 
     def render(self) -> str:
         return yaml.safe_dump({"backend": "vm", "provider": self.provider, "cluster": self.cluster_config()}, sort_keys=False)
 
     def notes(self) -> list[str]:
-        note = vm_config.placeholder_note(self.section)
+        note = placeholder_note(self.section)
         return [note] if note else []
 
     def teardown_command(self) -> str | None:
@@ -168,12 +174,12 @@ class VMCluster(ClusterBackend):
         Path(self._config_file).write_text(yaml.safe_dump(config))
         command = [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
                    f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1", f"--temp-dir={self._temp_dir}",
-                   *vm_config.head_start_args(self.section), f"--autoscaling-config={self._config_file}",
+                   *head_start_args(self.section), f"--autoscaling-config={self._config_file}",
                    # every port of its own: other Ray clusters on this machine keep theirs
                    f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
                    f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
                    "--disable-usage-stats"]
-        env = dict(os.environ, **vm_config.launcher_env(self.section, self.auth_mode, _token_file()))
+        env = dict(os.environ, **launcher_env(self.section, self.auth_mode, _token_file()))
         # jobs on this head run `python`: this venv's, as the fake nodes do
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         timeout = float(self.section.start_timeout_s)
@@ -194,7 +200,7 @@ class VMCluster(ClusterBackend):
     def _start_with_sdk(self) -> str:
         from ray.autoscaler import sdk
 
-        vm_config.require_filled(self.section)
+        require_filled(self.section)
         self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
         self.on_stop("remove the cluster config's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
         config = self.cluster_config()
@@ -204,7 +210,7 @@ class VMCluster(ClusterBackend):
             if self.provider == "local":
                 self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
             self.on_stop(f"tear down cluster {config['cluster_name']}", sdk.teardown_cluster, self._config_file)
-        env = vm_config.launcher_env(self.section, self.auth_mode, _token_file())  # v1 for local (ray#59905)
+        env = launcher_env(self.section, self.auth_mode, _token_file())  # v1 for local (ray#59905)
         with scoped_env(env), phase(f"creating or updating cluster {config['cluster_name']} (provider {self.provider}, as `ray up`)", "vm"):
             sdk.create_or_update_cluster(self._config_file, no_restart=False, restart_only=False, no_config_cache=True)
         head_ip = sdk.get_head_node_ip(self._config_file)

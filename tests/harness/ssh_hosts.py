@@ -36,14 +36,14 @@ private bridge, running its own sshd in its own PID, mount and UTS namespaces
 Machine-wide names (bridge, namespaces, subnet) make this one-at-a-time: a lock (an abstract unix
 socket, released by the kernel when its process dies) serialises SshHosts across processes. Holding
 it, a new SshHosts first sweeps what a killed earlier run left (namespaces and their processes,
-links, its temp dirs): `python -m tests.ssh_hosts sweep` does the same by hand.
+links, its temp dirs): `python -m tests.harness.ssh_hosts sweep` does the same by hand.
 
 Cleanup is an undo stack (each step registers its undo as soon as it succeeded), run by close()
 in __exit__, also when start() fails halfway; close() is idempotent, goes on past a failing undo,
 then checks leftovers() and raises SshHostsError naming anything left.
 
 Usage:
-    from tests.ssh_hosts import SshHosts, ssh_hosts_fixture
+    from tests.harness.ssh_hosts import SshHosts, ssh_hosts_fixture
     with SshHosts(2, venv_bin) as hosts:          # venv_bin default: the running interpreter's bin
         hosts.ips, hosts.user, hosts.key_path, hosts.bridge_ip
         hosts.ssh(hosts.ips[0], "hostname -I", timeout=10)             # CompletedProcess (text)
@@ -778,7 +778,7 @@ def _remove_netns_dir_if_empty() -> None:
 
 def sweep(prefix: str = "rfssh", lock_timeout: float = 60) -> None:
     """Remove what a killed SshHosts run left (every SshHosts.start() does this first, too):
-    python -m tests.ssh_hosts sweep"""
+    python -m tests.harness.ssh_hosts sweep"""
     hosts = SshHosts(1, prefix=prefix, lock_timeout=lock_timeout)
     with hosts._lock():
         hosts._sweep_stale()

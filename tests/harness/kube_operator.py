@@ -17,7 +17,7 @@ import datetime
 import secrets
 from typing import Any
 
-from tests.kube_emulator import KubeEmulator, _suffix, merge_patch, now_iso
+from tests.harness.kube_emulator import KubeEmulator, _suffix, merge_patch, now_iso
 
 SCENARIOS = ("ok", "image_pull", "unschedulable", "unschedulable_taint", "worker_unschedulable",
              "invalid_spec", "crash_loop", "stuck_finalizer")

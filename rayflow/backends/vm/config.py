@@ -5,12 +5,11 @@ local/aws/gcp; the autoscaling config of `RAY_FAKE_CLUSTER=1 ray start --head
 --autoscaling-config=FILE` for fake_multinode), `validate` runs Ray's own checks on it. Ray is
 imported inside functions only.
 
-`check`, `placeholders`, `placeholder_note` and `require_filled` (vm_checks) refuse bad keys and
+`check`, `placeholders`, `placeholder_note` and `require_filled` (vm.checks) refuse bad keys and
 name what only the user can fill in. What the launcher needs besides the file (environment,
-head `ray start` arguments) comes from `launcher_env` and `head_start_args` (vm_commands), and is
+head `ray start` arguments) comes from `launcher_env` and `head_start_args` (vm.commands), and is
 noted in the rendered config under `metadata.rayflow` (Ray keeps `metadata` and never reads it).
-These names stay importable from here (`__all__`). Modules: vm_defaults <- vm_checks,
-vm_commands <- vm_config (no cycle).
+Modules: defaults <- checks, commands <- config <- cluster (no cycle).
 """
 
 from __future__ import annotations
@@ -21,53 +20,28 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from rayflow.backends.vm_checks import (
-    REMOVED,
-    USER_KEYS,
-    check,
-    placeholder_note,
+from rayflow.backends.vm.checks import (
     placeholders,
-    removed_key_error,
-    require_filled,
 )
-from rayflow.backends.vm_commands import (
-    RUNTIME_PACKAGES,
-    head_start_args,
-    installed_version,
-    launcher_env,
-    runtime_requirements,
-    setup_commands,
-    start_commands,
-)
-from rayflow.backends.vm_defaults import (
-    CLOUDS,
+from rayflow.backends.vm.commands import launcher_env, setup_commands, start_commands
+from rayflow.backends.vm.defaults import (
     DEFAULT_GCP_ACCELERATOR,
     DEFAULT_INSTANCE,
     FAKE_HEAD_TYPE,
     GCP_DISK_GB,
     GCP_IMAGE,
     HEAD_TYPE,
-    PROVIDERS,
     WORKER_TYPES,
     cloud_region,
     gcp_zone,
     node_type_bounds,
     placeholder,
     rendered_kinds,
-    shipped_defaults,
     with_defaults,
 )
-from rayflow.config import ConfigError, merge_overrides
-
-# The callers' names, as before the split: rendering here, the rest re-exported.
-__all__ = [
-    "render", "validate",
-    "check", "placeholder_note", "placeholders", "removed_key_error", "require_filled",  # vm_checks
-    "head_start_args", "launcher_env", "runtime_requirements",  # vm_commands
-    "CLOUDS", "PROVIDERS", "REMOVED", "RUNTIME_PACKAGES", "USER_KEYS", "WORKER_TYPES",
-    "rendered_kinds", "shipped_defaults",
-]
-
+from rayflow.config import merge_overrides
+from rayflow.dependencies import installed_version
+from rayflow.errors import ConfigError
 
 # --- render -----------------------------------------------------------------------------------
 

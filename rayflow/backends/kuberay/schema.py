@@ -2,7 +2,7 @@
 Kubernetes API server would, without an API server.
 
 The schemas are the openAPIV3Schema of version v1 of KubeRay v1.7.0's CRDs
-(kuberay_crds/README.md). Plain JSON-Schema validation would pass manifests the API server
+(crds/README.md). Plain JSON-Schema validation would pass manifests the API server
 silently changes, so this walker implements the structural-schema semantics itself:
 
 * unknown fields: an object schema with `properties` keeps only those; anything else is pruned
@@ -18,7 +18,7 @@ silently changes, so this walker implements the structural-schema semantics itse
   matches the same strings), anyOf/oneOf/allOf, and the uniqueness that
   `x-kubernetes-list-type: map | set` demands.
 * the root `metadata` is validated as Kubernetes validates ObjectMeta (the schema only says
-  `type: object`): kuberay_metadata.
+  `type: object`): kuberay.metadata.
 * embedded `metadata` (pod templates, headService, volumeClaimTemplate): KubeRay generates its
   CRDs with `generateEmbeddedObjectMeta=true`, so these are plain objects declaring only
   annotations, finalizers, labels, name, namespace. The API server treats them as ordinary
@@ -44,7 +44,7 @@ import json
 import re
 from importlib import resources
 
-from rayflow.backends.kuberay_metadata import describe, join_path, object_meta_errors
+from rayflow.backends.kuberay.metadata import describe, join_path, object_meta_errors
 
 KUBERAY_VERSION = "v1.7.0"
 API_VERSION = "ray.io/v1"
@@ -61,7 +61,7 @@ _EMBEDDED_META = "annotations, finalizers, labels, name, namespace"
 
 @functools.cache
 def _schema(kind: str) -> dict:
-    data = resources.files("rayflow.backends").joinpath("kuberay_crds", _SCHEMA_FILES[kind]).read_bytes()
+    data = resources.files("rayflow.backends.kuberay").joinpath("crds", _SCHEMA_FILES[kind]).read_bytes()
     return json.loads(gzip.decompress(data))
 
 

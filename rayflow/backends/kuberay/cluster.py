@@ -1,10 +1,10 @@
 """backend=kuberay: a RayCluster (or RayJob) made by the KubeRay operator, running the workload
 as a Ray Job.
 
-rayflow renders the manifest (kuberay_manifest), validates it strictly against KubeRay's CRD
-and the operator's own rules before anything is applied (kuberay_checks), applies it with the
-official `kubernetes` client (server-side apply), waits for the head (kuberay_wait), reaches
-the dashboard through the API server's service proxy (kuberay_relay) and submits the run
+rayflow renders the manifest (kuberay.manifest), validates it strictly against KubeRay's CRD
+and the operator's own rules before anything is applied (kuberay.checks), applies it with the
+official `kubernetes` client (server-side apply), waits for the head (kuberay.wait), reaches
+the dashboard through the API server's service proxy (kuberay.relay) and submits the run
 through the seam backend=vm uses (rayflow.remote). `kubernetes` is imported inside the methods.
 """
 
@@ -16,9 +16,12 @@ import uuid
 
 import yaml
 
-from rayflow.backends import kuberay_checks, kuberay_manifest, kuberay_resources
-from rayflow.backends.base import ClusterBackend, ClusterError
-from rayflow.backends.kuberay_wait import wait_for_head
+from rayflow.backends.base import ClusterBackend
+from rayflow.backends.kuberay import checks as kuberay_checks
+from rayflow.backends.kuberay import manifest as kuberay_manifest
+from rayflow.backends.kuberay import resources as kuberay_resources
+from rayflow.backends.kuberay.wait import wait_for_head
+from rayflow.errors import ClusterError
 from rayflow.progress import phase
 
 DASHBOARD_PORT = 8265  # the head container's port named `dashboard`
@@ -74,7 +77,7 @@ class KubeRayCluster(ClusterBackend):
         """rayproject/ray images lack rayflow's dependencies unless built with them
         (backends/kuberay/Dockerfile): the job installs `backend.job_pip` (null: them, pinned to
         this machine's versions; the image already has Ray, numpy and pyyaml)."""
-        from rayflow.backends.vm_commands import pinned
+        from rayflow.dependencies import pinned
 
         pip = self.section.get("job_pip")
         if pip is None:
@@ -89,7 +92,7 @@ class KubeRayCluster(ClusterBackend):
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> str:
-        from rayflow.backends.kuberay_kube import Kube
+        from rayflow.backends.kuberay.kube import Kube
 
         s = self.section
         self.kube = Kube(str(s.namespace), s.kubeconfig, s.context)
@@ -134,13 +137,13 @@ class KubeRayCluster(ClusterBackend):
         return status.get("rayClusterName") or None  # named by the operator
 
     def _access(self) -> str:
-        from rayflow.backends.kuberay_kube import in_cluster
+        from rayflow.backends.kuberay.kube import in_cluster
 
         access = str(self.section.dashboard_access)
         return access if access != "auto" else ("service" if in_cluster() else "proxy")
 
     def _relay(self, cluster: str):
-        from rayflow.backends.kuberay_relay import DashboardRelay, ssl_context
+        from rayflow.backends.kuberay.relay import DashboardRelay, ssl_context
 
         service = f"{cluster}-head-svc"  # KubeRay's name for the head service
         if self._access() == "service":

@@ -12,6 +12,13 @@ import re
 GIB = 1024**3
 
 
+def active_session():
+    """The SparkSession this process already has (a Databricks notebook's), or None."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
 def _worker_facts(num_cpus, num_gpus, heap, object_store) -> dict:
     """Run on a Spark worker: its cores, GPUs, memory and Ray's sizing of one Ray node there."""
     from ray.util.spark.utils import (
@@ -43,7 +50,6 @@ def _spark_workers(cfg, session) -> tuple[str, int | None, int | None]:
 
 
 def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
-    from rayflow.backends.spark import active_session
 
     b = cfg.backend
     session = active_session()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from rayflow.backends.base import ClusterError
+from rayflow.errors import ClusterError
 from rayflow.progress import Phase
 
 PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")

@@ -24,10 +24,11 @@ from omegaconf import OmegaConf
 
 from rayflow.auth import ensure_token
 from rayflow.backends.base import ClusterBackend
-from rayflow.backends.spark_plan import sizing_plan
-from rayflow.config import ConfigError, flatten, positive_int, positive_number, redact, renamed_key_error
+from rayflow.backends.spark.plan import active_session, sizing_plan
+from rayflow.config import flatten, positive_int, positive_number, renamed_key_error
+from rayflow.errors import ConfigError
 from rayflow.progress import phase
-from rayflow.redaction import mask_text
+from rayflow.redaction import mask_text, redact
 
 SETUP_KEYS = (
     "min_worker_nodes", "max_worker_nodes", "num_cpus_worker_node", "num_gpus_worker_node",
@@ -37,13 +38,7 @@ SETUP_KEYS = (
     "autoscale_upscaling_speed", "autoscale_idle_timeout_minutes",
 )
 SUPPORTED_MASTER = re.compile(r"^(local(\[[^\]]*\])?|local-cluster\[.*\]|spark://.+)$")
-HOOK = "rayflow.backends.spark_hook.RayflowStartHook"
-
-
-def active_session():
-    from pyspark.sql import SparkSession
-
-    return SparkSession.getActiveSession()
+HOOK = "rayflow.backends.spark.hook.RayflowStartHook"
 
 
 class SparkCluster(ClusterBackend):
@@ -97,7 +92,7 @@ class SparkCluster(ClusterBackend):
             raise ConfigError("backend.num_cpus_worker_node", f"({b.num_cpus_worker_node}) exceeds the {match.group(1)} cores of each Spark worker of {b.master}")
         if not str(b.master).startswith("local"):
             return  # the workers are other machines: their size is known once Spark runs
-        from rayflow.backends.spark_plan import _worker_facts
+        from rayflow.backends.spark.plan import _worker_facts
 
         try:
             _worker_facts(b.num_cpus_worker_node, b.num_gpus_worker_node, b.memory_worker_node, b.object_store_memory_worker_node)

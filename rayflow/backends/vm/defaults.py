@@ -1,5 +1,5 @@
 """backend=vm: what the key checks (vm_checks), the node commands (vm_commands) and the
-rendering (vm_config) share; imports no other vm module.
+rendering (vm.config) share; imports no other vm module.
 
 The providers and node type names, the provider defaults for keys left null, the shipped
 `backend:` section (conf/backend/vm.yaml), and how a section is read: over those defaults,

@@ -35,7 +35,7 @@ import kmock
 import yaml
 from kmock import KubernetesError
 
-from tests.kube_proxy import PROXY_PATH, ServicesProxy
+from tests.harness.kube_proxy import PROXY_PATH, ServicesProxy
 
 # plural -> (group, version, kind, namespaced, has a status subresource)
 RESOURCES: dict[str, tuple[str, str, str, bool, bool]] = {

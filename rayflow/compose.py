@@ -1,0 +1,140 @@
+"""From a command line to checked jobs: Hydra's composition, the sweep points of a multirun, and
+the preflight that runs every check of every job before the first one starts.
+
+Only hydra and omegaconf are imported at module level; `check_config` imports a backend's and a
+workload's module (ray, torch) only when it runs, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from omegaconf import DictConfig
+
+from rayflow.backends import ClusterBackend, backend_for
+from rayflow.config import check_common, positive_number, renamed_key_error
+from rayflow.errors import ConfigError
+from rayflow.placement import check_fits
+from rayflow.tracking import check_uri
+from rayflow.tuning import experiment_dir
+from rayflow.workloads import workload_for
+
+CONFIG_MODULE = "rayflow.conf"
+CONFIG_NAME = "config"
+
+T = TypeVar("T")
+
+
+@dataclass
+class Job:
+    """One job of an invocation: its command-line overrides and the config they compose to."""
+
+    overrides: list[str]
+    cfg: DictConfig
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    """The config `python -m rayflow OVERRIDES` composes (unresolved, unchecked)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            return compose(CONFIG_NAME, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def one_line(err: Exception) -> ConfigError:
+    """Hydra's multi-line composition errors as one ConfigError that names the key."""
+    from hydra.errors import MissingConfigException
+
+    text = str(err)
+    if isinstance(err, MissingConfigException) and err.options is not None:
+        group = (err.missing_cfg_file or "").split("/")[0]
+        name = (err.missing_cfg_file or "").split("/")[-1]
+        return ConfigError(f"{group}={name}", f"unknown option; choose from {', '.join(err.options)}")
+    match = re.search(r"Could not (?:override|append to|delete from) '([^']+)'", text)
+    if match and renamed_key_error(match.group(1)):
+        return renamed_key_error(match.group(1))
+    if match:
+        cause = str(err.__cause__ or "").splitlines()[0] if err.__cause__ else ""
+        return ConfigError(match.group(1), f"unknown config key ({cause or text.splitlines()[0]})")
+    match = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if match:
+        return ConfigError(match.group(1), "a list of values needs -m (multirun) to sweep")
+    return ConfigError("config", " ".join(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def config_errors(call: Callable[[], T]) -> T:
+    """`call()`, with Hydra's and OmegaConf's errors as rayflow's one-line ConfigError. Only
+    configuration errors are turned into it: anything else is a bug and keeps its traceback."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return call()
+    except (HydraException, OmegaConfBaseException) as err:
+        raise one_line(err) from None
+
+
+def sweep_points(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override lists of each job a (multi)run launches, split by Hydra's own BasicSweeper
+    (every point: a sweep is never cut short); hydra.* overrides are Hydra's, not a job's."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def is_hydra(override: str) -> bool:
+        return override.split("=", 1)[0].lstrip("+~").startswith("hydra")
+
+    if not multirun:
+        return [[o for o in overrides if not is_hydra(o)]]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [[o for o in point if not is_hydra(o)] for batch in batches for point in batch]
+
+
+def _local_files_ok(backend: ClusterBackend) -> bool:
+    """Whether MLflow can write a file on this machine: this process writes it, or the nodes share it."""
+    return backend.connects_driver or backend.shares_filesystem
+
+
+def check_config(cfg: DictConfig) -> ClusterBackend:
+    """Every preflight check of one job; raises ConfigError, starts nothing. Returns the backend."""
+    check_common(cfg)
+    positive_number(cfg, "schedule_timeout_s")
+    backend = backend_for(cfg)
+    backend.check()
+    workload = workload_for(cfg.workload.name)
+    workload.check(cfg)
+    if cfg.compute.device == "cuda":
+        gpus = backend.cluster_gpus()
+        if gpus is not None and gpus <= 0:
+            raise ConfigError("compute", f"compute=gpu but backend {backend.name} has no CUDA device; use compute=cpu or compute=auto")
+    bundles = workload.demand(cfg)
+    backend.preload_worker_imports(workload.WORKER_IMPORTS, sum(b.count for b in bundles))
+    nodes = backend.capacity({k for b in bundles for k, v in b.resources.items() if v})
+    if nodes is not None:  # else the running cluster is watched (PlacementWatch)
+        check_fits(bundles, nodes, backend.name)
+    if cfg.resume is not False:
+        experiment_dir(cfg)
+    # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
+    # share this machine's files cannot write a local SQLite or file store.
+    # A dry run only notes it (a provider's defaults alone still render).
+    check_uri(cfg, local_files_ok=_local_files_ok(backend) or bool(cfg.dry_run))
+    return backend
+
+
+def preflight(overrides: list[str], multirun: bool = False) -> list[Job]:
+    """Compose and check every job of the command line before any starts: bad input anywhere in
+    a sweep is one ConfigError naming the key, with nothing started."""
+    points = config_errors(lambda: sweep_points(list(overrides), multirun))
+    jobs = []
+    for point in points:
+        cfg = config_errors(lambda: compose_config(*point))
+        config_errors(lambda: check_config(cfg))
+        jobs.append(Job(point, cfg))
+    return jobs

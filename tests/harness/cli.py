@@ -1,0 +1,74 @@
+"""`python -m rayflow` run as a user runs it, in a work folder of its own (the `rayflow` fixture)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+class Rayflow:
+    """Runs `python -m rayflow` in a work folder of its own, with small, isolated defaults."""
+
+    def __init__(self, workdir: Path, data_root: Path):
+        self.workdir = workdir
+        self.storage = workdir / "ray_results"
+        self.db = workdir / "mlflow.db"
+        self.base = [
+            f"storage_path={self.storage}",
+            f"data.root={data_root}",
+            "data.synthetic=true",
+            "data.synthetic_train_size=1000",
+            "data.synthetic_test_size=100",
+        ]
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0", HYDRA_FULL_ERROR="0")
+        self.env.pop("MLFLOW_TRACKING_URI", None)  # each test has its own store in its work folder
+        self.env.pop("RAY_AUTH_MODE", None)  # rayflow must make driver and cluster agree by itself
+
+    def argv(self, *args: str, base: bool = True) -> list[str]:
+        flags = [a for a in args if a.startswith("-")]  # Hydra wants -m before the overrides
+        overrides = [a for a in args if not a.startswith("-")]
+        return [sys.executable, "-m", "rayflow", *flags, *(self.base if base else []), *overrides]
+
+    def run(self, *args: str, base: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.argv(*args, base=base), cwd=self.workdir, env=self.env,
+            capture_output=True, text=True, timeout=timeout,
+        )
+
+    def start(self, *args: str, log_name: str = "run.log") -> tuple[subprocess.Popen, Path]:
+        log = self.workdir / log_name
+        proc = subprocess.Popen(
+            self.argv(*args), cwd=self.workdir, env=self.env,
+            stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        )
+        return proc, log
+
+    def experiments(self) -> list[Path]:
+        return sorted(p.parent for p in self.storage.glob("*/tuner.pkl"))
+
+    def checkpoints(self) -> list[Path]:
+        return sorted(self.storage.glob("*/*/checkpoint_*/checkpoint.pt"))
+
+    def mlflow(self, experiment: str = "cifar"):
+        """(parent runs, {parent run id: [nested runs]}) of an MLflow experiment in this store."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{self.db}")
+        found = client.get_experiment_by_name(experiment)
+        assert found is not None, f"no MLflow experiment {experiment!r} in {self.db}"
+        runs = client.search_runs([found.experiment_id], max_results=1000)
+        parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        children = {p.info.run_id: [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id] for p in parents}
+        return client, parents, children
+
+    def plots(self, client, run) -> dict[str, dict]:
+        """{PNG name: the summary it stores} of the plots/ artifacts of an MLflow run (rayflow.plots)."""
+        from rayflow.plots import read_meta
+
+        names = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
+        folder = self.workdir / "downloaded" / run.info.run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        local = Path(client.download_artifacts(run.info.run_id, "plots", str(folder)))
+        return {Path(n).name: read_meta(local / Path(n).name) for n in names if n.endswith(".png")}
