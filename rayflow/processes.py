@@ -1,4 +1,4 @@
-"""Stopping exactly the processes of one Ray cluster on this machine.
+"""Stopping exactly the processes of one Ray cluster on this machine (psutil).
 
 `ray stop` stops every Ray process it can see on the machine, by name, including clusters
 that are not ours (a notebook's, another user's, a test's). A cluster rayflow starts on this
@@ -9,62 +9,60 @@ names that folder on its command line, so teardown stops those and nothing else.
 from __future__ import annotations
 
 import os
-import signal
-import time
-from pathlib import Path
+
+import psutil
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """This machine's processes (not this one) whose command line contains `text`."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.pid != os.getpid() and any(text in arg for arg in cmdline):
+            found.append(proc)
+    return found
 
 
 def pids_mentioning(text: str) -> set[int]:
     """Pids of this machine's processes whose command line contains `text`."""
-    needle, found = text.encode(), set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-            except OSError:
-                pass
-    return found
+    return {proc.pid for proc in processes_mentioning(text)}
 
 
-def terminate(pids: set[int], timeout_s: float = 30.0) -> set[int]:
-    """SIGTERM, wait up to timeout_s, then SIGKILL what is left; returns the pids killed hard."""
-    for pid in pids:
+def terminate(procs: list[psutil.Process], timeout_s: float = 30.0) -> list[psutil.Process]:
+    """SIGTERM, wait up to timeout_s (a zombie counts as gone), then SIGKILL what is left;
+    returns the processes killed hard."""
+    for proc in procs:
         try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
+            proc.terminate()
+        except psutil.NoSuchProcess:
             pass
-    deadline = time.monotonic() + timeout_s
-    alive = set(pids)
-    while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if _alive(pid)}
-        time.sleep(0.2)
-    for pid in alive:
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    alive = [p for p in alive if _running(p)]
+    for proc in alive:
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            proc.kill()
+        except psutil.NoSuchProcess:
             pass
     return alive
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE  # a zombie has exited; its parent has not reaped it
+    except psutil.NoSuchProcess:
+        return False
 
 
 def stop_processes_mentioning(text: str, timeout_s: float = 30.0) -> None:
     """Stop every process naming `text` (a cluster's own temp dir), including ones a dying
     process starts meanwhile: a second sweep catches them."""
     for _ in range(2):
-        pids = pids_mentioning(text)
-        if not pids:
+        procs = processes_mentioning(text)
+        if not procs:
             return
-        terminate(pids, timeout_s)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie has exited; its parent has not reaped it yet
+        terminate(procs, timeout_s)
 
 
 def kill_processes_mentioning(text: str) -> None:
     """SIGKILL at once every process naming `text`: the fallback behind a graceful stop."""
-    terminate(pids_mentioning(text), timeout_s=0)
+    terminate(processes_mentioning(text), timeout_s=0)

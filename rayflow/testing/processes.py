@@ -1,40 +1,36 @@
-"""What a test looks at to know a cluster is gone: the processes left on this machine."""
+"""What a test looks at to know a cluster is gone: the processes left on this machine (psutil)."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
+
+import psutil
+
+
+def _cmdlines():
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        yield proc.pid, proc.info["cmdline"] or []
 
 
 def ray_daemon_pids() -> set[int]:
     """Pids of the processes a cluster leaves if not stopped: Ray's GCS servers and raylets,
     and Spark JVMs (the py4j gateway, executors) on this machine."""
     pids = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for pid, argv in _cmdlines():
+        if not argv:
             continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[0].endswith((b"/gcs_server", b"/raylet")):
-            pids.add(int(entry.name))
-        elif argv[0].endswith(b"java") and any(a.startswith(b"org.apache.spark") for a in argv):
-            pids.add(int(entry.name))
+        if argv[0].endswith(("/gcs_server", "/raylet")):
+            pids.add(pid)
+        elif argv[0].endswith("java") and any(a.startswith("org.apache.spark") for a in argv):
+            pids.add(pid)
     return pids
 
 
-def process_pids(title: bytes) -> set[int]:
+def process_pids(title: bytes | str) -> set[int]:
     """Pids of processes whose command line starts with `title`: Ray names an actor's
-    process after its class, e.g. b"ray::RayTrainWorker" or b"ray::ImplicitFunc"."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(title):
-                pids.add(int(entry.name))
-        except OSError:
-            pass
-    return pids
+    process after its class, e.g. "ray::RayTrainWorker" or "ray::ImplicitFunc"."""
+    prefix = title.decode() if isinstance(title, bytes) else title
+    return {pid for pid, argv in _cmdlines() if " ".join(argv).startswith(prefix)}
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.25):

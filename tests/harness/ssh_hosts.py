@@ -72,6 +72,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 MARKER = "rayflow test ssh host (tests/ssh_hosts.py)"  # the user's GECOS in the hosts
 LOCK_NAME = b"\0rayflow-ssh-hosts"  # abstract unix socket: one SshHosts at a time on this machine
 WORKDIR_PREFIX = "rayflow-ssh-hosts-"
@@ -230,28 +232,17 @@ def _pid_ns(pid: int) -> str | None:
         return None
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
-
-
 def _pids_in_pid_ns(ns: str) -> dict[int, str]:
-    """Live processes in a PID namespace. Zombies are left out: a host's PID 1, reparented to the
-    machine's init when its unshare dies, may stay a zombie until that init reaps it; it has
-    released its namespaces and holds nothing but its PID."""
+    """Live processes in a PID namespace, with their command lines. Zombies are left out: a host's
+    PID 1, reparented to the machine's init when its unshare dies, may stay a zombie until that
+    init reaps it; it has released its namespaces and holds nothing but its PID. (psutil lists
+    the processes; which PID namespace one is in is only in /proc/PID/ns/pid.)"""
     found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _pid_ns(int(entry)) == ns and not _zombie(int(entry)):
-            found[int(entry)] = _cmdline(int(entry))
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        if proc.info["status"] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD, None):
+            continue
+        if _pid_ns(proc.pid) == ns:
+            found[proc.pid] = " ".join(proc.info["cmdline"] or [])
     return found
 
 
@@ -703,18 +694,14 @@ LogLevel INFO
 
 def _children(pid: int) -> list[int]:
     try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
         return []
 
 
 def _free_id(first: int = 60100, last: int = 60999) -> int:
     """A number that is neither a uid nor a gid on this machine, nor the uid of a running process."""
-    running = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                running.add(os.stat(f"/proc/{entry}").st_uid)
+    running = {proc.info["uids"].real for proc in psutil.process_iter(["uids"]) if proc.info["uids"]}
     for n in range(first, last + 1):
         if n in running:
             continue
