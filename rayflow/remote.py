@@ -55,7 +55,7 @@ def stage_package(folder: Path) -> Path:
         shutil.copytree(found, target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     if size > RAY_UPLOAD_LIMIT:
-        raise RuntimeError(f"rayflow's package is {size / 2**20:.0f} MiB, over Ray's {RAY_UPLOAD_LIMIT // 2**20} MiB upload limit")
+        raise JobError(f"rayflow's package is {size / 2**20:.0f} MiB, over Ray's {RAY_UPLOAD_LIMIT // 2**20} MiB upload limit")
     return target
 
 

@@ -462,3 +462,18 @@ def test_starting_points_pass_rays_validation_once_filled_in(name):
         assert set(config["available_node_types"]) == set(rendered["available_node_types"])
         assert config["head_node_type"] == rendered["head_node_type"]
 
+
+
+def test_a_dashboard_that_never_answers_is_a_cluster_error_naming_the_key():
+    """A failure the user can act on is rayflow's ClusterError (the CLI's one line, exit 1), not
+    a RuntimeError with a traceback."""
+    import socket
+
+    from rayflow.backends.vm.cluster import wait_for_dashboard
+    from rayflow.errors import ClusterError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ClusterError, match=r"did not answer within 0.5 s \(backend.start_timeout_s\)"):
+        wait_for_dashboard(f"http://127.0.0.1:{port}", 0.5, "backend=vm")

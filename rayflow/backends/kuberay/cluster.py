@@ -205,9 +205,9 @@ class KubeRayCluster(ClusterBackend):
             if time.monotonic() > deadline:
                 finalizers = (left or {}).get("metadata", {}).get("finalizers") or []
                 if finalizers:
-                    raise RuntimeError(f"{self._kind} {self._object_name} is held by finalizer(s) {', '.join(finalizers)} "
+                    raise ClusterError(f"{self._kind} {self._object_name} is held by finalizer(s) {', '.join(finalizers)} "
                                        f"after {timeout:g} s; whatever owns them must finish, or remove them with kubectl patch")
-                raise RuntimeError(f"{len(pods)} pod(s) of {cluster} still there after {timeout:g} s: "
+                raise ClusterError(f"{len(pods)} pod(s) of {cluster} still there after {timeout:g} s: "
                                    + ", ".join(p["metadata"]["name"] for p in pods[:5]))
             time.sleep(1.0)
 

@@ -29,6 +29,7 @@ from rayflow.backends.base import ClusterBackend
 from rayflow.backends.vm.checks import check, placeholder_note, require_filled
 from rayflow.backends.vm.commands import head_start_args, launcher_env
 from rayflow.backends.vm.config import render
+from rayflow.errors import ClusterError
 from rayflow.process_state import scoped_env
 from rayflow.processes import (
     kill_processes_mentioning,
@@ -63,7 +64,7 @@ def wait_for_dashboard(url: str, timeout_s: float, what: str) -> None:
             return
         except (urllib.error.URLError, OSError):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s (backend.start_timeout_s)") from None
+                raise ClusterError(f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s (backend.start_timeout_s)") from None
             time.sleep(1.0)
 
 
@@ -147,7 +148,7 @@ class VMCluster(ClusterBackend):
         self._temp_dir = state["temp_dir"]
         try:
             wait_for_dashboard(state["url"], 10, "backend=vm")
-        except RuntimeError:
+        except ClusterError:
             return None
         print(f"[rayflow] vm: reusing the running cluster {self.section.cluster_name} ({self._temp_dir})", flush=True)
         return state["url"]
@@ -187,7 +188,8 @@ class VMCluster(ClusterBackend):
             try:
                 subprocess.run(command, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             except subprocess.CalledProcessError as err:
-                raise RuntimeError(f"ray start --head failed: {(err.stderr or '').strip().splitlines()[-1:]}") from None
+                last = (err.stderr or "").strip().splitlines()[-1:] or [f"exit code {err.returncode}"]
+                raise ClusterError(f"backend=vm: ray start --head failed: {last[0]}") from None
         url = f"http://127.0.0.1:{dashboard}"
         with phase(f"waiting for the head's dashboard at {url}", "vm"):
             wait_for_dashboard(url, timeout, "backend=vm")
@@ -198,6 +200,7 @@ class VMCluster(ClusterBackend):
     # --- local, aws, gcp: Ray's cluster launcher ---------------------------------------------
 
     def _start_with_sdk(self) -> str:
+        import click  # Ray's launcher reports its failures as click exceptions
         from ray.autoscaler import sdk
 
         require_filled(self.section)
@@ -212,7 +215,10 @@ class VMCluster(ClusterBackend):
             self.on_stop(f"tear down cluster {config['cluster_name']}", sdk.teardown_cluster, self._config_file)
         env = launcher_env(self.section, self.auth_mode, _token_file())  # v1 for local (ray#59905)
         with scoped_env(env), phase(f"creating or updating cluster {config['cluster_name']} (provider {self.provider}, as `ray up`)", "vm"):
-            sdk.create_or_update_cluster(self._config_file, no_restart=False, restart_only=False, no_config_cache=True)
+            try:
+                sdk.create_or_update_cluster(self._config_file, no_restart=False, restart_only=False, no_config_cache=True)
+            except click.ClickException as err:  # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
+                raise ClusterError(f"backend=vm provider={self.provider}: `ray up` failed: {err.format_message() or 'see its output above'}") from None
         head_ip = sdk.get_head_node_ip(self._config_file)
         url = f"http://{head_ip}:{DASHBOARD_PORT}"
         with phase(f"waiting for the head's dashboard at {url}", "vm"):
