@@ -8,6 +8,7 @@ to its cluster as a Ray Job (rayflow.remote); the others run it in this process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -269,7 +270,21 @@ def run_jobs(jobs: Sequence[Job]) -> list[RunResult | None]:
     results: list[RunResult | None] = []
     for group in _consecutive(jobs):
         backend = check_config(group[0].cfg)  # checked again just before it starts; sets what it preloads
-        with SharedCluster(backend, spec_text(backend)) as cluster:
+        with _cluster_output(group[0].cfg), SharedCluster(backend, spec_text(backend)) as cluster:
             for job in group:
                 results.append(run_job(job.cfg, job.overrides, cluster))
     return results
+
+
+def _cluster_output(cfg: DictConfig) -> contextlib.AbstractContextManager:
+    """What the cluster prints while it lives, its shutdown included (Ray flushes its workers'
+    last deduplicated lines then): without colour codes where stdout is not a terminal."""
+    if cfg.dry_run:
+        return contextlib.nullcontext()
+    import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
+
+    env = {} if sys.stdout.isatty() else {"RAY_COLOR_PREFIX": os.environ.get("RAY_COLOR_PREFIX", "0")}
+    stack = contextlib.ExitStack()
+    stack.enter_context(scoped_env(env))
+    stack.enter_context(plain_ray_logs())
+    return stack
