@@ -211,3 +211,15 @@ def test_a_secret_word_above_the_leaf_masks_it():
     sits above the leaf `acct`."""
     masked = redact({"spark_conf": {"fs": {"azure": {"account": {"key": {"acct": "s3cr3t"}}}}}})
     assert masked["spark_conf"]["fs"]["azure"]["account"]["key"]["acct"] == REDACTED
+
+
+def test_every_point_of_a_sweep_is_a_job_with_hydras_own_splitting():
+    """No silent cap: 3 x 100 points are 300 jobs, in Hydra's BasicSweeper order; hydra.* overrides
+    stay Hydra's; without -m the overrides are one job as they are."""
+    from rayflow.compose import sweep_points
+
+    points = sweep_points(["workload.scheduler.reduction_factor=2,3,4", "seed=range(0,100)", "hydra.verbose=true"], multirun=True)
+    assert len(points) == 300
+    assert points[0] == ["workload.scheduler.reduction_factor=2", "seed=0"]
+    assert points[-1] == ["workload.scheduler.reduction_factor=4", "seed=99"]
+    assert sweep_points(["seed=1", "hydra.verbose=true"], multirun=False) == [["seed=1"]]
