@@ -24,7 +24,7 @@ from rayflow.result import RunResult
 
 def compose(*overrides: str) -> DictConfig:
     """The config `python -m rayflow OVERRIDES` composes, for inspection (nothing is checked)."""
-    from rayflow.compose import compose_config, config_errors
+    from rayflow.composition import compose_config, config_errors
 
     return config_errors(lambda: compose_config(*map(str, overrides)))
 
@@ -32,7 +32,7 @@ def compose(*overrides: str) -> DictConfig:
 def dry_run(*overrides: str) -> str:
     """The cluster spec (YAML, secrets masked) that `run(*overrides)` would start or join, after
     the full preflight. Starts nothing."""
-    from rayflow.compose import check_config, config_errors
+    from rayflow.composition import check_config, config_errors
     from rayflow.session import spec_text
 
     cfg = compose(*overrides, "dry_run=true")
@@ -48,7 +48,7 @@ def run(*overrides: str, multirun: bool = False) -> RunResult | list[RunResult]:
     and RunInterrupted (a KeyboardInterrupt) on Ctrl-C or a kernel interrupt, after tearing
     down what it started; the experiment stays resumable (`err.result.resume()`).
     """
-    from rayflow.compose import preflight
+    from rayflow.composition import preflight
     from rayflow.session import run_jobs
 
     _not_connected_to_ray()

@@ -1,6 +1,6 @@
 """`python -m rayflow` / `rayflow`: Hydra's command line, a preflight, then the jobs.
 
-The preflight (rayflow.compose) composes the config of every job the command line asks for
+The preflight (rayflow.composition) composes the config of every job the command line asks for
 (each point of a `-m` sweep) and runs every check before any job starts, so bad input gets one
 line naming the key, exit code 2, and nothing started. The jobs then run in order through
 session.run_jobs, which starts each cluster once for the consecutive jobs that share it.
@@ -17,7 +17,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from rayflow.compose import CONFIG_MODULE, CONFIG_NAME, preflight
+from rayflow.composition import CONFIG_MODULE, CONFIG_NAME, preflight
 from rayflow.errors import (
     ClusterError,
     ConfigError,

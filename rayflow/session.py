@@ -20,7 +20,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from rayflow.backends import ClusterBackend
-from rayflow.compose import Job, _local_files_ok, check_config
+from rayflow.composition import Job, _local_files_ok, check_config
 from rayflow.config import to_container
 from rayflow.data import DataSpec, prepare
 from rayflow.errors import ConfigError, RunFailed, RunInterrupted, Terminated
@@ -264,7 +264,7 @@ def _consecutive(jobs: Sequence[Job]) -> Iterator[list[Job]]:
 
 
 def run_jobs(jobs: Sequence[Job]) -> list[RunResult | None]:
-    """Run checked jobs in order (rayflow.compose.preflight), each cluster started once for the
+    """Run checked jobs in order (rayflow.composition.preflight), each cluster started once for the
     consecutive jobs that share it and stopped when they are done, or when one of them fails or
     is interrupted: then the exception goes on after the teardown, and the rest do not run."""
     results: list[RunResult | None] = []

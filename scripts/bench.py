@@ -177,7 +177,7 @@ def spark_cluster(args) -> dict:
 
     from rayflow.backends import backend_for
     from rayflow.backends.spark.cluster import stop_session_and_jvm
-    from rayflow.compose import compose_config
+    from rayflow.composition import compose_config
 
     overrides = ["backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=2",
                  f"backend.autoscale_idle_timeout_minutes={args.idle_minutes}"]

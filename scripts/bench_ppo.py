@@ -40,7 +40,7 @@ def overrides(args) -> list[str]:
 
 def rayflow_side(folder: Path, args) -> tuple[float, int, float]:
     """(wall s, env steps, return) of workload=ppo through rayflow's Tune path, MLflow on."""
-    from rayflow.compose import compose_config
+    from rayflow.composition import compose_config
     from rayflow.data import DataSpec
     from rayflow.session import RunContext
     from rayflow.tracking import Tracker
@@ -63,7 +63,7 @@ def rayflow_side(folder: Path, args) -> tuple[float, int, float]:
 
 def plain_side(folder: Path, args) -> tuple[float, int, float]:
     """The same PPOConfig, driven by RLlib alone, on the same kind of cluster."""
-    from rayflow.compose import compose_config
+    from rayflow.composition import compose_config
     from rayflow.workloads.ppo import algo_config
 
     cfg = compose_config(*overrides(args), "tracking=none")

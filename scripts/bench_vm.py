@@ -50,7 +50,7 @@ def _wait(predicate, timeout: float, what: str) -> float:
 
 def _backend(*overrides: str):
     from rayflow.backends import backend_for
-    from rayflow.compose import compose_config
+    from rayflow.composition import compose_config
 
     return backend_for(compose_config(*FAKE, *overrides))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.archive import archive_server as serve_archive
 from tests.harness.cli import Rayflow

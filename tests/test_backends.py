@@ -8,14 +8,14 @@ import pytest
 import yaml
 
 from rayflow.backends import backend_for
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 
 
 def test_a_signal_is_forgotten_by_the_next_job(tmp_path):
     """A SIGTERM one job of a process received (a multirun, a notebook) is not the next job's."""
     from rayflow import process_state
-    from rayflow.compose import Job
+    from rayflow.composition import Job
     from rayflow.errors import Terminated
     from rayflow.session import run_jobs
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rayflow.workloads import cifar
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 
 
 def test_net_is_the_seed_cnn():

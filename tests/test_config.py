@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from rayflow.compose import one_line, preflight
+from rayflow.composition import one_line, preflight
 from rayflow.redaction import REDACTED, is_secret_name, redact
 from rayflow.errors import ConfigError
 from rayflow.config import flatten, safe_yaml
 from rayflow.session import check_config
 from tests.harness import REPO
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 
 GROUPS = {
     group.name: sorted(p.stem for p in group.glob("*.yaml"))
@@ -157,12 +157,12 @@ def test_redaction_masks_nested_secrets_only():
 
 def test_a_bug_in_a_check_is_not_reported_as_bad_input(monkeypatch):
     """Only configuration errors become `rayflow: error: <key>`; a bug keeps its traceback."""
-    import rayflow.compose
+    import rayflow.composition
 
     def broken_check(cfg):
         raise ZeroDivisionError("a bug in rayflow")
 
-    monkeypatch.setattr(rayflow.compose, "check_config", broken_check)
+    monkeypatch.setattr(rayflow.composition, "check_config", broken_check)
     with pytest.raises(ZeroDivisionError):
         preflight([], multirun=False)
 
@@ -216,7 +216,7 @@ def test_a_secret_word_above_the_leaf_masks_it():
 def test_every_point_of_a_sweep_is_a_job_with_hydras_own_splitting():
     """No silent cap: 3 x 100 points are 300 jobs, in Hydra's BasicSweeper order; hydra.* overrides
     stay Hydra's; without -m the overrides are one job as they are."""
-    from rayflow.compose import sweep_points
+    from rayflow.composition import sweep_points
 
     points = sweep_points(["workload.scheduler.reduction_factor=2,3,4", "seed=range(0,100)", "hydra.verbose=true"], multirun=True)
     assert len(points) == 300

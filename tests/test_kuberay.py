@@ -262,7 +262,7 @@ def test_a_gpu_worker_that_cannot_be_scheduled_does_not_block_the_head_wait(emul
     """`state: ready` waits for every worker pod; the head wait only needs HeadPodReady."""
     from rayflow.backends.kuberay.kube import Kube
     from rayflow.backends.kuberay.wait import wait_for_head
-    from rayflow.compose import compose_config
+    from rayflow.composition import compose_config
     from rayflow.backends.kuberay.manifest import render
     import ray
 

@@ -21,7 +21,7 @@ from rayflow.backends.kuberay import manifest as km
 from rayflow.backends.kuberay import resources as kuberay_resources
 from rayflow.errors import ConfigError
 from tests.harness import REPO
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 
 RAY_VERSION = version("ray")
 PY = f"{sys.version_info.major}{sys.version_info.minor}"

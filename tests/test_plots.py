@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rayflow import plots
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 from rayflow.plots import asha_rungs, make_plots, read_meta
 from rayflow.plots_data import EPOCHS_FILE, series, tune_trials
 
@@ -181,7 +181,7 @@ def test_the_session_hook_prints_where_the_plots_are(tmp_path, capsys):
 def test_no_pyplot_and_no_backend_switch(tmp_path):
     """The object API on an Agg canvas: pyplot (and its global figure state) is never imported."""
     root = cifar_experiment(tmp_path / "cifar-1")
-    code = ("import sys, matplotlib; from rayflow.compose import compose_config; from rayflow.plots import make_plots; "
+    code = ("import sys, matplotlib; from rayflow.composition import compose_config; from rayflow.plots import make_plots; "
             f"assert len(make_plots(compose_config('workload.max_epochs=4'), {str(root)!r})) == 2; "
             "print('matplotlib.pyplot' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])

@@ -51,7 +51,7 @@ def test_the_trial_and_its_env_runner_start_in_workers_the_cluster_prestarted(ra
 
     from ray.util.state import list_actors, list_workers
 
-    from rayflow.compose import compose_config
+    from rayflow.composition import compose_config
     from rayflow.data import DataSpec
     from rayflow.session import RunContext, check_config
     from rayflow.tracking import Tracker

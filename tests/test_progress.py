@@ -232,7 +232,7 @@ def test_the_download_without_a_length_still_shows_bytes_and_rate(tmp_path, arch
 # --- a backend's start-up phases (starts Ray: run under `flock /tmp/ray-tests.lock`) ----------------
 
 START_LOCAL = (
-    "from rayflow.backends import backend_for; from rayflow.compose import compose_config\n"
+    "from rayflow.backends import backend_for; from rayflow.composition import compose_config\n"
     "with backend_for(compose_config('backend=local', 'backend.num_cpus=1')) as backend:\n"
     "    print(backend.address)\n"
 )

@@ -13,7 +13,7 @@ import yaml
 
 from rayflow.backends import backend_for
 from rayflow.errors import ConfigError
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
@@ -115,7 +115,7 @@ def test_credentials_reach_ray_workers_but_not_the_spec(monkeypatch):
     (["backend.autoscale_upscaling_speed=0.5"], "backend.autoscale_upscaling_speed"),
 ])
 def test_bad_spark_input_names_the_key_and_starts_nothing(overrides, key):
-    from rayflow.compose import preflight
+    from rayflow.composition import preflight
 
     before = ray_daemon_pids()
     with pytest.raises(ConfigError) as raised:

@@ -84,7 +84,7 @@ def test_a_wrong_token_is_one_line(tmp_path):
     import sys
 
     from rayflow.backends import backend_for
-    from rayflow.compose import compose_config
+    from rayflow.composition import compose_config
 
     client = ("import sys\nfrom rayflow.remote import JobError, run_as_job\n"
               "try:\n    run_as_job(sys.argv[1], ['python', '-c', 'print(1)'], {})\n"

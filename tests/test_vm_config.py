@@ -21,7 +21,7 @@ from rayflow.errors import ConfigError
 from rayflow.config import check_common
 from rayflow.redaction import redact
 from tests.harness import REPO
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 
 RAY_VERSION = version("ray")
 PYTHON_VERSION = "3.11"

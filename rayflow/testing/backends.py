@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from rayflow.backends import REGISTRY, ClusterBackend, backend_for
-from rayflow.compose import compose_config
+from rayflow.composition import compose_config
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 
 
@@ -92,7 +92,7 @@ class LifecycleSuite(BackendSuite):
             f"""
             import os, signal, sys, time
             signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if the runner ignores it
-            from rayflow.compose import compose_config
+            from rayflow.composition import compose_config
             from rayflow.backends import backend_for
             cfg = compose_config(*{self.overrides()!r})
             with backend_for(cfg):
@@ -126,7 +126,7 @@ class LifecycleSuite(BackendSuite):
                 f"""
                 import json
                 from rayflow.backends import backend_for, base
-                from rayflow.compose import compose_config
+                from rayflow.composition import compose_config
                 registered, original = [], base.ClusterBackend.on_stop
                 def on_stop(self, what, undo, *args, **kwargs):
                     registered.append(what)

@@ -1,5 +1,6 @@
 """From a command line to checked jobs: Hydra's composition, the sweep points of a multirun, and
-the preflight that runs every check of every job before the first one starts.
+the preflight that runs every check of every job before the first one starts. (Not
+`compose.py`: `rayflow.compose(...)` is the public function this module would shadow.)
 
 Only hydra and omegaconf are imported at module level; `check_config` imports a backend's and a
 workload's module (ray, torch) only when it runs, so `--help` stays fast.
