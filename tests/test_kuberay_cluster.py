@@ -1,6 +1,6 @@
 """backend=kuberay end to end on a real Kubernetes cluster with the KubeRay operator: apply →
 head ready → the run as a Ray Job → delete, as a user runs it. Marked `kuberay`; it runs only
-where RAYFLOW_TEST_KUBERAY=1 and KUBECONFIG points at such a cluster (README: "Kubernetes:
+where RAYFLOW_TEST_KUBERAY=1 and KUBECONFIG points at such a cluster (docs/backends/kuberay.md: "Kubernetes:
 backend=kuberay" shows kind). No such cluster can run on the development and CI machines.
 
 RAYFLOW_TEST_KUBERAY_IMAGE: an image built from backends/kuberay/Dockerfile (then nothing is

@@ -1,7 +1,7 @@
 """backend=vm on a real cloud, end to end: runs only with credentials (marked `cloud`).
 
 No cloud is reachable from the machines rayflow is developed and tested on, so this has not run
-there (README: what ran end to end and what did not). To run it:
+there (docs/testing.md: what ran end to end and what did not). To run it:
 
     export RAYFLOW_TEST_CLOUD=aws            # or gcp (then also RAYFLOW_TEST_GCP_PROJECT=<project id>)
     export RAYFLOW_TEST_TRACKING_URI=http://<an MLflow server the cluster can reach>:5000

@@ -48,7 +48,7 @@ AUTOSCALING = (
 
 
 def autoscaling_table() -> list[tuple[str, str, str, str]]:
-    """The rows (rayflow key, spark, vm, kuberay, Ray's autoscaler): the README's table, kept equal by a test."""
+    """The rows (rayflow key, spark, vm, kuberay, Ray's autoscaler): the table of docs/backends/index.md, kept equal by a test."""
     return [tuple(row) for row in AUTOSCALING]
 
 

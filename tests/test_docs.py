@@ -1,0 +1,48 @@
+"""The docs: the MkDocs site builds with --strict (no broken link, anchor or API reference), the
+README stays short and links into it, and every page is in the nav."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+from tests.harness import REPO
+
+
+def test_the_site_builds_strictly(tmp_path):
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    assert "RunResult" in api and "ConfigError" in api  # mkdocstrings rendered the Python API
+
+
+def test_the_readme_is_short_and_its_links_exist():
+    text = (REPO / "README.md").read_text()
+    assert len(text.encode()) <= 8192
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert local and all((REPO / link).exists() for link in local), [l for l in local if not (REPO / l).exists()]
+    assert "bash scripts/setup.sh && .venv/bin/python -m pytest" in text  # the test command .ci/run runs
+
+
+def _nav_pages(node) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, list):
+        return [p for item in node for p in _nav_pages(item)]
+    if isinstance(node, dict):
+        return [p for value in node.values() for p in _nav_pages(value)]
+    return []
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text().replace("!!python", "#"))
+    nav = set(_nav_pages(config["nav"]))
+    pages = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
+    assert nav == pages
