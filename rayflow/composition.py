@@ -15,11 +15,11 @@ from typing import Callable, TypeVar
 from omegaconf import DictConfig
 
 from rayflow.backends import ClusterBackend, backend_for
-from rayflow.config import check_common, positive_number, renamed_key_error
+from rayflow.config import renamed_key_error
 from rayflow.errors import ConfigError
 from rayflow.placement import check_fits
-from rayflow.tracking import check_uri
-from rayflow.tuning import experiment_dir
+from rayflow.tracking import check_uri, missing_run
+from rayflow.tuning import experiment_dir, read_state
 from rayflow.workloads import workload_for
 
 CONFIG_MODULE = "rayflow.conf"
@@ -104,10 +104,15 @@ def _local_files_ok(backend: ClusterBackend) -> bool:
 
 
 def check_config(cfg: DictConfig) -> ClusterBackend:
-    """Every preflight check of one job; raises ConfigError, starts nothing. Returns the backend."""
-    check_common(cfg)
-    positive_number(cfg, "schedule_timeout_s")
+    """Every preflight check of one job; raises ConfigError, starts nothing. Returns the backend.
+
+    First every key against its kind and the rules between keys (rayflow.schema), then what
+    needs the machine or the cluster: the backend's own checks, the workload's, the demand
+    against the cluster's nodes, the experiment to resume, the tracking store."""
+    from rayflow import schema
+
     backend = backend_for(cfg)
+    schema.validate(cfg, local_paths=_local_files_ok(backend))
     backend.check()
     workload = workload_for(cfg.workload.name)
     workload.check(cfg)
@@ -126,7 +131,22 @@ def check_config(cfg: DictConfig) -> ClusterBackend:
     # share this machine's files cannot write a local SQLite or file store.
     # A dry run only notes it (a provider's defaults alone still render).
     check_uri(cfg, local_files_ok=_local_files_ok(backend) or bool(cfg.dry_run))
+    if cfg.resume is not False and cfg.tracking.enabled:
+        _check_resumed_run(cfg)
     return backend
+
+
+def _check_resumed_run(cfg: DictConfig) -> None:
+    """A resumed experiment logs into its first run's MLflow parent run: the store must hold it
+    (a relative sqlite:///mlflow.db from another directory is another store). Refused rather than
+    started anew, so a resumed experiment's MLflow history stays in one run."""
+    run_id = read_state(experiment_dir(cfg)).get("mlflow_run_id")
+    if not run_id:
+        return
+    reason = missing_run(cfg, str(run_id))
+    if reason:
+        raise ConfigError("resume", f"the experiment's MLflow parent run {run_id} is not in tracking.uri: {reason}; "
+                                    "resume from the directory of the first run or give its tracking.uri (or tracking=none)")
 
 
 def preflight(overrides: list[str], multirun: bool = False) -> list[Job]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from rayflow.config import flatten, positive_number, safe_yaml, to_container
+from rayflow.config import flatten, safe_yaml, to_container
 from rayflow.errors import ConfigError
 from rayflow.mlflow_runs import MAX_PARAM_CHARS, mlflow_client
 from rayflow.redaction import mask_text, redact
@@ -66,7 +66,7 @@ def check_uri(cfg, local_files_ok: bool = True) -> None:
     or database that answers within tracking.timeout_s. Starts nothing, writes nothing."""
     if not cfg.tracking.enabled:
         return
-    timeout = positive_number(cfg, "tracking.timeout_s")
+    timeout = float(cfg.tracking.timeout_s)  # its kind: rayflow.schema.root.Mlflow
     uri = str(cfg.tracking.uri).strip()
     shown = mask_text(uri)
     parsed = urllib.parse.urlparse(uri)
@@ -219,3 +219,35 @@ class Tracker:
         if uri.startswith(("http://", "https://")):
             return f"{uri}   (the tracking server's UI)"
         return f"mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)"
+
+
+def missing_run(cfg, run_id: str) -> str | None:
+    """Why the store of `tracking.uri` does not hold the run `run_id` (a resumed experiment's
+    parent run), or None when it does (or cannot say). Creates nothing: an SQLite file or file
+    store that does not exist is not opened (MLflow would create it)."""
+    from mlflow.exceptions import MlflowException
+
+    uri = Tracker(cfg).absolute_uri
+    shown = mask_text(uri)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        return f"the SQLite store {shown} does not exist here"
+    if is_local_store(uri) and not uri.startswith("sqlite:"):
+        folder = Path(urllib.parse.urlparse(uri).path if uri.startswith("file:") else uri)
+        if not folder.exists():
+            return f"the file store {shown} does not exist here"
+    timeout = str(int(max(1.0, float(cfg.tracking.timeout_s))))
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": timeout})
+    try:
+        mlflow_client(uri).get_run(run_id)
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return f"the store {shown} holds no run {run_id}"
+        return None  # the store answered otherwise (check_uri vouched for it): the run will say more
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return None

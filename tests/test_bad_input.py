@@ -100,6 +100,11 @@ BAD_INPUT = [
     (["backend=kuberay", "backend.mode=serverless"], "backend.mode"),
     (["backend=kuberay", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
     (["backend=kuberay", "backend.start_timeout_s=0"], "backend.start_timeout_s"),
+    # kinds: a seed numpy takes, directories that can be made and written here, one folder's name
+    (["seed=-1"], "seed"),
+    (["storage_path=/proc/x"], "storage_path"),
+    (["data.root=/proc/x"], "data.root"),
+    (["experiment_name=../../escape"], "experiment_name"),
 ]
 
 

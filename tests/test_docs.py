@@ -46,3 +46,12 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
     nav = set(_nav_pages(config["nav"]))
     pages = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
     assert nav == pages
+
+
+def test_the_config_reference_is_generated_from_the_schema():
+    """docs/reference/config.md is what `python -m rayflow.schema.reference` prints now: a key
+    added, renamed or described anew in the schema or the YAML shows up there, or this fails."""
+    from rayflow.schema.reference import markdown
+
+    committed = (REPO / "docs" / "reference" / "config.md").read_text()
+    assert committed == markdown(), "regenerate: python -m rayflow.schema.reference > docs/reference/config.md"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import signal
+import subprocess
 from pathlib import Path
 
 import yaml
 
-from rayflow.testing.processes import process_pids, wait_until
+from rayflow.testing.processes import process_pids, ray_daemon_pids, wait_until
 
 SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
 
@@ -105,6 +106,17 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     assert "resume=" in log.read_text()
     done, running = found
     finished_before = {t.name: _progress(t) for t in done}
+
+    # From another directory the relative sqlite:///mlflow.db is another store, which does not hold
+    # the experiment's parent run: refused in one line, nothing started, no store made there.
+    elsewhere = rayflow.workdir / "elsewhere"
+    elsewhere.mkdir()
+    daemons = ray_daemon_pids()
+    wrong = subprocess.run(rayflow.argv(*args, "resume=true"), cwd=elsewhere, env=rayflow.env, capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2, wrong.stderr[-2000:]
+    [line] = wrong.stderr.strip().splitlines()
+    assert line.startswith("rayflow: error: resume: the experiment's MLflow parent run ") and "does not exist here" in line, line
+    assert not (elsewhere / "mlflow.db").exists() and ray_daemon_pids() == daemons
 
     out = rayflow.run(*args, "resume=true")
     assert out.returncode == 0, out.stderr[-3000:]

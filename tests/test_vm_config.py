@@ -18,7 +18,6 @@ from rayflow import dependencies as deps
 from rayflow.backends.vm import checks, commands, defaults
 from rayflow.backends.vm import config as vm_config
 from rayflow.errors import ConfigError
-from rayflow.config import check_common
 from rayflow.redaction import redact
 from tests.harness import REPO
 from rayflow.composition import compose_config
@@ -417,10 +416,12 @@ def test_ray_up_needs_ssh_and_rsync_here(provider, present, missing, tmp_path, m
     checks.check(section(), gpu=False)  # fake_multinode starts its nodes here: no ssh
 
 
-def test_the_common_checks_take_the_vm_booleans():
-    check_common(compose_config("backend=vm"))
+def test_the_schema_takes_the_vm_booleans():
+    from rayflow import schema
+
+    schema.validate(compose_config("backend=vm"))
     with pytest.raises(ConfigError) as raised:
-        check_common(compose_config("backend=vm", "backend.cache_stopped_nodes=maybe"))
+        schema.validate(compose_config("backend=vm", "backend.cache_stopped_nodes=maybe"))
     assert raised.value.key == "backend.cache_stopped_nodes"
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import yaml
 
 from rayflow.backends.base import ClusterBackend
-from rayflow.config import positive_number
 from rayflow.errors import ConfigError
 from rayflow.redaction import mask_text
 
@@ -47,7 +46,7 @@ class AttachedCluster(ClusterBackend):
         return address
 
     def check(self) -> None:
-        timeout = positive_number(self.root, "backend.connect_timeout_s")
+        timeout = float(self.section.connect_timeout_s)  # its kind: rayflow.schema.backends.Attach
         address = self.target()
         host, port = _host_port(address.removeprefix("ray://"))
         try:

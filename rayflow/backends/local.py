@@ -7,7 +7,6 @@ import os
 import yaml
 
 from rayflow.backends.base import ClusterBackend
-from rayflow.config import positive_int, positive_number
 from rayflow.progress import phase
 
 
@@ -35,17 +34,6 @@ class LocalCluster(ClusterBackend):
         # sets up Tune, so a trial and its env runners start in warm processes.
         if self.section.preload_worker_imports and modules:
             self.worker_imports, self.warm_workers = tuple(modules), max(1, int(processes))
-
-    def check(self) -> None:
-        b = self.section
-        if b.num_cpus is not None:
-            positive_int(self.root, "backend.num_cpus")
-        if b.num_gpus is not None:
-            positive_number(self.root, "backend.num_gpus", allow_zero=True)
-        if b.object_store_memory is not None:
-            positive_int(self.root, "backend.object_store_memory", minimum=78643200)  # Ray's floor
-        if b.include_dashboard and b.dashboard_port is not None:
-            positive_int(self.root, "backend.dashboard_port")
 
     def cluster_gpus(self) -> float | None:
         b = self.section

@@ -21,9 +21,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from rayflow.config import bounds, gpu_request, one_of, positive_int, positive_number
 from rayflow.data import DataSpec, iterate, load_split
-from rayflow.errors import ConfigError
 from rayflow.models import Net
 from rayflow.placement import Bundle, section_bundle
 
@@ -37,30 +35,7 @@ def powers_of_two(low: int, high: int) -> list[int]:
 
 
 def check(cfg) -> None:
-    w = cfg.workload
-    positive_int(cfg, "workload.num_samples")
-    max_epochs = positive_int(cfg, "workload.max_epochs")
-    grace = positive_int(cfg, "workload.scheduler.grace_period")
-    if grace > max_epochs:
-        raise ConfigError("workload.scheduler.grace_period", f"({grace}) exceeds workload.max_epochs ({max_epochs})")
-    positive_int(cfg, "workload.scheduler.reduction_factor", minimum=2)
-    positive_int(cfg, "workload.max_failures", minimum=0)
-    if w.checkpoints_to_keep is not None:
-        positive_int(cfg, "workload.checkpoints_to_keep")
-    one_of(cfg, "workload.metric", ("val_loss", "val_accuracy"))
-    one_of(cfg, "workload.mode", ("min", "max"))
-    positive_number(cfg, "workload.resources_per_trial.cpu")
-    gpu_request(cfg, "workload.resources_per_trial.gpu")
-    if w.resources_per_trial.get("memory") is not None:
-        positive_int(cfg, "workload.resources_per_trial.memory")
-    for key in ("l1", "l2"):
-        low, high = bounds(cfg, f"workload.search_space.{key}")
-        if not powers_of_two(low, high):
-            raise ConfigError(f"workload.search_space.{key}", f"no power of two between {low} and {high}")
-    bounds(cfg, "workload.search_space.lr", log=True)
-    sizes = list(w.search_space.batch_size)
-    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
-        raise ConfigError("workload.search_space.batch_size", f"must be a non-empty list of positive integers; got {sizes}")
+    """Every key of workload=cifar is checked by its schema (rayflow.schema.workloads.Cifar)."""
 
 
 def demand(cfg) -> list[Bundle]:

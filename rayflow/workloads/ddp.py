@@ -17,17 +17,7 @@ from pathlib import Path
 
 from ray.train import UserCallback
 
-from rayflow.config import (
-    boolean,
-    bounds,
-    gpu_request,
-    one_of,
-    positive_int,
-    positive_number,
-)
-from rayflow.errors import ConfigError
 from rayflow.mlflow_runs import create_nested_run
-from rayflow.models import MODELS
 from rayflow.placement import Bundle, section_bundle
 from rayflow.plots_data import EPOCHS_FILE, SWEEP_METRIC, SWEEP_MODE
 from rayflow.process_state import termination_exit_code
@@ -40,37 +30,7 @@ SCHEDULES = ("cosine", "step", "constant")
 
 
 def check(cfg) -> None:
-    one_of(cfg, "workload.model", MODELS)
-    positive_int(cfg, "workload.num_workers")
-    positive_number(cfg, "workload.resources_per_worker.cpu")
-    gpu_request(cfg, "workload.resources_per_worker.gpu")
-    if cfg.workload.resources_per_worker.get("memory") is not None:
-        positive_int(cfg, "workload.resources_per_worker.memory")
-    epochs = positive_int(cfg, "workload.epochs")
-    positive_int(cfg, "workload.batch_size")
-    positive_number(cfg, "workload.lr")
-    positive_number(cfg, "workload.momentum", allow_zero=True)
-    positive_number(cfg, "workload.weight_decay", allow_zero=True)
-    one_of(cfg, "workload.lr_schedule", SCHEDULES)
-    if positive_int(cfg, "workload.warmup_epochs", minimum=0) >= epochs:
-        raise ConfigError("workload.warmup_epochs", f"must be less than workload.epochs ({epochs})")
-    positive_int(cfg, "workload.step_epochs")
-    positive_number(cfg, "workload.gamma")
-    boolean(cfg, "workload.amp")
-    positive_int(cfg, "workload.checkpoint.every_epochs")
-    positive_int(cfg, "workload.checkpoint.keep_best")
-    positive_int(cfg, "workload.max_failures", minimum=0)
-    if boolean(cfg, "workload.tune"):
-        positive_int(cfg, "workload.sweep.num_samples")
-        bounds(cfg, "workload.sweep.lr", log=True)
-        grace = positive_int(cfg, "workload.sweep.grace_period")
-        if grace > epochs:
-            raise ConfigError("workload.sweep.grace_period", f"({grace}) exceeds workload.epochs ({epochs})")
-        positive_int(cfg, "workload.sweep.reduction_factor", minimum=2)
-        if cfg.backend.get("include_dashboard") is False:  # a backend whose dashboard can be switched off
-            # ASHA stops Train runs midway; Ray Train then frees their workers' placement
-            # group through the state API, which the dashboard serves. Without it the sweep hangs.
-            raise ConfigError("backend.include_dashboard", "must be true for workload.tune=true (Ray Train frees stopped runs through the dashboard's state API)")
+    """Every key of workload=ddp is checked by its schema (rayflow.schema.workloads.Ddp)."""
 
 
 def demand(cfg) -> list[Bundle]:

@@ -14,11 +14,9 @@ import time
 from dataclasses import dataclass
 
 import gymnasium  # with ray.rllib: the `rllib` extra; imported only when workload=ppo is chosen
-from omegaconf import OmegaConf
 from ray import tune
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from rayflow.config import positive_int, positive_number
 from rayflow.errors import ConfigError
 from rayflow.placement import Bundle
 
@@ -43,45 +41,16 @@ METRICS = {
 # The trial's params in MLflow (its config is RLlib's whole AlgorithmConfig; the parent run
 # holds rayflow's config).
 PARAMS = ("env", "lr", "gamma", "train_batch_size", "minibatch_size", "num_epochs", "num_env_runners", "seed")
-ACTIVATIONS = ("relu", "tanh", "swish", "linear")
-
-
-def _optional(cfg, key: str, number=positive_int):
-    return None if OmegaConf.select(cfg, key) is None else number(cfg, key)
 
 
 def check(cfg) -> None:
+    """What the schema (rayflow.schema.workloads.Ppo) cannot know: the environment exists, and
+    RLlib's own consistency checks of the algorithm's config pass."""
     w = cfg.workload
     try:
         gymnasium.spec(str(w.env))
     except (gymnasium.error.Error, ImportError, ModuleNotFoundError) as err:
         raise ConfigError("workload.env", f"not a Gymnasium environment: {err}") from None
-    positive_int(cfg, "workload.num_env_runners", minimum=0)
-    positive_int(cfg, "workload.num_envs_per_env_runner")
-    positive_number(cfg, "workload.lr")
-    if w.lr_grid is not None:
-        grid = OmegaConf.to_container(w.lr_grid) if OmegaConf.is_list(w.lr_grid) else w.lr_grid
-        if not isinstance(grid, list) or not grid or not all(_is_positive(v) for v in grid):
-            raise ConfigError("workload.lr_grid", f"must be null or a non-empty list of numbers > 0; got {grid!r}")
-    gamma = positive_number(cfg, "workload.gamma")
-    if gamma > 1:
-        raise ConfigError("workload.gamma", f"must be in (0, 1]; got {gamma}")
-    batch = positive_int(cfg, "workload.train_batch_size")
-    if positive_int(cfg, "workload.minibatch_size") > batch:
-        raise ConfigError("workload.minibatch_size", f"({w.minibatch_size}) exceeds workload.train_batch_size ({batch})")
-    positive_int(cfg, "workload.num_epochs")
-    positive_number(cfg, "workload.vf_loss_coeff", allow_zero=True)
-    hidden = OmegaConf.to_container(w.hidden) if OmegaConf.is_list(w.hidden) else w.hidden
-    if not isinstance(hidden, list) or not hidden or not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
-        raise ConfigError("workload.hidden", f"must be a non-empty list of positive integers; got {hidden!r}")
-    if w.activation not in ACTIVATIONS:
-        raise ConfigError("workload.activation", f"must be one of {', '.join(ACTIVATIONS)}; got {w.activation!r}")
-    stops = [_optional(cfg, "workload.stop.episode_return_mean", lambda c, k: float(OmegaConf.select(c, k))),
-             _optional(cfg, "workload.stop.env_steps"), _optional(cfg, "workload.stop.iterations")]
-    if all(s is None for s in stops):
-        raise ConfigError("workload.stop", "set at least one of episode_return_mean, env_steps, iterations")
-    positive_int(cfg, "workload.checkpoint_every", minimum=0)
-    positive_int(cfg, "workload.max_failures", minimum=0)
     rllib_log = logging.getLogger("ray.rllib")
     level, rllib_log.level = rllib_log.level, logging.ERROR  # its "new API stack" notice is not an error
     try:  # RLlib's own consistency checks, before anything starts
@@ -103,10 +72,6 @@ def demand(cfg) -> list[Bundle]:
         return [algorithm]
     return [algorithm, Bundle("an env runner", {"CPU": 1.0}, {"CPU": "workload.num_env_runners"},
                               count=runners, count_key="workload.num_env_runners")]
-
-
-def _is_positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def algo_config(cfg, gpu: bool):

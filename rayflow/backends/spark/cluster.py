@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from rayflow.auth import ensure_token
 from rayflow.backends.base import ClusterBackend
 from rayflow.backends.spark.plan import active_session, sizing_plan
-from rayflow.config import flatten, positive_int, positive_number, renamed_key_error
+from rayflow.config import flatten, renamed_key_error
 from rayflow.errors import ConfigError
 from rayflow.progress import phase
 from rayflow.redaction import mask_text, redact
@@ -59,24 +59,6 @@ class SparkCluster(ClusterBackend):
                 raise error
         if importlib.util.find_spec("pyspark") is None:
             raise ConfigError("backend", "backend 'spark' needs pyspark: pip install 'rayflow[spark]'")
-        high = positive_int(self.root, "backend.max_worker_nodes")
-        low = positive_int(self.root, "backend.min_worker_nodes", minimum=0)
-        if low > high:
-            raise ConfigError("backend.min_worker_nodes", f"({low}) is greater than backend.max_worker_nodes ({high})")
-        if (b.num_cpus_worker_node is None) != (b.num_gpus_worker_node is None):
-            raise ConfigError("backend.num_gpus_worker_node", "set it together with backend.num_cpus_worker_node, or leave both null")
-        if b.num_cpus_worker_node is not None:
-            positive_int(self.root, "backend.num_cpus_worker_node")
-            positive_int(self.root, "backend.num_gpus_worker_node", minimum=0)
-        for key in ("num_cpus_head_node", "num_gpus_head_node"):
-            if b[key] is not None:
-                positive_int(self.root, f"backend.{key}", minimum=0)
-        for key in ("memory_worker_node", "memory_head_node", "object_store_memory_worker_node", "object_store_memory_head_node"):
-            if b[key] is not None:
-                positive_int(self.root, f"backend.{key}")
-        if positive_number(self.root, "backend.autoscale_upscaling_speed") < 1.0:
-            raise ConfigError("backend.autoscale_upscaling_speed", f"must be >= 1.0; got {b.autoscale_upscaling_speed}")
-        positive_number(self.root, "backend.autoscale_idle_timeout_minutes", allow_zero=True)
         if b.hybrid:
             self._check_hybrid()
         if active_session() is None:
@@ -108,10 +90,7 @@ class SparkCluster(ClusterBackend):
 
     def _check_hybrid(self) -> None:
         """Databricks guidance for Spark work beside Ray: leave head resources unset, keep Spark capacity."""
-        b = self.section
-        for key in ("num_cpus_head_node", "num_gpus_head_node"):
-            if b[key]:
-                raise ConfigError(f"backend.{key}", "must stay unset with backend.hybrid=true: head-node CPUs/GPUs starve Spark and kill the Ray cluster")
+        b = self.section  # (head resources left unset: rayflow.schema.backends.Spark)
         workers = self.spark_workers()
         if workers is not None and b.max_worker_nodes >= workers:
             raise ConfigError("backend.max_worker_nodes", f"({b.max_worker_nodes}) must stay below the Spark workers ({workers}) with backend.hybrid=true, so Spark keeps capacity")

@@ -1,0 +1,69 @@
+"""Every config key declared once: its kind, range and meaning (pydantic v2 models, one per config
+group and option), the rules between keys as validators beside them. `validate(cfg)` is the
+first check of the preflight (rayflow.composition.check_config); the config reference in the docs
+is generated from the same models (rayflow.schema.reference).
+
+Why pydantic and not OmegaConf structured configs: Hydra already refuses unknown keys while it
+composes; what was missing is kinds (a folder name, a creatable directory), ranges and rules
+between keys, with messages a user can act on, which pydantic's validators give in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rayflow.errors import ConfigError
+from rayflow.schema.backends import BACKENDS
+from rayflow.schema.root import Compute, Data, Mlflow, NoTracking, Root, Section
+from rayflow.schema.workloads import WORKLOADS
+
+GROUPS = ("backend", "workload", "compute", "tracking")
+
+
+def section_models(cfg: dict) -> dict[str, type[Section]]:
+    """The model of each part of a composed config: the root's own keys, data, and the option
+    chosen in each group (vm's and kuberay's sections have none: see rayflow.schema.backends)."""
+    models: dict[str, type[Section]] = {"": Root, "data": Data, "compute": Compute,
+                                        "tracking": Mlflow if cfg.get("tracking", {}).get("enabled") else NoTracking}
+    if cfg.get("workload", {}).get("name") in WORKLOADS:
+        models["workload"] = WORKLOADS[cfg["workload"]["name"]]
+    if cfg.get("backend", {}).get("name") in BACKENDS:
+        models["backend"] = BACKENDS[cfg["backend"]["name"]]
+    return models
+
+
+def validate(cfg: DictConfig, local_paths: bool = True) -> None:
+    """Raise ConfigError (one line naming the key) for the first value that is not of its key's
+    kind or breaks a rule. `local_paths`: paths (storage_path, data.root) are this machine's,
+    so they must be creatable and writable here (false where the run goes to other machines)."""
+    from pydantic import ValidationError
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    for where, model in section_models(data).items():
+        section = {k: v for k, v in data.items() if k not in (*GROUPS, "data")} if where == "" else data.get(where, {})
+        try:
+            model.model_validate(section, context={"cfg": data, "local_paths": local_paths})
+        except ValidationError as err:
+            raise _one_line(where, err) from None
+
+
+def _one_line(where: str, err: Any) -> ConfigError:
+    first = err.errors(include_url=False)[0]
+    path = [str(p) for p in first["loc"]]
+    cause = (first.get("ctx") or {}).get("error")
+    message = str(cause) if cause is not None else first["msg"]
+    key_parts = [where, *path] if where else path
+    if getattr(cause, "key", None):
+        relative = cause.key
+        if relative.startswith("!"):  # a key outside this section (another group's)
+            return ConfigError(relative[1:], message)
+        key_parts = [*key_parts, relative]
+    if first["type"] == "missing":
+        message = "is missing"
+    return ConfigError(".".join(p for p in key_parts if p) or where, message)
+
+
+__all__ = ["ConfigError", "GROUPS", "section_models", "validate"]

@@ -1,0 +1,102 @@
+"""The keys of the backends, their kinds and the rules between them. What needs the machine
+(pyspark installed, a Java runtime, an address that answers, the size of a Spark worker) stays
+with the backend's `check()`. vm's and kuberay's sections render a cluster YAML or a manifest:
+here are only the keys that never reach it (keep_cluster) or whose kind their checks did not
+hold; the rest are checked by rayflow/backends/vm/checks.py and rayflow/backends/kuberay/checks.py
+(with Ray's cluster schema and KubeRay's CRD) on what they render, and listed in their docs pages."""
+
+
+from pydantic import Field, model_validator
+
+from rayflow.schema.kinds import Boolean, Integer, KeyedError, Mapping, Number, OptionalText, Text
+from rayflow.schema.root import Section
+
+RAY_MIN_OBJECT_STORE = 78643200  # Ray's floor for object_store_memory
+
+
+class Local(Section):
+    name: Text = Field(description="`local`: a Ray cluster on this machine (`ray.init`), stopped when the command ends")
+    num_cpus: Integer(1, optional=True) = Field(description="what `ray.init` gets (null: every core of this machine)")
+    num_gpus: Number(allow_zero=True, optional=True) = Field(description="GPUs for `ray.init` (null: every GPU Ray detects)")
+    object_store_memory: Integer(RAY_MIN_OBJECT_STORE, optional=True) = Field(description="bytes (null: Ray's default, 30% of memory)")
+    include_dashboard: Boolean = Field(description="the Ray dashboard; it serves Ray's state API, which Ray Train's clean-up of "
+                                                   "stopped runs needs (`workload=ddp workload.tune=true` refuses to run without it)")
+    dashboard_host: Text = Field(description="where the dashboard listens: loopback unless you say otherwise")
+    dashboard_port: Integer(1, optional=True) = Field(description="null: 8265 or the next free port")
+    preload_worker_imports: Boolean = Field(
+        description="the idle worker processes Ray starts with the cluster (one per CPU) import what the workload's trials "
+                    "import first (`ppo`: torch and RLlib, about 0.45 GB each), and as many as one trial has processes are "
+                    "kept for it; `false` to skip (a machine with many cores and little memory)")
+
+
+class Attach(Section):
+    name: Text = Field(description="`attach`: a running cluster, never stopped by rayflow")
+    address: Text = Field(description="`ray://HOST:PORT`, `HOST:PORT` or `auto` (default `$RAY_ADDRESS`, else `auto`)")
+    connect_timeout_s: Number() = Field(description="how long the address may take to answer")
+
+
+class Spark(Section):
+    name: Text = Field(description="`spark`: Ray on Spark (`ray.util.spark.setup_ray_cluster`)")
+    master: Text = Field(description="used only when there is no active SparkSession: `spark://...`, `local-cluster[...]`, "
+                                     "`local[...]` (yarn and k8s are refused)")
+    app_name: Text = Field(description="the Spark application's name")
+    spark_conf: Mapping = Field(description="settings of the SparkSession rayflow builds (executor memory 1g, `spark.task.cpus` 1)")
+    hybrid: Boolean = Field(description="Spark jobs run beside Ray; enforces the Databricks rules (head resources unset, "
+                                        "fewer Ray worker nodes than Spark workers)")
+    min_worker_nodes: Integer(0) = Field(description="Ray worker nodes kept up; autoscaling when min < max")
+    max_worker_nodes: Integer(1) = Field(description="Ray worker nodes at most")
+    num_cpus_worker_node: Integer(1, optional=True) = Field(description="per Ray worker node, set with `num_gpus_worker_node` (both null: Spark decides)")
+    num_gpus_worker_node: Integer(0, optional=True) = Field(description="per Ray worker node, set with `num_cpus_worker_node`")
+    num_cpus_head_node: Integer(0, optional=True) = Field(description="null: 0 (the head runs no tasks) outside global mode")
+    num_gpus_head_node: Integer(0, optional=True) = Field(description="GPUs of the head node")
+    memory_worker_node: Integer(1, optional=True) = Field(description="bytes of heap per Ray worker node")
+    memory_head_node: Integer(1, optional=True) = Field(description="bytes of heap of the head node")
+    object_store_memory_worker_node: Integer(1, optional=True) = Field(description="bytes of object store per Ray worker node")
+    object_store_memory_head_node: Integer(1, optional=True) = Field(description="bytes of object store of the head node")
+    head_node_options: Mapping = Field(description="extra `ray start` options of the head, e.g. `{include_dashboard: false}`")
+    worker_node_options: Mapping = Field(description="extra `ray start` options of the worker nodes")
+    ray_temp_root_dir: OptionalText = Field(description="Ray's temp root on the Spark nodes")
+    strict_mode: Boolean = Field(description="true: refuse to start on too small Spark workers")
+    collect_log_to_path: OptionalText = Field(description="copy the Ray nodes' logs here at shutdown (e.g. `/dbfs/ray-logs`); tagged on the MLflow parent run")
+    autoscale_upscaling_speed: Number() = Field(description="Ray's `upscaling_speed` (>= 1.0)")
+    autoscale_idle_timeout_minutes: Number(allow_zero=True) = Field(description="an idle Ray worker node is given back to Spark after this long")
+
+    @model_validator(mode="after")
+    def _rules(self) -> "Spark":
+        if self.min_worker_nodes > self.max_worker_nodes:
+            raise KeyedError("min_worker_nodes", f"({self.min_worker_nodes}) is greater than backend.max_worker_nodes ({self.max_worker_nodes})")
+        if (self.num_cpus_worker_node is None) != (self.num_gpus_worker_node is None):
+            raise KeyedError("num_gpus_worker_node", "set it together with backend.num_cpus_worker_node, or leave both null")
+        if self.autoscale_upscaling_speed < 1.0:
+            raise KeyedError("autoscale_upscaling_speed", f"must be >= 1.0; got {self.autoscale_upscaling_speed}")
+        if self.hybrid:  # Databricks: head-node CPUs/GPUs starve Spark and kill the Ray cluster
+            for key in ("num_cpus_head_node", "num_gpus_head_node"):
+                if getattr(self, key):
+                    raise KeyedError(key, "must stay unset with backend.hybrid=true: head-node CPUs/GPUs starve Spark and kill the Ray cluster")
+        return self
+
+
+class Vm(Section):
+    """Its other keys: rayflow/backends/vm/checks.py and docs/backends/vm.md."""
+
+    name: Text = Field(description="`vm`: Ray's cluster launcher (fake_multinode, SSH hosts, aws, gcp), the run submitted as a Ray Job")
+    keep_cluster: Boolean = Field(description="leave the cluster running at the end (a later run reuses it)")
+    cache_stopped_nodes: Boolean = Field(description="aws/gcp: stop idle VMs instead of terminating them (their disks keep billing)")
+
+
+class RayJobOptions(Section):
+    shutdown_after_job_finishes: Boolean = Field(description="the operator deletes the cluster once the job ends")
+
+
+class Kuberay(Section):
+    """Its other keys: rayflow/backends/kuberay/checks.py (with KubeRay's CRD) and docs/backends/kuberay.md."""
+
+    name: Text = Field(description="`kuberay`: a RayCluster or RayJob made by the KubeRay operator, the run submitted as a Ray Job")
+    keep_cluster: Boolean = Field(description="leave the RayCluster running at the end (a later run reuses it)")
+    enable_in_tree_autoscaling: Boolean = Field(description="the Ray autoscaler sidecar scales worker pods between min and max")
+    rayjob: RayJobOptions = Field(description="`mode=rayjob`: the RayJob's options")
+
+
+BACKENDS: dict[str, type[Section]] = {"local": Local, "attach": Attach, "spark": Spark, "vm": Vm, "kuberay": Kuberay}
+# Whose sections the schema declares in part: the rest is checked against what they render.
+PARTIAL = ("vm", "kuberay")

@@ -1,0 +1,153 @@
+"""The kinds of value a config key can hold, each with the one-line message a user gets when a
+value is not of its kind. A kind is an `Annotated` type for pydantic: a check that runs before
+pydantic's own (so Hydra's strings are never coerced: `maybe` is not a boolean, `3.5` not an
+integer) and a `Kind` that says in words what it takes (the config reference prints it)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+from pydantic import BeforeValidator, ValidationInfo
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a key takes, in words (the config reference's type column)."""
+
+    words: str
+
+
+class KeyedError(ValueError):
+    """A rule of a model that names a key of its own (relative to the model), not the model."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def kind(words: str, check: Callable[[Any], Any], optional: bool = False) -> Any:
+    def run(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        return check(value)
+
+    return Annotated[Any, BeforeValidator(run), Kind(f"{words}, or null" if optional else words)]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(minimum: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"must be an integer >= {minimum}, got {value!r}")
+        return value
+    return check
+
+
+def _number(allow_zero: bool, at_most: float | None = None) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if not _is_number(value) or value < 0 or (value == 0 and not allow_zero):
+            raise ValueError(f"must be a number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        if at_most is not None and value > at_most:
+            raise ValueError(f"must be in (0, {at_most:g}]; got {value}")
+        return float(value)
+    return check
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def _one_of(choices: tuple) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+    return check
+
+
+def _fraction(value: Any) -> float:
+    if not _is_number(value) or not 0 < value < 1:
+        raise ValueError(f"must be between 0 and 1 (exclusive); got {value!r}")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _folder_name(value: Any) -> str:
+    text = _text(value) if isinstance(value, str) else str(value)
+    if text in (".", "..") or "/" in text or os.sep in text or "\0" in text or not text.strip():
+        raise ValueError(f"must be a name used as one folder (no '/', not '.' or '..'); got {value!r}")
+    return text
+
+
+# Pseudo-filesystems: nothing rayflow writes can live there, whatever the permissions say.
+_VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def writable_dir_error(value: Any) -> str | None:
+    """Why `value` cannot be a directory this process creates and writes, or None. Nothing is
+    created: the nearest existing ancestor must be a writable directory."""
+    if not isinstance(value, str) or not value.strip():
+        return f"must be a directory path, got {value!r}"
+    if "://" in value:  # s3://, gs://: storage Tune writes through pyarrow; checked where used
+        return None
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else Path.cwd() / path
+    if any(path == v or v in path.parents for v in _VIRTUAL):
+        return f"{value} is on a virtual filesystem ({next(v for v in _VIRTUAL if path == v or v in path.parents)}); choose a real directory"
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{value} cannot be created: {existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{value} cannot be created or written: {existing} is not writable"
+    return None
+
+
+def _writable_dir(value: Any, info: ValidationInfo) -> str:
+    # Paths mean this machine's only where the cluster's nodes share its files (the validation
+    # context says: a backend that submits to other machines resolves them on its head).
+    if (info.context or {}).get("local_paths", True):
+        error = writable_dir_error(value)
+        if error:
+            raise ValueError(error)
+    elif not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a directory path, got {value!r}")
+    return value
+
+
+def Integer(minimum: int = 1, optional: bool = False) -> Any:
+    return kind(f"integer >= {minimum}", _integer(minimum), optional)
+
+
+def Number(allow_zero: bool = False, at_most: float | None = None, optional: bool = False) -> Any:
+    words = f"number in (0, {at_most:g}]" if at_most is not None else f"number {'>= 0' if allow_zero else '> 0'}"
+    return kind(words, _number(allow_zero, at_most), optional)
+
+
+def OneOf(*choices: Any) -> Any:
+    return kind("one of " + ", ".join(map(str, choices)), _one_of(choices))
+
+
+Boolean = kind("true or false", _boolean)
+Fraction = kind("number between 0 and 1 (exclusive)", _fraction)
+Text = kind("string", _text)
+OptionalText = kind("string", _text, optional=True)
+FolderName = kind("a name used as one folder", _folder_name)
+WritableDir = Annotated[Any, BeforeValidator(_writable_dir), Kind("a directory that must be creatable and writable")]
+Anything = Annotated[Any, Kind("any value")]
+Mapping = Annotated[dict, Kind("a mapping")]

@@ -1,0 +1,105 @@
+"""The config reference (docs/reference/config.md), generated from the schema and the shipped
+YAML defaults: `python -m rayflow.schema.reference > docs/reference/config.md`. A test keeps the
+committed page equal to what this prints."""
+
+from __future__ import annotations
+
+import sys
+from importlib import resources
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from rayflow.schema.backends import BACKENDS, PARTIAL
+from rayflow.schema.kinds import Kind
+from rayflow.schema.root import Compute, Data, Mlflow, NoTracking, Root
+from rayflow.schema.workloads import WORKLOADS
+
+HEADER = """# Config reference
+
+Generated from the schema (`rayflow/schema/`, pydantic models: each key's kind, range and
+meaning, the rules between keys as validators beside them) and the shipped defaults (`conf/`):
+`python -m rayflow.schema.reference > docs/reference/config.md`. Hydra composes `conf/config.yaml`
+from four groups; every key can be set on the command line (`key=value`), and a value that is not
+of its key's kind, or breaks a rule, is refused before anything starts with one line naming the
+key ([Everyday use](../usage.md#bad-input)).
+
+| group | options | what it chooses |
+| --- | --- | --- |
+| `backend` | `local` (default), `attach`, `spark`, `vm`, `kuberay` | where Ray runs |
+| `workload` | `cifar` (default), `ddp`, `ppo` | what runs |
+| `compute` | `cpu` (default), `gpu`, `auto` | the device trials use; `gpu` is refused without a CUDA device, `auto` uses GPUs when the cluster has them |
+| `tracking` | `mlflow` (default), `none` | where results go |
+"""
+
+
+def _kind_words(field) -> str:
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "a section"
+    for meta in field.metadata:
+        if isinstance(meta, Kind):
+            return meta.words
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict) and not value:
+        return "`{}`"
+    if isinstance(value, (dict, list)):
+        return "`" + yaml.safe_dump(value, default_flow_style=True, width=1000).strip() + "`"
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
+
+
+def rows(model: type[BaseModel], defaults: dict, prefix: str) -> list[str]:
+    out = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        value = (defaults or {}).get(name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            out.extend(rows(annotation, value or {}, key))
+            continue
+        meaning = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        out.append(f"| `{key}` | {_kind_words(field)} | {_show(value)} | {meaning} |")
+    return out
+
+
+def _table(title: str, model: type[BaseModel], defaults: dict, prefix: str, note: str = "") -> str:
+    head = f"\n## {title}\n\n" + (note + "\n\n" if note else "")
+    return head + "| key | kind | default | meaning |\n| --- | --- | --- | --- |\n" + "\n".join(rows(model, defaults, prefix)) + "\n"
+
+
+def _yaml(*parts: str) -> dict:
+    node = resources.files("rayflow.conf")
+    for part in parts:
+        node = node.joinpath(part)
+    return yaml.safe_load(node.read_text()) or {}
+
+
+def markdown() -> str:
+    root = _yaml("config.yaml")
+    text = HEADER
+    text += _table("The root config", Root, root, "")
+    text += _table("`data`", Data, root.get("data", {}), "data")
+    for option in ("cpu", "gpu", "auto"):
+        text += _table(f"`compute={option}`", Compute, _yaml("compute", f"{option}.yaml"), "compute")
+    text += _table("`tracking=mlflow`", Mlflow, _yaml("tracking", "mlflow.yaml"), "tracking")
+    text += _table("`tracking=none`", NoTracking, _yaml("tracking", "none.yaml"), "tracking")
+    for name, model in WORKLOADS.items():
+        text += _table(f"`workload={name}`", model, _yaml("workload", f"{name}.yaml"), "workload")
+    for name, model in BACKENDS.items():
+        note = (f"The schema declares these keys of `backend={name}`; the others are checked on the "
+                f"{'cluster YAML' if name == 'vm' else 'manifest'} they render and listed on [its page](../backends/{name}.md#keys).") \
+            if name in PARTIAL else ""
+        text += _table(f"`backend={name}`", model, _yaml("backend", f"{name}.yaml"), "backend", note)
+    return text
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

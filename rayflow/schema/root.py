@@ -1,0 +1,94 @@
+"""The root config's own keys and the groups every job has: data, compute, tracking."""
+
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rayflow.schema.kinds import (Boolean, FolderName, Fraction, Integer, Number, OneOf, OptionalText, Text,
+                                  WritableDir, kind)
+
+
+def _resume(value: Any) -> Any:
+    if isinstance(value, bool) or (isinstance(value, str) and value.strip()):
+        return value
+    raise ValueError(f"must be true, false or an experiment path; got {value!r}")
+
+
+def _nonblank_uri(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must not be empty (use tracking=none to turn tracking off)")
+    return value
+
+
+SEED_MAX = 2**32 - 1  # numpy's seeds
+
+ResumeKind = kind("true, false or an experiment folder", _resume)
+RayAuthModeKind = OneOf("token", "disabled")
+DeviceKind = OneOf("cpu", "cuda", "auto")
+UriKind = kind("an MLflow tracking URI", _nonblank_uri)
+
+
+class Section(BaseModel):
+    # Hydra refuses unknown keys while composing (struct mode); what gets past it on purpose
+    # (`+backend.some_secret=...`, a new spark_conf entry) is the user's to add.
+    model_config = ConfigDict(extra="allow", validate_default=True)
+
+
+class Root(Section):
+    dry_run: Boolean = Field(description="validate, print the cluster spec as YAML, start nothing")
+    resume: ResumeKind = Field(
+        description="`true`: continue the latest experiment of this workload; a path: that experiment. Refused "
+                    "when the tracking store does not hold the experiment's parent run (run from the folder of "
+                    "the first run, give its `tracking.uri`, or `tracking=none`)")
+    storage_path: WritableDir = Field(description="Tune's experiment state and checkpoints (`s3://`, `gs://` too); "
+                                                  "on a cluster sharing this machine's files it must be creatable and writable here")
+    experiment_name: FolderName = Field(description="the experiment folder under `storage_path` (default `<workload>-<date>-<time>`)")
+    seed: Integer(0) = Field(description=f"data split and synthetic data (0 to {SEED_MAX})")
+    schedule_timeout_s: Number() = Field(description="how long a trial, Train worker or env runner that no node of the running "
+                                                     "cluster can hold may stay pending, while the cluster does not grow, before "
+                                                     "the run fails")
+    ray_auth_mode: RayAuthModeKind = Field(description="Ray token auth for every cluster rayflow starts or joins, "
+                                                                  "exported as `RAY_AUTH_MODE` (default `$RAY_AUTH_MODE`, else `token`)")
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_fits_numpy(cls, value: int) -> int:
+        if value > SEED_MAX:
+            raise ValueError(f"must be at most {SEED_MAX} (numpy's seeds), got {value}")
+        return value
+
+
+class Data(Section):
+    root: WritableDir = Field(description="CIFAR-10 python batches, shared by the trials of a node")
+    download: Boolean = Field(description="fetch `data.url` once (checked against `data.md5`) when the batches are missing")
+    url: Text = Field(description="the archive's address: point at a mirror of the same file")
+    md5: Text = Field(description="the archive's md5")
+    synthetic: Boolean = Field(description="write and use a small CIFAR-format set with a learnable signal")
+    synthetic_train_size: Integer(10) = Field(description="images in the synthetic data batches")
+    synthetic_test_size: Integer(1) = Field(description="images in the synthetic test batch")
+    val_fraction: Fraction = Field(description="share of the training batches held out for `val_loss`")
+    timeout_s: Number() = Field(description="the download may stall this long (each connect and read), and a trial waits "
+                                            "this long for another's download of the same set")
+
+
+class Compute(Section):
+    device: DeviceKind = Field(description="the device trials use (`compute=cpu|gpu|auto`)")
+    gpus_per_trial: Number(allow_zero=True, optional=True) = Field(description="GPUs per trial or worker; null with "
+                                                                               "`compute=auto`: decided once the cluster is up")
+
+
+class Mlflow(Section):
+    enabled: Boolean = Field(description="log to MLflow (`tracking=none` turns it off)")
+    uri: UriKind = Field(
+        description="the MLflow store, relative to where you run (default `$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db`)")
+    experiment: Text = Field(description="the MLflow experiment (default: the workload's name)")
+    log_best_checkpoint: Boolean = Field(description="copy the best trial's checkpoint into the parent run")
+    timeout_s: Number() = Field(description="how long the tracking server (`http(s)://`) or database may take to answer the preflight check")
+
+
+class NoTracking(Section):
+    enabled: Boolean = Field(description="false: nothing is logged to MLflow")
+
+
+__all__ = ["Compute", "Data", "Mlflow", "NoTracking", "OptionalText", "Root", "Section"]
