@@ -270,16 +270,17 @@ def run_jobs(jobs: Sequence[Job]) -> list[RunResult | None]:
     results: list[RunResult | None] = []
     for group in _consecutive(jobs):
         backend = check_config(group[0].cfg)  # checked again just before it starts; sets what it preloads
-        with _cluster_output(group[0].cfg), SharedCluster(backend, spec_text(backend)) as cluster:
+        with _cluster_output(group[0].cfg, backend), SharedCluster(backend, spec_text(backend)) as cluster:
             for job in group:
                 results.append(run_job(job.cfg, job.overrides, cluster))
     return results
 
 
-def _cluster_output(cfg: DictConfig) -> contextlib.AbstractContextManager:
-    """What the cluster prints while it lives, its shutdown included (Ray flushes its workers'
-    last deduplicated lines then): without colour codes where stdout is not a terminal."""
-    if cfg.dry_run:
+def _cluster_output(cfg: DictConfig, backend: ClusterBackend) -> contextlib.AbstractContextManager:
+    """What a cluster this process is connected to prints while it lives, its shutdown included
+    (Ray flushes its workers' last deduplicated lines then): without colour codes where stdout
+    is not a terminal. (A submitted run's output is the job's, streamed as it comes.)"""
+    if cfg.dry_run or not backend.connects_driver:
         return contextlib.nullcontext()
     import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
 
