@@ -25,6 +25,7 @@ import yaml
 from rayflow.config import flatten, safe_yaml, to_container
 from rayflow.errors import ConfigError
 from rayflow.mlflow_runs import MAX_PARAM_CHARS, mlflow_client
+from rayflow.process_state import scoped_env
 from rayflow.redaction import mask_text, redact
 
 # The stores MLflow's tracking registry knows (mlflow.tracking._tracking_service.utils), by URI
@@ -236,18 +237,11 @@ def missing_run(cfg, run_id: str) -> str | None:
         if not folder.exists():
             return f"the file store {shown} does not exist here"
     timeout = str(int(max(1.0, float(cfg.tracking.timeout_s))))
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": timeout})
-    try:
-        mlflow_client(uri).get_run(run_id)
-    except MlflowException as err:
-        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return f"the store {shown} holds no run {run_id}"
-        return None  # the store answered otherwise (check_uri vouched for it): the run will say more
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with scoped_env({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": timeout}):
+        try:
+            mlflow_client(uri).get_run(run_id)
+        except MlflowException as err:
+            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return f"the store {shown} holds no run {run_id}"
+            return None  # the store answered otherwise (check_uri vouched for it): the run will say more
     return None
