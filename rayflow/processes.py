@@ -9,6 +9,7 @@ names that folder on its command line, so teardown stops those and nothing else.
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 
@@ -36,8 +37,13 @@ def terminate(procs: list[psutil.Process], timeout_s: float = 30.0) -> list[psut
             proc.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-    alive = [p for p in alive if _running(p)]
+    # Not psutil.wait_procs: it waits for a zombie (an orphan nobody reaps, as under a container
+    # init that does not reap) until the timeout, though the process has exited.
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in procs if _running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
     for proc in alive:
         try:
             proc.kill()
@@ -53,14 +59,32 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def stop_processes_mentioning(text: str, timeout_s: float = 30.0) -> None:
-    """Stop every process naming `text` (a cluster's own temp dir), including ones a dying
-    process starts meanwhile: a second sweep catches them."""
+# Ray's own shutdown (ray._private.node.Node.kill_all_processes) stops the raylet first, so it
+# can stop its workers, and gives each process one second after SIGTERM before SIGKILL. Some of
+# Ray 2.60's daemons (the autoscaler's monitor.py, at times gcs_server mid-flush) outlive a
+# SIGTERM by tens of seconds: a longer grace only makes every teardown that much slower.
+GRACE_S = 3.0
+
+
+def stop_processes_mentioning(text: str, timeout_s: float = GRACE_S) -> None:
+    """Stop every process naming `text` (a cluster's own temp dir): its raylets first, as Ray
+    does, then the rest, SIGKILLing what outlives `timeout_s`; a last sweep catches processes a
+    dying one started meanwhile."""
+    raylets = [p for p in processes_mentioning(text) if _name(p) == "raylet"]
+    if raylets:
+        terminate(raylets, timeout_s)
     for _ in range(2):
         procs = processes_mentioning(text)
         if not procs:
             return
         terminate(procs, timeout_s)
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return proc.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def kill_processes_mentioning(text: str) -> None:

@@ -16,6 +16,7 @@ from rayflow.errors import ConfigError
 from rayflow.composition import compose_config
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
+from tests.harness.cli import Rayflow
 from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
 
 pytest.importorskip("pyspark")
@@ -189,26 +190,41 @@ def test_an_active_session_is_used_and_left_running(monkeypatch):
         stop_session_and_jvm(spark)
 
 
-def test_multirun_jobs_share_one_ray_on_spark_cluster(rayflow):
-    out = rayflow.run("-m", "backend=spark", "workload.num_samples=1", "workload.max_epochs=1",
-                      "workload.scheduler.reduction_factor=2,4")
-    assert out.returncode == 0, out.stderr[-3000:]
+@pytest.fixture(scope="module")
+def spark_jobs(tmp_path_factory, data_root):
+    """One process runs a two-job cifar sweep, then a ddp and a ppo job, all with the same
+    backend config: session.run_jobs starts the Ray-on-Spark cluster once for the four and stops
+    it at the end. Each test below checks its own job in the shared output and MLflow store."""
+    before = ray_daemon_pids()
+    runner = Rayflow(tmp_path_factory.mktemp("spark-jobs"), data_root)
+    out = runner.run_jobs(
+        ["-m", "backend=spark", "workload.num_samples=1", "workload.max_epochs=1", "workload.scheduler.reduction_factor=2,4"],
+        # Two 1-CPU Ray Train workers on 1-CPU Ray-on-Spark nodes: gloo all-reduces between two
+        # Spark executors (the head has no CPU).
+        ["backend=spark", "workload=ddp", "workload.num_workers=2", "workload.epochs=2", "workload.batch_size=32"],
+        # The PPO trial asks for two 1-CPU bundles (the algorithm with its learner, one env runner).
+        ["backend=spark", "workload=ppo", "workload.stop.iterations=2", "workload.train_batch_size=1000"],
+        timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    yield runner, out
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), "the shared Ray-on-Spark cluster was left running"
+
+
+def test_consecutive_jobs_share_one_ray_on_spark_cluster(spark_jobs):
+    runner, out = spark_jobs
     assert out.stdout.count("[rayflow] starting the spark cluster") == 1
-    assert out.stdout.count("[rayflow] reusing the spark cluster") == 1
-    client, parents, _ = rayflow.mlflow("cifar")
+    assert out.stdout.count("[rayflow] reusing the spark cluster") == 3
+    client, parents, _ = runner.mlflow("cifar")
     assert len(parents) == 2 and all(p.data.tags["backend"] == "spark" for p in parents)
-    # start-up figures belong to the job that started the cluster, not to the one reusing it
+    # start-up figures belong to the job that started the cluster, not to the ones reusing it
     assert sorted("spark_ready_s" in p.data.metrics for p in parents) == [False, True]
+    assert not any("spark_ready_s" in p.data.metrics for name in ("ddp", "ppo") for p in runner.mlflow(name)[1])
 
 
-def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(rayflow):
-    # Two 1-CPU Ray Train workers on 1-CPU Ray-on-Spark nodes: the second worker needs the
-    # autoscaler's second node, and gloo then all-reduces between two Spark executors.
-    out = rayflow.run("backend=spark", "workload=ddp", "workload.num_workers=2", "workload.epochs=2",
-                      "workload.batch_size=32", timeout=400)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(spark_jobs):
+    runner, out = spark_jobs
     assert "Started training worker group of size 2" in out.stdout + out.stderr
-    client, parents, children = rayflow.mlflow("ddp")
+    client, parents, children = runner.mlflow("ddp")
     parent = parents[0]
     assert parent.data.tags["backend"] == "spark" and parent.data.metrics["cluster_nodes_peak"] >= 3
     [train] = children[parent.info.run_id]
@@ -216,13 +232,9 @@ def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(rayflow):
     assert parent.data.metrics["epochs_completed"] == 2
 
 
-def test_ppo_on_spark_places_the_algorithm_and_its_env_runner_on_ray_worker_nodes(rayflow):
-    # The PPO trial asks for two 1-CPU bundles (the algorithm with its learner, one env
-    # runner); the Ray-on-Spark head has no CPU, so both land on autoscaled worker nodes.
-    out = rayflow.run("backend=spark", "workload=ppo", "workload.stop.iterations=2",
-                      "workload.train_batch_size=1000", timeout=400)
-    assert out.returncode == 0, out.stderr[-3000:]
-    client, parents, children = rayflow.mlflow("ppo")
+def test_ppo_on_spark_places_the_algorithm_and_its_env_runner_on_ray_worker_nodes(spark_jobs):
+    runner, out = spark_jobs
+    client, parents, children = runner.mlflow("ppo")
     parent = parents[0]
     assert parent.data.tags["backend"] == "spark" and parent.data.metrics["cluster_nodes_peak"] >= 3
     [trial] = children[parent.info.run_id]

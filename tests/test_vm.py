@@ -12,6 +12,7 @@ import pytest
 
 from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
+from tests.harness.cli import Rayflow
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +31,27 @@ class TestVM(LifecycleSuite, JobSubmissionSuite):
         return FAKE
 
 
-def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(rayflow):
-    out = rayflow.run(*FAKE, "workload.num_samples=4", "workload.max_epochs=3", "workload.scheduler.grace_period=3",
-                      "workload.reuse_actors=false", "data.synthetic_train_size=2000", timeout=600)
+@pytest.fixture(scope="module")
+def vm_jobs(tmp_path_factory, data_root):
+    """A cifar job and a ddp job submitted in turn from one process (session.run_jobs): they share
+    one fake_multinode cluster, which scales 0 -> 2 workers for them and is torn down after both."""
+    before = ray_daemon_pids()
+    runner = Rayflow(tmp_path_factory.mktemp("vm-jobs"), data_root)
+    out = runner.run_jobs(
+        [*FAKE, "workload.num_samples=4", "workload.max_epochs=3", "workload.scheduler.grace_period=3",
+         "workload.reuse_actors=false", "data.synthetic_train_size=2000"],
+        [*FAKE, "workload=ddp", "workload.epochs=2"],
+        timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "[rayflow] submitted job raysubmit_" in out.stdout and "== rayflow results ==" in out.stdout
-    client, parents, children = rayflow.mlflow("cifar")
+    yield runner, out
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the shared fake cluster was left running"
+
+
+def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(vm_jobs):
+    runner, out = vm_jobs
+    assert out.stdout.count("[rayflow] starting the vm cluster") == 1 and out.stdout.count("[rayflow] reusing the vm cluster") == 1
+    assert out.stdout.count("[rayflow] submitted job raysubmit_") == 2 and "== rayflow results ==" in out.stdout
+    client, parents, children = runner.mlflow("cifar")
     parent = parents[0]
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"
     assert parent.data.metrics["cluster_nodes_peak"] >= 3  # the head and 2 autoscaled workers
@@ -43,11 +59,10 @@ def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(rayflow):
     assert len(children[parent.info.run_id]) == 4
 
 
-def test_ddp_as_a_job_puts_two_train_workers_on_two_autoscaled_nodes(rayflow):
-    out = rayflow.run(*FAKE, "workload=ddp", "workload.epochs=2", timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    client, parents, children = rayflow.mlflow("ddp")
-    assert parents[0].info.status == "FINISHED"
+def test_ddp_as_a_job_puts_two_train_workers_on_two_autoscaled_nodes(vm_jobs):
+    runner, out = vm_jobs
+    client, parents, children = runner.mlflow("ddp")
+    assert parents[0].info.status == "FINISHED" and parents[0].data.tags["backend"] == "vm"
     assert parents[0].data.metrics["cluster_nodes_peak"] >= 3
 
 

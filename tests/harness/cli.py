@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +45,20 @@ class Rayflow:
             stdout=open(log, "w"), stderr=subprocess.STDOUT,
         )
         return proc, log
+
+    def run_jobs(self, *commands: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+        """The jobs of several command lines in one process, in order, through session.run_jobs
+        (what `-m` and rayflow.run(multirun=True) call): consecutive jobs with the same backend
+        config share one cluster, started once."""
+        script = (
+            "import json, sys\n"
+            "from rayflow.composition import preflight\n"
+            "from rayflow.session import run_jobs\n"
+            "run_jobs([job for c in json.loads(sys.argv[1]) for job in preflight([a for a in c if a != '-m'], '-m' in c)])\n"
+        )
+        lines = [[*self.base, *command] for command in commands]
+        return subprocess.run([sys.executable, "-c", script, json.dumps(lines)], cwd=self.workdir, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
 
     def experiments(self) -> list[Path]:
         return sorted(p.parent for p in self.storage.glob("*/tuner.pkl"))
