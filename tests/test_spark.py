@@ -43,20 +43,33 @@ def alive_nodes() -> int:
     return sum(1 for node in ray.nodes() if node["Alive"])
 
 
-def test_autoscales_up_to_max_and_back_down_after_idle():
+def test_autoscales_up_to_max_and_back_down_after_idle_with_credentials_on_workers(monkeypatch):
     import ray
 
+    # MLflow credentials in the driver's environment reach the Spark-launched worker nodes,
+    # never the printed spec (checked on the same cluster to save a start).
+    secret = "mlflow-token-for-workers-only"
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", secret)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/somewhere/mlflow.db")
     cfg = compose_config("backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=2",
                          "backend.autoscale_idle_timeout_minutes=0.1")
-    with backend_for(cfg):
+    backend = backend_for(cfg)
+    assert secret not in backend.render()
+    with backend:
         assert wait_until(lambda: alive_nodes() == 2, timeout=60)  # head + min_worker_nodes
+
+        @ray.remote(num_cpus=1)  # the head has no CPUs: this runs on a Spark-launched worker
+        def seen():
+            return os.environ.get("MLFLOW_TRACKING_TOKEN"), os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("RAY_AUTH_MODE")
+
+        assert ray.get(seen.remote()) == (secret, "sqlite:////tmp/somewhere/mlflow.db", "token")
 
         @ray.remote(num_cpus=1)
         def hold(seconds):
             time.sleep(seconds)
 
         asked = time.monotonic()
-        tasks = [hold.remote(40) for _ in range(2)]  # two 1-CPU workers wanted at once
+        tasks = [hold.remote(25) for _ in range(2)]  # two 1-CPU workers wanted at once, longer than a scale-up
         assert wait_until(lambda: alive_nodes() == 3, timeout=90), "no second worker came up"
         print(f"\nscale-up: second worker alive {time.monotonic() - asked:.1f} s after demand")
         ray.get(tasks)
@@ -85,23 +98,6 @@ def test_fake_gpus_reach_ray_cluster_resources(tmp_path):
     assert backend.cluster_gpus() == 2
     with backend:
         assert wait_until(lambda: ray.cluster_resources().get("GPU", 0) == 2, timeout=60), ray.cluster_resources()
-
-
-def test_credentials_reach_ray_workers_but_not_the_spec(monkeypatch):
-    import ray
-
-    secret = "mlflow-token-for-workers-only"
-    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", secret)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/somewhere/mlflow.db")
-    cfg = compose_config(*FIXED)
-    backend = backend_for(cfg)
-    assert secret not in backend.render()
-    with backend:
-        @ray.remote(num_cpus=1)  # the head has no CPUs: this runs on a Spark-launched worker
-        def seen():
-            return os.environ.get("MLFLOW_TRACKING_TOKEN"), os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("RAY_AUTH_MODE")
-
-        assert ray.get(seen.remote()) == (secret, "sqlite:////tmp/somewhere/mlflow.db", "token")
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -139,30 +135,6 @@ def test_dry_run_prints_setup_arguments_and_sizing_plan(rayflow):
     assert ray_daemon_pids() == before
 
 
-def test_tuning_on_spark_scales_out_and_lands_in_mlflow(rayflow):
-    # Token file present and RAY_AUTH_MODE unset: rayflow must make driver and nodes agree.
-    logs = rayflow.workdir / "ray-logs"
-    overrides, secrets = planted(SPARK_SECRETS)  # secrets in Spark's camelCase settings
-    # Two 1-CPU trials at once, each longer than a scale-up (5-15 s): the second needs a new worker.
-    out = rayflow.run(*overrides, "backend=spark", "workload.num_samples=2", "workload.max_epochs=30",
-                      "workload.scheduler.grace_period=30", "data.synthetic_train_size=4000",
-                      "workload.search_space.batch_size=[32]", "workload.reuse_actors=false",
-                      "backend.autoscale_idle_timeout_minutes=0.1", f"backend.collect_log_to_path={logs}")
-    assert out.returncode == 0, out.stderr[-3000:]
-    client, parents, children = rayflow.mlflow("cifar")
-    parent = parents[0]
-    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "spark"
-    assert parent.data.metrics["cluster_nodes_peak"] >= 3  # head + 2 autoscaled workers
-    assert parent.data.tags["collect_log_to_path"] == str(logs)
-    spec = yaml.safe_load(open(client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(rayflow.workdir))))
-    assert spec["setup_ray_cluster"]["min_worker_nodes"] == 1 and spec["setup_ray_cluster"]["max_worker_nodes"] == 2
-    assert len(children[parent.info.run_id]) == 2
-    assert wait_until(lambda: logs.exists() and any(logs.rglob("*")), timeout=30), "Ray logs were not collected"
-    # ...appear nowhere: terminal, MLflow store and artifacts, Ray's collected session logs
-    assert parent.data.params["backend.spark_conf.spark.ssl.keyPassword"] == "***"
-    assert assert_nowhere(secrets, [out.stdout, out.stderr], [rayflow.workdir]) > 10
-
-
 def test_an_active_session_is_used_and_left_running(monkeypatch):
     """Inside a notebook or spark-submit rayflow uses the session it finds and never stops it."""
     import sys
@@ -192,37 +164,64 @@ def test_an_active_session_is_used_and_left_running(monkeypatch):
 
 @pytest.fixture(scope="module")
 def spark_jobs(tmp_path_factory, data_root):
-    """One process runs a two-job cifar sweep, then a ddp and a ppo job, all with the same
-    backend config: session.run_jobs starts the Ray-on-Spark cluster once for the four and stops
-    it at the end. Each test below checks its own job in the shared output and MLflow store."""
+    """One process runs a scale-out cifar tuning, a two-job cifar sweep, a ddp and a ppo job, all
+    with the same backend config: session.run_jobs starts the Ray-on-Spark cluster once for the
+    five and stops it at the end. Each test below checks its own job in the shared output and
+    MLflow store. Token file present and RAY_AUTH_MODE unset (the harness drops it): rayflow must
+    make driver and nodes agree."""
     before = ray_daemon_pids()
     runner = Rayflow(tmp_path_factory.mktemp("spark-jobs"), data_root)
+    logs = runner.workdir / "ray-logs"
+    secret_overrides, secrets = planted(SPARK_SECRETS)  # secrets in Spark's camelCase settings
+    backend = ["backend=spark", *secret_overrides, "backend.autoscale_idle_timeout_minutes=0.1",
+               f"backend.collect_log_to_path={logs}"]
     out = runner.run_jobs(
-        ["-m", "backend=spark", "workload.num_samples=1", "workload.max_epochs=1", "workload.scheduler.reduction_factor=2,4"],
+        # Two 1-CPU trials at once, each longer than a scale-up (5-15 s): the second needs a new worker.
+        [*backend, "tracking.experiment=cifar-scaleout", "workload.num_samples=2", "workload.max_epochs=30",
+         "workload.scheduler.grace_period=30", "data.synthetic_train_size=4000",
+         "workload.search_space.batch_size=[32]", "workload.reuse_actors=false"],
+        ["-m", *backend, "workload.num_samples=1", "workload.max_epochs=1", "workload.scheduler.reduction_factor=2,4"],
         # Two 1-CPU Ray Train workers on 1-CPU Ray-on-Spark nodes: gloo all-reduces between two
         # Spark executors (the head has no CPU).
-        ["backend=spark", "workload=ddp", "workload.num_workers=2", "workload.epochs=2", "workload.batch_size=32"],
+        [*backend, "workload=ddp", "workload.num_workers=2", "workload.epochs=2", "workload.batch_size=32"],
         # The PPO trial asks for two 1-CPU bundles (the algorithm with its learner, one env runner).
-        ["backend=spark", "workload=ppo", "workload.stop.iterations=2", "workload.train_batch_size=1000"],
-        timeout=900)
+        [*backend, "workload=ppo", "workload.stop.iterations=2", "workload.train_batch_size=1000"],
+        timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    yield runner, out
+    yield runner, out, logs, secrets
     assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), "the shared Ray-on-Spark cluster was left running"
 
 
+def test_tuning_on_spark_scales_out_and_lands_in_mlflow(spark_jobs):
+    runner, out, logs, secrets = spark_jobs
+    client, parents, children = runner.mlflow("cifar-scaleout")
+    [parent] = parents
+    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "spark"
+    assert parent.data.metrics["cluster_nodes_peak"] >= 3  # head + 2 autoscaled workers
+    assert parent.data.tags["collect_log_to_path"] == str(logs)
+    spec = yaml.safe_load(open(client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(runner.workdir))))
+    assert spec["setup_ray_cluster"]["min_worker_nodes"] == 1 and spec["setup_ray_cluster"]["max_worker_nodes"] == 2
+    assert len(children[parent.info.run_id]) == 2
+    # Ray's session logs are copied when the shared cluster stops, after the last job
+    assert wait_until(lambda: logs.exists() and any(logs.rglob("*")), timeout=30), "Ray logs were not collected"
+    # ...appear nowhere: terminal, MLflow store and artifacts (all five jobs'), Ray's collected session logs
+    assert parent.data.params["backend.spark_conf.spark.ssl.keyPassword"] == "***"
+    assert assert_nowhere(secrets, [out.stdout, out.stderr], [runner.workdir]) > 10
+
+
 def test_consecutive_jobs_share_one_ray_on_spark_cluster(spark_jobs):
-    runner, out = spark_jobs
+    runner, out, *_ = spark_jobs
     assert out.stdout.count("[rayflow] starting the spark cluster") == 1
-    assert out.stdout.count("[rayflow] reusing the spark cluster") == 3
+    assert out.stdout.count("[rayflow] reusing the spark cluster") == 4
     client, parents, _ = runner.mlflow("cifar")
     assert len(parents) == 2 and all(p.data.tags["backend"] == "spark" for p in parents)
-    # start-up figures belong to the job that started the cluster, not to the ones reusing it
-    assert sorted("spark_ready_s" in p.data.metrics for p in parents) == [False, True]
-    assert not any("spark_ready_s" in p.data.metrics for name in ("ddp", "ppo") for p in runner.mlflow(name)[1])
+    # start-up figures belong to the job that started the cluster (the first), not to those reusing it
+    assert "spark_ready_s" in runner.mlflow("cifar-scaleout")[1][0].data.metrics
+    assert not any("spark_ready_s" in p.data.metrics for name in ("cifar", "ddp", "ppo") for p in runner.mlflow(name)[1])
 
 
 def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(spark_jobs):
-    runner, out = spark_jobs
+    runner, out, *_ = spark_jobs
     assert "Started training worker group of size 2" in out.stdout + out.stderr
     client, parents, children = runner.mlflow("ddp")
     parent = parents[0]
@@ -233,7 +232,7 @@ def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(spark_jobs):
 
 
 def test_ppo_on_spark_places_the_algorithm_and_its_env_runner_on_ray_worker_nodes(spark_jobs):
-    runner, out = spark_jobs
+    runner, out, *_ = spark_jobs
     client, parents, children = runner.mlflow("ppo")
     parent = parents[0]
     assert parent.data.tags["backend"] == "spark" and parent.data.metrics["cluster_nodes_peak"] >= 3
