@@ -1,8 +1,9 @@
 """Bad input, as users type it by mistake: each is refused before anything starts.
 
-One table across every config group. For each row `python -m rayflow` must exit 2 within
-60 s with one line `rayflow: error: <key>: ...` naming the key, print no traceback, and
-leave no Ray or Spark process, experiment folder, MLflow store or Hydra output behind.
+One table across every config group, its rows run three at a time. For each row
+`python -m rayflow` must exit 2 within 60 s with one line `rayflow: error: <key>: ...` naming
+the key, print no traceback, and leave no Ray or Spark process, experiment folder, MLflow
+store or Hydra output behind.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from rayflow.testing.processes import ray_daemon_pids
+from tests.harness.cli import Rayflow
 
 BAD_INPUT = [
     # booleans take true/false only (a string like "maybe" is truthy)
@@ -108,17 +110,36 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize("args, key", BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
-def test_bad_input_is_one_line_naming_the_key(rayflow, args, key):
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory, data_root):
+    """Every row's `python -m rayflow`, each in a work folder of its own, three at a time (none
+    starts anything, and each is mostly Python's start-up): {row index: (runner, output, seconds)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def refuse(index: int):
+        args, _ = BAD_INPUT[index]
+        runner = Rayflow(tmp_path_factory.mktemp(f"bad-input-{index}"), data_root)
+        started = time.monotonic()
+        out = runner.run(*args, timeout=60)
+        return index, (runner, out, time.monotonic() - started)
+
+    before = ray_daemon_pids()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        seen = dict(pool.map(refuse, range(len(BAD_INPUT))))
+    yield seen, before
+
+
+@pytest.mark.parametrize("index", range(len(BAD_INPUT)), ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_naming_the_key(refusals, index):
+    args, key = BAD_INPUT[index]
     if args == ["compute=gpu"]:
         import torch
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU")
-    before = ray_daemon_pids()
-    started = time.monotonic()
-    out = rayflow.run(*args, timeout=60)
-    assert time.monotonic() - started < 60
+    seen, before = refusals
+    rayflow, out, seconds = seen[index]
+    assert seconds < 60
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr

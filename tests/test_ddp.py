@@ -11,8 +11,8 @@ import torch
 from rayflow.testing.processes import process_pids, wait_until
 
 DDP = ["workload=ddp", "backend.num_cpus=2", "workload.num_workers=2", "workload.batch_size=32"]
-# A small ResNet at batch 32 takes a few seconds an epoch here: long enough to act mid-epoch.
-SLOW_EPOCHS = [*DDP, "workload.model=resnet", "workload.epochs=4"]
+# A small ResNet at batch 32 takes a few seconds an epoch here: long enough to act mid-epoch 2.
+SLOW_EPOCHS = [*DDP, "workload.model=resnet", "workload.epochs=3"]
 
 
 def checkpoints(rayflow):
@@ -73,8 +73,8 @@ def test_killed_worker_restarts_the_group_from_the_last_checkpoint(rayflow):
     resumed = [int(n) for n in re.findall(r"rank 0 resumed from the checkpoint of epoch (\d+)", text)]
     assert resumed and resumed[0] >= 1, "the restarted workers did not load the checkpoint"
     client, parent, train = train_run(rayflow)
-    assert history(client, train, "epoch")[-1] == (4, 4.0)
-    assert train.info.status == "FINISHED" and parent.data.metrics["epochs_completed"] == 4
+    assert history(client, train, "epoch")[-1] == (3, 3.0)
+    assert train.info.status == "FINISHED" and parent.data.metrics["epochs_completed"] == 3
 
 
 def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
@@ -85,7 +85,7 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
     assert "resume=" in log.read_text()
     client, parent, train = train_run(rayflow)
     done = int(history(client, train, "epoch")[-1][1])
-    assert done < 4 and train.info.status == "KILLED"
+    assert done < 3 and train.info.status == "KILLED"
 
     out = rayflow.run("workload=ddp", "resume=true")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -95,10 +95,10 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
     assert resumed and done - 1 <= int(resumed[0]) <= done, (resumed, done)
     client, parent, train = train_run(rayflow)  # the same parent and nested run, continued
     epochs = [step for step, _ in history(client, train, "epoch")]
-    assert epochs[-1] == 4 and epochs.count(1) == 1, f"epochs were repeated from scratch: {epochs}"
-    assert parent.data.tags.get("resumed") == "true" and parent.data.metrics["epochs_completed"] == 4
+    assert epochs[-1] == 3 and epochs.count(1) == 1, f"epochs were repeated from scratch: {epochs}"
+    assert parent.data.tags.get("resumed") == "true" and parent.data.metrics["epochs_completed"] == 3
     # the plot of the resumed run has every epoch, those before the interrupt too
-    assert rayflow.plots(client, parent)["training.png"]["epochs"] == [1, 2, 3, 4]
+    assert rayflow.plots(client, parent)["training.png"]["epochs"] == [1, 2, 3]
 
 
 def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):

@@ -86,8 +86,9 @@ def _progress(trial_dir: Path) -> list[dict]:
 
 
 def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayflow):
-    # Trials take both CPUs, so they run one after the other.
-    epochs = 12
+    # Trials take both CPUs, so they run one after the other: one finished, one cut mid-way, one
+    # not started when Ctrl-C lands.
+    epochs = 8
     args = ["workload.num_samples=3", f"workload.max_epochs={epochs}", f"workload.scheduler.grace_period={epochs}",
             "workload.resources_per_trial.cpu=2", "backend.num_cpus=2", "data.synthetic_train_size=4000",
             "workload.search_space.batch_size=[32]"]
@@ -143,7 +144,7 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
 def test_killed_trial_worker_restarts_from_its_checkpoint(rayflow):
     import os
 
-    epochs = 15
+    epochs = 8
     args = ["workload.num_samples=1", f"workload.max_epochs={epochs}", f"workload.scheduler.grace_period={epochs}",
             "data.synthetic_train_size=4000", "workload.search_space.batch_size=[32]", "workload.max_failures=2"]
     proc, log = rayflow.start(*args)

@@ -81,8 +81,12 @@ class LifecycleSuite(BackendSuite):
         backend.__exit__(None, None, None)
         assert not ray.is_initialized()
 
-    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-    def test_signals_stop_what_it_started(self, tmp_path, signum):
+    # The processes of the two tests below run side by side, one per signal or per set of faults:
+    # a start waits on the engine much of the time (JVMs, Ray on Spark's fixed 20 s wait for its
+    # head, autoscalers), so two at once take far less than two in turn. Every check is per
+    # process, but for what is left: the union of what they started must be gone.
+
+    def test_signals_stop_what_it_started(self, tmp_path):
         script = textwrap.dedent(
             f"""
             import os, signal, sys, time
@@ -92,30 +96,42 @@ class LifecycleSuite(BackendSuite):
             cfg = compose_config(*{self.overrides()!r})
             with backend_for(cfg):
                 print("ready", flush=True)
-                time.sleep(120)
+                time.sleep(240)
             """
         )
         before = ray_daemon_pids()
-        out = tmp_path / "out.log"  # a file, not a pipe: Ray's launchers print a lot there too
-        proc = subprocess.Popen([sys.executable, "-c", script], stdout=open(out, "w"), stderr=subprocess.STDOUT,
-                                cwd=tmp_path, env=self._script_env())
-        assert wait_until(lambda: "ready\n" in out.read_text().splitlines(keepends=True), timeout=self.start_timeout_s), out.read_text()[-3000:]
-        started = ray_daemon_pids() - before
-        proc.send_signal(signum)
-        code = proc.wait(timeout=60)
-        if signum == signal.SIGTERM:
-            assert code == 128 + signum
-        else:  # KeyboardInterrupt unwinds the with-block; Python then exits by SIGINT or with 1
-            assert code in (-signal.SIGINT, 1) and "KeyboardInterrupt" in out.read_text(), (code, out.read_text()[-2000:])
+        runs = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            out = tmp_path / f"{signum.name}.log"  # a file, not a pipe: Ray's launchers print a lot there too
+            runs[signum] = (subprocess.Popen([sys.executable, "-c", script], stdout=open(out, "w"), stderr=subprocess.STDOUT,
+                                             cwd=tmp_path, env=self._script_env()), out)
+        try:
+            for signum, (proc, out) in runs.items():
+                ready = wait_until(lambda: "ready\n" in out.read_text().splitlines(keepends=True), timeout=self.start_timeout_s)
+                assert ready, f"{signum.name}: " + out.read_text()[-3000:]
+            started = ray_daemon_pids() - before
+            for signum, (proc, _) in runs.items():
+                proc.send_signal(signum)
+            for signum, (proc, out) in runs.items():
+                code = proc.wait(timeout=60)
+                if signum == signal.SIGTERM:
+                    assert code == 128 + signum, (code, out.read_text()[-2000:])
+                else:  # KeyboardInterrupt unwinds the with-block; Python then exits by SIGINT or with 1
+                    assert code in (-signal.SIGINT, 1) and "KeyboardInterrupt" in out.read_text(), (code, out.read_text()[-2000:])
+        finally:
+            for proc, _ in runs.values():
+                if proc.poll() is None:
+                    proc.kill()
         if self.owns_cluster:
             assert started
-            assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20)
+            assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20), sorted(ray_daemon_pids() & started)
         else:
             assert ray_daemon_pids() >= before
 
-
     def test_a_failing_teardown_step_leaves_nothing_behind(self, tmp_path):
         assert self.teardown_faults, "name the teardown steps to fail"
+        before = ray_daemon_pids()
+        runs = []
         for faults in self.teardown_faults:
             script = textwrap.dedent(
                 f"""
@@ -138,20 +154,30 @@ class LifecycleSuite(BackendSuite):
                 print("ERRORS", json.dumps(backend.teardown_errors))
                 """
             )
-            before = ray_daemon_pids()
-            out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
-                                 cwd=tmp_path, env=self._script_env())
-            assert out.returncode == 0, out.stderr[-3000:]
-            lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith(("REGISTERED", "ERRORS"))}
+            # files, not pipes: a full pipe would stall one process while the other is waited for
+            out, err = tmp_path / f"faults-{len(runs)}.out", tmp_path / f"faults-{len(runs)}.err"
+            proc = subprocess.Popen([sys.executable, "-c", script], stdout=open(out, "w"), stderr=open(err, "w"),
+                                    cwd=tmp_path, env=self._script_env())
+            runs.append((faults, proc, out, err))
+        try:
+            codes = [proc.wait(timeout=300) for _, proc, _, _ in runs]
+        finally:
+            for _, proc, _, _ in runs:
+                if proc.poll() is None:
+                    proc.kill()
+        for (faults, _, out, err), code in zip(runs, codes):
+            stdout, stderr = out.read_text(), err.read_text()
+            assert code == 0, (faults, stderr[-3000:])
+            lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in stdout.splitlines() if line.startswith(("REGISTERED", "ERRORS"))}
             registered, errors = json.loads(lines["REGISTERED"]), json.loads(lines["ERRORS"])
             failed = [step for step in registered if step.startswith(faults)]
             assert all(any(step.startswith(f) for step in registered) for f in faults), (faults, registered)
-            assert len(errors) == len(failed) and all("injected teardown failure" in e for e in errors)
-            assert out.stderr.count("rayflow: warning: teardown step failed, going on") == len(failed)
-            if self.owns_cluster:
-                assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), f"left behind after {faults} failed"
-            else:
-                assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
+            assert len(errors) == len(failed) and all("injected teardown failure" in e for e in errors), (faults, errors)
+            assert stderr.count("rayflow: warning: teardown step failed, going on") == len(failed), (faults, stderr[-3000:])
+        if self.owns_cluster:
+            assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), f"left behind after {self.teardown_faults} failed"
+        else:
+            assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
 
 
 class DriverConnectionSuite(BackendSuite):
