@@ -19,9 +19,36 @@ from pathlib import Path
 import pytest
 
 from rayflow.composition import compose_config
-from rayflow.testing.processes import ray_daemon_pids, wait_until
+from rayflow.testing.processes import mark_session, ray_daemon_pids, wait_until
 from tests.harness.archive import archive_server as serve_archive
 from tests.harness.cli import Rayflow
+
+
+def pytest_configure(config):
+    # Every process a test starts inherits this session's mark: the checks for what is left see
+    # this session's Ray and Spark processes only (rayflow.testing.processes), so another suite
+    # running on the machine, or the other pytest-xdist worker, is neither blamed nor killed.
+    mark_session()
+
+
+# The SSH hosts' bridge, subnet and namespaces are machine-wide: their two modules take turns.
+XDIST_GROUPS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts"}
+
+
+# The longest modules first (minutes on 2 cores, from `pytest --durations`), so that neither
+# worker is left with a long one at the end while the other idles; the rest keep their order.
+LONGEST_FIRST = ["test_spark", "test_ddp", "test_ppo", "test_vm", "test_tune_run", "test_kuberay", "test_api"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """`-n 2 --dist loadgroup` (pyproject's addopts): a test module's tests stay together on one
+    worker, so a module's shared cluster (test_spark's, test_vm's, test_kuberay's head) starts once."""
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: in-module order kept
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(module, module)))
 
 
 @pytest.fixture(scope="session")
