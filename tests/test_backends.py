@@ -47,6 +47,23 @@ class TestLocal(LifecycleSuite, DriverConnectionSuite):
         spec = yaml.safe_load(backend.render())
         assert spec["ray.init"]["num_cpus"] == 1 and spec["ray.init"]["address"] == "local"
 
+    def test_its_workers_ask_its_own_dashboard_for_state(self, backend):
+        """Ray Train's placement-group cleaner asks Ray's state API with no address, which
+        otherwise finds the machine's most recently started cluster: another run's, whose
+        "no such actor" had Train remove this run's placement group mid-training."""
+        import os
+
+        import ray
+        from ray.dashboard.utils import get_address_for_submission_client, ray_address_to_api_server_url
+
+        before = os.environ.get("RAY_API_SERVER_ADDRESS")
+        with backend:
+            own = ray_address_to_api_server_url(ray.get_runtime_context().gcs_address)  # what the GCS says
+            asked = ray.get(ray.remote(lambda: (os.environ.get("RAY_API_SERVER_ADDRESS"),
+                                                get_address_for_submission_client(None))).remote())
+        assert asked == (own, own)
+        assert os.environ.get("RAY_API_SERVER_ADDRESS") == before  # the driver's environment put back
+
 
 @pytest.mark.usefixtures("head_node")
 class TestAttach(LifecycleSuite, DriverConnectionSuite):

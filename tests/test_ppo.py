@@ -49,6 +49,7 @@ def test_the_trial_and_its_env_runner_start_in_workers_the_cluster_prestarted(ra
     placement group, which takes every CPU) run in those processes, not in new ones."""
     import time
 
+    import ray
     from ray.util.state import list_actors, list_workers
 
     from rayflow.composition import compose_config
@@ -63,8 +64,11 @@ def test_the_trial_and_its_env_runner_start_in_workers_the_cluster_prestarted(ra
         assert backend.init_kwargs()["_system_config"]["num_workers_soft_limit"] == 2
         fit_ms = time.time() * 1000
         summary = ppo.run(cfg, RunContext(Tracker(cfg), DataSpec.from_config(cfg.data), experiment_dir(cfg), False))
-        pids = {a.class_name: a.pid for a in list_actors(detail=True, limit=100)}
-        launched = {w.pid: w.worker_launch_time_ms for w in list_workers(detail=True, limit=100)}
+        # This cluster's address: with none, the state API guesses the machine's latest Ray
+        # instance, which may be another test's (the other pytest-xdist worker's).
+        address = ray.get_runtime_context().gcs_address
+        pids = {a.class_name: a.pid for a in list_actors(address=address, detail=True, limit=100)}
+        launched = {w.pid: w.worker_launch_time_ms for w in list_workers(address=address, detail=True, limit=100)}
     assert summary.trials == 1 and summary.errored == 0
     for name in ("PPO", "SingleAgentEnvRunner"):
         assert launched[pids[name]] < fit_ms, f"{name} ran in a worker started after the run began"

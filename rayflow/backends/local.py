@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import yaml
 
 from rayflow.backends.base import ClusterBackend
+from rayflow.process_state import scoped_env
 from rayflow.progress import phase
+
+DASHBOARD_PORT = 8265  # Ray's default; taken, the next free one (as Ray itself does)
+
+
+def free_dashboard_port(host: str, first: int = DASHBOARD_PORT, tries: int = 100) -> int:
+    """The first port from `first` on that `host` lets this process bind."""
+    for port in range(first, first + tries):
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port for the Ray dashboard on {host} in {first}-{first + tries - 1}")
 
 
 def local_cuda_devices() -> int:
@@ -83,6 +99,19 @@ class LocalCluster(ClusterBackend):
         import ray
 
         kwargs = self.init_kwargs()
+        if kwargs["include_dashboard"]:
+            # A Ray process asking the state API with no address (Ray Train's placement-group
+            # cleaner and run-state actor do, to see whether the run's controller is alive)
+            # finds the machine's most recently started cluster, which need not be this one:
+            # another run's, on the same machine, and Train then removes this run's placement
+            # group as if its controller were dead. RAY_API_SERVER_ADDRESS, set before the raylet
+            # starts, is inherited by every worker process and points them at this dashboard.
+            host = kwargs["dashboard_host"]
+            kwargs.setdefault("dashboard_port", free_dashboard_port(host))
+            url_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+            own_api = scoped_env({"RAY_API_SERVER_ADDRESS": f"http://{url_host}:{kwargs['dashboard_port']}"})
+            own_api.__enter__()
+            self.on_stop("put back RAY_API_SERVER_ADDRESS", own_api.__exit__, None, None, None)
         gpus = f", num_gpus={kwargs['num_gpus']:g}" if kwargs["num_gpus"] is not None else ""
         with phase(f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"):
             context = ray.init(**kwargs, log_to_driver=True)
