@@ -1,11 +1,10 @@
 """Helpers on composed configs: flattening, plain containers, safe YAML for logs, the overrides
-merge of a rendered spec, numbers in plain sections, and the keys Ray removed (named with their
-replacements). The keys' kinds and rules are rayflow.schema's."""
+merge of a rendered spec, and the keys Ray removed (named with their replacements). The keys'
+kinds and rules are rayflow.schema's."""
 
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any, Iterator, Mapping
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -62,11 +61,3 @@ def merge_overrides(base: Mapping, top: Mapping) -> dict:
         else:
             out[key] = copy.deepcopy(value)
     return out
-
-
-def checked_number(value: Any, key: str, positive: bool) -> float:
-    """A finite number >= 0 (> 0 when `positive`) from a plain section, else ConfigError naming `key`."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        raise ConfigError(key, f"must be a number {'> 0' if positive else '>= 0'}; got {value!r}")
-    return float(value)

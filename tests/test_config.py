@@ -193,11 +193,9 @@ def _model_keys(model, prefix=""):
 @pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in GROUPS[g]] + [("", "config")])
 def test_the_yaml_defaults_and_the_schema_agree(group, option):
     """Every key of every shipped option is declared in its schema, every declared key is in the
-    YAML (vm and kuberay: declared ones only, the rest checked on what they render), and the
-    defaults validate."""
+    YAML, and the defaults validate."""
     from importlib import resources
 
-    from rayflow.schema import backends as schema_backends
     from rayflow.schema import section_models
 
     root = resources.files("rayflow.conf")
@@ -209,12 +207,9 @@ def test_the_yaml_defaults_and_the_schema_agree(group, option):
     if group:
         model = models[group]
         declared, shipped = set(_model_keys(model)), set(_yaml_keys(data))
-        if option in schema_backends.PARTIAL:
-            assert declared <= shipped, declared - shipped
-        else:
-            leaves = {d for d in declared if not any(x.startswith(d + ".") for x in declared)}
-            free = {k for k in shipped if any(k.startswith(leaf + ".") for leaf in leaves)}  # spark_conf's own keys
-            assert shipped - free == declared, (shipped - free) ^ declared
+        leaves = {d for d in declared if not any(x.startswith(d + ".") for x in declared)}
+        free = {k for k in shipped if any(k.startswith(leaf + ".") for leaf in leaves)}  # spark_conf's own keys
+        assert shipped - free == declared, (shipped - free) ^ declared
     else:
         shipped = {k for k in _yaml_keys(data) if not k.startswith("data.")} - {"data"}
         assert shipped == set(_model_keys(models[""])), shipped ^ set(_model_keys(models[""]))

@@ -19,6 +19,7 @@ from rayflow.backends.vm import checks, commands, defaults
 from rayflow.backends.vm import config as vm_config
 from rayflow.errors import ConfigError
 from rayflow.redaction import redact
+from rayflow.schema.vm import REMOVED
 from tests.harness import REPO
 from rayflow.composition import compose_config
 
@@ -314,7 +315,7 @@ def test_rays_refusal_is_one_line_naming_the_place():
 # --- refused before anything starts, naming the key --------------------------------------
 
 
-@pytest.mark.parametrize("key", sorted(checks.REMOVED))
+@pytest.mark.parametrize("key", sorted(REMOVED))
 def test_keys_of_outdated_guides_name_their_replacement(key):
     with pytest.raises(ConfigError) as raised:
         checks.check(section(f"+backend.{key}=2"), gpu=False)

@@ -24,7 +24,7 @@ GROUPS = ("backend", "workload", "compute", "tracking")
 
 def section_models(cfg: dict) -> dict[str, type[Section]]:
     """The model of each part of a composed config: the root's own keys, data, and the option
-    chosen in each group (vm's and kuberay's sections have none: see rayflow.schema.backends)."""
+    chosen in each group."""
     models: dict[str, type[Section]] = {"": Root, "data": Data, "compute": Compute,
                                         "tracking": Mlflow if cfg.get("tracking", {}).get("enabled") else NoTracking}
     if cfg.get("workload", {}).get("name") in WORKLOADS:
@@ -38,16 +38,23 @@ def validate(cfg: DictConfig, local_paths: bool = True) -> None:
     """Raise ConfigError (one line naming the key) for the first value that is not of its key's
     kind or breaks a rule. `local_paths`: paths (storage_path, data.root) are this machine's,
     so they must be creatable and writable here (false where the run goes to other machines)."""
-    from pydantic import ValidationError
-
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     for where, model in section_models(data).items():
         section = {k: v for k, v in data.items() if k not in (*GROUPS, "data")} if where == "" else data.get(where, {})
-        try:
-            model.model_validate(section, context={"cfg": data, "local_paths": local_paths})
-        except ValidationError as err:
-            raise _one_line(where, err) from None
+        validate_section(where, model, section, data, local_paths)
+
+
+def validate_section(where: str, model: type[Section], section: Any, cfg: dict, local_paths: bool = True) -> None:
+    """One section (`where`: "backend", "workload", ...; "" for the root's own keys) against its
+    model; `cfg`: the whole config as far as its rules read it (another group's keys). A backend's
+    own check() calls it with its section, so that the backend checked alone is checked whole."""
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate(section, context={"cfg": cfg, "local_paths": local_paths})
+    except ValidationError as err:
+        raise _one_line(where, err) from None
 
 
 def _one_line(where: str, err: Any) -> ConfigError:
@@ -66,4 +73,4 @@ def _one_line(where: str, err: Any) -> ConfigError:
     return ConfigError(".".join(p for p in key_parts if p) or where, message)
 
 
-__all__ = ["ConfigError", "GROUPS", "section_models", "validate"]
+__all__ = ["ConfigError", "GROUPS", "section_models", "validate", "validate_section"]

@@ -1,17 +1,16 @@
-"""The keys of the backends, their kinds and the rules between them. What needs the machine
-(pyspark installed, a Java runtime, an address that answers, the size of a Spark worker) stays
-with the backend's `check()`. vm's and kuberay's sections render a cluster YAML or a manifest:
-here are only the keys that never reach it (keep_cluster) or whose kind their checks did not
-hold; the rest are checked by rayflow/backends/vm/checks.py and rayflow/backends/kuberay/checks.py
-(with Ray's cluster schema and KubeRay's CRD) on what they render, and listed in their docs pages."""
+"""The keys of the backends, their kinds and the rules between them: local, attach and spark
+here, vm and kuberay (more keys, more rules) in rayflow/schema/vm.py and kuberay.py. What needs
+the machine (pyspark installed, a Java runtime, an address that answers, the size of a Spark
+worker, ssh on PATH) or what a backend renders (Ray's cluster schema, KubeRay's CRD and operator
+rules on backend.overrides) stays with the backend's `check()`."""
 
 
 from pydantic import Field, model_validator
 
-from rayflow.schema.kinds import Boolean, Integer, KeyedError, Mapping, Number, OptionalText, Text
+from rayflow.schema.kinds import RAY_MIN_OBJECT_STORE, Boolean, Integer, KeyedError, Mapping, Number, OptionalText, Text
+from rayflow.schema.kuberay import Kuberay
 from rayflow.schema.root import Section
-
-RAY_MIN_OBJECT_STORE = 78643200  # Ray's floor for object_store_memory
+from rayflow.schema.vm import Vm
 
 
 class Local(Section):
@@ -76,27 +75,4 @@ class Spark(Section):
         return self
 
 
-class Vm(Section):
-    """Its other keys: rayflow/backends/vm/checks.py and docs/backends/vm.md."""
-
-    name: Text = Field(description="`vm`: Ray's cluster launcher (fake_multinode, SSH hosts, aws, gcp), the run submitted as a Ray Job")
-    keep_cluster: Boolean = Field(description="leave the cluster running at the end (a later run reuses it)")
-    cache_stopped_nodes: Boolean = Field(description="aws/gcp: stop idle VMs instead of terminating them (their disks keep billing)")
-
-
-class RayJobOptions(Section):
-    shutdown_after_job_finishes: Boolean = Field(description="the operator deletes the cluster once the job ends")
-
-
-class Kuberay(Section):
-    """Its other keys: rayflow/backends/kuberay/checks.py (with KubeRay's CRD) and docs/backends/kuberay.md."""
-
-    name: Text = Field(description="`kuberay`: a RayCluster or RayJob made by the KubeRay operator, the run submitted as a Ray Job")
-    keep_cluster: Boolean = Field(description="leave the RayCluster running at the end (a later run reuses it)")
-    enable_in_tree_autoscaling: Boolean = Field(description="the Ray autoscaler sidecar scales worker pods between min and max")
-    rayjob: RayJobOptions = Field(description="`mode=rayjob`: the RayJob's options")
-
-
 BACKENDS: dict[str, type[Section]] = {"local": Local, "attach": Attach, "spark": Spark, "vm": Vm, "kuberay": Kuberay}
-# Whose sections the schema declares in part: the rest is checked against what they render.
-PARTIAL = ("vm", "kuberay")

@@ -66,10 +66,10 @@ def _boolean(value: Any) -> bool:
     return value
 
 
-def _one_of(choices: tuple) -> Callable[[Any], Any]:
+def _one_of(choices: tuple, optional: bool = False) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if value not in choices:
-            raise ValueError(f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+            raise ValueError(f"must be one of {', '.join(map(str, choices))}{' or null' if optional else ''}; got {value!r}")
         return value
     return check
 
@@ -92,6 +92,8 @@ def _folder_name(value: Any) -> str:
         raise ValueError(f"must be a name used as one folder (no '/', not '.' or '..'); got {value!r}")
     return text
 
+
+RAY_MIN_OBJECT_STORE = 78643200  # Ray's floor for object_store_memory (bytes)
 
 # Pseudo-filesystems: nothing rayflow writes can live there, whatever the permissions say.
 _VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
@@ -139,8 +141,8 @@ def Number(allow_zero: bool = False, at_most: float | None = None, optional: boo
     return kind(words, _number(allow_zero, at_most), optional)
 
 
-def OneOf(*choices: Any) -> Any:
-    return kind("one of " + ", ".join(map(str, choices)), _one_of(choices))
+def OneOf(*choices: Any, optional: bool = False) -> Any:
+    return kind("one of " + ", ".join(map(str, choices)), _one_of(choices, optional), optional)
 
 
 Boolean = kind("true or false", _boolean)

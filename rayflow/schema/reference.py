@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from rayflow.schema.backends import BACKENDS, PARTIAL
+from rayflow.schema.backends import BACKENDS
 from rayflow.schema.kinds import Kind
 from rayflow.schema.root import Compute, Data, Mlflow, NoTracking, Root
 from rayflow.schema.workloads import WORKLOADS
@@ -32,6 +32,18 @@ key ([Everyday use](../usage.md#bad-input)).
 | `compute` | `cpu` (default), `gpu`, `auto` | the device trials use; `gpu` is refused without a CUDA device, `auto` uses GPUs when the cluster has them |
 | `tracking` | `mlflow` (default), `none` | where results go |
 """
+
+
+# What a backend's table alone does not say: where the rest of its checks happen.
+NOTES = {
+    "vm": "The cluster YAML rendered from these keys is checked with Ray's own validation, and `ssh`, `rsync` and "
+          "the key file with provider=local, aws or gcp; keys of outdated cluster YAMLs (`initial_workers`, a top-level "
+          "`instance_type`, ...) are refused naming what replaced them ([its page](../backends/vm.md#keys)).",
+    "kuberay": "`+backend.worker_groups.NAME={cpu: ..., memory: ...}` adds a worker group, with the keys of "
+               "`backend.worker_groups.cpu` (the others may be left out). The manifest rendered from these keys, "
+               "`backend.overrides` included, is checked with KubeRay's CRD schema and the operator's own rules "
+               "([its page](../backends/kuberay.md#keys)).",
+}
 
 
 def _kind_words(field) -> str:
@@ -94,10 +106,7 @@ def markdown() -> str:
     for name, model in WORKLOADS.items():
         text += _table(f"`workload={name}`", model, _yaml("workload", f"{name}.yaml"), "workload")
     for name, model in BACKENDS.items():
-        note = (f"The schema declares these keys of `backend={name}`; the others are checked on the "
-                f"{'cluster YAML' if name == 'vm' else 'manifest'} they render and listed on [its page](../backends/{name}.md#keys).") \
-            if name in PARTIAL else ""
-        text += _table(f"`backend={name}`", model, _yaml("backend", f"{name}.yaml"), "backend", note)
+        text += _table(f"`backend={name}`", model, _yaml("backend", f"{name}.yaml"), "backend", NOTES.get(name, ""))
     return text
 
 

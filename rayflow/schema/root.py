@@ -3,7 +3,7 @@
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rayflow.schema.kinds import (Boolean, FolderName, Fraction, Integer, Number, OneOf, OptionalText, Text,
                                   WritableDir, kind)
@@ -33,6 +33,24 @@ class Section(BaseModel):
     # Hydra refuses unknown keys while composing (struct mode); what gets past it on purpose
     # (`+backend.some_secret=...`, a new spark_conf entry) is the user's to add.
     model_config = ConfigDict(extra="allow", validate_default=True)
+
+
+class Part(Section):
+    """A mapping inside a section (backend.worker.cpu, backend.head): a value that is not a
+    mapping is refused in words (pydantic's own message names its class), and `check_keys`
+    may refuse keys it does not know before any of its keys is read."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError(f"must be a mapping, got {value!r}")
+        cls.check_keys(value)
+        return value
+
+    @classmethod
+    def check_keys(cls, value: dict) -> None:
+        """Raise KeyedError for a key this part does not take (default: any is let through)."""
 
 
 class Root(Section):
@@ -91,4 +109,4 @@ class NoTracking(Section):
     enabled: Boolean = Field(description="false: nothing is logged to MLflow")
 
 
-__all__ = ["Compute", "Data", "Mlflow", "NoTracking", "OptionalText", "Root", "Section"]
+__all__ = ["Compute", "Data", "DeviceKind", "Mlflow", "NoTracking", "OptionalText", "Part", "Root", "Section"]

@@ -1,10 +1,11 @@
 """backend=kuberay: the checks of the `backend:` section, before anything is applied.
 
-`check` refuses bad keys and values naming the key, then renders the manifest and holds it to
-the operator's own rules (`operator_errors`, mirroring ray-operator/controllers/ray/utils/
-validation.go of KubeRay v1.7.0) and to KubeRay's CRD schema (kuberay_schema.schema_errors).
-A rule the manifest only breaks because of backend.overrides is reported as backend.overrides.
-Pure functions: no Kubernetes cluster, no credentials.
+`check` holds the section to its schema (rayflow.schema.kuberay: every key's kind and the rules
+between keys), then renders the manifest and holds it to KubeRay's CRD schema
+(kuberay_schema.schema_errors) and to the operator's own rules (`operator_errors`, mirroring
+ray-operator/controllers/ray/utils/validation.go of KubeRay v1.7.0), which is where what
+backend.overrides adds is checked: a rule the manifest only breaks because of backend.overrides
+is reported as backend.overrides. Pure functions: no Kubernetes cluster, no credentials.
 """
 
 from __future__ import annotations
@@ -15,23 +16,11 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from rayflow.backends.kuberay import manifest as km
-from rayflow.backends.kuberay.metadata import DNS_1123_LABEL, is_dns_label
-from rayflow.backends.kuberay.resources import parse_quantity
-from rayflow.config import checked_number
 from rayflow.errors import ConfigError
+from rayflow.schema import validate_section
+from rayflow.schema.kuberay import DNS_1035, MAX_NAME, Kuberay
 
-CHOICES = {
-    "mode": ("cluster", "rayjob"),
-    "dashboard_access": ("auto", "proxy", "service"),
-    "service_type": ("ClusterIP", "NodePort", "LoadBalancer"),
-    "autoscaler_version": ("v1", "v2"),
-    "upscaling_mode": (None, "Default", "Conservative", "Aggressive"),
-}
-# MaxRayClusterNameLength and MaxRayJobNameLength (= 53 - 6) of KubeRay's utils/constant.go.
-MAX_NAME = {"RayCluster": 53, "RayJob": 47}
-DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 TOKEN_AUTH_MIN_RAY = (2, 52, 0)  # ValidateRayClusterSpec: authOptions.mode token needs Ray 2.52.0
-GROUP_KEYS = ("cpu", "memory", "gpu", "replicas", "min_replicas", "max_replicas", "node_selector", "tolerations")
 START_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
 
 
@@ -40,97 +29,13 @@ def _version(text: Any) -> tuple[int, ...] | None:
     return tuple(int(p or 0) for p in match.groups()) if match else None
 
 
-def _whole(value: Any, key: str, minimum: int = 0, allow_null: bool = False) -> int | None:
-    if value is None and allow_null:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(key, f"must be a whole number >= {minimum}{' or null' if allow_null else ''}; got {value!r}")
-    return value
-
-
-def _quantity(value: Any, key: str) -> None:
-    amount = parse_quantity(value)
-    if amount is None or amount <= 0:
-        raise ConfigError(key, f"must be a Kubernetes quantity > 0 (e.g. 500m, 2, 4Gi, 512Mi: no spaces); got {value!r}")
-
-
-def _name(name: Any, key: str, kind: str) -> None:
-    if not isinstance(name, str) or len(name) > MAX_NAME[kind]:  # ValidateRayClusterMetadata / ValidateRayJobMetadata
-        raise ConfigError(key, f"{kind} name should be no more than {MAX_NAME[kind]} characters; got {name!r}")
-    if not DNS_1035.fullmatch(name):
-        raise ConfigError(key, f"{kind} name should be a valid DNS1035 label (lowercase letters, digits and '-', starting with a letter); got {name!r}")
-
-
-# --- the keys ----------------------------------------------------------------------------------
-
-
-def _check_groups(b: dict, gpu: bool) -> None:
-    groups = b.get("worker_groups")
-    if not isinstance(groups, Mapping) or "cpu" not in groups or (gpu and "gpu" not in groups):
-        raise ConfigError("backend.worker_groups", f"must be a mapping of groups with cpu{' and gpu' if gpu else ''}; got {groups!r}")
-    for name, group in groups.items():
-        prefix = f"backend.worker_groups.{name}"
-        if not isinstance(group, Mapping) or not DNS_1123_LABEL.match(str(name)):
-            raise ConfigError(prefix, "must be a mapping, named with lowercase letters, digits and '-' (pod names carry it)")
-        for key in group:
-            if key not in GROUP_KEYS:
-                raise ConfigError(f"{prefix}.{key}", f"is not a key of a worker group; use one of {', '.join(GROUP_KEYS)}")
-        for key in ("cpu", "memory"):
-            _quantity(group.get(key), f"{prefix}.{key}")
-        _whole(group.get("gpu", 0), f"{prefix}.gpu")  # nvidia.com/gpu counts whole devices
-        for key in ("replicas", "min_replicas", "max_replicas"):
-            _whole(group.get(key), f"{prefix}.{key}", allow_null=True)
-        if not isinstance(group.get("node_selector") or {}, Mapping) or not isinstance(group.get("tolerations") or [], list):
-            raise ConfigError(prefix, "node_selector must be a mapping and tolerations a list")
-        _, low, high = km.replica_bounds(b, name, gpu)
-        if low > high:  # ValidateRayClusterSpec: "minReplicas greater than maxReplicas"
-            key = "min_replicas" if group.get("min_replicas") is not None else "max_replicas"
-            raise ConfigError(f"{prefix}.{key}", f"worker group {name} has minReplicas {low} greater than maxReplicas {high}")
-    if gpu and groups["gpu"].get("gpu", 0) < 1:
-        raise ConfigError("backend.worker_groups.gpu.gpu", f"must be >= 1 for the GPU group with compute=gpu; got {groups['gpu'].get('gpu')!r}")
-
-
-def _check_keys(b: dict, gpu: bool, auth_mode: str, installed_ray: str) -> None:
-    for key, choices in CHOICES.items():
-        if b.get(key) not in choices:
-            raise ConfigError(f"backend.{key}", f"must be one of {', '.join(str(c) for c in choices if c)}{' or null' if None in choices else ''}; got {b.get(key)!r}")
-    _name(b.get("cluster_name"), "backend.cluster_name", "RayJob" if b["mode"] == "rayjob" else "RayCluster")
-    if not isinstance(b.get("namespace"), str) or not is_dns_label(b["namespace"]):
-        raise ConfigError("backend.namespace", f"must be a Kubernetes namespace name (DNS-1123 label); got {b.get('namespace')!r}")
-    for key in ("start_timeout_s", "schedule_grace_s", "delete_timeout_s", "autoscale_upscaling_speed"):
-        checked_number(b.get(key), f"backend.{key}", positive=True)
-    checked_number(b.get("autoscale_idle_timeout_minutes"), "backend.autoscale_idle_timeout_minutes", positive=False)
-    low = _whole(b.get("min_worker_nodes"), "backend.min_worker_nodes")
-    high = _whole(b.get("max_worker_nodes"), "backend.max_worker_nodes")
-    if low > high:
-        raise ConfigError("backend.min_worker_nodes", f"({low}) is greater than backend.max_worker_nodes ({high})")
-    head = b.get("head") or {}
-    _whole(head.get("num_cpus"), "backend.head.num_cpus")  # ray start --num-cpus takes a whole number
-    for prefix, part in (("backend.head", head), ("backend.autoscaler", b.get("autoscaler") or {})):
-        for key in ("cpu", "memory"):
-            _quantity(part.get(key), f"{prefix}.{key}")
-    _check_groups(b, gpu)
-
-    if b.get("image") is not None and (not isinstance(b["image"], str) or not b["image"].strip()):
-        raise ConfigError("backend.image", f"must be an image reference or null; got {b['image']!r}")
-    wanted, tagged = b.get("ray_version"), km.image_ray_version(b.get("image"))
-    if wanted is not None and not re.fullmatch(r"\d+\.\d+\.\d+", str(wanted)):
-        raise ConfigError("backend.ray_version", f"must be a Ray version like 2.60.0, or null; got {wanted!r}")
-    if wanted is not None and tagged is not None and str(wanted) != tagged:
-        raise ConfigError("backend.ray_version", f"is {wanted} but backend.image runs Ray {tagged} (rayVersion must match the image)")
+def _check_token_auth(b: dict, auth_mode: str, installed_ray: str) -> None:
+    """Token auth needs Ray 2.52.0 on the cluster: the version from backend.ray_version, the
+    image's tag, else the Ray installed here (which is why this is not the schema's)."""
     version = km.ray_version_of(b, installed_ray)
     if auth_mode == "token" and (_version(version) or (0,)) < TOKEN_AUTH_MIN_RAY:
-        key = "backend.ray_version" if wanted is not None else "backend.image" if tagged else "ray_auth_mode"
+        key = "backend.ray_version" if b.get("ray_version") is not None else "backend.image" if km.image_ray_version(b.get("image")) else "ray_auth_mode"
         raise ConfigError(key, f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use Ray >= 2.52.0 or ray_auth_mode=disabled)")
-
-    job = b.get("rayjob") or {}
-    _whole(job.get("ttl_seconds_after_finished"), "backend.rayjob.ttl_seconds_after_finished", allow_null=True)
-    for key in ("active_deadline_seconds", "pre_running_deadline_seconds"):
-        _whole(job.get(key), f"backend.rayjob.{key}", minimum=1, allow_null=True)
-    if b["mode"] == "rayjob" and not job.get("shutdown_after_job_finishes") and (job.get("ttl_seconds_after_finished") or 0) > 0:
-        raise ConfigError("backend.rayjob.ttl_seconds_after_finished", "a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished (set backend.rayjob.shutdown_after_job_finishes=true or the TTL to 0)")
-    if not isinstance(b.get("overrides") or {}, Mapping):
-        raise ConfigError("backend.overrides", f"must be a mapping (deep-merged into the manifest); got {b.get('overrides')!r}")
 
 
 # --- the operator's rules on a rendered manifest -----------------------------------------------
@@ -229,7 +134,10 @@ def operator_errors(manifest: Mapping, ray_version: str | None = None) -> list[t
 def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version: str, python_version: str) -> None:
     """Raise ConfigError naming the key for a bad `backend:` section of backend=kuberay."""
     b = km.plain(section)
-    _check_keys(b, gpu, auth_mode, ray_version)
+    if gpu != (b.get("compute_device") == "cuda"):  # the schema's rules read the device from the section
+        b["compute_device"] = "cuda" if gpu else "cpu"
+    validate_section("backend", Kuberay, b, {"ray_auth_mode": auth_mode})
+    _check_token_auth(b, auth_mode, ray_version)
     manifest = km.render(b, gpu, auth_mode, ray_version, python_version, {})
     rendered = km.render({**b, "overrides": {}}, gpu, auth_mode, ray_version, python_version, {})
     for where, line in _schema_errors(manifest, rendered):  # first: the rules below assume the types

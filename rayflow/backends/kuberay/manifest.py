@@ -9,12 +9,12 @@ backend=vm (backends/kuberay/README.md prints the same rows).
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any, Mapping, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from rayflow.config import merge_overrides
+from rayflow.schema.kuberay import image_ray_version, replica_bounds
 
 API_VERSION = "ray.io/v1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rayflow"}
@@ -83,31 +83,6 @@ def plain(section: DictConfig | Mapping) -> dict:
 def group_names(b: Mapping, gpu: bool) -> list[str]:
     """The worker groups rendered: cpu, gpu with compute=gpu, and any a user added."""
     return [name for name in (b.get("worker_groups") or {}) if name != "gpu" or gpu]
-
-
-def run_group(gpu: bool) -> str:
-    return "gpu" if gpu else "cpu"
-
-
-def replica_bounds(b: Mapping, name: str, gpu: bool) -> tuple[int, int, int]:
-    """(replicas, min, max) of a group: explicit values, else min_worker_nodes for the group the
-    run uses and 0 for the others, max_worker_nodes, and replicas = min."""
-    group = b["worker_groups"][name]
-    low = group.get("min_replicas")
-    if low is None:
-        low = b["min_worker_nodes"] if name == run_group(gpu) else 0
-    high = group.get("max_replicas")
-    if high is None:
-        high = b["max_worker_nodes"]
-    replicas = group.get("replicas")
-    return int(low if replicas is None else replicas), int(low), int(high)
-
-
-def image_ray_version(image: str | None) -> str | None:
-    """The Ray version of an image tag: rayproject/ray:2.52.0-py311-gpu -> 2.52.0."""
-    tag = str(image or "").rpartition("/")[2].partition("@")[0]
-    match = re.match(r"^[^:]+:(\d+\.\d+\.\d+)(?:$|-)", tag)
-    return match.group(1) if match else None
 
 
 def ray_version_of(b: Mapping, installed: str) -> str:

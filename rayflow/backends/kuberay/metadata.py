@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from rayflow.schema.kuberay import is_dns_label
+
 # ObjectMeta of the root object: the CRD schema leaves it to the API server, which checks it
 # as for every object (k8s.io/apimachinery validation: ValidateObjectMetaAccessor with
 # NameIsDNSSubdomain for custom resources).
@@ -19,7 +21,6 @@ _OBJECT_META_FIELDS = {
     "uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
     "deletionGracePeriodSeconds", "managedFields", "selfLink",
 }
-DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
@@ -41,11 +42,6 @@ def describe(value) -> str:
         return "an object" if isinstance(value, dict) else "an array"
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
-def is_dns_label(text: str) -> bool:
-    """A DNS-1123 label (a namespace name): at most 63 of a-z, 0-9, '-', alphanumeric at both ends."""
-    return len(text) <= 63 and bool(DNS_1123_LABEL.match(text))
 
 
 def _is_dns_subdomain(text: str) -> bool:

@@ -1,38 +1,18 @@
-"""backend=kuberay: Kubernetes quantities, and the Ray resources a rendered manifest's pods
-will have, derived the way the KubeRay operator derives them (`capacity`, the Ray nodes at full
-scale that placement checks a run's demand against). Pure functions, no `kubernetes` import.
+"""backend=kuberay: the Ray resources a rendered manifest's pods will have, derived the way the
+KubeRay operator derives them from Kubernetes quantities (parsed by rayflow.schema.kuberay, which
+holds the keys' kinds) (`capacity`, the Ray nodes at full scale that placement checks a run's
+demand against). Pure functions, no `kubernetes` import.
 """
 
 from __future__ import annotations
 
-import re
-from decimal import ROUND_UP, Decimal
+from decimal import ROUND_UP
 from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from rayflow.backends.kuberay.manifest import cluster_of, render, run_group
-
-# Kubernetes' quantity grammar (k8s.io/apimachinery resource.ParseQuantity): a signed decimal
-# and one suffix, binary (Ki..Ei), decimal (n u m k M G T P E) or an exponent (e3, E-2).
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
-_SUFFIX = {"Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-           "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60, "n": Decimal("1e-9"), "u": Decimal("1e-6"),
-           "m": Decimal("1e-3"), "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"),
-           "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18")}
-
-
-def parse_quantity(value: Any) -> Decimal | None:
-    """A Kubernetes quantity ("500m", "4Gi", 2) as a Decimal, or None if it is not one."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    match = _QUANTITY.match(str(value))
-    if not match:
-        return None
-    number, suffix = Decimal(match.group(1)), match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return number.scaleb(int(suffix[1:]))
-    return number * _SUFFIX.get(suffix, Decimal(1))
+from rayflow.backends.kuberay.manifest import cluster_of, render
+from rayflow.schema.kuberay import parse_quantity, run_group
 
 
 def quantity_value(value: Any) -> int | None:

@@ -13,8 +13,9 @@ from typing import Mapping
 
 from omegaconf import DictConfig
 
-from rayflow.backends.vm.defaults import CLOUDS, placeholder, with_defaults
+from rayflow.backends.vm.defaults import placeholder, with_defaults
 from rayflow.dependencies import runtime_requirements
+from rayflow.schema.vm import CLOUDS
 
 
 def _auth_env(auth_mode: str) -> str:

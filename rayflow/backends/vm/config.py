@@ -32,16 +32,14 @@ from rayflow.backends.vm.defaults import (
     GCP_IMAGE,
     HEAD_TYPE,
     WORKER_TYPES,
-    cloud_region,
     gcp_zone,
-    node_type_bounds,
     placeholder,
-    rendered_kinds,
     with_defaults,
 )
 from rayflow.config import merge_overrides
 from rayflow.dependencies import installed_version
 from rayflow.errors import ConfigError
+from rayflow.schema.vm import cloud_region, node_type_bounds, rendered_kinds
 
 # --- render -----------------------------------------------------------------------------------
 
