@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from rayflow.backends.kuberay import manifest as km
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
-from rayflow.schema.kuberay import DNS_1035, MAX_NAME, Kuberay
+from rayflow.schema.kuberay import DNS_1035, MAX_NAME, Kuberay, image_ray_version
 
 TOKEN_AUTH_MIN_RAY = (2, 52, 0)  # ValidateRayClusterSpec: authOptions.mode token needs Ray 2.52.0
 START_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
@@ -34,7 +34,7 @@ def _check_token_auth(b: dict, auth_mode: str, installed_ray: str) -> None:
     image's tag, else the Ray installed here (which is why this is not the schema's)."""
     version = km.ray_version_of(b, installed_ray)
     if auth_mode == "token" and (_version(version) or (0,)) < TOKEN_AUTH_MIN_RAY:
-        key = "backend.ray_version" if b.get("ray_version") is not None else "backend.image" if km.image_ray_version(b.get("image")) else "ray_auth_mode"
+        key = "backend.ray_version" if b.get("ray_version") is not None else "backend.image" if image_ray_version(b.get("image")) else "ray_auth_mode"
         raise ConfigError(key, f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use Ray >= 2.52.0 or ray_auth_mode=disabled)")
 
 
