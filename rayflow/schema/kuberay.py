@@ -167,7 +167,8 @@ class WorkerGroups(Part):
     __pydantic_extra__: dict[str, WorkerGroup] = Field(init=False)
 
     cpu: WorkerGroup = Field(description="the CPU group, always rendered")
-    gpu: WorkerGroup = Field(description="the GPU group, rendered only with compute=gpu")
+    # Optional: with compute=cpu a section may drop it (`~backend.worker_groups.gpu`).
+    gpu: WorkerGroup | None = Field(default=None, description="the GPU group, rendered only with compute=gpu (needed then)")
 
     @classmethod
     def check_keys(cls, value: dict) -> None:
@@ -232,6 +233,7 @@ class Kuberay(Section):
     @model_validator(mode="after")
     def _rules(self) -> "Kuberay":
         b, gpu = self.model_dump(), self.compute_device == "cuda"
+        b["worker_groups"] = {name: group for name, group in b["worker_groups"].items() if group is not None}
         what = "RayJob" if self.mode == "rayjob" else "RayCluster"
         if len(self.cluster_name) > MAX_NAME[what]:  # ValidateRayClusterMetadata / ValidateRayJobMetadata
             raise KeyedError("cluster_name", f"{what} name should be no more than {MAX_NAME[what]} characters; got {self.cluster_name!r}")
@@ -245,6 +247,8 @@ class Kuberay(Section):
             if low > high:  # ValidateRayClusterSpec: "minReplicas greater than maxReplicas"
                 key = "min_replicas" if group["min_replicas"] is not None else "max_replicas"
                 raise KeyedError(f"worker_groups.{name}.{key}", f"worker group {name} has minReplicas {low} greater than maxReplicas {high}")
+        if gpu and self.worker_groups.gpu is None:
+            raise KeyedError("worker_groups.gpu", "is needed with compute=gpu (the GPU worker group is rendered then)")
         if gpu and self.worker_groups.gpu.gpu < 1:
             raise KeyedError("worker_groups.gpu.gpu", f"must be >= 1 for the GPU group with compute=gpu; got {self.worker_groups.gpu.gpu!r}")
         tagged = image_ray_version(self.image)
