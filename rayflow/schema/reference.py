@@ -4,6 +4,8 @@ committed page equal to what this prints."""
 
 from __future__ import annotations
 
+import typing
+
 import sys
 from importlib import resources
 from typing import Any
@@ -68,13 +70,21 @@ def _show(value: Any) -> str:
     return f"`{value}`"
 
 
+def _section(annotation: Any) -> Any:
+    """The model of a section key (`Model`, or `Model | None` for a section that may be dropped), or None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
 def rows(model: type[BaseModel], defaults: dict, prefix: str) -> list[str]:
     out = []
     for name, field in model.model_fields.items():
         key = f"{prefix}.{name}" if prefix else name
         value = (defaults or {}).get(name)
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        annotation = _section(field.annotation)
+        if annotation is not None:
             out.extend(rows(annotation, value or {}, key))
             continue
         meaning = (field.description or "").replace("|", "\\|").replace("\n", " ")
