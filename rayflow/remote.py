@@ -129,8 +129,7 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
         status = _wait(client, job_id)
     except BaseException:  # Ctrl-C, SIGTERM: stop the job before the cluster goes
         print(f"[rayflow] stopping job {job_id}", file=sys.stderr, flush=True)
-        client.stop_job(job_id)
-        _wait(client, job_id, deadline=time.monotonic() + stop_timeout_s)
+        _stop(client, job_id, deadline=time.monotonic() + stop_timeout_s)
         raise
     finally:
         stream.join(timeout=10)
@@ -143,6 +142,27 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
 def _first_line(err: Exception) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return mask_text(lines[0] if lines else type(err).__name__)
+
+
+def _stop(client, job_id: str, deadline: float) -> None:
+    """Stop the job and wait until it has ended, up to `deadline`. The request the signal cut
+    into may leave its connection broken, and a head busy stopping the job may drop one: a
+    connection error is retried, not raised over the signal being handled."""
+    from requests.exceptions import ConnectionError as Disconnected
+
+    asked = False
+    while time.monotonic() < deadline:
+        try:
+            if not asked:
+                client.stop_job(job_id)
+                asked = True
+            if str(client.get_job_status(job_id).value) in TERMINAL:
+                return
+        except Disconnected:
+            pass
+        time.sleep(1.0)
+    print(f"rayflow: warning: job {job_id} had not stopped {'after being asked to' if asked else '(the head did not answer)'} "
+          "by the stop deadline; the cluster's teardown ends it", file=sys.stderr, flush=True)
 
 
 def _wait(client, job_id: str, deadline: float | None = None) -> str:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import tempfile
 
 import yaml
 
 from rayflow.backends.base import ClusterBackend
+from rayflow.errors import ClusterError
 from rayflow.process_state import scoped_env
 from rayflow.progress import phase
 
 DASHBOARD_PORT = 8265  # Ray's default; taken, the next free one (as Ray itself does)
+PORT_LOCK_TIMEOUT_S = 300  # several runs starting at once on a loaded machine each hold it for a ray.init
 
 
 def free_dashboard_port(host: str, first: int = DASHBOARD_PORT, tries: int = 100) -> int:
@@ -95,26 +99,48 @@ class LocalCluster(ClusterBackend):
         }
         return yaml.safe_dump(spec, sort_keys=False)
 
-    def start(self) -> str:
-        import ray
+    @contextlib.contextmanager
+    def _own_dashboard(self, kwargs: dict):
+        """Point every process of the cluster about to start at its own dashboard.
 
-        kwargs = self.init_kwargs()
-        if kwargs["include_dashboard"]:
-            # A Ray process asking the state API with no address (Ray Train's placement-group
-            # cleaner and run-state actor do, to see whether the run's controller is alive)
-            # finds the machine's most recently started cluster, which need not be this one:
-            # another run's, on the same machine, and Train then removes this run's placement
-            # group as if its controller were dead. RAY_API_SERVER_ADDRESS, set before the raylet
-            # starts, is inherited by every worker process and points them at this dashboard.
-            host = kwargs["dashboard_host"]
+        A Ray process asking the state API with no address (Ray Train's placement-group cleaner
+        and run-state actor do, to see whether the run's controller is alive) finds the
+        machine's most recently started cluster, which need not be this one: another run's on
+        the same machine, and Train then removes this run's placement group as if its
+        controller were dead. RAY_API_SERVER_ADDRESS, set before the raylet starts, is inherited
+        by every worker. So the dashboard's port is chosen here, not by Ray: under a lock, held
+        until ray.init has bound it, so that two rayflow runs starting at once do not both
+        choose the same free port."""
+        if not kwargs["include_dashboard"]:
+            yield
+            return
+        from filelock import FileLock, Timeout
+
+        host = kwargs["dashboard_host"]
+        lock = FileLock(os.path.join(tempfile.gettempdir(), "rayflow-dashboard-port.lock"))
+        try:
+            lock.acquire(timeout=PORT_LOCK_TIMEOUT_S)
+        except Timeout:
+            raise ClusterError(f"another Ray start on this machine held {lock.lock_file} for {PORT_LOCK_TIMEOUT_S} s "
+                               "(rayflow waits for it to choose a dashboard port)") from None
+        try:
             kwargs.setdefault("dashboard_port", free_dashboard_port(host))
             url_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
             own_api = scoped_env({"RAY_API_SERVER_ADDRESS": f"http://{url_host}:{kwargs['dashboard_port']}"})
             own_api.__enter__()
             self.on_stop("put back RAY_API_SERVER_ADDRESS", own_api.__exit__, None, None, None)
+            yield
+        finally:
+            lock.release()
+
+    def start(self) -> str:
+        import ray
+
+        kwargs = self.init_kwargs()
         gpus = f", num_gpus={kwargs['num_gpus']:g}" if kwargs["num_gpus"] is not None else ""
         with phase(f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"):
-            context = ray.init(**kwargs, log_to_driver=True)
+            with self._own_dashboard(kwargs):
+                context = ray.init(**kwargs, log_to_driver=True)
         node = ray._private.worker._global_node  # the GCS, raylet and dashboard this call started
         # Undo steps run newest first: a clean shutdown, then whatever of the node it left.
         self.on_stop("kill what is left of the local Ray node", node.kill_all_processes, check_alive=False, allow_graceful=False)

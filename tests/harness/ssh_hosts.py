@@ -216,8 +216,12 @@ def expose_script(blocked: dict[Path, set[str]]) -> str:
 
 
 def _netns_names() -> list[str]:
-    done = _run(["ip", "netns", "list"], check=False)
-    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+    # The files `ip netns add` makes, read directly: `ip netns list` opens each namespace for its
+    # id and can fail on one being deleted, and an empty answer here made close() skip a delete.
+    try:
+        return sorted(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        return []
 
 
 def _link_names() -> list[str]:
