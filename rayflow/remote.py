@@ -19,7 +19,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from rayflow.errors import JobError
+from rayflow.errors import ClusterError, JobError
 from rayflow.redaction import mask_text
 
 # What the job's driver must see as this side does: MLflow's and Databricks' credentials
@@ -28,6 +28,7 @@ FORWARDED_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TR
                  "MLFLOW_TRACKING_INSECURE_TLS", "DATABRICKS_HOST", "DATABRICKS_TOKEN")
 RAY_UPLOAD_LIMIT = 100 * 2**20  # Ray refuses a runtime_env package larger than this
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+UNREACHABLE_S = 30.0  # a head busy enough to drop connections answers again well within this
 # Keys that describe the cluster this side started: the job joins it instead.
 LOCAL_ONLY_PREFIXES = ("backend", "+backend", "++backend", "~backend", "hydra", "dry_run")
 
@@ -166,8 +167,21 @@ def _stop(client, job_id: str, deadline: float) -> None:
 
 
 def _wait(client, job_id: str, deadline: float | None = None) -> str:
+    """Poll the job until it ends (or `deadline`). A head that stops answering for
+    UNREACHABLE_S fails the run in one line naming it, not with the HTTP client's traceback."""
+    from requests.exceptions import ConnectionError as Disconnected
+
+    unreachable_since = None
     while True:
-        status = str(client.get_job_status(job_id).value)
+        try:
+            status = str(client.get_job_status(job_id).value)
+            unreachable_since = None
+        except Disconnected as err:
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > UNREACHABLE_S:
+                raise ClusterError(f"the head's dashboard at {mask_text(client.get_address())} stopped answering for "
+                                   f"{UNREACHABLE_S:g} s while job {job_id} ran: {_first_line(err)}") from None
+            status = ""
         if status in TERMINAL or (deadline is not None and time.monotonic() > deadline):
             return status
         time.sleep(1.0)

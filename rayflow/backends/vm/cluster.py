@@ -183,6 +183,9 @@ class VMCluster(ClusterBackend):
         env = dict(os.environ, **launcher_env(self.section, self.auth_mode, _token_file()))
         # jobs on this head run `python`: this venv's, as the fake nodes do
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        # Ray processes asking the state API with no address (Ray Train's placement-group
+        # cleaner) would ask the machine's latest cluster, not this one (see backends/local.py)
+        env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard}"
         timeout = float(self.section.start_timeout_s)
         with phase(f"starting a fake_multinode head in {self._temp_dir} (ray start --head)", "vm"):
             try:
