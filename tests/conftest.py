@@ -32,7 +32,11 @@ def pytest_configure(config):
 
 
 # The SSH hosts' bridge, subnet and namespaces are machine-wide: their two modules take turns.
-XDIST_GROUPS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts"}
+# test_vm and test_spark take turns too: while test_spark runs beside it, the fake_multinode
+# head's dashboard of test_vm's shared cluster receives a SIGTERM mid-job (3 of 3 full runs and
+# a run of the two modules alone, even with the head in a session of its own); test_vm passes
+# alone. The sender is not found yet (docs/testing.md).
+XDIST_GROUPS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts", "test_spark": "spark-vm", "test_vm": "spark-vm"}
 
 
 # The longest modules first (minutes on 2 cores, from `pytest --durations`), so that neither
