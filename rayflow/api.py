@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -39,10 +41,14 @@ def dry_run(*overrides: str) -> str:
     return config_errors(lambda: spec_text(check_config(cfg)))
 
 
-def run(*overrides: str, multirun: bool = False) -> RunResult | list[RunResult]:
+def run(*overrides: str, multirun: bool = False, **workload_keys: Any) -> RunResult | list[RunResult]:
     """Run the job `python -m rayflow OVERRIDES` runs (`-m OVERRIDES` with multirun=True: one
     job per point of the sweep, every point, consecutive jobs sharing one cluster; a list of
     results) in this process.
+
+    Keyword arguments set keys of the workload as Python values: `trainable=objective` (a
+    function defined in the notebook), `train_loop=...`, `search_space={"lr": {"loguniform":
+    [1e-4, 1e-1]}}`. They are the same keys as `workload.<key>=...` on the command line.
 
     Raises ConfigError before anything starts, RunFailed when a trial or the cluster fails,
     and RunInterrupted (a KeyboardInterrupt) on Ctrl-C or a kernel interrupt, after tearing
@@ -52,7 +58,8 @@ def run(*overrides: str, multirun: bool = False) -> RunResult | list[RunResult]:
     from rayflow.session import run_jobs
 
     _not_connected_to_ray()
-    jobs = preflight(list(map(str, overrides)), multirun)  # every job's checks before the first starts
+    given = [*map(str, overrides), *(_workload_override(k, v) for k, v in workload_keys.items())]
+    jobs = preflight(given, multirun)  # every job's checks before the first starts
     if any(job.cfg.dry_run for job in jobs):
         raise ConfigError("dry_run", "use rayflow.dry_run(...) for the spec; run() runs the job")
     with _process_state_restored():
@@ -66,6 +73,38 @@ def run(*overrides: str, multirun: bool = False) -> RunResult | list[RunResult]:
         if result is not None:
             result.runner = run
     return results if multirun else results[0]
+
+
+def _workload_override(key: str, value: Any) -> str:
+    """`workload.<key>=<value>` in Hydra's override grammar; a function or class is registered
+    (rayflow.user_code) under the `module:name` the config then holds."""
+    from rayflow.user_code import give
+
+    if callable(value):
+        return f"workload.{key}={give(value)}"
+    return f"workload.{key}={_hydra_value(value, f'workload.{key}')}"
+
+
+_BARE_KEY = re.compile(r"[A-Za-z_][\w\-]*")
+
+
+def _hydra_value(value: Any, key: str) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_hydra_value(v, key) for v in value) + "]"
+    if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, str) or not _BARE_KEY.fullmatch(k):
+                raise ConfigError(key, f"a key {k!r} of this mapping is not a plain name (letters, digits, _ and -)")
+        return "{" + ", ".join(f"{k}: {_hydra_value(v, key)}" for k, v in value.items()) + "}"
+    raise ConfigError(key, f"a {type(value).__name__} is not a config value (numbers, strings, lists and mappings are)")
 
 
 def _not_connected_to_ray() -> None:

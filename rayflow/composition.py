@@ -17,9 +17,11 @@ from omegaconf import DictConfig
 from rayflow.backends import ClusterBackend, backend_for
 from rayflow.config import renamed_key_error
 from rayflow.errors import ConfigError
+from rayflow.job_files import check_upload
 from rayflow.placement import check_fits
 from rayflow.tracking import check_uri, missing_run
 from rayflow.tuning import experiment_dir, read_state
+from rayflow.user_code import is_given
 from rayflow.workloads import workload_for
 
 CONFIG_MODULE = "rayflow.conf"
@@ -84,12 +86,15 @@ def config_errors(call: Callable[[], T]) -> T:
 
 def sweep_points(overrides: list[str], multirun: bool) -> list[list[str]]:
     """The override lists of each job a (multi)run launches, split by Hydra's own BasicSweeper
-    (every point: a sweep is never cut short); hydra.* overrides are Hydra's, not a job's."""
+    (every point: a sweep is never cut short); hydra.* overrides are Hydra's, not a job's, but
+    for hydra.searchpath: `hydra.searchpath=[file://conf]` adds the user's own options (a
+    conf/workload/my_search.yaml) to every job's composition."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    def is_hydra(override: str) -> bool:
-        return override.split("=", 1)[0].lstrip("+~").startswith("hydra")
+    def is_hydra(override: str) -> bool:  # hydra.searchpath (the user's own config folder) composes the job
+        key = override.split("=", 1)[0].lstrip("+~")
+        return key.startswith("hydra") and key != "hydra.searchpath"
 
     if not multirun:
         return [[o for o in overrides if not is_hydra(o)]]
@@ -114,19 +119,27 @@ def check_config(cfg: DictConfig) -> ClusterBackend:
     backend = backend_for(cfg)
     schema.validate(cfg, local_paths=_local_files_ok(backend))
     backend.check()
-    workload = workload_for(cfg.workload.name)
+    if backend.submits_jobs:  # the job imports what the config names, on the cluster
+        for key, value in cfg.workload.items():
+            if isinstance(value, str) and is_given(value):
+                raise ConfigError(f"workload.{key}", f"a Python object given to rayflow.run ({value}) runs on backends that "
+                                  f"connect this process (local, attach, spark); for backend={backend.name} put it in a "
+                                  "module of your working_dir and name it module:function")
+    workload = workload_for(cfg.workload)
     workload.check(cfg)
     if cfg.compute.device == "cuda":
         gpus = backend.cluster_gpus()
         if gpus is not None and gpus <= 0:
             raise ConfigError("compute", f"compute=gpu but backend {backend.name} has no CUDA device; use compute=cpu or compute=auto")
     bundles = workload.demand(cfg)
-    backend.preload_worker_imports(workload.WORKER_IMPORTS, sum(b.count for b in bundles))
+    backend.preload_worker_imports(workload.worker_imports(cfg), sum(b.count for b in bundles))
     nodes = backend.capacity({k for b in bundles for k, v in b.resources.items() if v})
     if nodes is not None:  # else the running cluster is watched (PlacementWatch)
         check_fits(bundles, nodes, backend.name)
     if cfg.resume is not False:
         experiment_dir(cfg)
+    if backend.submits_jobs and not cfg.dry_run:  # the files that go with the job fit Ray's upload limit
+        check_upload(cfg)
     # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
     # share this machine's files cannot write a local SQLite or file store.
     # A dry run only notes it (a provider's defaults alone still render).

@@ -14,15 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-from rayflow.plots_data import (
-    SWEEP_METRIC,
-    SWEEP_MODE,
-    Trial,
-    lookup,
-    series,
-    train_epochs,
-    tune_trials,
-)
+from rayflow.plots_data import Trial, lookup, series, tune_trials
 
 FOLDER = "plots"  # in the experiment folder, and the parent MLflow run's artifact path
 META_KEY = "rayflow"
@@ -51,7 +43,7 @@ def asha_rungs(grace_period: int, reduction_factor: int, max_t: int) -> list[int
     return rungs
 
 
-def final_values(trials: list[Trial], metric: str, x: str = "epoch") -> dict[str, float]:
+def final_values(trials: list[Trial], metric: str, x: str = "training_iteration") -> dict[str, float]:
     """Each trial's last reported value of `metric` (Tune's best trial compares these, scope="last")."""
     finals = {}
     for trial in trials:
@@ -68,25 +60,29 @@ def best_trial(finals: dict[str, float], mode: str) -> str | None:
     return pick(finals, key=finals.get)
 
 
-def learning_curves(trials: list[Trial], metric: str, mode: str, max_t: int, rungs: list[int]):
-    """Every trial's `metric` per epoch: ASHA's early stops dashed, faded and marked with an x
-    where they stopped, the best trial bold, ASHA's rungs as vertical lines."""
+def learning_curves(trials: list[Trial], metric: str, mode: str, max_t: int | None, rungs: list[int],
+                    x: str = "epoch", scheduler: str | None = "ASHA"):
+    """Every trial's `metric` against `x` (the scheduler's time attribute): trials the scheduler
+    stopped early dashed, faded and marked with an x where they stopped, the best trial bold,
+    ASHA's rungs as vertical lines. `scheduler`: the name of one that stops trials early, or None."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     figure, (ax,) = _figure()
-    finals = final_values(trials, metric)
+    finals = final_values(trials, metric, x)
     best = best_trial(finals, mode)
+    # no limit set: the furthest any trial got is one (rayflow.tuning.summarize)
+    limit = max_t or max((p[0] for t in trials for p in series(t.rows, x, metric)), default=0)
     lines = stopped = 0
-    drawn = {}  # trial id -> epochs drawn
+    drawn = {}  # trial id -> points drawn
     for trial in trials:
-        points = series(trial.rows, "epoch", metric)
+        points = series(trial.rows, x, metric)
         if not points:
             continue
         xs, ys = zip(*points)
         lines += 1
         drawn[trial.trial_id] = len(points)
-        early = trial.done and xs[-1] < max_t  # ended before max_t: ASHA stopped it
+        early = bool(scheduler and limit and trial.done and xs[-1] < limit)  # ended short of the rest: stopped
         stopped += early
         color = "tab:red" if trial.trial_id == best else "tab:gray" if early else "tab:blue"
         if trial.trial_id == best:
@@ -102,18 +98,29 @@ def learning_curves(trials: list[Trial], metric: str, mode: str, max_t: int, run
         ax.axvline(rung, color="tab:green", linestyle=":", linewidth=1)
         ax.annotate(f"rung {k}", (rung, 1), xycoords=("data", "axes fraction"), fontsize=7,
                     color="tab:green", ha="left", va="top", xytext=(2, -2), textcoords="offset points")
-    ax.set(xlabel="epoch", ylabel=metric, title=f"{metric} of every trial ({lines}; ASHA, max_t={max_t})")
-    ax.set_xlim(0.8, max(max_t, 1) + 0.2)
+    how = f"{scheduler}, max_t={max_t}" if scheduler else f"{x} up to {max_t}" if max_t else "no scheduler"
+    ax.set(xlabel=x, ylabel=metric, title=f"{metric} of every trial ({lines}; {how})")
+    if max_t:
+        ax.set_xlim(0.8, max(max_t, 1) + 0.2)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend(handles=[
-        Line2D([], [], color="tab:blue", label="trial"),
-        Line2D([], [], color="tab:gray", linestyle="--", marker="x", alpha=0.6, label="stopped early by ASHA"),
-        Line2D([], [], color="tab:red", linewidth=2.5, label=f"best: {best}"),
-        Line2D([], [], color="tab:green", linestyle=":", label="ASHA rung"),
-    ], fontsize=8, loc="best")
+    handles = [Line2D([], [], color="tab:blue", label="trial")]
+    if scheduler:
+        handles.append(Line2D([], [], color="tab:gray", linestyle="--", marker="x", alpha=0.6, label=f"stopped early by {scheduler}"))
+    handles.append(Line2D([], [], color="tab:red", linewidth=2.5, label=f"best: {best}"))
+    if rungs:
+        handles.append(Line2D([], [], color="tab:green", linestyle=":", label="ASHA rung"))
+    ax.legend(handles=handles, fontsize=8, loc="best")
     return figure, {"lines": lines, "stopped_early": stopped, "best": best, "rungs": rungs, "metric": metric,
-                    "points": drawn}
+                    "points": drawn, "x": x}
+
+
+def tune_figures(experiment_dir: Path, metric: str, mode: str, x: str, max_t: int | None, rungs: list[int],
+                 scheduler: str | None) -> list:
+    """The plots of any Tune experiment: learning curves of `metric` over `x`, and the search view."""
+    trials = tune_trials(experiment_dir)
+    return [("learning_curves.png", lambda: learning_curves(trials, metric, mode, max_t, rungs, x, scheduler)),
+            ("search.png", lambda: search_view(trials, metric, mode, x))]
 
 
 def _categorical(values: list) -> bool:
@@ -128,10 +135,10 @@ def hyperparameters(trials: list[Trial]) -> list[str]:
     return keys
 
 
-def search_view(trials: list[Trial], metric: str, mode: str):
+def search_view(trials: list[Trial], metric: str, mode: str, x: str = "training_iteration"):
     """Each trial's final `metric` against each hyperparameter: floats on a log axis (lr, from a
     log-uniform), the rest (tune.choice) as categories; the best trial a red star."""
-    finals = final_values(trials, metric)
+    finals = final_values(trials, metric, x)
     best = best_trial(finals, mode)
     keys = hyperparameters([t for t in trials if t.trial_id in finals]) or ["(none)"]
     cols = min(len(keys), 4)
@@ -180,11 +187,28 @@ def training(rows: list[dict]):
     return figure, {"lines": sum(lines.values()), "panels": lines, "epochs": epochs}
 
 
-RETURN, STEPS = "env_runners/episode_return_mean", "num_env_steps_sampled_lifetime"  # as in workloads.ppo
+def reports(rows: list[dict], panels: int = 6):
+    """A Ray Train run's reports: each number it reports (up to `panels`) against the epoch, or
+    the report's index where it reports none."""
+    x = "epoch" if rows and all("epoch" in r for r in rows) else "report"
+    rows = [r if x == "epoch" else {**r, "report": i} for i, r in enumerate(rows, 1)]
+    keys = sorted({k for r in rows for k, v in r.items() if k not in ("epoch", "report") and series([r], x, k)})[:panels]
+    cols = min(max(len(keys), 1), 3)
+    figure, axes = _figure(math.ceil(max(len(keys), 1) / cols), cols, width=4.3 * cols, height=3.6 * math.ceil(max(len(keys), 1) / cols))
+    for ax, key in zip(axes, keys):
+        ax.plot(*zip(*series(rows, x, key)), marker="o", markersize=3)
+        ax.set(xlabel=x, ylabel=key, title=key)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    return figure, {"panels": keys, "x": x, "points": len(rows)}
 
 
-def returns(trials: list[Trial], goal: float | None):
-    """PPO: episode return against env steps, one line per trial (its lr), the stop goal dashed."""
+RETURN, STEPS = "env_runners/episode_return_mean", "num_env_steps_sampled_lifetime"  # as in rayflow.workloads.rllib_parts
+
+
+def returns(trials: list[Trial], goal: float | None, algorithm: str = "PPO"):
+    """RLlib: episode return against env steps, one line per trial (its lr), the stop goal dashed."""
     figure, (ax,) = _figure()
     lrs, points = [], []
     for trial in sorted(trials, key=lambda t: (lookup(t.params, "lr") or 0, t.trial_id)):
@@ -197,39 +221,19 @@ def returns(trials: list[Trial], goal: float | None):
         points.append(len(curve))
     if goal is not None:
         ax.axhline(goal, color="tab:red", linestyle="--", linewidth=1, label=f"stop: return {goal:g}")
-    ax.set(xlabel="env steps sampled", ylabel="episode_return_mean", title="PPO: episode return per learning rate")
+    ax.set(xlabel="env steps sampled", ylabel="episode_return_mean", title=f"{algorithm}: episode return per trial")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return figure, {"lines": len(lrs), "lrs": lrs, "points": points, "goal": goal}
 
 
-def _figures(cfg, experiment_dir: Path):
-    """(file name, a function returning (Figure, summary)) for each plot of this workload."""
-    w = cfg.workload
-    if w.name == "cifar" or (w.name == "ddp" and w.get("tune")):
-        if w.name == "cifar":
-            metric, mode, max_t, asha = str(w.metric), str(w.mode), int(w.max_epochs), w.scheduler
-        else:
-
-            metric, mode, max_t, asha = SWEEP_METRIC, SWEEP_MODE, int(w.epochs), w.sweep
-        rungs = asha_rungs(int(asha.grace_period), int(asha.reduction_factor), max_t)
-        trials = tune_trials(experiment_dir)
-        return [("learning_curves.png", lambda: learning_curves(trials, metric, mode, max_t, rungs)),
-                ("search.png", lambda: search_view(trials, metric, mode))]
-    if w.name == "ddp":
-        return [("training.png", lambda: training(train_epochs(experiment_dir)))]
-    if w.name == "ppo":
-        goal = w.stop.get("episode_return_mean")
-        return [("returns.png", lambda: returns(tune_trials(experiment_dir), None if goal is None else float(goal)))]
-    return []
-
-
-def make_plots(cfg, experiment_dir: Path) -> list[Path]:
-    """Draw this workload's plots from its experiment folder into `<experiment_dir>/plots/`; returns
-    the PNGs written. A plot that fails is left out with one warning line; it never fails the run."""
+def make_plots(figures: list, experiment_dir: Path) -> list[Path]:
+    """Draw `figures` ((file name, a function returning (Figure, summary)) pairs: the workload's,
+    rayflow.workloads.Workload.figures) into `<experiment_dir>/plots/`; returns the PNGs written.
+    A plot that fails is left out with one warning line; it never fails the run."""
     folder = Path(experiment_dir) / FOLDER
     written = []
-    for name, draw in _figures(cfg, Path(experiment_dir)):
+    for name, draw in figures:
         # Broad on purpose: a plot is a by-product of a run that has already finished; whatever
         # goes wrong drawing it (odd results, a matplotlib quirk) must not turn it into a failure.
         (folder / name).unlink(missing_ok=True)  # never leave an earlier run's picture as this one's

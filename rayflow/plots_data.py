@@ -16,6 +16,14 @@ from pathlib import Path
 
 TUNE_RESULT, TUNE_PARAMS = "result.json", "params.json"
 EPOCHS_FILE = "rayflow_epochs.jsonl"  # next to rayflow.json, in a Train run's folder
+# What Tune adds to every result by itself: not what a trial reports, so neither a "best" line of
+# the results table, a metric of a trial's MLflow run, nor a column of RunResult.trials.
+TUNE_AUTO_KEYS = frozenset({
+    "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "pid", "hostname", "node_ip",
+    "time_since_restore", "iterations_since_restore", "timesteps_since_restore", "timesteps_total",
+    "episodes_total", "done", "date", "experiment_tag", "config", "trial_id", "checkpoint_dir_name",
+    "should_checkpoint",
+})
 # What ASHA optimises in workload=ddp's sweep (workload.tune=true); the plots draw it too.
 SWEEP_METRIC, SWEEP_MODE = "val_accuracy", "max"
 
@@ -92,10 +100,10 @@ def tune_trials(experiment_dir: Path) -> list[Trial]:
 
 
 def train_epochs(experiment_dir: Path) -> list[dict]:
-    """A Ray Train run's reports (rank 0's), one per epoch; a re-run epoch keeps its last report."""
-    by_epoch: dict[int, dict] = {}
-    for row in read_lines(Path(experiment_dir) / EPOCHS_FILE):
-        if _number(row.get("epoch")) is not None:
-            by_epoch[int(row["epoch"])] = row
+    """A Ray Train run's reports (rank 0's): one per epoch where they say their epoch (a re-run
+    epoch keeps its last report), else every report in order."""
+    rows = read_lines(Path(experiment_dir) / EPOCHS_FILE)
+    if not rows or not all(_number(r.get("epoch")) is not None for r in rows):
+        return rows
+    by_epoch: dict[int, dict] = {int(r["epoch"]): r for r in rows}
     return [by_epoch[e] for e in sorted(by_epoch)]
-

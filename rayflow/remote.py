@@ -37,7 +37,11 @@ def job_overrides(task_overrides: list[str], absolute: dict[str, str]) -> list[s
     """The job's command line: this run's overrides, joining the cluster (`backend=attach`,
     whose address defaults to the job's RAY_ADDRESS) instead of starting one, with the paths
     in `absolute` (tracking.uri, storage_path, ...) as this side resolved them."""
-    kept = [o for o in task_overrides if not o.split("=", 1)[0].split(".", 1)[0].lstrip("+~") in ("backend", "hydra", "dry_run")]
+    def local_only(override: str) -> bool:  # hydra.searchpath stays: the user's options ship in working_dir
+        key = override.split("=", 1)[0].lstrip("+~")
+        return key.split(".", 1)[0] in ("backend", "hydra", "dry_run") and key != "hydra.searchpath"
+
+    kept = [o for o in task_overrides if not local_only(o)]
     kept = [o for o in kept if o.split("=", 1)[0].lstrip("+~") not in absolute]
     return ["backend=attach", *kept, *(f"{k}={v}" for k, v in absolute.items())]
 
@@ -105,7 +109,8 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
             try:
                 job_id = client.submit_job(
                     entrypoint=shlex.join(entrypoint),
-                    runtime_env={**(runtime_env or {}), "py_modules": [str(package)], "env_vars": env},
+                    runtime_env={**(runtime_env or {}), "env_vars": env,  # the caller's py_modules after rayflow's
+                                 "py_modules": [str(package), *(runtime_env or {}).get("py_modules", [])]},
                     metadata={"submitted_by": "rayflow"},
                 )
                 break

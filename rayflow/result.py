@@ -10,13 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-# Tune's bookkeeping in every result line; not what a trial table is read for.
-_TUNE_KEYS = ("trial_id", "training_iteration", "done")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
 class RunResult:
-    """One job's outcome. `summary` is the workload's own (TuneSummary, TrainSummary, PPOSummary)."""
+    """One job's outcome. `summary`: the workload's (rayflow.workloads.Summary: TuneSummary, TrainSummary, RLlibSummary)."""
 
     workload: str
     summary: Any
@@ -37,43 +39,39 @@ class RunResult:
 
     @property
     def best_config(self) -> dict:
-        """The best trial's config (cifar, ddp with tune=true, ppo's lr); for one Train run, the
-        training keys it ran with."""
-        best = getattr(self.summary, "best_config", None)
-        if best is not None:
-            return dict(best)
-        return {k: v for k, v in self.config.get("workload", {}).items() if not isinstance(v, (dict, list))}
+        """The best trial's config; for one Ray Train run, the config it ran with."""
+        return dict(self.summary.best_config) if self.summary is not None else {}
 
     @property
     def best_metrics(self) -> dict:
-        """The best trial's last metrics (Tune); the final epoch's (Train); the best return (PPO)."""
-        summary = self.summary
-        if hasattr(summary, "best_metrics"):
-            return dict(summary.best_metrics)
-        if hasattr(summary, "final"):
-            return {**summary.final, **summary.parent_metrics()}
-        return dict(summary.parent_metrics()) if summary is not None else {}
+        """The best trial's last metrics (Tune); the last report (one Train run); the best return (RLlib)."""
+        return dict(self.summary.best_metrics) if self.summary is not None else {}
 
     @property
     def trials(self):
         """One row per trial (config keys, then each metric's last value), as a pandas DataFrame
-        where pandas is installed, else a list of dicts. One Ray Train run: one row per epoch."""
-        from rayflow.plots_data import lookup, train_epochs, tune_trials
+        where pandas is installed, else a list of dicts. One Ray Train run: one row per report."""
+        from omegaconf import OmegaConf
+
+        from rayflow.plots_data import TUNE_AUTO_KEYS, lookup, train_epochs, tune_trials
         from rayflow.workloads import workload_for
 
-        workload = workload_for(self.workload)
-        metrics = workload.METRICS if isinstance(workload.METRICS, dict) else {m: m for m in workload.METRICS}
-        params = getattr(workload, "PARAMS", None)
+        cfg = OmegaConf.create(self.config)
+        workload = workload_for(cfg.workload)
+        metrics, params = workload.metrics(cfg), workload.params(cfg)
         rows = []
         for trial in tune_trials(self.experiment_dir):
             last = trial.rows[-1] if trial.rows else {}
+            names = metrics or {k: k for k, v in last.items() if k not in TUNE_AUTO_KEYS and _number(v)}
             row = {"trial_id": trial.trial_id}
             row |= {k: v for k, v in trial.params.items() if params is None or k in params}
-            row |= {name: lookup(last, key) for name, key in metrics.items()}
+            row |= {name: lookup(last, key) for name, key in names.items()}
             row |= {"iterations": last.get("training_iteration"), "done": trial.done}
             rows.append(row)
-        if not rows:  # a single Ray Train run: its epochs
-            rows = [{name: row.get(name) for name in metrics} for row in train_epochs(self.experiment_dir)]
+        if not rows:  # a single Ray Train run: its reports
+            for report in train_epochs(self.experiment_dir):
+                names = metrics or {k: k for k, v in report.items() if _number(v)}
+                rows.append({name: lookup(report, key) for name, key in names.items()})
         try:
             import pandas
         except ImportError:

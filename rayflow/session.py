@@ -73,25 +73,25 @@ def _parent_tags(cfg: DictConfig, path: Path) -> dict:
     }
 
 
-def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path, peak: NodePeak) -> None:
+def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path, peak: NodePeak, workload) -> None:
     """The outcome into the parent run and onto the terminal."""
     tracker.set_tags({"device": ",".join(summary.devices) or cfg.compute.device})
     tracker.log_metrics({**summary.parent_metrics(), **peak.metrics()})
     if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
         tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
     print(summary.table(), flush=True)
-    _plots(cfg, tracker, path)
+    _plots(cfg, tracker, path, workload)
     print(f"experiment: {path}   (continue it with resume={path})")
     print(f"MLflow: {tracker.ui_hint()}", flush=True)
 
 
-def _plots(cfg: DictConfig, tracker: Tracker, path: Path) -> None:
+def _plots(cfg: DictConfig, tracker: Tracker, path: Path, workload) -> None:
     """The run's plots (rayflow.plots), drawn from its experiment folder now that the run is over,
     into `<path>/plots/` and the parent run's `plots/`; their place goes under the results table."""
     try:
         from rayflow.plots import FOLDER, make_plots
 
-        files = make_plots(cfg, path)
+        files = make_plots(workload.figures(cfg, path), path)
         if files:
             tracker.log_artifacts(str(path / FOLDER), FOLDER)
     # Broad on purpose: the run itself is done; a plot (matplotlib, an odd result, the upload)
@@ -124,6 +124,7 @@ SUBMITTED_BY, SUBMITTED_SPEC, SUBMITTED_METRICS = "RAYFLOW_SUBMITTED_BY", "RAYFL
 def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str]) -> None:
     """Start (or reuse) the cluster, run this same command on it as a Ray Job (`backend=attach`
     there), and end with the job's outcome. The job writes MLflow, checkpoints and the table."""
+    from rayflow.job_files import job_files, merge_runtime_env
     from rayflow.remote import FORWARDED_ENV, job_overrides, run_as_job
 
     backend = cluster.backend
@@ -141,8 +142,10 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
     try:
         backend, started = cluster.acquire()
         env[SUBMITTED_METRICS] = json.dumps(backend.metrics() if started else {})
+        # the user's files go with the job (their size was checked by check_config); pip lists add up
+        runtime_env = merge_runtime_env(backend.job_runtime_env(), job_files(cfg))
         status, error = run_as_job(backend.address, entrypoint, env, headers=backend.job_headers(),
-                                   runtime_env=backend.job_runtime_env(), on_submitted=backend.job_submitted)
+                                   runtime_env=runtime_env, on_submitted=backend.job_submitted)
     except (KeyboardInterrupt, SystemExit):
         code = termination_exit_code()
         if code:
@@ -190,9 +193,9 @@ def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> Ru
         saved = read_state(path).get("config", {})
         for key, value in saved.items():  # masked secrets keep the value given now
             OmegaConf.update(cfg, key, drop_redacted(value), merge=True)
-    workload = workload_for(cfg.workload.name)
+    workload = workload_for(cfg.workload)
     data = DataSpec.from_config(cfg.data, seed=int(cfg.seed))
-    uses_data = workload.USES_DATA  # ppo makes its own
+    uses_data = workload.USES_DATA  # the presets cifar and ddp; the user's code brings its own
     if uses_data and data.synthetic:
         print(f"[rayflow] data: SYNTHETIC CIFAR-format set (data.synthetic=true) under {data.batch_dir}", flush=True)
     if uses_data and backend.shares_filesystem:
@@ -228,7 +231,7 @@ def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> Ru
             if watch.message is not None:  # the watch stopped the run; Tune and Train saved their state
                 raise RunFailed(watch.message, result)
             result.summary = summary
-            _report(cfg, tracker, summary, path, peak)
+            _report(cfg, tracker, summary, path, peak, workload)
             print(f"cluster nodes at peak: {peak.peak}", flush=True)
             if summary.interrupted:
                 raise RunInterrupted(f"interrupted; state saved. Continue with: python -m rayflow resume={path}", result)

@@ -198,12 +198,14 @@ class Tracker:
         if self.run_id:
             self.client.set_terminated(self.run_id, status)
 
-    def trial_callback(self, metric_names, max_epochs: int | None, param_keys=None):
+    def trial_callback(self, metric_names, max_t: int | None, param_keys=None, time_attr: str = "epoch"):
+        """The Tune callback mirroring each trial into a nested run (None with tracking off).
+        `metric_names`: MLflow name -> result key, or None for every number a trial reports."""
         if not self.run_id:
             return None
         from rayflow.trial_runs import TrialRuns  # imports ray.tune
 
-        return TrialRuns(self.uri, self.experiment_id, self.run_id, metric_names, max_epochs, param_keys)
+        return TrialRuns(self.uri, self.experiment_id, self.run_id, metric_names, max_t, param_keys, time_attr)
 
     @property
     def absolute_uri(self) -> str:

@@ -8,17 +8,32 @@ from __future__ import annotations
 
 from ray.tune import Callback
 
-from rayflow.plots_data import lookup
+from rayflow.plots_data import TUNE_AUTO_KEYS, lookup
+
+def _flat(result: dict, prefix: str = "") -> dict:
+    """A result's numbers, nested dicts as "a/b" (MLflow metric names allow '/')."""
+    flat = {}
+    for key, value in result.items():
+        if key == "config":
+            continue
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 class TrialRuns(Callback):
-    def __init__(self, uri: str, experiment_id: str, parent_run_id: str, metric_names, max_epochs, param_keys=None):
+    def __init__(self, uri: str, experiment_id: str, parent_run_id: str, metric_names, max_t, param_keys=None,
+                 time_attr: str = "epoch"):
         self.uri = uri
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
-        # MLflow name -> key in Tune's result; "a/b" reaches into nested results (RLlib's)
-        self.metrics = dict(metric_names) if isinstance(metric_names, dict) else {n: n for n in metric_names}
-        self.max_epochs = max_epochs
+        # MLflow name -> key in Tune's result; "a/b" reaches into nested results (RLlib's);
+        # None: every number the trial reports (a user's trainable), nested ones as "a/b"
+        self.metrics = None if metric_names is None else dict(metric_names) if isinstance(metric_names, dict) else {n: n for n in metric_names}
+        self.max_t = max_t
+        self.time_attr = time_attr
         self.param_keys = tuple(param_keys) if param_keys else None  # None: the whole trial config
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
         self._client = None
@@ -55,9 +70,12 @@ class TrialRuns(Callback):
         from mlflow.entities import Metric
 
         run_id = self.run_for(trial)
-        step = int(result.get("epoch", result.get("training_iteration", 0)))
+        step = int(result.get(self.time_attr, result.get("training_iteration", 0)) or 0)
         stamp = int(result.get("timestamp", 0) * 1000)
-        values = {name: lookup(result, key) for name, key in self.metrics.items()}
+        if self.metrics is None:
+            values = {k: v for k, v in _flat(result).items() if k not in TUNE_AUTO_KEYS}
+        else:
+            values = {name: lookup(result, key) for name, key in self.metrics.items()}
         metrics = [
             Metric(name, float(value), stamp, step)
             for name, value in values.items()
@@ -76,9 +94,9 @@ class TrialRuns(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self.run_for(trial)
-        last_epoch = (trial.last_result or {}).get("epoch")
-        if self.max_epochs and last_epoch is not None:
-            self.client.set_tag(run_id, "stopped_early", str(last_epoch < self.max_epochs).lower())
+        last = (trial.last_result or {}).get(self.time_attr)
+        if self.max_t and last is not None:
+            self.client.set_tag(run_id, "stopped_early", str(last < self.max_t).lower())
         self.client.set_terminated(run_id, "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):

@@ -16,12 +16,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rayflow.errors import ConfigError
+from rayflow.plots_data import TUNE_AUTO_KEYS
 
 STATE_FILE = "rayflow.json"  # next to Tune's own state: the MLflow parent run, for resume
 
 
 @dataclass
 class TuneJob:
+    """One Tune experiment, as every tuning workload (workload=tune and its presets, a Train
+    sweep, RLlib) hands it to run_tune: the public seam between a workload's keys and Tune."""
+
     trainable: Callable
     param_space: dict
     metric: str
@@ -29,15 +33,26 @@ class TuneJob:
     num_samples: int
     resources: dict | None  # None: the trainable asks for its own (RLlib algorithms)
     scheduler: Any = None
+    search_alg: Any = None
     max_failures: int = 0
     checkpoints_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
     reuse_actors: bool = True
     max_concurrent_trials: int | None = None
     checkpoint_frequency: int = 0  # class trainables (RLlib): Tune checkpoints every N iterations
     checkpoint_at_end: bool | None = None
     stop: dict | None = None
+    time_budget_s: float | None = None
     callbacks: list = field(default_factory=list)
     verbose: int = 1
+    # For the summary and the plots: what counts a trial's progress (the scheduler's time_attr),
+    # how far a trial may go in it (None: no limit known), the scheduler's name for "stopped
+    # early by ..." (None: no scheduler stops trials early), the metrics the table shows.
+    time_attr: str = "training_iteration"
+    max_t: int | None = None
+    scheduler_label: str | None = None
+    shown_metrics: tuple[str, ...] = ()
 
 
 def experiment_dir(cfg) -> Path:
@@ -140,6 +155,8 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
                 mode=job.mode,
                 num_samples=job.num_samples,
                 scheduler=job.scheduler,
+                search_alg=job.search_alg,
+                time_budget_s=job.time_budget_s,
                 reuse_actors=job.reuse_actors,
                 max_concurrent_trials=job.max_concurrent_trials,
             ),
@@ -149,6 +166,8 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
                 failure_config=tune.FailureConfig(max_failures=job.max_failures),
                 checkpoint_config=tune.CheckpointConfig(
                     num_to_keep=job.checkpoints_to_keep,
+                    checkpoint_score_attribute=job.checkpoint_score_attribute,
+                    checkpoint_score_order=job.checkpoint_score_order,
                     checkpoint_frequency=job.checkpoint_frequency,
                     checkpoint_at_end=job.checkpoint_at_end,
                 ),
@@ -205,6 +224,8 @@ def fit_watching_interrupts(tuner):
 
 @dataclass
 class TuneSummary:
+    """The outcome of a Tune experiment, whatever the trainable (rayflow.workloads.Summary)."""
+
     best_config: dict
     best_metrics: dict
     best_checkpoint: str | None
@@ -212,49 +233,74 @@ class TuneSummary:
     errored: int
     interrupted: bool  # Ctrl-C stopped the experiment; its state is saved for resume
     stopped_early: int
-    trial_epochs: int
-    budget_epochs: int
+    trial_epochs: int  # progress used by every trial together, in `unit`s
+    budget_epochs: int  # 0: no budget known (no max_t)
     devices: list[str]
     error: str | None = None  # the first errored trial's error, one line
+    metric: str = ""
+    shown_metrics: tuple[str, ...] = ()
+    scheduler_label: str | None = None
+    unit: str = "epoch"
 
     def parent_metrics(self) -> dict[str, float]:
         """What the invocation's parent MLflow run records about the whole search."""
-        best = {f"best_{k}": v for k, v in self.best_metrics.items() if k in ("val_loss", "val_accuracy")}
-        return {**best, "trials_stopped_early": self.stopped_early, "trial_epochs": self.trial_epochs}
+        shown = self.shown_metrics or (self.metric,)
+        best = {f"best_{k}": v for k, v in self.best_metrics.items() if k in shown}
+        metrics = {**best, f"trial_{self.unit}s": self.trial_epochs}
+        if self.scheduler_label:
+            metrics["trials_stopped_early"] = self.stopped_early
+        return metrics
 
-    def table(self, metric_names=("val_accuracy", "val_loss")) -> str:
-        width = max(len(k) for k in self.best_config) if self.best_config else 0
-        lines = ["", "== rayflow results =="]
-        lines.append("best config:")
+    def table(self) -> str:
+        width = max(len(str(k)) for k in self.best_config) if self.best_config else 0
+        lines = ["", "== rayflow results ==", "best config:"]
         lines += [f"  {k:<{width}} = {v}" for k, v in self.best_config.items()]
-        for name in metric_names:
-            if name in self.best_metrics:
-                lines.append(f"best {name:<13} {self.best_metrics[name]:.4f}")
+        for name in self.shown_metrics or (self.metric,):
+            value = self.best_metrics.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                lines.append(f"best {name:<13} {value:.4f}")
+        by = f" by {self.scheduler_label}" if self.scheduler_label else ""
         if self.interrupted:
-            lines.append(f"trials: {self.trials} ({self.errored} errored; interrupted before ASHA finished)")
+            lines.append(f"trials: {self.trials} ({self.errored} errored; interrupted before the search finished)")
+        elif self.scheduler_label:
+            lines.append(f"trials: {self.trials} ({self.stopped_early} stopped early{by}, {self.errored} errored)")
         else:
-            lines.append(f"trials: {self.trials} ({self.stopped_early} stopped early by ASHA, {self.errored} errored)")
-        share = self.trial_epochs / self.budget_epochs if self.budget_epochs else 0
-        lines.append(f"trial-epochs used: {self.trial_epochs} of {self.budget_epochs} ({share:.0%})")
+            lines.append(f"trials: {self.trials} ({self.errored} errored)")
+        if self.budget_epochs:
+            share = self.trial_epochs / self.budget_epochs
+            lines.append(f"trial-{self.unit}s used: {self.trial_epochs} of {self.budget_epochs} ({share:.0%})")
+        else:
+            lines.append(f"trial-{self.unit}s used: {self.trial_epochs}")
         return "\n".join(lines)
 
 
-def summarize(results, metric: str, mode: str, max_epochs: int, num_samples: int, interrupted: bool) -> TuneSummary:
+def summarize(results, job: TuneJob, interrupted: bool) -> TuneSummary:
     from rayflow.errors import first_error_line
 
+    metric, mode, time_attr = job.metric, job.mode, job.time_attr
     done = [r for r in results if r.metrics and metric in r.metrics and r.error is None]  # trials that reported
     best = results.get_best_result(metric=metric, mode=mode, scope="last") if done else None
-    epochs = [int((r.metrics or {}).get("epoch", 0)) for r in results]
+    progress = [int((r.metrics or {}).get(time_attr, 0) or 0) for r in results]
+    # With no limit set (the scheduler's default max_t is not one a trainable knows of), the
+    # furthest any trial got is the limit: a trial that ended short of it was stopped early.
+    max_t = job.max_t or (max(progress, default=0) or None if job.scheduler_label else None)
+    numbers = {k: v for k, v in (best.metrics or {}).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in TUNE_AUTO_KEYS} if best else {}
     return TuneSummary(
         best_config=dict(best.config) if best else {},
-        best_metrics={k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {},
-        best_checkpoint=best.checkpoint.path if best and best.checkpoint else None,
+        best_metrics=numbers,
+        # a trial that ran a Ray Train run reports where that run keeps its checkpoints
+        best_checkpoint=(best.checkpoint.path if best.checkpoint else (best.metrics or {}).get("checkpoint_path")) if best else None,
         trials=len(results),
         errored=results.num_errors,
         interrupted=interrupted,
-        stopped_early=sum(1 for r in done if r.metrics.get("epoch", max_epochs) < max_epochs),
-        trial_epochs=sum(epochs),
-        budget_epochs=num_samples * max_epochs,
+        stopped_early=sum(1 for r in done if max_t and r.metrics.get(time_attr, max_t) < max_t) if job.scheduler_label else 0,
+        trial_epochs=sum(progress),
+        budget_epochs=len(results) * job.max_t if job.max_t else 0,  # grid_search multiplies num_samples
         devices=sorted({str(r.metrics["device"]) for r in done if "device" in r.metrics}),
         error=first_error_line(results.errors[0]) if results.errors else None,
+        metric=metric,
+        shown_metrics=job.shown_metrics,
+        scheduler_label=job.scheduler_label,
+        unit="epoch" if time_attr == "epoch" else "iteration",
     )

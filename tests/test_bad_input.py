@@ -15,6 +15,8 @@ import pytest
 from rayflow.testing.processes import ray_daemon_pids
 from tests.harness.cli import Rayflow
 
+TUNE = ["workload.metric=loss", "workload.mode=min"]  # what every workload=tune command names
+
 BAD_INPUT = [
     # booleans take true/false only (a string like "maybe" is truthy)
     (["dry_run=maybe"], "dry_run"),
@@ -102,6 +104,27 @@ BAD_INPUT = [
     (["backend=kuberay", "backend.mode=serverless"], "backend.mode"),
     (["backend=kuberay", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
     (["backend=kuberay", "backend.start_timeout_s=0"], "backend.start_timeout_s"),
+    # the user's own code: names that do not import or are not functions, the vocabulary of the
+    # search space, schedulers and search algorithms, what Tune optimises, RLlib's names
+    (["workload=tune", "workload.trainable=no_such_module:objective", *TUNE], "workload.trainable"),
+    (["workload=tune", "workload.trainable=math:pi", *TUNE], "workload.trainable"),
+    (["workload=tune", "workload.trainable=json:no_such_function", *TUNE], "workload.trainable"),
+    (["workload=tune", "workload.trainable=objective", *TUNE], "workload.trainable"),
+    (["workload=tune", "workload.trainable=math:sqrt", "workload.mode=min"], "workload.metric"),
+    (["workload=tune", "workload.trainable=math:sqrt", "workload.metric=loss"], "workload.mode"),
+    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_space={lr: {logunifrom: [1e-4, 1e-1]}}"], "workload.search_space.lr"),
+    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_space={lr: {loguniform: [0.1, 1e-4]}}"], "workload.search_space.lr"),
+    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_space={model: {width: {choice: []}}}"], "workload.search_space.model.width"),
+    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler=ashaa"], "workload.scheduler"),
+    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler={name: asha, grace_periodd: 2}"], "workload.scheduler.grace_periodd"),
+    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_alg=nosuch"], "workload.search_alg"),
+    (["workload=train", "workload.train_loop=no_such_module:train_loop"], "workload.train_loop"),
+    (["workload=train", "workload.train_loop=math:sqrt", "workload.sweep={metric: loss, mode: min, search_space: {lr: {uniform: [1]}}}"], "workload.sweep.search_space.lr"),
+    (["workload=rllib", "workload.algorithm=NoSuchAlgorithm"], "workload.algorithm"),
+    (["workload=rllib", "workload.algorithm=DQN", "workload.grid={no_such_key: [1, 2]}"], "workload.grid.no_such_key"),
+    (["workload=rllib", "workload.config={trainingg: {lr: 0.1}}"], "workload.config.trainingg"),
+    (["workload=rllib", "workload.config={training: {no_such_setting: 0.1}}"], "workload.config.training"),
+    (["workload=rllib", "workload.env=NoSuchEnv-v0"], "workload.env"),
     # kinds: a seed numpy takes, directories that can be made and written here, one folder's name
     (["seed=-1"], "seed"),
     (["storage_path=/proc/x"], "storage_path"),
@@ -154,5 +177,6 @@ def test_bad_input_is_one_line_naming_the_key(refusals, index):
 def test_the_table_covers_every_config_group():
     covered = " ".join(" ".join(args) for args, _ in BAD_INPUT)
     assert len(BAD_INPUT) >= 40
-    for group in ("backend=spark", "backend=attach", "backend=vm", "backend=kuberay", "workload=ddp", "workload=ppo", "tracking.", "compute=", "data."):
+    for group in ("backend=spark", "backend=attach", "backend=vm", "backend=kuberay", "workload=ddp", "workload=ppo",
+                  "workload=tune", "workload=train", "workload=rllib", "tracking.", "compute=", "data."):
         assert group in covered, group

@@ -202,7 +202,11 @@ def test_the_yaml_defaults_and_the_schema_agree(group, option):
     text = (root / group / f"{option}.yaml" if group else root / "config.yaml").read_text()
     data = yaml.safe_load(text) or {}
     overrides = [f"{group}={option}"] if group else []
-    cfg = compose_config(*overrides, "backend.address=127.0.0.1:6379" if option == "attach" else "seed=0")
+    # what an option cannot default: the cluster to join, the user's code and what it optimises
+    required = {"attach": ["backend.address=127.0.0.1:6379"],
+                "tune": ["workload.trainable=train:objective", "workload.metric=loss", "workload.mode=min"],
+                "train": ["workload.train_loop=loop:train_loop"]}
+    cfg = compose_config(*overrides, *required.get(option, ["seed=0"]))
     models = section_models(OmegaConf.to_container(cfg, resolve=True))
     if group:
         model = models[group]

@@ -12,8 +12,14 @@ import pytest
 from rayflow import plots
 from rayflow.composition import compose_config
 from rayflow.plots import asha_rungs, make_plots, read_meta
+from rayflow.workloads import workload_for
 from rayflow.plots_data import EPOCHS_FILE, series, tune_trials
 
+
+
+def draw(cfg, root):
+    """The plots a finished run of cfg's workload draws from its experiment folder `root`."""
+    return make_plots(workload_for(cfg.workload).figures(cfg, root), root)
 
 def write_trial(root: Path, trial_id: str, params: dict, rows: list[dict], done: bool = True) -> Path:
     """A Tune trial folder: params.json, and result.json with one JSON line per report."""
@@ -47,12 +53,12 @@ def test_asha_rungs_follow_grace_period_and_reduction_factor():
 def test_cifar_learning_curves_and_search_view(tmp_path):
     root = cifar_experiment(tmp_path / "cifar-1")
     cfg = compose_config("workload.max_epochs=4", "workload.scheduler.grace_period=1", "workload.scheduler.reduction_factor=2")
-    files = make_plots(cfg, root)
+    files = draw(cfg, root)
     assert [f.name for f in files] == ["learning_curves.png", "search.png"]
     assert all(f.parent == root / "plots" for f in files)
     curves, search = (read_meta(f) for f in files)
     assert curves == {"lines": 4, "stopped_early": 2, "best": "a_00001", "rungs": [1, 2, 4], "metric": "val_loss",
-                      "points": {"a_00000": 4, "a_00001": 4, "a_00002": 1, "a_00003": 2}}
+                      "points": {"a_00000": 4, "a_00001": 4, "a_00002": 1, "a_00003": 2}, "x": "epoch"}
     # momentum is the same for every trial: not a searched hyperparameter
     assert search == {"panels": ["batch_size", "l1", "lr"], "points": 4, "best": "a_00001", "metric": "val_loss"}
 
@@ -60,7 +66,7 @@ def test_cifar_learning_curves_and_search_view(tmp_path):
 def test_mode_max_picks_the_highest_last_value(tmp_path):
     root = cifar_experiment(tmp_path / "cifar-1")
     cfg = compose_config("workload.max_epochs=4", "workload.metric=val_accuracy", "workload.mode=max")
-    curves = read_meta(make_plots(cfg, root)[0])
+    curves = read_meta(draw(cfg, root)[0])
     assert curves["best"] == "a_00001" and curves["metric"] == "val_accuracy"
 
 
@@ -76,7 +82,7 @@ def test_a_resumed_trial_is_drawn_whole_and_a_rerun_epoch_once(tmp_path):
     [trial] = tune_trials(root)
     assert series(trial.rows, "epoch", "val_loss") == [(1, 2.0), (2, 1.7), (3, 1.5), (4, 1.2)]
     cfg = compose_config("workload.max_epochs=4")
-    curves = read_meta(make_plots(cfg, root)[0])
+    curves = read_meta(draw(cfg, root)[0])
     assert curves["lines"] == 1 and curves["stopped_early"] == 0 and curves["points"] == {"r_00000": 4}
 
 
@@ -86,7 +92,7 @@ def test_an_interrupted_trial_is_not_counted_as_stopped_by_asha(tmp_path):
     write_trial(root, "i_00001", {"lr": 0.1}, [{"epoch": 1, "val_loss": 2.5}], done=True)
     (root / "i_00002").mkdir()  # a trial that never reported: no line
     (root / "i_00002" / "params.json").write_text('{"lr": 0.001}')
-    curves = read_meta(make_plots(compose_config("workload.max_epochs=4"), root)[0])
+    curves = read_meta(draw(compose_config("workload.max_epochs=4"), root)[0])
     assert curves["lines"] == 2 and curves["stopped_early"] == 1
 
 
@@ -97,9 +103,9 @@ def test_ddp_sweep_uses_the_sweep_settings(tmp_path):
         write_trial(root, f"d_0000{i}", {"lr": lr}, [{"epoch": e, "val_accuracy": 0.2 * e + 0.1 * i} for e in range(1, epochs + 1)])
     (root / "train-d_00000").mkdir()  # the trials' Ray Train runs live here too: not trials
     cfg = compose_config("workload=ddp", "workload.tune=true", "workload.epochs=2", "workload.sweep.grace_period=1")
-    curves, search = (read_meta(f) for f in make_plots(cfg, root))
+    curves, search = (read_meta(f) for f in draw(cfg, root))
     assert curves == {"lines": 3, "stopped_early": 1, "best": "d_00002", "rungs": [1, 2], "metric": "val_accuracy",
-                      "points": {"d_00000": 1, "d_00001": 2, "d_00002": 2}}
+                      "points": {"d_00000": 1, "d_00001": 2, "d_00002": 2}, "x": "epoch"}
     assert search["panels"] == ["lr"] and search["points"] == 3
 
 
@@ -109,7 +115,7 @@ def test_ddp_training_plot_reads_the_epoch_log(tmp_path):
     rows = [{"epoch": e, "train_loss": 2 / e, "val_loss": 2.1 / e, "val_accuracy": 0.3 * e, "samples_per_s": 900 + e,
              "device": "cpu"} for e in (1, 2, 2, 3)]  # epoch 2 again: the worker group restarted
     (root / EPOCHS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    [png] = make_plots(compose_config("workload=ddp"), root)
+    [png] = draw(compose_config("workload=ddp"), root)
     assert png.name == "training.png"
     meta = read_meta(png)
     assert meta == {"lines": 4, "panels": {"loss": 2, "accuracy": 1, "throughput": 1}, "epochs": [1, 2, 3]}
@@ -122,11 +128,11 @@ def test_ppo_one_line_per_lr_and_the_stop_goal(tmp_path):
                  "env_runners": {"episode_return_mean": 20.0 * it + i}} for it in (1, 2, 3)]
         write_trial(root, f"p_0000{i}", {"lr": lr, "gamma": 0.99, "model_config": {"fcnet_hiddens": [32]}}, rows)
     cfg = compose_config("workload=ppo", "workload.stop.episode_return_mean=450")
-    [png] = make_plots(cfg, root)
+    [png] = draw(cfg, root)
     assert png.name == "returns.png"
     assert read_meta(png) == {"lines": 2, "lrs": [1e-4, 1e-3], "points": [3, 3], "goal": 450.0}
     cfg = compose_config("workload=ppo", "workload.stop.episode_return_mean=null")
-    assert read_meta(make_plots(cfg, root)[0])["goal"] is None
+    assert read_meta(draw(cfg, root)[0])["goal"] is None
 
 
 def test_a_failing_plot_warns_once_and_the_others_are_still_made(tmp_path, monkeypatch, capsys):
@@ -136,7 +142,7 @@ def test_a_failing_plot_warns_once_and_the_others_are_still_made(tmp_path, monke
         raise ValueError("no luck")
 
     monkeypatch.setattr(plots, "learning_curves", broken)
-    files = make_plots(compose_config("workload.max_epochs=4"), root)
+    files = draw(compose_config("workload.max_epochs=4"), root)
     assert [f.name for f in files] == ["search.png"]
     assert not (root / "plots" / "learning_curves.png").exists()
     [line] = capsys.readouterr().err.strip().splitlines()
@@ -154,7 +160,7 @@ def test_the_session_hook_never_fails_the_run(tmp_path, monkeypatch, capsys):
             raise OSError("the store is gone")
 
     root = cifar_experiment(tmp_path / "cifar-1")
-    session._plots(compose_config("workload.max_epochs=4"), Tracker(), root)  # no exception
+    session._plots(compose_config("workload.max_epochs=4"), Tracker(), root, workload_for("cifar"))  # no exception
     out, err = capsys.readouterr()
     assert err.strip() == "rayflow: warning: plots: OSError: the store is gone"
     assert "plots:" not in out
@@ -172,7 +178,7 @@ def test_the_session_hook_prints_where_the_plots_are(tmp_path, capsys):
 
     root = cifar_experiment(tmp_path / "cifar-1")
     tracker = Tracker()
-    session._plots(compose_config("workload.max_epochs=4"), tracker, root)
+    session._plots(compose_config("workload.max_epochs=4"), tracker, root, workload_for("cifar"))
     assert tracker.logged == [(str(root / "plots"), "plots")]
     out = capsys.readouterr().out
     assert f"plots: {root / 'plots'}/ (learning_curves.png, search.png); MLflow: plots/ of the parent run r1" in out
@@ -182,7 +188,8 @@ def test_no_pyplot_and_no_backend_switch(tmp_path):
     """The object API on an Agg canvas: pyplot (and its global figure state) is never imported."""
     root = cifar_experiment(tmp_path / "cifar-1")
     code = ("import sys, matplotlib; from rayflow.composition import compose_config; from rayflow.plots import make_plots; "
-            f"assert len(make_plots(compose_config('workload.max_epochs=4'), {str(root)!r})) == 2; "
+            "from rayflow.workloads import workload_for; "
+            f"cfg = compose_config('workload.max_epochs=4'); assert len(make_plots(workload_for(cfg.workload).figures(cfg, {str(root)!r}), {str(root)!r})) == 2; "
             "print('matplotlib.pyplot' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr
@@ -193,5 +200,5 @@ def test_no_pyplot_and_no_backend_switch(tmp_path):
 def test_an_empty_experiment_folder_draws_empty_plots(tmp_path, name):
     root = tmp_path / f"{name}-1"
     root.mkdir()
-    for png in make_plots(compose_config(f"workload={name}"), root):
+    for png in draw(compose_config(f"workload={name}"), root):
         assert read_meta(png).get("lines", 0) == 0 or read_meta(png)["points"] == 0

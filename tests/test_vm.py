@@ -6,13 +6,21 @@ Slow: a head takes ~12 s and each scale-up ~14 s on 2 cores.
 
 from __future__ import annotations
 
+import shutil
 import signal
+from pathlib import Path
 
 import pytest
 
 from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# examples/tune-pbt, small: its train.py goes with the job (workload.working_dir defaults to `.`)
+USER_TUNE = ["workload=tune", "workload.trainable=train:objective", "workload.metric=loss", "workload.mode=min",
+             "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}}", "workload.num_samples=2",
+             "workload.stop={training_iteration: 3}"]
 
 pytestmark = pytest.mark.slow
 
@@ -37,20 +45,35 @@ def vm_jobs(tmp_path_factory, data_root):
     one fake_multinode cluster, which scales 0 -> 2 workers for them and is torn down after both."""
     before = ray_daemon_pids()
     runner = Rayflow(tmp_path_factory.mktemp("vm-jobs"), data_root)
+    shutil.copytree(EXAMPLES / "tune-pbt", runner.workdir, dirs_exist_ok=True)  # the user's own project
     out = runner.run_jobs(
         [*FAKE, "workload.num_samples=4", "workload.max_epochs=3", "workload.scheduler.grace_period=3",
          "workload.reuse_actors=false", "data.synthetic_train_size=2000"],
         [*FAKE, "workload=ddp", "workload.epochs=2"],
+        [*FAKE, *USER_TUNE],
         timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     yield runner, out
     assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the shared fake cluster was left running"
 
 
+def test_the_users_tune_function_goes_with_the_job(vm_jobs):
+    """The project folder is the job's working_dir: the job's driver imports train:objective from
+    Ray's copy of it, the trials on the worker nodes too (the head has no CPU for them)."""
+    runner, out = vm_jobs
+    client, parents, children = runner.mlflow("tune")
+    [parent] = parents
+    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"
+    assert parent.data.params["workload.trainable"] == "train:objective" and "best_loss" in parent.data.metrics
+    trials = children[parent.info.run_id]
+    assert len(trials) == 2 and all(t.info.status == "FINISHED" and "accuracy" in t.data.metrics for t in trials)
+    assert {"learning_curves.png", "search.png"} <= set(runner.plots(client, parent))
+
+
 def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(vm_jobs):
     runner, out = vm_jobs
-    assert out.stdout.count("[rayflow] starting the vm cluster") == 1 and out.stdout.count("[rayflow] reusing the vm cluster") == 1
-    assert out.stdout.count("[rayflow] submitted job raysubmit_") == 2 and "== rayflow results ==" in out.stdout
+    assert out.stdout.count("[rayflow] starting the vm cluster") == 1 and out.stdout.count("[rayflow] reusing the vm cluster") == 2
+    assert out.stdout.count("[rayflow] submitted job raysubmit_") == 3 and "== rayflow results ==" in out.stdout
     client, parents, children = runner.mlflow("cifar")
     parent = parents[0]
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"

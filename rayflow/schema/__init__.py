@@ -27,8 +27,10 @@ def section_models(cfg: dict) -> dict[str, type[Section]]:
     chosen in each group."""
     models: dict[str, type[Section]] = {"": Root, "data": Data, "compute": Compute,
                                         "tracking": Mlflow if cfg.get("tracking", {}).get("enabled") else NoTracking}
-    if cfg.get("workload", {}).get("name") in WORKLOADS:
-        models["workload"] = WORKLOADS[cfg["workload"]["name"]]
+    workload = cfg.get("workload", {})
+    model = WORKLOADS.get(workload.get("name")) or WORKLOADS.get(workload.get("kind"))
+    if model is not None:  # a preset, or a kind under the user's own name
+        models["workload"] = model
     if cfg.get("backend", {}).get("name") in BACKENDS:
         models["backend"] = BACKENDS[cfg["backend"]["name"]]
     return models

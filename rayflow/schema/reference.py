@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from rayflow.schema.backends import BACKENDS
 from rayflow.schema.kinds import Kind
 from rayflow.schema.root import Compute, Data, Mlflow, NoTracking, Root
+from rayflow.schema.user_workloads import Shipped
 from rayflow.schema.workloads import WORKLOADS
 
 HEADER = """# Config reference
@@ -30,7 +31,7 @@ key ([Everyday use](../usage.md#bad-input)).
 | group | options | what it chooses |
 | --- | --- | --- |
 | `backend` | `local` (default), `attach`, `spark`, `vm`, `kuberay` | where Ray runs |
-| `workload` | `cifar` (default), `ddp`, `ppo` | what runs |
+| `workload` | `cifar` (default), `ddp`, `ppo`; `tune`, `train`, `rllib` | what runs: a preset, or your own code ([Your own workload](../workloads/tune.md)) |
 | `compute` | `cpu` (default), `gpu`, `auto` | the device trials use; `gpu` is refused without a CUDA device, `auto` uses GPUs when the cluster has them |
 | `tracking` | `mlflow` (default), `none` | where results go |
 """
@@ -80,7 +81,9 @@ def _section(annotation: Any) -> Any:
 
 def rows(model: type[BaseModel], defaults: dict, prefix: str) -> list[str]:
     out = []
-    for name, field in model.model_fields.items():
+    # what a job takes to a remote cluster (Shipped's keys) last, after the workload's own
+    fields = sorted(model.model_fields.items(), key=lambda item: item[0] in Shipped.model_fields and model is not Shipped)
+    for name, field in fields:
         key = f"{prefix}.{name}" if prefix else name
         value = (defaults or {}).get(name)
         annotation = _section(field.annotation)

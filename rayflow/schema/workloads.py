@@ -10,6 +10,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from rayflow.schema.kinds import Anything, Boolean, Integer, KeyedError, Number, OneOf, Text, kind
 from rayflow.schema.root import Section
+from rayflow.schema.user_workloads import USER_WORKLOADS, ModuleFunction, Shipped
 
 
 def _whole(info: ValidationInfo) -> dict:
@@ -98,8 +99,10 @@ class Asha(Section):
     reduction_factor: Integer(2) = Field(description="ASHA keeps 1/reduction_factor of trials at each rung")
 
 
-class Cifar(Section):
+class Cifar(Shipped):
     name: Text = Field(description="`cifar`: Ray Tune + ASHA over the CIFAR10 CNN")
+    kind: OneOf("tune") = Field(description="a preset of `workload=tune`")
+    trainable: ModuleFunction = Field(description="the trainable: rayflow's CIFAR function, `train_cifar(config, data, max_epochs, want_gpu)`")
     num_samples: Integer() = Field(description="trials sampled from the search space")
     max_epochs: Integer() = Field(description="epochs per trial (ASHA's `max_t`)")
     metric: MetricKind = Field(description="what ASHA and \"best trial\" optimise")
@@ -131,8 +134,10 @@ class DdpSweep(Section):
     reduction_factor: Integer(2) = Field(description="ASHA's reduction factor")
 
 
-class Ddp(Section):
+class Ddp(Shipped):
     name: Text = Field(description="`ddp`: data-parallel training with Ray Train")
+    kind: OneOf("train") = Field(description="a preset of `workload=train`")
+    train_loop: ModuleFunction = Field(description="the loop every worker runs: rayflow's, `rayflow.workloads.ddp_loop:train_loop`")
     model: ModelKind = Field(description="`cnn` (the seed CNN) or `resnet` (a small ResNet, ~0.7M parameters, worth a GPU)")
     num_workers: Integer() = Field(description="Ray Train workers, one model replica each")
     resources_per_worker: Resources = Field(description="what each worker reserves")
@@ -178,8 +183,9 @@ class PpoStop(Section):
         return self
 
 
-class Ppo(Section):
+class Ppo(Shipped):
     name: Text = Field(description="`ppo`: RLlib PPO")
+    kind: OneOf("rllib") = Field(description="a preset of `workload=rllib`")
     env: Text = Field(description="a Gymnasium id (`module:Env-v0` imports `module` first); unknown ids are refused up front")
     num_env_runners: Integer(0) = Field(description="sampling actors (0: sample in the algorithm's own process)")
     num_envs_per_env_runner: Integer() = Field(description="vectorised environments each runner steps")
@@ -204,5 +210,5 @@ class Ppo(Section):
         return self
 
 
-WORKLOADS: dict[str, type[Section]] = {"cifar": Cifar, "ddp": Ddp, "ppo": Ppo}
+WORKLOADS: dict[str, type[Section]] = {**USER_WORKLOADS, "cifar": Cifar, "ddp": Ddp, "ppo": Ppo}
 ANY = Anything  # re-used by the reference for free-form values

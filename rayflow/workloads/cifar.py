@@ -25,9 +25,21 @@ from rayflow.data import DataSpec, iterate, load_split
 from rayflow.models import Net
 from rayflow.placement import Bundle, section_bundle
 
+KIND = "tune"  # a preset of workload=tune: conf/workload/cifar.yaml names train_cifar as its trainable
 USES_DATA = True
-WORKER_IMPORTS = ()  # none preloaded (rayflow.workloads.Workload): a trial imports torch in about a second
 METRICS = ("val_loss", "val_accuracy", "train_loss", "epoch")
+
+
+def worker_imports(cfg) -> tuple[str, ...]:
+    return ()  # none preloaded (rayflow.workloads.Workload): a trial imports torch in about a second
+
+
+def metrics(cfg) -> dict[str, str]:
+    return {m: m for m in METRICS}
+
+
+def params(cfg) -> None:
+    return None
 
 
 def powers_of_two(low: int, high: int) -> list[int]:
@@ -231,36 +243,53 @@ def train_cifar(config: dict, data: DataSpec, max_epochs: int, want_gpu: bool) -
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
-def run(cfg, ctx):
-    """Tune the CNN with ASHA on the connected cluster; returns a TuneSummary."""
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
+def scheduler_keys(w) -> dict:
+    """ASHA over epochs, in workload=tune's scheduler vocabulary."""
+    return {"name": "asha", "time_attr": "epoch", "max_t": int(w.max_epochs),
+            "grace_period": int(w.scheduler.grace_period), "reduction_factor": int(w.scheduler.reduction_factor)}
 
-    from rayflow.tuning import TuneJob, run_tune, summarize
+
+def job(cfg, ctx):
+    """workload=cifar's keys as the TuneJob workload=tune runs (rayflow.workloads.tune)."""
+    from ray import tune
+
+    from rayflow import user_code
+    from rayflow.tuning import TuneJob
+    from rayflow.workloads.tune import resources
+    from rayflow.workloads.tune_parts import make_scheduler
 
     w = cfg.workload
     gpus = float(w.resources_per_trial.gpu or 0)
-    trainable = tune.with_parameters(
-        train_cifar, data=ctx.data, max_epochs=int(w.max_epochs), want_gpu=gpus > 0
-    )
-    job = TuneJob(
-        trainable=trainable,
+    fn = user_code.load(w.trainable, "workload.trainable")
+    return TuneJob(
+        trainable=tune.with_parameters(fn, data=ctx.data, max_epochs=int(w.max_epochs), want_gpu=gpus > 0),
         param_space=search_space(w),
         metric=str(w.metric),
         mode=str(w.mode),
         num_samples=int(w.num_samples),
-        resources={"cpu": float(w.resources_per_trial.cpu), "gpu": gpus,
-                   **({"memory": int(w.resources_per_trial.memory)} if w.resources_per_trial.get("memory") else {})},
-        scheduler=ASHAScheduler(
-            time_attr="epoch",
-            max_t=int(w.max_epochs),
-            grace_period=int(w.scheduler.grace_period),
-            reduction_factor=int(w.scheduler.reduction_factor),
-        ),
+        resources=resources(w.resources_per_trial),
+        scheduler=make_scheduler(scheduler_keys(w), str(w.metric), str(w.mode)),
         max_failures=int(w.max_failures),
         checkpoints_to_keep=w.checkpoints_to_keep,
         reuse_actors=bool(w.reuse_actors),
-        callbacks=[cb for cb in [ctx.tracker.trial_callback(METRICS, int(w.max_epochs))] if cb],
+        time_attr="epoch",
+        max_t=int(w.max_epochs),
+        scheduler_label="ASHA",
+        shown_metrics=("val_accuracy", "val_loss"),
     )
-    results, interrupted = run_tune(job, ctx.experiment_dir, resume=ctx.resume)
-    return summarize(results, job.metric, job.mode, int(w.max_epochs), int(w.num_samples), interrupted)
+
+
+def run(cfg, ctx):
+    """Tune the CNN with ASHA on the connected cluster; returns a TuneSummary."""
+    from rayflow.workloads.tune import run_job
+
+    return run_job(job(cfg, ctx), ctx, metrics(cfg))
+
+
+def figures(cfg, experiment_dir):
+    from rayflow.plots import tune_figures
+    from rayflow.workloads.tune import progress
+
+    w = cfg.workload
+    _, time_attr, max_t, rungs = progress(scheduler_keys(w), None)
+    return tune_figures(experiment_dir, str(w.metric), str(w.mode), time_attr, max_t, rungs, "ASHA")

@@ -1,0 +1,185 @@
+"""workload=train: the user's own Ray Train loop (`train_loop_per_worker`) on `num_workers`
+workers, CPU or GPU from `compute`; or, with `sweep`, a Tune search whose every trial is a whole
+Train run with sampled values in its `train_loop_config`.
+
+    python -m rayflow workload=train workload.train_loop=loop:train_loop workload.num_workers=4 compute=gpu
+
+workload=ddp is this workload with rayflow's CIFAR loop and keys of its own
+(rayflow.workloads.ddp), run by `run_training` and `run_sweep`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rayflow import user_code
+from rayflow.mlflow_runs import create_nested_run
+from rayflow.placement import Bundle
+from rayflow.plots_data import EPOCHS_FILE
+from rayflow.process_state import termination_exit_code
+from rayflow.tuning import TuneJob, read_state, write_state
+from rayflow.workloads.train_parts import ReportLog, TrainJob, TrainSummary, summarize_result, trainer
+
+KIND = "train"
+USES_DATA = False  # the loop brings its own data
+
+
+def _plain(node) -> object:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def train_loop(cfg):
+    return user_code.load(cfg.workload.train_loop, "workload.train_loop")
+
+
+def worker_resources(section) -> dict:
+    """Ray's resources per worker of a `resources_per_worker` section."""
+    amounts = {"CPU": float(section.cpu)}
+    if section.get("gpu"):
+        amounts["GPU"] = float(section.gpu)
+    if section.get("memory"):
+        amounts["memory"] = int(section.memory)
+    return {**amounts, **{k: float(v) for k, v in (_plain(section.get("custom")) or {}).items()}}
+
+
+def job(cfg) -> TrainJob:
+    w = cfg.workload
+    checkpoint = w.get("checkpoint") or {}
+    return TrainJob(
+        train_loop=train_loop(cfg),
+        config=_plain(w.get("train_loop_config")) or {},
+        num_workers=int(w.num_workers),
+        resources=worker_resources(w.resources_per_worker),
+        max_failures=int(w.max_failures),
+        num_to_keep=checkpoint.get("num_to_keep"),
+        score_attribute=checkpoint.get("score_attribute"),
+        score_order=str(checkpoint.get("score_order") or "max"),
+    )
+
+
+def check(cfg) -> None:
+    from rayflow.workloads.tune_parts import check_tune_parts
+
+    train_loop(cfg)
+    sweep = _plain(cfg.workload.get("sweep"))
+    if sweep:
+        check_tune_parts(sweep, prefix="workload.sweep")
+
+
+def worker_imports(cfg) -> tuple[str, ...]:
+    return ()  # every new worker would import them, Ray Train's controller (no torch) too
+
+
+def metrics(cfg) -> None:
+    return None  # every number rank 0 reports
+
+
+def params(cfg) -> None:
+    return None
+
+
+def demand(cfg) -> list[Bundle]:
+    """One Train run: num_workers workers at once (the controller and a sweep's trial take no CPU)."""
+    w = cfg.workload
+    resources = worker_resources(w.resources_per_worker)
+    prefix = "workload.resources_per_worker"
+    keys = {"CPU": f"{prefix}.cpu", "GPU": f"{prefix}.gpu", "memory": f"{prefix}.memory",
+            **{k: f"{prefix}.custom.{k}" for k in resources if k not in ("CPU", "GPU", "memory")}}
+    return [Bundle("a Train worker", resources, keys, count=int(w.num_workers), count_key="workload.num_workers")]
+
+
+def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
+    """One Ray Train run in the experiment folder; rank 0's reports go to a nested MLflow run."""
+    from ray.train import Result, TrainingFailedError
+
+    from rayflow.errors import first_error_line
+
+    path: Path = ctx.experiment_dir
+    state = read_state(path)
+    tracker = ctx.tracker
+    run_id = state.get("train_run_id") if ctx.resume else None
+    if tracker.run_id and run_id is None:
+        run_id = create_nested_run(tracker.client, tracker.experiment_id, tracker.run_id, "train", mlflow_params)
+        write_state(path, {**state, "train_run_id": run_id})
+    if run_id:
+        tracker.client.update_run(run_id, status="RUNNING")
+    mlflow = {"uri": tracker.absolute_uri, "run_id": run_id} if run_id else None
+    fit = trainer(train, name=path.name, storage=str(path.parent), callbacks=[ReportLog(str(path / EPOCHS_FILE), mlflow)])
+    errored = interrupted = False
+    error = None
+    try:
+        result = fit.fit()
+    except TrainingFailedError as err:
+        print(f"rayflow: Ray Train failed: {err}", file=sys.stderr, flush=True)
+        result, errored, error = Result.from_path(str(path)), True, first_error_line(err)
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C: Ray Train's own SIGINT handler aborts the run and exits through ray.get
+        # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
+        if termination_exit_code():
+            if run_id:
+                tracker.client.set_terminated(run_id, "KILLED")
+            raise
+        result, interrupted = Result.from_path(str(path)), True
+    summary = summarize_result(result, train, errored, interrupted)
+    summary.error = error
+    name = ((result.metrics or {}) if result else {}).get("device_name")  # what the workers reported
+    if name:
+        tracker.set_tags({"device_name": name})
+    if run_id:
+        if name:
+            tracker.client.set_tag(run_id, "device_name", name)
+        status = "KILLED" if summary.interrupted else "FAILED" if errored else "FINISHED"
+        tracker.client.set_terminated(run_id, status)
+    return summary
+
+
+def train_trial(config: dict, train: TrainJob, storage: str) -> None:
+    """One Tune trial: a whole Ray Train run with the trial's values in its train_loop_config;
+    Train's reports go to Tune."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    trial_id = tune.get_context().get_trial_id()
+    trainer(train, f"train-{trial_id}", storage, [TuneReportCallback()], config={**train.config, **config}).fit()
+
+
+def sweep_job(train: TrainJob, ctx, sweep: TuneJob) -> TuneJob:
+    """`sweep` (its metric, scheduler, ...) with Train runs as its trials, as many at once as the
+    cluster has room for their workers (a trial only waits on its run; the workers hold the CPUs)."""
+    import ray
+    from ray import tune
+
+    per_run = train.resources.get("CPU", 1) * train.num_workers
+    free = ray.cluster_resources().get("CPU", 1) // per_run
+    sweep.trainable = tune.with_parameters(train_trial, train=train, storage=str(ctx.experiment_dir))
+    sweep.resources = {"cpu": 0, "memory": 1}  # Tune wants a non-empty request; 1 byte is not a CPU
+    sweep.reuse_actors = False  # a stopped trial's actor goes, and with it its Train workers
+    sweep.max_concurrent_trials = min(sweep.max_concurrent_trials or free, max(1, int(free)))
+    return sweep
+
+
+def run(cfg, ctx):
+    from rayflow.workloads import tune as tune_kind
+
+    train = job(cfg)
+    sweep = _plain(cfg.workload.get("sweep"))
+    if not sweep:
+        return run_training(train, ctx, {**train.config, "num_workers": train.num_workers})
+    keys = OmegaConf.create({"workload": {**sweep, "resources_per_trial": {"cpu": 1}, "max_failures": 0,
+                                          "reuse_actors": False, "num_samples": sweep.get("num_samples", 1)}})
+    return tune_kind.run_job(sweep_job(train, ctx, tune_kind.job(keys, train_trial)), ctx)
+
+
+def figures(cfg, experiment_dir: Path) -> list:
+    from rayflow.plots import reports
+    from rayflow.plots_data import train_epochs
+    from rayflow.workloads import tune as tune_kind
+
+    sweep = _plain(cfg.workload.get("sweep"))
+    if sweep:
+        keys = OmegaConf.create({"workload": sweep})
+        return tune_kind.figures(keys, experiment_dir)
+    return [("training.png", lambda: reports(train_epochs(experiment_dir)))]

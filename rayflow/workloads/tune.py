@@ -1,0 +1,162 @@
+"""workload=tune: the user's own Ray Tune trainable, its search space, scheduler and search
+algorithm from YAML.
+
+    python -m rayflow workload=tune workload.trainable=train:objective workload.metric=loss \
+        workload.mode=min 'workload.search_space={lr: {loguniform: [1e-4, 1e-1]}}'
+
+`job(cfg, trainable)` turns the keys into a TuneJob (rayflow.tuning), the one seam every tuning
+workload goes through: workload=cifar is this workload with rayflow's CIFAR trainable and keys
+of its own (rayflow.workloads.cifar), and scripts/bench.py times a user trainable through it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rayflow import user_code
+from rayflow.placement import Bundle, section_bundle
+from rayflow.tuning import TuneJob, TuneSummary, run_tune, summarize
+
+KIND = "tune"
+USES_DATA = False  # the trainable brings its own data
+
+
+def _plain(node) -> object:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def trainable(cfg):
+    return user_code.load(cfg.workload.trainable, "workload.trainable")
+
+
+def worker_imports(cfg) -> tuple[str, ...]:
+    """The trainable's module (and so what it imports), loaded by workers started ahead of use;
+    none for a function defined in a notebook (it travels pickled by value)."""
+    module = user_code.module_of(str(cfg.workload.trainable))
+    return () if module == "__main__" or user_code.is_given(str(cfg.workload.trainable)) else (module,)
+
+
+def metrics(cfg) -> None:
+    return None  # every number the trainable reports
+
+
+def params(cfg) -> None:
+    return None  # the trial's whole config
+
+
+def check(cfg) -> None:
+    """What the schema cannot know: the trainable imports and is callable, and Tune builds the
+    scheduler and search algorithm from their keys."""
+    from rayflow.workloads.tune_parts import check_tune_parts
+
+    trainable(cfg)
+    check_tune_parts(_plain(cfg.workload))
+
+
+def demand(cfg) -> list[Bundle]:
+    bundle = section_bundle(cfg, "a trial", "workload.resources_per_trial")
+    custom = _plain(cfg.workload.resources_per_trial.get("custom")) or {}
+    if not custom:
+        return [bundle]
+    keys = {**bundle.keys, **{r: f"workload.resources_per_trial.custom.{r}" for r in custom}}
+    return [Bundle(bundle.what, {**bundle.resources, **{r: float(v) for r, v in custom.items()}}, keys)]
+
+
+def resources(section) -> dict:
+    """Tune's resource request of a `resources_per_trial` section."""
+    amounts = {"cpu": float(section.cpu), "gpu": float(section.get("gpu") or 0)}
+    if section.get("memory"):
+        amounts["memory"] = int(section.memory)
+    custom = _plain(section.get("custom")) or {}
+    return {**amounts, **({"custom_resources": {k: float(v) for k, v in custom.items()}} if custom else {})}
+
+
+# How the table names a scheduler that stops trials before their limit (None: it never does).
+SCHEDULER_LABELS = {"asha": "ASHA", "hyperband": "HyperBand", "median_stopping": "the median stopping rule"}
+
+
+def progress(scheduler_value, stop: dict | None) -> tuple[str, str, int | None, list[int]]:
+    """(scheduler name, time_attr, max_t, ASHA's rungs): what counts a trial's progress and how far
+    it may go (the plots' x axis, the table's budget), from the scheduler's keys and Tune's
+    defaults for those not given, capped by the stop mapping's limit on the same attribute."""
+    import inspect
+
+    from rayflow.schema.search_space import scheduler_spec
+    from rayflow.workloads.tune_parts import scheduler_class
+
+    name, given = scheduler_spec(scheduler_value)
+    cls = scheduler_class(name)
+    defaults = {} if cls is None else {
+        k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not inspect.Parameter.empty}
+    settings = {**defaults, **given}
+    time_attr = str(settings.get("time_attr") or "training_iteration")
+    max_t = given.get("max_t") if name in SCHEDULER_LABELS else None  # Tune's default is no limit a trainable knows of
+    limit = (stop or {}).get(time_attr)
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+        max_t = min(max_t, limit) if max_t else limit
+    rungs = []
+    if name == "asha":
+        from rayflow.plots import asha_rungs
+
+        rungs = asha_rungs(int(settings.get("grace_period", 1)), int(settings.get("reduction_factor", 4)),
+                           int(max_t or settings.get("max_t") or 0))
+    return name, time_attr, int(max_t) if max_t else None, rungs
+
+
+def job(cfg, fn, callbacks=()) -> TuneJob:
+    """The TuneJob the `workload=tune` keys describe, for the trainable `fn`."""
+    from rayflow.workloads.tune_parts import make_scheduler, make_search_alg, to_tune
+
+    w = cfg.workload
+    space = {**(_plain(w.get("config")) or {}), **to_tune(_plain(w.get("search_space")) or {})}
+    metric, mode = str(w.metric), str(w.mode)
+    stop = _plain(w.get("stop")) or None
+    name, time_attr, max_t, _ = progress(_plain(w.get("scheduler")), stop)
+    checkpoint = w.get("checkpoint") or {}
+    return TuneJob(
+        trainable=fn,
+        param_space=space,
+        metric=metric,
+        mode=mode,
+        num_samples=int(w.num_samples),
+        resources=resources(w.resources_per_trial),
+        scheduler=make_scheduler(_plain(w.get("scheduler")), metric, mode),
+        search_alg=make_search_alg(_plain(w.get("search_alg")), metric, mode, _plain(w.get("search_space")) or {}),
+        max_failures=int(w.max_failures),
+        checkpoints_to_keep=checkpoint.get("num_to_keep"),
+        checkpoint_score_attribute=checkpoint.get("score_attribute"),
+        checkpoint_score_order=str(checkpoint.get("score_order") or "max"),
+        reuse_actors=bool(w.reuse_actors),
+        max_concurrent_trials=w.get("max_concurrent_trials"),
+        stop=stop,
+        time_budget_s=w.get("time_budget_s"),
+        callbacks=list(callbacks),
+        time_attr=time_attr,
+        max_t=max_t,
+        scheduler_label=SCHEDULER_LABELS.get(name),
+        shown_metrics=(metric,),
+    )
+
+
+def run_job(tuned: TuneJob, ctx, metrics=None, params=None) -> TuneSummary:
+    """Run a TuneJob in the run's experiment folder, each trial mirrored into a nested MLflow run
+    (`metrics`: name -> result key; None: every number the trial reports), and summarise it."""
+    callback = ctx.tracker.trial_callback(metrics, tuned.max_t, params, time_attr=tuned.time_attr)
+    tuned.callbacks = [*tuned.callbacks, *([callback] if callback else [])]
+    results, interrupted = run_tune(tuned, ctx.experiment_dir, resume=ctx.resume)
+    return summarize(results, tuned, interrupted)
+
+
+def run(cfg, ctx) -> TuneSummary:
+    return run_job(job(cfg, trainable(cfg)), ctx)
+
+
+def figures(cfg, experiment_dir: Path) -> list:
+    """Learning curves of the chosen metric over the scheduler's time attribute, and the search view."""
+    from rayflow.plots import tune_figures
+
+    w = cfg.workload
+    name, time_attr, max_t, rungs = progress(_plain(w.get("scheduler")), _plain(w.get("stop")) or None)
+    return tune_figures(experiment_dir, str(w.metric), str(w.mode), time_attr, max_t, rungs, SCHEDULER_LABELS.get(name))
