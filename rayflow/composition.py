@@ -46,9 +46,38 @@ def compose_config(*overrides: str) -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            return compose(CONFIG_NAME, overrides=list(overrides))
+            return compose(CONFIG_NAME, overrides=replacing_mappings(list(overrides)))
     finally:
         GlobalHydra.instance().clear()
+
+
+def replacing_mappings(overrides: list[str]) -> list[str]:
+    """`workload.stop={...}` replaces a free-form mapping (a key of kind "a mapping, or null", e.g.
+    rllib's stop) that its YAML fills by default, as it does one left null: Hydra would merge the
+    two, and refuse the new keys besides (struct mode). A whole-mapping value becomes Hydra's
+    delete-then-add (`~key`, `+key=...`); keys whose default is null or a section of declared keys
+    keep Hydra's own assignment."""
+    import yaml
+    from importlib import resources
+
+    from rayflow.schema.user_workloads import free_form_keys
+    from rayflow.schema.workloads import WORKLOADS
+
+    name = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "workload"), "cifar")
+    model = WORKLOADS.get(name)
+    shipped = resources.files(CONFIG_MODULE).joinpath("workload", f"{name}.yaml")
+    if model is None or not shipped.is_file():
+        return overrides
+    defaults = yaml.safe_load(shipped.read_text()) or {}
+    filled = {k for k in free_form_keys(model) if isinstance(defaults.get(k), dict) and defaults[k]}
+    out = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.startswith("workload.") and key[len("workload."):] in filled and value.lstrip().startswith("{"):
+            out += [f"~{key}", f"+{key}={value}"]
+        else:
+            out.append(override)
+    return out
 
 
 def one_line(err: Exception) -> ConfigError:
@@ -139,7 +168,7 @@ def check_config(cfg: DictConfig) -> ClusterBackend:
     if cfg.resume is not False:
         experiment_dir(cfg)
     if backend.submits_jobs and not cfg.dry_run:  # the files that go with the job fit Ray's upload limit
-        check_upload(cfg)
+        check_upload(cfg, in_place=backend.shares_filesystem)
     # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
     # share this machine's files cannot write a local SQLite or file store.
     # A dry run only notes it (a provider's defaults alone still render).

@@ -96,13 +96,24 @@ def upload_limit() -> int:
     return min(int(getattr(ray_constants, "DASHBOARD_CLIENT_MAX_SIZE", DASHBOARD_BODY_LIMIT)), int(GCS_STORAGE_MAX_SIZE))
 
 
-def job_files(cfg) -> dict:
+def job_files(cfg, in_place: bool = False) -> dict:
     """The runtime_env parts for the job's own files: `working_dir` (absolute path), `excludes`
     (DEFAULT_EXCLUDES, then workload.excludes), `py_modules` (package folders or module files),
-    `pip` (requirements); only the keys that apply."""
+    `pip` (requirements); only the keys that apply.
+
+    `in_place`: the cluster's nodes share this machine's files (fake_multinode). The folder is
+    then the job's working_dir where it is (`local://`, which Ray neither uploads nor manages)
+    and py_modules are importable as they are. Uploaded, every node would unpack the package into
+    the same runtime_resources folder, replacing it (Ray's overwrite=True) under the job's driver,
+    whose working directory would be gone."""
     workload = cfg.workload
     env: dict = {}
     working_dir = _working_dir(cfg)
+    if in_place:
+        if working_dir is not None:
+            env["working_dir"] = f"local://{working_dir}"
+        pip = _strings(workload.get("pip"), "workload.pip")
+        return {**env, **({"pip": pip} if pip else {})}
     if working_dir is not None:
         env["working_dir"] = str(working_dir)
     modules = [str(path) for _, path in _py_modules(cfg)]
@@ -135,11 +146,12 @@ def merge_runtime_env(base: dict | None, files: dict) -> dict:
     return merged
 
 
-def check_upload(cfg, limit: int | None = None) -> None:
+def check_upload(cfg, limit: int | None = None, in_place: bool = False) -> None:
     """Preflight of a submitted run's files: ConfigError (one line naming `workload.working_dir`,
     `workload.py_modules` or `workload.excludes`) when the working_dir is not a directory, a
     module is not importable, an excluded pattern would drop rayflow's own files, or a package
-    is `limit` bytes or more as Ray would upload it (default: `upload_limit()`)."""
+    is `limit` bytes or more as Ray would upload it (default: `upload_limit()`). `in_place`: the
+    nodes share this machine's files, nothing is uploaded (job_files): the folder must exist."""
     limit = upload_limit() if limit is None else int(limit)
     patterns = excludes(cfg)
     packages = []
@@ -149,6 +161,8 @@ def check_upload(cfg, limit: int | None = None) -> None:
             what = "does not exist" if not working_dir.exists() else "is not a directory"
             raise ConfigError("workload.working_dir", f"{working_dir} {what} (the folder whose files go with the job; "
                                                      "null ships none)")
+        if in_place:  # used where it is (job_files): nothing is uploaded
+            return
         packages.append(("workload.working_dir", str(working_dir), working_dir, _ray_default_excludes() + patterns, False))
     for name, path in _py_modules(cfg):
         packages.append(("workload.py_modules", f"{name} ({path})", path, patterns, path.is_dir()))

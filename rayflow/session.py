@@ -143,7 +143,7 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
         backend, started = cluster.acquire()
         env[SUBMITTED_METRICS] = json.dumps(backend.metrics() if started else {})
         # the user's files go with the job (their size was checked by check_config); pip lists add up
-        runtime_env = merge_runtime_env(backend.job_runtime_env(), job_files(cfg))
+        runtime_env = merge_runtime_env(backend.job_runtime_env(), job_files(cfg, in_place=backend.shares_filesystem))
         status, error = run_as_job(backend.address, entrypoint, env, headers=backend.job_headers(),
                                    runtime_env=runtime_env, on_submitted=backend.job_submitted)
     except (KeyboardInterrupt, SystemExit):

@@ -6,8 +6,9 @@ Usage (from any directory, with rayflow's venv):
     python scripts/bench.py tune-overhead --repeats 3          # median of 3 runs of each
     python scripts/bench.py tune-overhead --trials 4 --trial-seconds 1   # quick smoke run
 
-tune-overhead runs the same sleep-and-report trials through rayflow's run_tune
-(reported as `ratio`, `wall_s`) and through a plain Ray Tune Tuner with its defaults
+tune-overhead runs the same sleep-and-report trials, a user's Tune function, through
+workload=tune (its keys composed by Hydra, the TuneJob built from them, run_tune with the MLflow
+trial callback; reported as `ratio`, `wall_s`) and through a plain Ray Tune Tuner with its defaults
 (`plain_ratio`, `plain_wall_s`). A ratio is wall time / ideal time, where ideal is
 trials x trial-seconds / slots: the time if scheduling, actor start-up and result
 handling cost nothing. 1.0 is perfect; 1.25 means 25% overhead. Both ratios are
@@ -86,10 +87,15 @@ def tune_overhead(args) -> dict:
     import ray
     from ray import tune
 
-    from rayflow.tuning import TuneJob, fit_watching_interrupts, run_tune
+    from rayflow.composition import compose_config
+    from rayflow.tuning import fit_watching_interrupts, run_tune
+    from rayflow.user_code import give
+    from rayflow.workloads import tune as tune_kind
 
     trainable = sleep_trainable(args.trial_seconds, args.reports)
     param_space = {"i": tune.grid_search(list(range(args.trials)))}
+    cfg = compose_config("workload=tune", f"workload.trainable={give(trainable)}", "workload.metric=score",
+                         "workload.mode=max", f"workload.search_space={{i: {{grid_search: {list(range(args.trials))}}}}}")
     ideal = args.trials * args.trial_seconds / SLOTS
 
     # Both return whether Ctrl-C stopped Tune early; fit_watching_interrupts only swaps a
@@ -100,18 +106,11 @@ def tune_overhead(args) -> dict:
         return [mlflow_trial_runs(storage)] if args.tracking else []
 
     def rayflow_run(storage: Path, callbacks: list) -> bool:
-        job = TuneJob(
-            trainable=trainable,
-            param_space=param_space,
-            metric="score",
-            mode="max",
-            num_samples=1,
-            resources={"cpu": 1},
-            reuse_actors=True,
-            callbacks=callbacks,
-            verbose=0,
-        )
-        return run_tune(job, storage / "rayflow-bench")[1]
+        # The user's trainable through workload=tune: its keys composed by Hydra, the TuneJob
+        # built from them (rayflow.workloads.tune.job) and run by run_tune, as a run does.
+        tuned = tune_kind.job(cfg, trainable, callbacks=callbacks)
+        tuned.verbose = 0
+        return run_tune(tuned, storage / "rayflow-bench")[1]
 
     def plain_run(storage: Path, _: None) -> bool:
         tuner = tune.Tuner(

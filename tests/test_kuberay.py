@@ -23,6 +23,7 @@ import pytest
 from rayflow.processes import stop_processes_mentioning
 from rayflow.testing.backends import JobSubmissionSuite
 from rayflow.testing.processes import wait_until
+from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.kube_emulator import KubeEmulator
 from tests.harness.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
 
@@ -193,6 +194,28 @@ def test_keep_cluster_leaves_it_and_the_next_run_reuses_it(ray_head, rayflow, em
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert "reusing the existing RayCluster default/rayflow" in second.stdout
     assert _gone(emulator)
+
+
+@pytest.mark.slow
+def test_the_users_tune_function_goes_with_the_job(ray_head, rayflow, emulator, mlflow_server):
+    """examples/tune-pbt run from its folder: the folder is the job's working_dir, uploaded through
+    the API server's service proxy to the head, where the job imports train:objective."""
+    from mlflow.tracking import MlflowClient
+
+    copy_example("tune-pbt", rayflow.workdir)
+    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+        out = rayflow.run(*kuberay(emulator), *USER_TUNE, "tracking.experiment=kuberay-tune",
+                          f"tracking.uri={mlflow_server}", timeout=400)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "== rayflow results ==" in out.stdout and "best loss" in out.stdout
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("kuberay-tune")
+    runs = client.search_runs([experiment.experiment_id])
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "kuberay"
+    assert parent.data.params["workload.trainable"] == "train:objective"
+    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2
+    assert wait_until(lambda: _gone(emulator), timeout=10)
 
 
 class TestKubeRayContract(JobSubmissionSuite):

@@ -17,6 +17,7 @@ from rayflow.composition import compose_config
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 from tests.harness.cli import Rayflow
+from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
 
 pytest.importorskip("pyspark")
@@ -171,6 +172,7 @@ def spark_jobs(tmp_path_factory, data_root):
     make driver and nodes agree."""
     before = ray_daemon_pids()
     runner = Rayflow(tmp_path_factory.mktemp("spark-jobs"), data_root)
+    copy_example("tune-pbt", runner.workdir)  # the user's own project
     logs = runner.workdir / "ray-logs"
     secret_overrides, secrets = planted(SPARK_SECRETS)  # secrets in Spark's camelCase settings
     backend = ["backend=spark", *secret_overrides, "backend.autoscale_idle_timeout_minutes=0.1",
@@ -186,6 +188,8 @@ def spark_jobs(tmp_path_factory, data_root):
         [*backend, "workload=ddp", "workload.num_workers=2", "workload.epochs=2", "workload.batch_size=32"],
         # The PPO trial asks for two 1-CPU bundles (the algorithm with its learner, one env runner).
         [*backend, "workload=ppo", "workload.stop.iterations=2", "workload.train_batch_size=1000"],
+        # The user's own Tune function (examples/tune-pbt), imported from the driver's folder.
+        [*backend, *USER_TUNE],
         timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     yield runner, out, logs, secrets
@@ -212,7 +216,7 @@ def test_tuning_on_spark_scales_out_and_lands_in_mlflow(spark_jobs):
 def test_consecutive_jobs_share_one_ray_on_spark_cluster(spark_jobs):
     runner, out, *_ = spark_jobs
     assert out.stdout.count("[rayflow] starting the spark cluster") == 1
-    assert out.stdout.count("[rayflow] reusing the spark cluster") == 4
+    assert out.stdout.count("[rayflow] reusing the spark cluster") == 5
     client, parents, _ = runner.mlflow("cifar")
     assert len(parents) == 2 and all(p.data.tags["backend"] == "spark" for p in parents)
     # start-up figures belong to the job that started the cluster (the first), not to those reusing it
@@ -229,6 +233,17 @@ def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(spark_jobs):
     [train] = children[parent.info.run_id]
     assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [1, 2]
     assert parent.data.metrics["epochs_completed"] == 2
+
+
+def test_the_users_tune_function_runs_on_spark(spark_jobs):
+    runner, out, *_ = spark_jobs
+    client, parents, children = runner.mlflow("tune")
+    [parent] = parents
+    assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "spark"
+    assert parent.data.params["workload.trainable"] == "train:objective" and "best_loss" in parent.data.metrics
+    trials = children[parent.info.run_id]
+    assert len(trials) == 2 and all("accuracy" in t.data.metrics for t in trials)
+    assert {"learning_curves.png", "search.png"} <= set(runner.plots(client, parent))
 
 
 def test_ppo_on_spark_places_the_algorithm_and_its_env_runner_on_ray_worker_nodes(spark_jobs):

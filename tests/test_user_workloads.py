@@ -6,20 +6,17 @@ runs and plots."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from tests.harness.examples import copy_example
 
 
-def project(rayflow, name: str) -> Path:
+def project(rayflow, name: str):
     """The example's files in the test's work folder: the user's project, outside the repository."""
-    shutil.copytree(EXAMPLES / name, rayflow.workdir, dirs_exist_ok=True)
-    return rayflow.workdir
+    return copy_example(name, rayflow.workdir)
 
 
 PBT = ["workload=tune", "workload.trainable=train:objective", "workload.metric=loss", "workload.mode=min",

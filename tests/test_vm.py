@@ -6,21 +6,15 @@ Slow: a head takes ~12 s and each scale-up ~14 s on 2 cores.
 
 from __future__ import annotations
 
-import shutil
 import signal
-from pathlib import Path
 
 import pytest
 
 from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
+from tests.harness.examples import USER_TUNE, copy_example
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-# examples/tune-pbt, small: its train.py goes with the job (workload.working_dir defaults to `.`)
-USER_TUNE = ["workload=tune", "workload.trainable=train:objective", "workload.metric=loss", "workload.mode=min",
-             "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}}", "workload.num_samples=2",
-             "workload.stop={training_iteration: 3}"]
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +39,7 @@ def vm_jobs(tmp_path_factory, data_root):
     one fake_multinode cluster, which scales 0 -> 2 workers for them and is torn down after both."""
     before = ray_daemon_pids()
     runner = Rayflow(tmp_path_factory.mktemp("vm-jobs"), data_root)
-    shutil.copytree(EXAMPLES / "tune-pbt", runner.workdir, dirs_exist_ok=True)  # the user's own project
+    copy_example("tune-pbt", runner.workdir)  # the user's own project
     out = runner.run_jobs(
         [*FAKE, "workload.num_samples=4", "workload.max_epochs=3", "workload.scheduler.grace_period=3",
          "workload.reuse_actors=false", "data.synthetic_train_size=2000"],

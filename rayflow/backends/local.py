@@ -138,6 +138,14 @@ class LocalCluster(ClusterBackend):
 
         kwargs = self.init_kwargs()
         gpus = f", num_gpus={kwargs['num_gpus']:g}" if kwargs["num_gpus"] is not None else ""
+        if self.worker_imports:
+            # Workers started ahead of use import the workload's modules, the user's own among them
+            # (workload=tune's trainable module): from the folder rayflow runs in, as the trials will
+            # (Ray gives them the driver's directory, py_driver_sys_path, once the job registers).
+            path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+            workers_path = scoped_env({"PYTHONPATH": path})
+            workers_path.__enter__()
+            self.on_stop("put back PYTHONPATH", workers_path.__exit__, None, None, None)
         with phase(f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"):
             with self._own_dashboard(kwargs):
                 context = ray.init(**kwargs, log_to_driver=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from rayflow.schema.kinds import Boolean, Integer, KeyedError, Number, OneOf, OptionalText, Text, kind
+from rayflow.schema.kinds import Integer, KeyedError, Number, OneOf, OptionalBoolean, OptionalText, Text, kind
 from rayflow.schema.root import Section
 from rayflow.schema.search_space import check_space, scheduler_spec, search_alg_spec
 
@@ -62,6 +62,12 @@ FolderOrNull = kind("a folder path, or null", _folder_or_null)
 NameOrMapping = kind("a name or a mapping with `name` and parameters, or null", _name_or_mapping)
 CustomResources = kind("a mapping of Ray resource names to amounts, or null", _custom_resources)
 ModeKind = OneOf("min", "max")
+
+
+def free_form_keys(model: type[Section]) -> set[str]:
+    """The model's keys whose value is a mapping of the user's own keys (kind: a mapping, or null)."""
+    return {name for name, field in model.model_fields.items()
+            if any(getattr(meta, "words", None) == "a mapping, or null" for meta in field.metadata)}
 
 
 class Shipped(Section):
@@ -121,7 +127,8 @@ class Tune(Shipped):
     resources_per_trial: UserResources = Field(description="what each trial reserves")
     max_failures: Integer(0) = Field(description="restarts of a failed trial from its last checkpoint")
     checkpoint: Checkpointing = Field(description="which checkpoints each trial keeps")
-    reuse_actors: Boolean = Field(description="keep trial processes across trials")
+    reuse_actors: OptionalBoolean = Field(description="keep trial processes across trials (null: Tune's default: "
+                                                      "true for a function, false for a Trainable class)")
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo) -> "Tune":
