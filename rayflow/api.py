@@ -80,8 +80,8 @@ def _workload_override(key: str, value: Any) -> str:
     (rayflow.user_code) under the `module:name` the config then holds."""
     from rayflow.user_code import give
 
-    if callable(value):
-        return f"workload.{key}={give(value)}"
+    if callable(value):  # quoted: a nested function's name holds "<locals>"
+        return f"workload.{key}={_hydra_value(give(value), key)}"
     return f"workload.{key}={_hydra_value(value, f'workload.{key}')}"
 
 

@@ -94,7 +94,7 @@ def tune_overhead(args) -> dict:
 
     trainable = sleep_trainable(args.trial_seconds, args.reports)
     param_space = {"i": tune.grid_search(list(range(args.trials)))}
-    cfg = compose_config("workload=tune", f"workload.trainable={give(trainable)}", "workload.metric=score",
+    cfg = compose_config("workload=tune", f'workload.trainable="{give(trainable)}"', "workload.metric=score",
                          "workload.mode=max", f"workload.search_space={{i: {{grid_search: {list(range(args.trials))}}}}}")
     ideal = args.trials * args.trial_seconds / SLOTS
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from rayflow.schema.kinds import Integer, KeyedError, Number, OneOf, OptionalBoolean, OptionalText, Text, kind
+from rayflow.schema.kinds import Boolean, Integer, KeyedError, Number, OneOf, OptionalText, Text, kind
 from rayflow.schema.root import Section
 from rayflow.schema.search_space import check_space, scheduler_spec, search_alg_spec
 
@@ -127,8 +127,8 @@ class Tune(Shipped):
     resources_per_trial: UserResources = Field(description="what each trial reserves")
     max_failures: Integer(0) = Field(description="restarts of a failed trial from its last checkpoint")
     checkpoint: Checkpointing = Field(description="which checkpoints each trial keeps")
-    reuse_actors: OptionalBoolean = Field(description="keep trial processes across trials (null: Tune's default: "
-                                                      "true for a function, false for a Trainable class)")
+    reuse_actors: Boolean = Field(description="keep trial processes across trials (a function trainable starts afresh "
+                                              "in each; a Trainable class needs `reset_config`)")
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo) -> "Tune":
