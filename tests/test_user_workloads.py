@@ -95,16 +95,21 @@ def test_a_train_loop_runs_from_the_users_folder(rayflow):
 
 
 @pytest.mark.slow
-def test_an_rllib_algorithm_runs_by_its_registry_name(rayflow):
+def test_dqn_reaches_150_on_cartpole_within_100k_env_steps(rayflow):
+    """examples/rllib-dqn's command: an RLlib algorithm by its registry name, its config sections
+    and a one-point grid from YAML, stopped by Tune's stop mapping over RLlib's nested results."""
     out = rayflow.run("workload=rllib", "workload.algorithm=DQN", "workload.env=CartPole-v1",
-                      "workload.stop={training_iteration: 2}", "workload.grid={lr: [1e-4, 5e-4]}",
-                      "workload.config={env_runners: {num_env_runners: 0}}", "backend.num_cpus=2", timeout=400)
+                      "workload.config={training: {n_step: 3, epsilon: [[0, 1.0], [10000, 0.02]]}}",
+                      "workload.stop={env_runners/episode_return_mean: 150, num_env_steps_sampled_lifetime: 100000}",
+                      "workload.grid={lr: [5e-4]}", "backend.num_cpus=2", timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "== rayflow results (RLlib DQN) ==" in out.stdout and "best lr:" in out.stdout
+    assert "== rayflow results (RLlib DQN) ==" in out.stdout and "best lr: 0.0005" in out.stdout
+    assert "goal 150: reached" in out.stdout, out.stdout[-2000:]
     client, parents, children = rayflow.mlflow("rllib")
     [parent] = parents
-    trials = children[parent.info.run_id]
-    assert sorted(float(t.data.params["lr"]) for t in trials) == [1e-4, 5e-4]
-    assert all("episode_return_mean" in t.data.metrics for t in trials)
+    assert parent.data.metrics["episode_return_mean"] >= 150
+    assert parent.data.metrics["num_env_steps_sampled_lifetime"] <= 100_000
+    [trial] = children[parent.info.run_id]
+    assert trial.data.params["lr"] == "0.0005" and "episode_return_mean" in trial.data.metrics
     returns = rayflow.plots(client, parent)["returns.png"]
-    assert returns["lines"] == 2
+    assert returns["lines"] == 1 and returns["goal"] == 150
