@@ -41,7 +41,7 @@ XDIST_GROUPS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts", "test
 
 # The longest modules first (minutes on 2 cores, from `pytest --durations`), so that neither
 # worker is left with a long one at the end while the other idles; the rest keep their order.
-LONGEST_FIRST = ["test_spark", "test_ddp", "test_ppo", "test_vm", "test_tune_run", "test_kuberay", "test_api"]
+LONGEST_FIRST = ["test_spark", "test_ddp", "test_ppo", "test_vm", "test_tune_run", "test_kuberay", "test_user_workloads", "test_api"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
