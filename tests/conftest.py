@@ -31,12 +31,11 @@ def pytest_configure(config):
     mark_session()
 
 
-# The SSH hosts' bridge, subnet and namespaces are machine-wide: their two modules take turns.
-# test_vm and test_spark take turns too: while test_spark runs beside it, the fake_multinode
-# head's dashboard of test_vm's shared cluster receives a SIGTERM mid-job (3 of 3 full runs and
-# a run of the two modules alone, even with the head in a session of its own); test_vm passes
-# alone. The sender is not found yet (docs/testing.md).
-XDIST_GROUPS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts", "test_spark": "spark-vm", "test_vm": "spark-vm"}
+# Modules that take turns, machine-wide (a lock held for the whole module): the SSH hosts' bridge,
+# subnet and namespaces are machine-wide; and while test_spark runs beside it, the fake_multinode
+# head's dashboard of test_vm's shared cluster was seen to receive a SIGTERM mid-job (the sender is
+# not found yet, docs/testing.md). test_vm passes alone.
+TAKE_TURNS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts", "test_spark": "spark-vm", "test_vm": "spark-vm"}
 
 
 # The longest modules first (minutes on 2 cores, from `pytest --durations`), so that neither
@@ -44,15 +43,27 @@ XDIST_GROUPS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts", "test
 LONGEST_FIRST = ["test_spark", "test_ddp", "test_ppo", "test_vm", "test_tune_run", "test_kuberay", "test_user_workloads", "test_api"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """`-n 2 --dist loadgroup` (pyproject's addopts): a test module's tests stay together on one
-    worker, so a module's shared cluster (test_spark's, test_vm's, test_kuberay's head) starts once."""
+    """`-n 2 --dist loadfile` (pyproject's addopts) keeps a test module's tests on one worker, so a
+    module's shared cluster (test_spark's, test_vm's, test_kuberay's head) starts once. (The
+    xdist_group marks of `--dist loadgroup` never reached the node ids in pytest-xdist 3.8 here:
+    modules were split over both workers, and each started its shared cluster twice at once.)"""
     rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: in-module order kept
-    for item in items:
-        module = item.path.stem
-        item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(module, module)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _take_turns(request):
+    group = TAKE_TURNS.get(request.module.__name__.rsplit(".", 1)[-1])
+    if group is None:
+        yield
+        return
+    import tempfile
+
+    from filelock import FileLock
+
+    with FileLock(os.path.join(tempfile.gettempdir(), f"rayflow-tests-{group}.lock"), timeout=3600):
+        yield
 
 
 @pytest.fixture(scope="session")

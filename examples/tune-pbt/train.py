@@ -3,6 +3,8 @@
 Every iteration reports {"loss", "accuracy"} on a held-out set together with a checkpoint,
 and a trial (re)starting from a checkpoint continues from it: Population Based Training
 needs both to copy a good trial's weights into a weaker one (and to change its lr).
+
+config: lr (required), width (32), batch_size (64), max_epochs (100), seed (0).
 """
 
 import os

@@ -103,4 +103,4 @@ def run(cfg, ctx):
     gpu = float(cfg.compute.gpus_per_trial or 0) > 0
     grid = {"lr": tune.grid_search([float(v) for v in w.lr_grid])} if w.lr_grid is not None else {}
     return run_config(algo_config(cfg, gpu), ctx, grid, stop_criteria(w), int(w.checkpoint_every),
-                      int(w.max_failures), gpu, PARAMS)
+                      int(w.max_failures), gpu, PARAMS, shown_keys=("lr",))  # as before the grid was generalised

@@ -141,10 +141,12 @@ def demand(cfg) -> list[Bundle]:
 
 
 def run_config(config, ctx, grid_space: dict, stop: dict | None, checkpoint_every: int, max_failures: int,
-               gpu: bool, param_keys=None) -> RLlibSummary:
-    """Run an algorithm config as a Tune experiment (one trial per grid point) and summarise it."""
+               gpu: bool, param_keys=None, shown_keys: tuple[str, ...] | None = None) -> RLlibSummary:
+    """Run an algorithm config as a Tune experiment (one trial per grid point) and summarise it.
+    `shown_keys`: the config keys the results name for the best trial (default: the grid's)."""
     from rayflow.tuning import TuneJob, run_tune
 
+    shown = tuple(grid_space) if shown_keys is None else shown_keys
     callback = ctx.tracker.trial_callback(METRICS, None, param_keys, time_attr="training_iteration")
     job = TuneJob(
         trainable=config.algo_class,
@@ -158,12 +160,12 @@ def run_config(config, ctx, grid_space: dict, stop: dict | None, checkpoint_ever
         checkpoint_at_end=True,
         stop=stop,
         reuse_actors=False,
-        callbacks=[Progress(tuple(grid_space)), *([callback] if callback else [])],
+        callbacks=[Progress(shown), *([callback] if callback else [])],
         verbose=0,
     )
     results, interrupted = run_tune(job, ctx.experiment_dir, resume=ctx.resume)
     goal = (stop or {}).get(RETURN)
-    return summarize(results, interrupted, float(goal) if goal is not None else None, gpu, tuple(grid_space),
+    return summarize(results, interrupted, float(goal) if goal is not None else None, gpu, shown,
                      config.algo_class.__name__)
 
 
