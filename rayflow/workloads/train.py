@@ -157,7 +157,8 @@ def sweep_job(train: TrainJob, ctx, sweep: TuneJob) -> TuneJob:
     sweep.trainable = tune.with_parameters(train_trial, train=train, storage=str(ctx.experiment_dir))
     sweep.resources = {"cpu": 0, "memory": 1}  # Tune wants a non-empty request; 1 byte is not a CPU
     sweep.reuse_actors = False  # a stopped trial's actor goes, and with it its Train workers
-    sweep.max_concurrent_trials = min(sweep.max_concurrent_trials or free, max(1, int(free)))
+    room = max(1, int(free))
+    sweep.max_concurrent_trials = min(sweep.max_concurrent_trials or room, room)
     return sweep
 
 
