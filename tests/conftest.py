@@ -40,7 +40,7 @@ TAKE_TURNS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts", "test_s
 
 # The longest modules first (minutes on 2 cores, from `pytest --durations`), so that neither
 # worker is left with a long one at the end while the other idles; the rest keep their order.
-LONGEST_FIRST = ["test_spark", "test_ddp", "test_ppo", "test_vm", "test_tune_run", "test_kuberay", "test_user_workloads", "test_api"]
+LONGEST_FIRST = ["test_spark", "test_user_workloads", "test_ddp", "test_ppo", "test_vm", "test_tune_run", "test_kuberay", "test_api"]
 
 
 def pytest_collection_modifyitems(config, items):
