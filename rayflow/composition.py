@@ -161,7 +161,8 @@ def check_config(cfg: DictConfig) -> ClusterBackend:
         if gpus is not None and gpus <= 0:
             raise ConfigError("compute", f"compute=gpu but backend {backend.name} has no CUDA device; use compute=cpu or compute=auto")
     bundles = workload.demand(cfg)
-    backend.preload_worker_imports(workload.worker_imports(cfg), sum(b.count for b in bundles))
+    threads = max((b.resources.get("CPU", 1.0) for b in bundles), default=1.0)
+    backend.preload_worker_imports(workload.worker_imports(cfg), sum(b.count for b in bundles), int(threads) or 1)
     nodes = backend.capacity({k for b in bundles for k, v in b.resources.items() if v})
     if nodes is not None:  # else the running cluster is watched (PlacementWatch)
         check_fits(bundles, nodes, backend.name)

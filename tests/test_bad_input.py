@@ -118,6 +118,8 @@ BAD_INPUT = [
     (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler=ashaa"], "workload.scheduler"),
     (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler={name: asha, grace_periodd: 2}"], "workload.scheduler.grace_periodd"),
     (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_alg=nosuch"], "workload.search_alg"),
+    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler={name: pbt, hyperparam_mutations: {lr: [0.1, 0.01]}}",
+      "workload.checkpoint.num_to_keep=2"], "workload.checkpoint.num_to_keep"),
     (["workload=train", "workload.train_loop=no_such_module:train_loop"], "workload.train_loop"),
     (["workload=train", "workload.train_loop=math:sqrt", "workload.sweep={metric: loss, mode: min, search_space: {lr: {uniform: [1]}}}"], "workload.sweep.search_space.lr"),
     (["workload=rllib", "workload.algorithm=NoSuchAlgorithm"], "workload.algorithm"),

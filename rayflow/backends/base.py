@@ -79,9 +79,9 @@ class ClusterBackend(abc.ABC):
     def job_submitted(self, job_id: str) -> None:
         """Called once the job exists (a KubeRay RayJob is told its job id)."""
 
-    def preload_worker_imports(self, modules: tuple[str, ...], processes: int) -> None:
-        """Modules the workload's trial processes import first (torch, RLlib), and how many
-        processes one trial has. A backend that starts Ray's worker processes ahead of use has
+    def preload_worker_imports(self, modules: tuple[str, ...], processes: int, threads: int = 1) -> None:
+        """Modules the workload's trial processes import first (torch, RLlib), how many
+        processes one trial has, and the CPUs one of them reserves (its compute threads). A backend that starts Ray's worker processes ahead of use has
         them imported there, so the first trial does not wait seconds for its imports; the
         others ignore this."""
 

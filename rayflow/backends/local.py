@@ -47,13 +47,15 @@ class LocalCluster(ClusterBackend):
         super().__init__(section, auth_mode)
         self.worker_imports: tuple[str, ...] = ()
         self.warm_workers = 0
+        self.worker_threads = 1
 
-    def preload_worker_imports(self, modules: tuple[str, ...], processes: int) -> None:
+    def preload_worker_imports(self, modules: tuple[str, ...], processes: int, threads: int = 1) -> None:
         # Ray's raylet starts one idle worker per CPU as it starts; with Ray's
         # preload_python_modules each imports the modules right away, while the driver still
         # sets up Tune, so a trial and its env runners start in warm processes.
         if self.section.preload_worker_imports and modules:
             self.worker_imports, self.warm_workers = tuple(modules), max(1, int(processes))
+            self.worker_threads = max(1, int(threads))
 
     def cluster_gpus(self) -> float | None:
         b = self.section
@@ -143,9 +145,16 @@ class LocalCluster(ClusterBackend):
             # (workload=tune's trainable module): from the folder rayflow runs in, as the trials will
             # (Ray gives them the driver's directory, py_driver_sys_path, once the job registers).
             path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-            workers_path = scoped_env({"PYTHONPATH": path})
+            env = {"PYTHONPATH": path}
+            # torch sizes its thread pool when it is imported. Ray sets OMP_NUM_THREADS to a
+            # task's CPUs only when it gives the worker the task, after a prestarted worker has
+            # imported torch with one thread per core: 1-CPU trials then fight over the cores
+            # (6-13x slower on 2 cores). The workers start with the count a trial process reserves.
+            if "OMP_NUM_THREADS" not in os.environ:
+                env["OMP_NUM_THREADS"] = str(self.worker_threads)
+            workers_path = scoped_env(env)
             workers_path.__enter__()
-            self.on_stop("put back PYTHONPATH", workers_path.__exit__, None, None, None)
+            self.on_stop("put back PYTHONPATH and OMP_NUM_THREADS", workers_path.__exit__, None, None, None)
         with phase(f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"):
             with self._own_dashboard(kwargs):
                 context = ray.init(**kwargs, log_to_driver=True)

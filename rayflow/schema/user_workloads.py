@@ -133,7 +133,12 @@ class Tune(Shipped):
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo) -> "Tune":
         check_vocabulary(self.search_space, "search_space")
-        _named(scheduler_spec, self.scheduler, "scheduler")
+        scheduler, _ = _named(scheduler_spec, self.scheduler, "scheduler")
+        if scheduler in ("pbt", "pb2") and self.checkpoint.num_to_keep is not None:
+            # a trial exploiting another copies that trial's checkpoint, which the other may have
+            # deleted meanwhile ("does not exist on storage anymore")
+            raise KeyedError("checkpoint.num_to_keep", f"must be null with scheduler {scheduler}: its trials restore "
+                             "from each other's checkpoints, which a kept number would delete")
         _named(search_alg_spec, self.search_alg, "search_alg")
         if self.stop is not None and not all(isinstance(k, str) for k in self.stop):
             raise KeyedError("stop", "keys must be the names of reported results")

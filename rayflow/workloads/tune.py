@@ -91,7 +91,7 @@ def progress(scheduler_value, stop: dict | None) -> tuple[str, str, int | None, 
     defaults = {} if cls is None else {
         k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not inspect.Parameter.empty}
     settings = {**defaults, **given}
-    time_attr = str(settings.get("time_attr") or "training_iteration")
+    time_attr = str(given.get("time_attr") or "training_iteration")  # make_scheduler's default, not the class's
     max_t = given.get("max_t") if name in SCHEDULER_LABELS else None  # Tune's default is no limit a trainable knows of
     limit = (stop or {}).get(time_attr)
     if isinstance(limit, (int, float)) and not isinstance(limit, bool):
