@@ -39,8 +39,9 @@ def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, value
 
 
-def to_container(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+def to_container(node: Any) -> Any:
+    """A config node as plain Python, resolved; a value that is no DictConfig or ListConfig as it is."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
 
 
 def safe_yaml(cfg: DictConfig | Mapping) -> str:

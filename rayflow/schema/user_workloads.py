@@ -94,10 +94,10 @@ class Checkpointing(Section):
     score_order: ModeKind = Field(description="`max` or `min` of `score_attribute`")
 
 
-def check_vocabulary(value: Any, key: str, allow_grid: bool = True) -> None:
-    """A search space in the vocabulary, with errors named from the workload's own key down."""
+def under(key: str, check, *args) -> Any:
+    """`check(*args)`, its KeyedError named from the workload's `key` down (search_space.lr)."""
     try:
-        check_space(value, allow_grid=allow_grid)
+        return check(*args)
     except KeyedError as err:
         raise KeyedError(f"{key}.{err.key}" if err.key else key, str(err)) from None
 
@@ -132,26 +132,18 @@ class Tune(Shipped):
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo) -> "Tune":
-        check_vocabulary(self.search_space, "search_space")
-        scheduler, _ = _named(scheduler_spec, self.scheduler, "scheduler")
+        under("search_space", check_space, self.search_space)
+        scheduler, _ = under("scheduler", scheduler_spec, self.scheduler)
         if scheduler in ("pbt", "pb2") and self.checkpoint.num_to_keep is not None:
             # a trial exploiting another copies that trial's checkpoint, which the other may have
             # deleted meanwhile ("does not exist on storage anymore")
             raise KeyedError("checkpoint.num_to_keep", f"must be null with scheduler {scheduler}: its trials restore "
                              "from each other's checkpoints, which a kept number would delete")
-        _named(search_alg_spec, self.search_alg, "search_alg")
+        under("search_alg", search_alg_spec, self.search_alg)
         if self.stop is not None and not all(isinstance(k, str) for k in self.stop):
             raise KeyedError("stop", "keys must be the names of reported results")
         _gpu_fits_compute(self.resources_per_trial.gpu, "resources_per_trial.gpu", info)
         return self
-
-
-def _named(spec, value: Any, key: str) -> tuple:
-    """A scheduler's or search algorithm's spec, errors named from the workload's key down."""
-    try:
-        return spec(value)
-    except KeyedError as err:
-        raise KeyedError(f"{key}.{err.key}" if err.key else key, str(err)) from None
 
 
 class Train(Shipped):
@@ -182,9 +174,9 @@ class Train(Shipped):
                 raise KeyedError(f"sweep.{key}", "is missing: a sweep optimises a reported key (metric: loss, mode: min)")
         if self.sweep["mode"] not in ("min", "max"):
             raise KeyedError("sweep.mode", f"must be one of min, max; got {self.sweep['mode']!r}")
-        check_vocabulary(self.sweep.get("search_space"), "sweep.search_space")
-        _named(scheduler_spec, self.sweep.get("scheduler"), "sweep.scheduler")
-        _named(search_alg_spec, self.sweep.get("search_alg"), "sweep.search_alg")
+        under("sweep.search_space", check_space, self.sweep.get("search_space"))
+        under("sweep.scheduler", scheduler_spec, self.sweep.get("scheduler"))
+        under("sweep.search_alg", search_alg_spec, self.sweep.get("search_alg"))
         return self
 
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from rayflow import user_code
+from rayflow.config import to_container
 from rayflow.errors import ConfigError
 from rayflow.placement import Bundle
 from rayflow.workloads.rllib_parts import METRICS, RETURN, STEPS, Progress, RLlibSummary, StepRate, summarize
@@ -28,10 +27,6 @@ USES_DATA = False  # the environment is the data
 SECTIONS = ("environment", "env_runners", "learners", "training", "evaluation", "offline_data", "multi_agent",
             "reporting", "checkpointing", "debugging", "fault_tolerance", "rl_module", "resources", "framework",
             "api_stack", "python_environment", "experimental")
-
-
-def _plain(node) -> object:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
 def algorithm_class(name: str):
@@ -63,7 +58,7 @@ def algo_config(cfg, gpu: bool):
     w = cfg.workload
     _, config = algorithm_class(str(w.algorithm))
     config = config.environment(environment(str(w.env)))
-    for section, values in (_plain(w.get("config")) or {}).items():
+    for section, values in (to_container(w.get("config")) or {}).items():
         if section not in SECTIONS:
             raise ConfigError(f"workload.config.{section}", f"not a section of {type(config).__name__}; sections: {', '.join(SECTIONS)}")
         if not isinstance(values, dict):
@@ -111,7 +106,7 @@ def _gpu(cfg) -> bool:
 def check(cfg) -> None:
     config = algo_config(cfg, gpu=False)
     validated(config)
-    grid(config, _plain(cfg.workload.get("grid")))
+    grid(config, to_container(cfg.workload.get("grid")))
 
 
 def worker_imports(cfg) -> tuple[str, ...]:
@@ -125,7 +120,7 @@ def metrics(cfg) -> dict[str, str]:
 
 
 def params(cfg) -> tuple[str, ...]:
-    return ("env", "lr", "gamma", "train_batch_size_per_learner", "num_env_runners", "seed", *(_plain(cfg.workload.get("grid")) or {}))
+    return ("env", "lr", "gamma", "train_batch_size_per_learner", "num_env_runners", "seed", *(to_container(cfg.workload.get("grid")) or {}))
 
 
 def demand(cfg) -> list[Bundle]:
@@ -173,7 +168,7 @@ def run(cfg, ctx) -> RLlibSummary:
     w = cfg.workload
     gpu = _gpu(cfg)
     config = algo_config(cfg, gpu)
-    return run_config(config, ctx, grid(config, _plain(w.get("grid"))), _plain(w.get("stop")) or None,
+    return run_config(config, ctx, grid(config, to_container(w.get("grid"))), to_container(w.get("stop")) or None,
                       int(w.checkpoint_every), int(w.max_failures), gpu, params(cfg))
 
 
@@ -181,7 +176,7 @@ def figures(cfg, experiment_dir: Path) -> list:
     from rayflow.plots import returns
     from rayflow.plots_data import tune_trials
 
-    goal = (_plain(cfg.workload.get("stop")) or {}).get(RETURN)
+    goal = (to_container(cfg.workload.get("stop")) or {}).get(RETURN)
     name = str(cfg.workload.algorithm)
     return [("returns.png", lambda: returns(tune_trials(experiment_dir), None if goal is None else float(goal), name))]
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from rayflow import user_code
+from rayflow.config import to_container
 from rayflow.mlflow_runs import create_nested_run
 from rayflow.placement import Bundle
 from rayflow.plots_data import EPOCHS_FILE
@@ -25,10 +26,6 @@ from rayflow.workloads.train_parts import ReportLog, TrainJob, TrainSummary, sum
 
 KIND = "train"
 USES_DATA = False  # the loop brings its own data
-
-
-def _plain(node) -> object:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
 def train_loop(cfg):
@@ -42,7 +39,7 @@ def worker_resources(section) -> dict:
         amounts["GPU"] = float(section.gpu)
     if section.get("memory"):
         amounts["memory"] = int(section.memory)
-    return {**amounts, **{k: float(v) for k, v in (_plain(section.get("custom")) or {}).items()}}
+    return {**amounts, **{k: float(v) for k, v in (to_container(section.get("custom")) or {}).items()}}
 
 
 def job(cfg) -> TrainJob:
@@ -50,7 +47,7 @@ def job(cfg) -> TrainJob:
     checkpoint = w.get("checkpoint") or {}
     return TrainJob(
         train_loop=train_loop(cfg),
-        config=_plain(w.get("train_loop_config")) or {},
+        config=to_container(w.get("train_loop_config")) or {},
         num_workers=int(w.num_workers),
         resources=worker_resources(w.resources_per_worker),
         max_failures=int(w.max_failures),
@@ -64,7 +61,7 @@ def check(cfg) -> None:
     from rayflow.workloads.tune_parts import check_tune_parts
 
     train_loop(cfg)
-    sweep = _plain(cfg.workload.get("sweep"))
+    sweep = to_container(cfg.workload.get("sweep"))
     if sweep:
         check_tune_parts(sweep, prefix="workload.sweep")
 
@@ -166,7 +163,7 @@ def run(cfg, ctx):
     from rayflow.workloads import tune as tune_kind
 
     train = job(cfg)
-    sweep = _plain(cfg.workload.get("sweep"))
+    sweep = to_container(cfg.workload.get("sweep"))
     if not sweep:
         return run_training(train, ctx, {**train.config, "num_workers": train.num_workers})
     keys = OmegaConf.create({"workload": {**sweep, "resources_per_trial": {"cpu": 1}, "max_failures": 0,
@@ -179,7 +176,7 @@ def figures(cfg, experiment_dir: Path) -> list:
     from rayflow.plots_data import train_epochs
     from rayflow.workloads import tune as tune_kind
 
-    sweep = _plain(cfg.workload.get("sweep"))
+    sweep = to_container(cfg.workload.get("sweep"))
     if sweep:
         keys = OmegaConf.create({"workload": sweep})
         return tune_kind.figures(keys, experiment_dir)

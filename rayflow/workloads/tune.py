@@ -13,18 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from rayflow import user_code
+from rayflow.config import to_container
 from rayflow.placement import Bundle, section_bundle
 from rayflow.tuning import TuneJob, TuneSummary, run_tune, summarize
 
 KIND = "tune"
 USES_DATA = False  # the trainable brings its own data
-
-
-def _plain(node) -> object:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
 def trainable(cfg):
@@ -52,12 +47,12 @@ def check(cfg) -> None:
     from rayflow.workloads.tune_parts import check_tune_parts
 
     trainable(cfg)
-    check_tune_parts(_plain(cfg.workload))
+    check_tune_parts(to_container(cfg.workload))
 
 
 def demand(cfg) -> list[Bundle]:
     bundle = section_bundle(cfg, "a trial", "workload.resources_per_trial")
-    custom = _plain(cfg.workload.resources_per_trial.get("custom")) or {}
+    custom = to_container(cfg.workload.resources_per_trial.get("custom")) or {}
     if not custom:
         return [bundle]
     keys = {**bundle.keys, **{r: f"workload.resources_per_trial.custom.{r}" for r in custom}}
@@ -69,7 +64,7 @@ def resources(section) -> dict:
     amounts = {"cpu": float(section.cpu), "gpu": float(section.get("gpu") or 0)}
     if section.get("memory"):
         amounts["memory"] = int(section.memory)
-    custom = _plain(section.get("custom")) or {}
+    custom = to_container(section.get("custom")) or {}
     return {**amounts, **({"custom_resources": {k: float(v) for k, v in custom.items()}} if custom else {})}
 
 
@@ -110,10 +105,10 @@ def job(cfg, fn, callbacks=()) -> TuneJob:
     from rayflow.workloads.tune_parts import make_scheduler, make_search_alg, to_tune
 
     w = cfg.workload
-    space = {**(_plain(w.get("config")) or {}), **to_tune(_plain(w.get("search_space")) or {})}
+    space = {**(to_container(w.get("config")) or {}), **to_tune(to_container(w.get("search_space")) or {})}
     metric, mode = str(w.metric), str(w.mode)
-    stop = _plain(w.get("stop")) or None
-    name, time_attr, max_t, _ = progress(_plain(w.get("scheduler")), stop)
+    stop = to_container(w.get("stop")) or None
+    name, time_attr, max_t, _ = progress(to_container(w.get("scheduler")), stop)
     checkpoint = w.get("checkpoint") or {}
     return TuneJob(
         trainable=fn,
@@ -122,8 +117,8 @@ def job(cfg, fn, callbacks=()) -> TuneJob:
         mode=mode,
         num_samples=int(w.num_samples),
         resources=resources(w.resources_per_trial),
-        scheduler=make_scheduler(_plain(w.get("scheduler")), metric, mode),
-        search_alg=make_search_alg(_plain(w.get("search_alg")), metric, mode, _plain(w.get("search_space")) or {}),
+        scheduler=make_scheduler(to_container(w.get("scheduler")), metric, mode),
+        search_alg=make_search_alg(to_container(w.get("search_alg")), metric, mode, to_container(w.get("search_space")) or {}),
         max_failures=int(w.max_failures),
         checkpoints_to_keep=checkpoint.get("num_to_keep"),
         checkpoint_score_attribute=checkpoint.get("score_attribute"),
@@ -158,5 +153,5 @@ def figures(cfg, experiment_dir: Path) -> list:
     from rayflow.plots import tune_figures
 
     w = cfg.workload
-    name, time_attr, max_t, rungs = progress(_plain(w.get("scheduler")), _plain(w.get("stop")) or None)
+    name, time_attr, max_t, rungs = progress(to_container(w.get("scheduler")), to_container(w.get("stop")) or None)
     return tune_figures(experiment_dir, str(w.metric), str(w.mode), time_attr, max_t, rungs, SCHEDULER_LABELS.get(name))
