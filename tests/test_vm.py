@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 # The cluster: a head with 0 CPUs, a 1-CPU worker type, 0 to 2 workers.
 FAKE = ["backend=vm", "backend.provider=fake_multinode", "backend.worker.cpu.num_cpus=1", "backend.min_worker_nodes=0",
-        "backend.max_worker_nodes=2", "backend.autoscale_idle_timeout_minutes=0.2"]
+        "backend.max_worker_nodes=2", "backend.autoscale_idle_timeout_minutes=1"]
 
 
 class TestVM(LifecycleSuite, JobSubmissionSuite):
