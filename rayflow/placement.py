@@ -48,6 +48,12 @@ def _fmt(resources: dict) -> str:
     return ", ".join(f"{v / 2**30:.1f} GiB {k}" if k == "memory" else f"{v:g} {k}" for k, v in resources.items() if v)
 
 
+def copies_at_once(bundle: Bundle, nodes: list[dict]) -> int:
+    """How many placements of `bundle` the nodes hold at once, each node filled on its own."""
+    need = {k: v for k, v in bundle.resources.items() if v}
+    return sum(min((int(node.get(k, 0.0) // v) for k, v in need.items()), default=0) for node in nodes)
+
+
 def _fits(bundle: dict, node: dict) -> bool:
     return all(node.get(k, 0.0) >= v for k, v in bundle.items() if v)
 

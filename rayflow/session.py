@@ -25,7 +25,7 @@ from rayflow.config import to_container
 from rayflow.data import DataSpec, prepare
 from rayflow.errors import ConfigError, RunFailed, RunInterrupted, Terminated
 from rayflow.node_usage import NodePeak
-from rayflow.placement import PlacementWatch
+from rayflow.placement import PlacementWatch, copies_at_once
 from rayflow.process_state import reset_termination, scoped_env, termination_exit_code
 from rayflow.progress import plain_ray_logs
 from rayflow.redaction import drop_redacted, redact
@@ -45,6 +45,17 @@ class RunContext:
     data: DataSpec
     experiment_dir: Path
     resume: bool
+    # Trials of the workload's one bundle that the cluster holds at once at its largest; None
+    # when only the running cluster knows its size (attach, a job on a head, sizes left to Spark).
+    trial_slots: int | None = None
+
+
+def _trial_slots(backend, workload, cfg: DictConfig) -> int | None:
+    bundles = workload.demand(cfg)
+    if len(bundles) != 1 or bundles[0].count != 1:
+        return None
+    nodes = backend.capacity({r for r, amount in bundles[0].resources.items() if amount})
+    return copies_at_once(bundles[0], nodes) if nodes else None
 
 
 def _resolve_compute(cfg: DictConfig) -> None:
@@ -224,7 +235,7 @@ def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> Ru
             hint = f"lower {', '.join(keys)} or use a cluster with bigger nodes"
             with NodePeak() as peak, PlacementWatch(float(cfg.schedule_timeout_s), hint) as watch:
                 try:
-                    summary = workload.run(cfg, RunContext(tracker, data, path, resuming))
+                    summary = workload.run(cfg, RunContext(tracker, data, path, resuming, _trial_slots(backend, workload, cfg)))
                 except (KeyboardInterrupt, SystemExit):
                     if watch.message is None:
                         raise

@@ -2,13 +2,33 @@
 
 It is pickled with the experiment (tuner.pkl) and its trial -> run map is saved in Tune's
 experiment state, so `resume=true` keeps writing into the same nested runs.
+
+The MLflow calls run in order on one writer thread, not in Tune's driver loop: a function
+trainable's `tune.report` waits until the driver has taken its result and asked for the next,
+so every millisecond a callback spends writing (SQLite: ~8 ms per result, ~20 ms per trial
+start and end) was added to every report and to every trial's start. A write that fails
+raises in the driver loop at the next callback, as it did when it ran there.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
+
 from ray.tune import Callback
 
+from rayflow.errors import RunFailed
+
 from rayflow.plots_data import TUNE_AUTO_KEYS, lookup
+
+FLUSH_TIMEOUT_S = 300.0  # queued writes left at the end of the experiment (a slow tracking server)
+
+
+class TrialSeen(NamedTuple):
+    trial_id: str
+    name: str
+    params: dict
+
 
 def _flat(result: dict, prefix: str = "") -> dict:
     """A result's numbers, nested dicts as "a/b" (MLflow metric names allow '/')."""
@@ -38,9 +58,37 @@ class TrialRuns(Callback):
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
         self._client = None
         self._tagged: set[str] = set()
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
 
     def __getstate__(self):
-        return self.__dict__ | {"_client": None, "_tagged": set()}
+        self.flush()  # the trial -> run map is whole when Tune saves the experiment
+        return self.__dict__ | {"_client": None, "_tagged": set(), "_writer": None, "_pending": []}
+
+    def _write(self, call, *args, **kwargs) -> None:
+        """Queue one MLflow call behind the ones before it; first raise any that failed."""
+        self._raise_failed(wait=False)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayflow-mlflow-writer")
+        self._pending.append(self._writer.submit(call, *args, **kwargs))
+
+    def _raise_failed(self, wait: bool) -> None:
+        if wait:
+            for future in self._pending:
+                try:
+                    future.result(timeout=FLUSH_TIMEOUT_S)
+                except TimeoutError:
+                    raise RunFailed(f"the MLflow tracking store {self.uri} took over {FLUSH_TIMEOUT_S:g} s "
+                                    f"for the trials' queued results") from None
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for future in done:
+            future.result()  # a failed write raises its own error here
+
+    def flush(self) -> None:
+        """Wait for every queued write (at most FLUSH_TIMEOUT_S for all of them)."""
+        if self._pending:
+            self._raise_failed(wait=True)
 
     @property
     def client(self):
@@ -50,23 +98,31 @@ class TrialRuns(Callback):
             self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 
-    def run_for(self, trial) -> str:
+    def _seen(self, trial) -> TrialSeen:
+        """The trial as the driver loop sees it now (PBT changes a trial's config later)."""
+        params = {k: v for k, v in trial.config.items() if self.param_keys is None or k in self.param_keys}
+        return TrialSeen(trial.trial_id, str(trial), params)
+
+    def run_for(self, trial: TrialSeen) -> str:
         run_id = self.runs.get(trial.trial_id)
         if run_id is None:
             from rayflow.mlflow_runs import create_nested_run
 
-            run_id = create_nested_run(
-                self.client, self.experiment_id, self.parent_run_id, str(trial),
-                params={k: v for k, v in trial.config.items() if self.param_keys is None or k in self.param_keys}, tags={"trial_id": trial.trial_id},
-            )
+            run_id = create_nested_run(self.client, self.experiment_id, self.parent_run_id, trial.name,
+                                       params=trial.params, tags={"trial_id": trial.trial_id})
             self.runs[trial.trial_id] = run_id
         return run_id
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        run_id = self.run_for(trial)
-        self.client.update_run(run_id, status="RUNNING")
+        self._write(self._started, self._seen(trial))
+
+    def _started(self, trial: TrialSeen) -> None:
+        self.client.update_run(self.run_for(trial), status="RUNNING")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._write(self._log_result, self._seen(trial), result)
+
+    def _log_result(self, trial: TrialSeen, result: dict) -> None:
         from mlflow.entities import Metric
 
         run_id = self.run_for(trial)
@@ -93,21 +149,29 @@ class TrialRuns(Callback):
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        self._write(self._completed, self._seen(trial), (trial.last_result or {}).get(self.time_attr))
+
+    def _completed(self, trial: TrialSeen, last) -> None:
         run_id = self.run_for(trial)
-        last = (trial.last_result or {}).get(self.time_attr)
         if self.max_t and last is not None:
             self.client.set_tag(run_id, "stopped_early", str(last < self.max_t).lower())
         self.client.set_terminated(run_id, "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.client.set_terminated(self.run_for(trial), "FAILED")
+        seen = self._seen(trial)
+        self._write(lambda: self.client.set_terminated(self.run_for(seen), "FAILED"))
 
     def on_experiment_end(self, trials, **info):
+        self.flush()
         for trial in trials:  # Ctrl-C: trials Tune will resume stay visibly unfinished
             if trial.status not in ("TERMINATED", "ERROR") and trial.trial_id in self.runs:
                 self.client.set_terminated(self.runs[trial.trial_id], "KILLED")
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
 
     def get_state(self):
+        self.flush()
         return {"runs": dict(self.runs)}
 
     def set_state(self, state):

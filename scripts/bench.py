@@ -12,8 +12,10 @@ trial callback; reported as `ratio`, `wall_s`) and through a plain Ray Tune Tune
 (`plain_ratio`, `plain_wall_s`). A ratio is wall time / ideal time, where ideal is
 trials x trial-seconds / slots: the time if scheduling, actor start-up and result
 handling cost nothing. 1.0 is perfect; 1.25 means 25% overhead. Both ratios are
-measured side by side in one process on one Ray cluster, alternating A and B, so
-they are comparable with each other; ratios from different runs or machines are not.
+measured side by side in one process, alternating A and B, each run on a fresh 2-CPU cluster
+of its own started before its clock starts (rayflow's as backend=local starts it, its workers
+prestarted with the workload's imports; plain Tune's by ray.init), so they are comparable
+with each other; ratios from different runs or machines are not.
 
 ddp-overhead (`--repeats 3 --batch-size 256`) compares the steady-state step time of
 rayflow's TorchTrainer path (2 CPU workers) with raw DDP in 2 torch.multiprocessing
@@ -34,6 +36,7 @@ Everything except the JSON line (Ray's logs, worker output) goes to stderr, so
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -53,6 +56,9 @@ import bench_vm
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 SLOTS = 2  # local cluster CPUs; each trial takes 1 CPU, so 2 trials run at once
+# A started cluster's moment to settle before the timed run: the driver's own set-up (composing,
+# the MLflow parent run, Tune's imports) takes about this long before Tune starts in a real run.
+SETTLE_S = 2.0
 
 
 def sleep_trainable(seconds: float, reports: int):
@@ -87,7 +93,9 @@ def tune_overhead(args) -> dict:
     import ray
     from ray import tune
 
+    from rayflow.backends.local import LocalCluster
     from rayflow.composition import compose_config
+    from rayflow.placement import copies_at_once
     from rayflow.tuning import fit_watching_interrupts, run_tune
     from rayflow.user_code import give
     from rayflow.workloads import tune as tune_kind
@@ -110,6 +118,7 @@ def tune_overhead(args) -> dict:
         # built from them (rayflow.workloads.tune.job) and run by run_tune, as a run does.
         tuned = tune_kind.job(cfg, trainable, callbacks=callbacks)
         tuned.verbose = 0
+        tuned.max_pending_trials = slots  # as run_job sets it from the run's cluster (RunContext.trial_slots)
         return run_tune(tuned, storage / "rayflow-bench")[1]
 
     def plain_run(storage: Path, _: None) -> bool:
@@ -121,28 +130,53 @@ def tune_overhead(args) -> dict:
         )
         return fit_watching_interrupts(tuner)[1]
 
-    # One cluster for both, started before any timing: ray.init's seconds of start-up
-    # are the same for both paths and not what is being measured.
-    ray.init(num_cpus=SLOTS, include_dashboard=False)
+    def rayflow_cluster():
+        # The cluster backend=local starts for this job: its idle workers prestarted with the
+        # workload's imports (Tune's function-trainable wrapper; a notebook's function travels
+        # pickled), as `python -m rayflow workload=tune` gets them.
+        backend = LocalCluster(compose_config(f"backend.num_cpus={SLOTS}", "backend.include_dashboard=false").backend,
+                               auth_mode=os.environ["RAY_AUTH_MODE"])
+        backend.preload_worker_imports(tune_kind.worker_imports(cfg), processes=SLOTS)
+        return backend
+
+    @contextlib.contextmanager
+    def plain_cluster():
+        ray.init(num_cpus=SLOTS, include_dashboard=False)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+    slots = copies_at_once(tune_kind.demand(cfg)[0], rayflow_cluster().capacity({"CPU"}))
+
+    # Each run gets a fresh cluster of its own, started before its timing starts: the seconds
+    # of start-up are not what is measured (`start_s` reports them), and no run inherits
+    # another's warm workers.
     tmp = Path(tempfile.mkdtemp(prefix="rayflow-bench-"))
     walls: dict[str, list[float]] = {"rayflow": [], "plain": []}
+    starts: dict[str, list[float]] = {"rayflow": [], "plain": []}
+    paths = (("rayflow", rayflow_cluster, rayflow_setup, rayflow_run), ("plain", plain_cluster, lambda s: None, plain_run))
     try:
         # Alternate A and B so drift (other load on the machine, warm caches) hits
         # both alike instead of all of one side.
         for rep in range(args.repeats):
-            for name, setup, run in (("rayflow", rayflow_setup, rayflow_run), ("plain", lambda s: None, plain_run)):
+            for name, cluster, setup, run in paths:
                 storage = tmp / f"rep{rep}" / name  # fresh folder: no run finds another's state
                 storage.mkdir(parents=True)
                 prepared = setup(storage)
-                start = time.perf_counter()
-                interrupted = run(storage, prepared)
-                walls[name].append(time.perf_counter() - start)
+                began = time.perf_counter()
+                with cluster():
+                    starts[name].append(time.perf_counter() - began)
+                    time.sleep(SETTLE_S)
+                    start = time.perf_counter()
+                    interrupted = run(storage, prepared)
+                    walls[name].append(time.perf_counter() - start)
                 if interrupted:  # a cut-short run's wall time means nothing
                     raise SystemExit(130)
-                log(f"repeat {rep + 1}/{args.repeats} {name}: {walls[name][-1]:.2f} s (ideal {ideal:.2f} s)")
+                log(f"repeat {rep + 1}/{args.repeats} {name}: {walls[name][-1]:.2f} s (ideal {ideal:.2f} s; "
+                    f"cluster start {starts[name][-1]:.1f} s)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        ray.shutdown()
 
     wall, plain_wall = statistics.median(walls["rayflow"]), statistics.median(walls["plain"])
     return {
@@ -152,6 +186,8 @@ def tune_overhead(args) -> dict:
         "wall_s": round(wall, 3),
         "plain_wall_s": round(plain_wall, 3),
         "ideal_s": ideal,
+        "start_s": round(statistics.median(starts["rayflow"]), 2),
+        "plain_start_s": round(statistics.median(starts["plain"]), 2),
         "trials": args.trials,
         "slots": SLOTS,
         "repeats": args.repeats,

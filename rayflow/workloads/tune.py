@@ -26,11 +26,16 @@ def trainable(cfg):
     return user_code.load(cfg.workload.trainable, "workload.trainable")
 
 
+TUNE_WRAPPER = "ray.tune.trainable.function_trainable"
+
+
 def worker_imports(cfg) -> tuple[str, ...]:
-    """The trainable's module (and so what it imports), loaded by workers started ahead of use;
-    none for a function defined in a notebook (it travels pickled by value)."""
+    """Tune's function-trainable wrapper (about a second of imports in a fresh process) and the
+    trainable's module with what it imports, loaded by workers started ahead of use; not the
+    module of a function defined in a notebook (it travels pickled by value)."""
     module = user_code.module_of(str(cfg.workload.trainable))
-    return () if module == "__main__" or user_code.is_given(str(cfg.workload.trainable)) else (module,)
+    own = module == "__main__" or user_code.is_given(str(cfg.workload.trainable))
+    return (TUNE_WRAPPER, *(() if own else (module,)))
 
 
 def metrics(cfg) -> None:
@@ -139,6 +144,8 @@ def run_job(tuned: TuneJob, ctx, metrics=None, params=None) -> TuneSummary:
     """Run a TuneJob in the run's experiment folder, each trial mirrored into a nested MLflow run
     (`metrics`: name -> result key; None: every number the trial reports), and summarise it."""
     callback = ctx.tracker.trial_callback(metrics, tuned.max_t, params, time_attr=tuned.time_attr)
+    if tuned.max_pending_trials is None:
+        tuned.max_pending_trials = ctx.trial_slots
     tuned.callbacks = [*tuned.callbacks, *([callback] if callback else [])]
     results, interrupted = run_tune(tuned, ctx.experiment_dir, resume=ctx.resume)
     return summarize(results, tuned, interrupted)
