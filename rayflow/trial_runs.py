@@ -12,7 +12,7 @@ raises in the driver loop at the next callback, as it did when it ran there.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 from ray.tune import Callback
@@ -67,28 +67,25 @@ class TrialRuns(Callback):
 
     def _write(self, call, *args, **kwargs) -> None:
         """Queue one MLflow call behind the ones before it; first raise any that failed."""
-        self._raise_failed(wait=False)
+        self._raise_failed()
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayflow-mlflow-writer")
         self._pending.append(self._writer.submit(call, *args, **kwargs))
 
-    def _raise_failed(self, wait: bool) -> None:
-        if wait:
-            for future in self._pending:
-                try:
-                    future.result(timeout=FLUSH_TIMEOUT_S)
-                except TimeoutError:
-                    raise RunFailed(f"the MLflow tracking store {self.uri} took over {FLUSH_TIMEOUT_S:g} s "
-                                    f"for the trials' queued results") from None
+    def _raise_failed(self) -> None:
+        """Drop the finished writes; a failed one raises its own error here."""
         done = [f for f in self._pending if f.done()]
         self._pending = [f for f in self._pending if not f.done()]
         for future in done:
-            future.result()  # a failed write raises its own error here
+            future.result()
 
     def flush(self) -> None:
-        """Wait for every queued write (at most FLUSH_TIMEOUT_S for all of them)."""
-        if self._pending:
-            self._raise_failed(wait=True)
+        """Wait for every queued write, at most FLUSH_TIMEOUT_S for all of them."""
+        _, late = wait(self._pending, timeout=FLUSH_TIMEOUT_S)
+        if late:
+            raise RunFailed(f"the MLflow tracking store {self.uri} took over {FLUSH_TIMEOUT_S:g} s "
+                            f"for {len(late)} queued trial result(s)")
+        self._raise_failed()
 
     @property
     def client(self):
