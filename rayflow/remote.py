@@ -4,8 +4,9 @@ A submitted run is rayflow itself: the same overrides with `backend=attach`, run
 on the head through the Jobs API. So the results table, the MLflow runs, the checkpoints and
 `resume` are those a local run makes. This side ships rayflow's package with the job
 (runtime_env `py_modules`), prints the job id and dashboard URL, streams the job's logs, and
-decides the outcome from the job's status, never from the log stream ending. Ctrl-C and
-SIGTERM stop the job before the cluster is torn down.
+decides the outcome from the job's status, never from the log stream ending, then fetches the
+job's whole driver log (JobOutcome.log) while the head is still there. Ctrl-C and SIGTERM stop
+the job before the cluster is torn down.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -65,19 +67,31 @@ def stage_package(folder: Path) -> Path:
 
 
 class _LogStream(threading.Thread):
-    """Follows a job's logs (the Jobs API's websocket) onto this terminal."""
+    """Follows a job's logs (the Jobs API's websocket) onto this terminal, whole lines at a time,
+    leaving out the lines that start with `hidden` (what the job says to this side, not to the user)."""
 
-    def __init__(self, client, job_id: str):
+    def __init__(self, client, job_id: str, hidden: str | None = None):
         super().__init__(name="rayflow-job-logs", daemon=True)
-        self.client, self.job_id = client, job_id
+        self.client, self.job_id, self.hidden = client, job_id, hidden
         self.lines: list[str] = []
+
+    def _write(self, text: str) -> None:
+        lines = text.splitlines(keepends=True)
+        shown = [line for line in lines if not (self.hidden and line.startswith(self.hidden))]
+        sys.stdout.write("".join(shown))
+        sys.stdout.flush()
+        self.lines = (self.lines + [line.rstrip("\n") for line in shown])[-200:]
 
     def run(self) -> None:
         async def follow() -> None:
+            partial = ""  # a chunk may end mid-line: a hidden line is recognised whole
             async for chunk in self.client.tail_job_logs(self.job_id):
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-                self.lines = (self.lines + chunk.splitlines())[-200:]
+                partial += chunk
+                done, _, partial = partial.rpartition("\n")
+                if done:
+                    self._write(done + "\n")
+            if partial:
+                self._write(partial)
 
         try:
             asyncio.run(follow())
@@ -85,11 +99,24 @@ class _LogStream(threading.Thread):
             print(f"[rayflow] job log stream ended: {type(err).__name__}", file=sys.stderr, flush=True)
 
 
+@dataclass
+class JobOutcome:
+    """How a submitted job ended: its status, its last error line, its id and its whole driver
+    log (fetched from the head before the cluster can go)."""
+
+    status: str
+    error: str
+    job_id: str
+    log: str
+    streamed: list[str] = field(default_factory=list)  # the last lines this terminal was shown
+
+
 def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], stop_timeout_s: float = 60,
                agent_timeout_s: float = 120, headers: dict[str, str] | None = None, runtime_env: dict | None = None,
-               on_submitted=None) -> tuple[str, str]:
-    """Submit rayflow to the cluster, stream its logs, wait for a terminal status.
-    Returns (status, the job's last error line). Ctrl-C or SIGTERM stops the job, then re-raises.
+               on_submitted=None, hidden: str | None = None) -> JobOutcome:
+    """Submit rayflow to the cluster, stream its logs, wait for a terminal status, fetch its
+    whole log. Ctrl-C or SIGTERM stops the job, then re-raises. Lines of the log that start
+    with `hidden` are not streamed to this terminal (they stay in JobOutcome.log).
     `headers` go with every request (a token the backend holds), `runtime_env` is merged into
     the job's, and `on_submitted(job_id)` is called once the job exists (a RayJob tracks it)."""
     import shlex
@@ -123,7 +150,7 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
                     raise JobError(f"the head at {shown} ran no job agent within {agent_timeout_s:g} s") from None
                 time.sleep(2.0)
     print(f"[rayflow] submitted job {job_id}; dashboard: {mask_text(dashboard_url)}/#/jobs/{job_id}", flush=True)
-    stream = _LogStream(client, job_id)
+    stream = _LogStream(client, job_id, hidden)
     if on_submitted is not None:
         try:
             on_submitted(job_id)
@@ -139,10 +166,26 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
         raise
     finally:
         stream.join(timeout=10)
+    log = _whole_log(client, job_id, stream.lines)
     info = client.get_job_info(job_id)
     error = (info.message or "").strip().splitlines()
-    errors = [line for line in stream.lines if line.startswith("rayflow: error:")]
-    return status, (errors[-1] if errors else error[-1] if error else "")
+    errors = [line for line in log.splitlines() if line.startswith("rayflow: error:")]
+    return JobOutcome(status, errors[-1] if errors else error[-1] if error else "", job_id, log, list(stream.lines))
+
+
+def _whole_log(client, job_id: str, streamed: list[str]) -> str:
+    """The job's driver log as the head keeps it; what was streamed when the head cannot say."""
+    from requests.exceptions import ConnectionError as Disconnected
+
+    for _ in range(3):
+        try:
+            return client.get_job_logs(job_id)
+        except (Disconnected, RuntimeError) as err:  # RuntimeError: the Jobs API answered an error
+            last = err
+            time.sleep(1.0)
+    print(f"rayflow: warning: could not fetch job {job_id}'s log ({_first_line(last)}); keeping the streamed lines",
+          file=sys.stderr, flush=True)
+    return "\n".join(streamed) + "\n"
 
 
 def _first_line(err: Exception) -> str:

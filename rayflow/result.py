@@ -2,14 +2,24 @@
 
 The CLI prints the same summary as a table; a notebook gets the numbers, the MLflow ids and
 the experiment folder as values, the trials as a pandas DataFrame, and `.resume()`.
+
+A run submitted to a cluster (vm, kuberay) is rayflow itself on the head: its job ends by
+printing one line, `RESULT_MARKER` + JSON (`result_line`), the last thing it knows of its
+RunResult. This side reads that line from the job's log before the cluster goes
+(`returned_result`), so a submitted run returns the same RunResult as a local one; its summary
+is a `ReturnedSummary` and its trials come as rows (the experiment folder is on the head).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+# The line a submitted job ends with (never streamed to the user's terminal; rayflow.remote).
+RESULT_MARKER = "[rayflow-result] "
 
 
 def _number(value: Any) -> bool:
@@ -32,6 +42,8 @@ class RunResult:
     # What `resume()` calls: the entry point that returned this result (rayflow.run) sets it,
     # so this module, below the entry points, never imports them.
     runner: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+    # A submitted run's trials, as the job on the head read them from its experiment folder.
+    trial_rows: list[dict] | None = field(default=None, repr=False)
 
     @property
     def interrupted(self) -> bool:
@@ -51,6 +63,14 @@ class RunResult:
     def trials(self):
         """One row per trial (config keys, then each metric's last value), as a pandas DataFrame
         where pandas is installed, else a list of dicts. One Ray Train run: one row per report."""
+        rows = self.trial_rows if self.trial_rows is not None else self._read_trials()
+        try:
+            import pandas
+        except ImportError:
+            return rows
+        return pandas.DataFrame(rows)
+
+    def _read_trials(self) -> list[dict]:
         from omegaconf import OmegaConf
 
         from rayflow.plots_data import TUNE_AUTO_KEYS, lookup, train_epochs, tune_trials
@@ -72,11 +92,7 @@ class RunResult:
             for report in train_epochs(self.experiment_dir):
                 names = metrics or {k: k for k, v in report.items() if _number(v)}
                 rows.append({name: lookup(report, key) for name, key in names.items()})
-        try:
-            import pandas
-        except ImportError:
-            return rows
-        return pandas.DataFrame(rows)
+        return rows
 
     def resume(self) -> "RunResult":
         """Continue this experiment (finished trials are not repeated), as `resume=<folder>`."""
@@ -92,3 +108,84 @@ class RunResult:
         if self.mlflow_run_id:
             lines.append(f"MLflow: experiment {self.mlflow_experiment!r}, parent run {self.mlflow_run_id} ({self.tracking_uri})")
         return "\n".join(lines)
+
+
+@dataclass
+class ReturnedSummary:
+    """A workload's Summary as a submitted job sent it back (rayflow.workloads.Summary)."""
+
+    best_config: dict = field(default_factory=dict)
+    best_metrics: dict = field(default_factory=dict)
+    best_checkpoint: str | None = None  # a path on the cluster's storage
+    interrupted: bool = False
+    errored: int = 0
+    error: str | None = None
+    devices: list[str] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)  # what the parent MLflow run recorded
+    text: str = ""  # the results table the job printed
+
+    @classmethod
+    def of(cls, summary: Any) -> "ReturnedSummary":
+        return cls(dict(summary.best_config), dict(summary.best_metrics), summary.best_checkpoint,
+                   bool(summary.interrupted), int(summary.errored), summary.error, list(summary.devices),
+                   dict(summary.parent_metrics()), summary.table())
+
+    def parent_metrics(self) -> dict[str, float]:
+        return dict(self.metrics)
+
+    def table(self) -> str:
+        return self.text
+
+
+def _plain(value: Any) -> Any:
+    """JSON for what results hold besides JSON's own types (numpy numbers, paths)."""
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return str(value)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as None (a trial that reported none), so the line is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def result_line(result: RunResult, status: str) -> str:
+    """The line a submitted job ends with: what this side needs to rebuild `result`."""
+    rows = None
+    if result.summary is not None and Path(result.experiment_dir).is_dir():
+        try:
+            trials = result.trials
+            rows = trials.to_dict("records") if hasattr(trials, "to_dict") else list(trials)
+        except (OSError, ValueError) as err:  # a result file cut short: the summary still goes back
+            print(f"rayflow: warning: the trials could not be read back: {type(err).__name__}: {err}", flush=True)
+    data = {"status": status, "experiment_dir": str(result.experiment_dir),
+            "mlflow_experiment_id": result.mlflow_experiment_id, "mlflow_run_id": result.mlflow_run_id,
+            "summary": asdict(ReturnedSummary.of(result.summary)) if result.summary is not None else None,
+            "trials": rows}
+    text = json.dumps(data, default=_plain)  # numpy and paths as plain values first, then NaN as null
+    return RESULT_MARKER + json.dumps(_finite(json.loads(text)), allow_nan=False)
+
+
+def returned_result(log: str, base: RunResult) -> tuple[RunResult, str | None]:
+    """`base` (this side's workload, overrides, config and tracking) completed from the result
+    line in a submitted job's `log`, and the status the job gave it (None: the job ended before
+    it could say, e.g. a traceback before the run began)."""
+    lines = [line for line in log.splitlines() if line.startswith(RESULT_MARKER)]
+    if not lines:
+        return base, None
+    data = json.loads(lines[-1][len(RESULT_MARKER):])
+    base.experiment_dir = Path(data["experiment_dir"])
+    base.mlflow_experiment_id, base.mlflow_run_id = data["mlflow_experiment_id"], data["mlflow_run_id"]
+    base.summary = ReturnedSummary(**data["summary"]) if data["summary"] is not None else None
+    base.trial_rows = data["trials"]
+    return base, data["status"]
+
+
+def without_result_line(log: str) -> str:
+    return "".join(line for line in log.splitlines(keepends=True) if not line.startswith(RESULT_MARKER))

@@ -29,7 +29,7 @@ from rayflow.placement import PlacementWatch, copies_at_once
 from rayflow.process_state import reset_termination, scoped_env, termination_exit_code
 from rayflow.progress import plain_ray_logs
 from rayflow.redaction import drop_redacted, redact
-from rayflow.result import RunResult
+from rayflow.result import RESULT_MARKER, RunResult, result_line, returned_result, without_result_line
 from rayflow.shared_cluster import SharedCluster, cluster_key
 from rayflow.tracking import Tracker, git_commit, is_local_store
 from rayflow.tuning import experiment_dir, read_state, write_state
@@ -132,9 +132,11 @@ def _job_env(tracker: Tracker) -> dict[str, str]:
 SUBMITTED_BY, SUBMITTED_SPEC, SUBMITTED_METRICS = "RAYFLOW_SUBMITTED_BY", "RAYFLOW_CLUSTER_SPEC", "RAYFLOW_CLUSTER_METRICS"
 
 
-def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str]) -> None:
+def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str]) -> RunResult:
     """Start (or reuse) the cluster, run this same command on it as a Ray Job (`backend=attach`
-    there), and end with the job's outcome. The job writes MLflow, checkpoints and the table."""
+    there), and end with the job's outcome. The job writes MLflow, checkpoints and the table, and
+    ends with its result line (rayflow.result), read here into the RunResult this returns. The
+    job's driver log goes into the parent MLflow run (job/driver.log) before the cluster goes."""
     from rayflow.job_files import job_files, merge_runtime_env
     from rayflow.remote import FORWARDED_ENV, job_overrides, run_as_job
 
@@ -155,8 +157,8 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
         env[SUBMITTED_METRICS] = json.dumps(backend.metrics() if started else {})
         # the user's files go with the job (their size was checked by check_config); pip lists add up
         runtime_env = merge_runtime_env(backend.job_runtime_env(), job_files(cfg, in_place=backend.shares_filesystem))
-        status, error = run_as_job(backend.address, entrypoint, env, headers=backend.job_headers(),
-                                   runtime_env=runtime_env, on_submitted=backend.job_submitted)
+        outcome = run_as_job(backend.address, entrypoint, env, headers=backend.job_headers(),
+                             runtime_env=runtime_env, on_submitted=backend.job_submitted, hidden=RESULT_MARKER)
     except (KeyboardInterrupt, SystemExit):
         code = termination_exit_code()
         if code:
@@ -171,8 +173,48 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
         if command:  # rayflow stops it on its way out; this is for a client that dies first
             print(f"[rayflow] should anything of the cluster outlive this process: {command}", file=sys.stderr)
         raise
-    if status != "SUCCEEDED":
-        raise RunFailed(f"the job on backend={backend.name} ended {status}" + (f": {error}" if error else ""))
+    base = RunResult(str(cfg.workload.name), None, experiment_dir(cfg), tuple(overrides), redact(to_container(cfg)),
+                     tracker.absolute_uri if tracker.enabled else None, tracker.experiment or None)
+    result, said = returned_result(outcome.log, base)
+    log = without_result_line(outcome.log)
+    where = _keep_driver_log(cfg, cluster.spec, tracker, result, log, outcome.job_id)
+    if outcome.status != "SUCCEEDED":
+        _print_last_lines(log, outcome.job_id, where)
+        raise RunFailed(f"the job on backend={backend.name} ended {outcome.status}" + (f": {outcome.error}" if outcome.error else ""),
+                        result if said else None)
+    if result.summary is not None and result.summary.table().strip():
+        first = result.summary.table().strip().splitlines()[0]
+        if not any(line.strip() == first for line in outcome.streamed):  # the stream missed the job's table
+            print(result.summary.table(), flush=True)
+    return result
+
+
+JOB_LOG = "job/driver.log"  # in the parent MLflow run: a submitted job's whole driver log
+LAST_LINES = 25  # of a failed job's log, printed after it
+
+
+def _keep_driver_log(cfg: DictConfig, spec: str, tracker: Tracker, result: RunResult, log: str, job_id: str) -> str | None:
+    """The job's driver log into its parent MLflow run (one made here, FAILED, when the job ended
+    before it made its own), so it can be read once the cluster is gone. Returns where it went."""
+    if not tracker.enabled:
+        return None
+    run_id = result.mlflow_run_id
+    if run_id is None:  # the job failed before its run began (an import, its own preflight)
+        tracker.start(cfg, spec, tags={"backend": cfg.backend.name, "workload": cfg.workload.name, "job_id": job_id})
+        tracker.end("FAILED")
+        run_id = result.mlflow_run_id = tracker.run_id
+        result.mlflow_experiment_id = tracker.experiment_id
+    tracker.client.log_text(run_id, log, JOB_LOG)
+    return f"MLflow run {run_id}, {JOB_LOG}"
+
+
+def _print_last_lines(log: str, job_id: str, where: str | None) -> None:
+    lines = log.rstrip("\n").splitlines()[-LAST_LINES:]
+    whole = f"; the whole log: {where}" if where else ""
+    print(f"[rayflow] the last {len(lines)} lines of job {job_id}{whole}:", file=sys.stderr)
+    for line in lines:
+        print(f"  | {line}", file=sys.stderr)
+    sys.stderr.flush()
 
 
 def spec_text(backend: ClusterBackend) -> str:
@@ -182,7 +224,7 @@ def spec_text(backend: ClusterBackend) -> str:
 
 def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> RunResult | None:
     """One job on `cluster` (started by the first job that acquires it); its RunResult (None for
-    a dry run or a run submitted as a Ray Job, whose outcome is the job's). `overrides`: the job's
+    a dry run; a run submitted as a Ray Job returns what the job sent back). `overrides`: the job's
     command line. Raises RunFailed, RunInterrupted or Terminated after its own clean-up; the
     cluster is stopped by the `with` block that holds it."""
     reset_termination()  # a signal an earlier job of this process received is not this job's
@@ -263,6 +305,8 @@ def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> Ru
             raise
         finally:
             tracker.end(status)
+            if os.environ.get(SUBMITTED_BY):  # a submitted job: its result, for the side that submitted it
+                print(result_line(result, status), flush=True)
 
 
 def _consecutive(jobs: Sequence[Job]) -> Iterator[list[Job]]:

@@ -108,9 +108,9 @@ def vm_run(workdir: Path, url: str, rep: int) -> float:
     overrides = job_overrides(RUN, {"storage_path": str(workdir / "vm"), "data.root": str(workdir / "data"),
                                     "ray_auth_mode": "disabled", "tracking.uri": f"sqlite:///{workdir / f'vm-{rep}.db'}"})
     start = time.monotonic()
-    status, error = run_as_job(url, [sys.executable, "-m", "rayflow", *overrides], {"PYTHONUNBUFFERED": "1"})
-    if status != "SUCCEEDED":
-        raise RuntimeError(f"vm run ended {status}: {error}")
+    outcome = run_as_job(url, [sys.executable, "-m", "rayflow", *overrides], {"PYTHONUNBUFFERED": "1"})
+    if outcome.status != "SUCCEEDED":
+        raise RuntimeError(f"vm run ended {outcome.status}: {outcome.error}")
     return time.monotonic() - start
 
 

@@ -238,11 +238,14 @@ def test_the_job_gets_rayflow_and_the_callers_py_modules(monkeypatch):
         def get_job_info(self, job_id):
             return SimpleNamespace(message="")
 
+        def get_job_logs(self, job_id):
+            return "done\n"
+
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
-    status, _ = remote.run_as_job("http://127.0.0.1:1", ["python", "-m", "rayflow"], {"A": "1"},
+    outcome = remote.run_as_job("http://127.0.0.1:1", ["python", "-m", "rayflow"], {"A": "1"},
                                   runtime_env={"py_modules": ["/x/mylib"], "working_dir": "/x", "pip": ["einops"]})
     env = submitted["runtime_env"]
-    assert status == "SUCCEEDED" and env["py_modules"][1:] == ["/x/mylib"] and env["py_modules"][0].endswith("/rayflow")
+    assert (outcome.status, outcome.log) == ("SUCCEEDED", "done\n") and env["py_modules"][1:] == ["/x/mylib"] and env["py_modules"][0].endswith("/rayflow")
     assert (env["working_dir"], env["pip"], env["env_vars"]) == ("/x", ["einops"], {"A": "1"})
 
 

@@ -43,7 +43,7 @@ def test_dry_runs_print_no_planted_secret(rayflow):
     spark = rayflow.run(*spark_overrides, "backend=spark", "dry_run=true",
                         "+backend.head_node_options.redis_password=PLANTED-option")
     assert spark.returncode == 0, spark.stderr
-    assert "spark.ssl.keyPassword: '***'" in spark.stdout
+    assert "spark.ssl.keyPassword=***" in spark.stderr  # the SparkSession's settings: a note
     kuberay = rayflow.run("backend=kuberay", "tracking=none", "dry_run=true",
                           "+backend.overrides.metadata.annotations.api_token=PLANTED-annotation")
     assert kuberay.returncode == 0, kuberay.stderr

@@ -123,16 +123,21 @@ def test_bad_spark_input_names_the_key_and_starts_nothing(overrides, key):
 
 
 def test_dry_run_prints_setup_arguments_and_sizing_plan(rayflow):
+    """stdout is setup_ray_cluster's arguments, the call start() makes; the plan goes to stderr."""
+    import inspect
+
+    from ray.util.spark import setup_ray_cluster
+
     before = ray_daemon_pids()
     out = rayflow.run("backend=spark", "dry_run=true", "backend.max_worker_nodes=3")
     assert out.returncode == 0, out.stderr
-    spec = yaml.safe_load(out.stdout)
-    assert spec["setup_ray_cluster"]["max_worker_nodes"] == 3
-    assert spec["setup_ray_cluster"]["num_cpus_worker_node"] == 1
-    plan = spec["sizing_plan"]
-    assert plan["spark_workers"] == 2 and plan["ray_worker_nodes"]["possible"] == 2
-    assert plan["ray_worker_node"]["cpus"] == 1 and plan["ray_worker_node"]["heap_bytes"] > 0
-    assert any("exceeds" in w for w in plan["warnings"])  # max 3 > the 2 nodes Spark can hold
+    args = yaml.safe_load(out.stdout)
+    assert set(args) <= set(inspect.signature(setup_ray_cluster).parameters)
+    assert args["max_worker_nodes"] == 3 and args["num_cpus_worker_node"] == 1
+    assert args == backend_for(compose_config("backend=spark", "backend.max_worker_nodes=3")).setup_args()
+    assert "rayflow: sizing plan: 2 Spark worker(s)" in out.stderr and "possible 2" in out.stderr
+    assert "exceeds the 2 Ray worker nodes" in out.stderr  # max 3 > the 2 nodes Spark can hold
+    assert "master=local-cluster[2, 1, 2048]" in out.stderr
     assert ray_daemon_pids() == before
 
 
@@ -152,7 +157,7 @@ def test_an_active_session_is_used_and_left_running(monkeypatch):
              .config("spark.executor.memory", "512m").getOrCreate())
     try:
         backend = backend_for(compose_config(*FIXED))
-        assert yaml.safe_load(backend.render())["spark"]["session"] == "active SparkSession"
+        assert backend.notes()[0] == "spark: the active SparkSession (used and left running)"
         with backend:
             import ray
 
@@ -204,7 +209,8 @@ def test_tuning_on_spark_scales_out_and_lands_in_mlflow(spark_jobs):
     assert parent.data.metrics["cluster_nodes_peak"] >= 3  # head + 2 autoscaled workers
     assert parent.data.tags["collect_log_to_path"] == str(logs)
     spec = yaml.safe_load(open(client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(runner.workdir))))
-    assert spec["setup_ray_cluster"]["min_worker_nodes"] == 1 and spec["setup_ray_cluster"]["max_worker_nodes"] == 2
+    assert spec["min_worker_nodes"] == 1 and spec["max_worker_nodes"] == 2  # setup_ray_cluster's arguments
+    assert parent.data.tags["spark_session"] == "built by rayflow" and parent.data.tags["spark_master"].startswith("local-cluster[")
     assert len(children[parent.info.run_id]) == 2
     # Ray's session logs are copied when the shared cluster stops, after the last job
     assert wait_until(lambda: logs.exists() and any(logs.rglob("*")), timeout=30), "Ray logs were not collected"

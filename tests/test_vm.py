@@ -76,6 +76,22 @@ def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(vm_jobs):
     assert len(children[parent.info.run_id]) == 4
 
 
+def test_each_submitted_job_returns_its_run_result(vm_jobs):
+    """run_jobs (rayflow.run's path) returns for a job on the head the RunResult a local run
+    returns: the numbers, the trials and the MLflow parent run the job wrote."""
+    runner, out = vm_jobs
+    cifar, ddp, tune = runner.run_results(out)
+    for result, experiment in ((cifar, "cifar"), (ddp, "ddp"), (tune, "tune")):
+        _, parents, _ = runner.mlflow(experiment)
+        assert result["type"] == "RunResult" and result["mlflow_run_id"] == parents[0].info.run_id
+        assert result["experiment_dir"].startswith(str(runner.storage))  # fake nodes share this machine's files
+    assert cifar["trials"] == 4 and "accuracy" in cifar["best_metrics"] and "lr" in cifar["best_config"]
+    assert tune["trials"] == 2 and "loss" in tune["best_metrics"] and "lr" in tune["best_config"]
+    assert ddp["trials"] == 2  # one row per report of the one Train run
+    assert out.stdout.count("== rayflow results") == 3  # the table once per job, not again here
+    assert "[rayflow-result]" not in out.stdout  # the job's line for this side is not shown
+
+
 def test_ddp_as_a_job_puts_two_train_workers_on_two_autoscaled_nodes(vm_jobs):
     runner, out = vm_jobs
     client, parents, children = runner.mlflow("ddp")

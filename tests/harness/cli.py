@@ -54,11 +54,21 @@ class Rayflow:
             "import json, sys\n"
             "from rayflow.composition import preflight\n"
             "from rayflow.session import run_jobs\n"
-            "run_jobs([job for c in json.loads(sys.argv[1]) for job in preflight([a for a in c if a != '-m'], '-m' in c)])\n"
+            "results = run_jobs([job for c in json.loads(sys.argv[1]) for job in preflight([a for a in c if a != '-m'], '-m' in c)])\n"
+            # what each job returned, as a caller of rayflow.run sees it (RunResult's public values)
+            "print('RUN_RESULTS', json.dumps([r and {'type': type(r).__name__, 'workload': r.workload,\n"
+            "    'best_metrics': r.best_metrics, 'best_config': r.best_config, 'mlflow_run_id': r.mlflow_run_id,\n"
+            "    'experiment_dir': str(r.experiment_dir), 'trials': len(r.trials)} for r in results], default=str))\n"
         )
         lines = [[*self.base, *command] for command in commands]
         return subprocess.run([sys.executable, "-c", script, json.dumps(lines)], cwd=self.workdir, env=self.env,
                               capture_output=True, text=True, timeout=timeout)
+
+    @staticmethod
+    def run_results(out: subprocess.CompletedProcess) -> list[dict | None]:
+        """What run_jobs returned for each job (RUN_RESULTS line of run_jobs' output)."""
+        [line] = [line for line in out.stdout.splitlines() if line.startswith("RUN_RESULTS ")]
+        return json.loads(line.split(" ", 1)[1])
 
     def experiments(self) -> list[Path]:
         return sorted(p.parent for p in self.storage.glob("*/tuner.pkl"))

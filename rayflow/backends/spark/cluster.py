@@ -101,7 +101,10 @@ class SparkCluster(ClusterBackend):
 
     def tags(self) -> dict:
         path = self.section.collect_log_to_path
-        return {"collect_log_to_path": path} if path else {}
+        tags = {"spark_session": self.session_source()}
+        if active_session() is None:
+            tags["spark_master"] = str(self.section.master)
+        return {**tags, "collect_log_to_path": path} if path else tags
 
     def metrics(self) -> dict:
         return {**super().metrics(), **getattr(self, "timings", {})}
@@ -112,18 +115,31 @@ class SparkCluster(ClusterBackend):
             return None  # Spark decides: known once the cluster is up
         return float(b.num_gpus_worker_node * b.max_worker_nodes + (b.num_gpus_head_node or 0))
 
+    def session_source(self) -> str:
+        return "active SparkSession" if active_session() is not None else "built by rayflow"
+
     def render(self) -> str:
+        """What `ray.util.spark.setup_ray_cluster(**args)` is called with, and only that (a dry
+        run's stdout, the parent run's cluster/spec.yaml); the SparkSession and the sizing plan
+        are notes."""
+        return yaml.safe_dump(self.setup_args(), sort_keys=False)
+
+    def notes(self) -> list[str]:
         b = self.section
-        session = "active SparkSession" if active_session() is not None else None
-        spec = {
-            "backend": "spark",
-            "spark": {"session": session or "built by rayflow", "master": None if session else str(b.master),
-                      "app_name": str(b.app_name), "spark_conf": redact(self.spark_conf())},
-            "setup_ray_cluster": self.setup_args(),
-            "sizing_plan": sizing_plan(self.root, self.spark_conf()),
-            "auth_mode": os.environ.get("RAY_AUTH_MODE", self.auth_mode),
-        }
-        return yaml.safe_dump(spec, sort_keys=False)
+        if active_session() is not None:
+            lines = ["spark: the active SparkSession (used and left running)"]
+        else:
+            conf = ", ".join(f"{k}={v}" for k, v in redact(self.spark_conf()).items())
+            lines = [f"spark: a SparkSession rayflow builds and stops: master={b.master}, app_name={b.app_name}"
+                     + (f", spark_conf: {conf}" if conf else "")]
+        plan = sizing_plan(self.root, self.spark_conf())
+        nodes, node = plan["ray_worker_nodes"], plan["ray_worker_node"]
+        lines.append(f"sizing plan: {plan['spark_workers']} Spark worker(s) ({plan['source']}), {plan['cores_per_spark_worker']} "
+                     f"core(s) each; Ray worker nodes min {nodes['min']}, max {nodes['max']}, possible {nodes['possible']}; "
+                     f"each {node['cpus']} CPU(s), {node['gpus']} GPU(s), heap {node['heap_bytes']} bytes")
+        lines += [f"sizing plan: {warning}" for warning in plan["warnings"]]
+        lines.append(f"auth mode: {os.environ.get('RAY_AUTH_MODE', self.auth_mode)}")
+        return lines
 
     # --- lifecycle ---------------------------------------------------------------------
 
