@@ -327,6 +327,6 @@ def test_a_misspelt_override_is_a_schema_error_of_backend_overrides(schema_error
 def test_dry_run_prints_the_manifest(rayflow):
     out = rayflow.run("backend=kuberay", "dry_run=true", "compute=cpu", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    printed = yaml.safe_load(out.stdout)
-    assert printed["backend"] == "kuberay" and printed["manifest"]["kind"] == "RayCluster"
-    assert printed["manifest"]["spec"]["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0"}
+    [printed] = list(yaml.safe_load_all(out.stdout))  # exactly the manifest: `| kubectl apply -f -` takes it
+    assert printed["kind"] == "RayCluster" and set(printed) == {"apiVersion", "kind", "metadata", "spec"}
+    assert printed["spec"]["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0"}

@@ -187,6 +187,11 @@ class RayJobOptions(Part):
 
 class Kuberay(Section):
     name: Text = Field(description="`kuberay`: a RayCluster or RayJob made by the KubeRay operator, the run submitted as a Ray Job")
+    manifest: OptionalText = Field(
+        default=None,
+        description="a RayCluster or RayJob manifest file (yours, as it is) to apply instead of the one rendered from these keys; "
+                    "one RayCluster/RayJob document, other documents left for you to `kubectl apply`; keys that differ from their "
+                    "default and `overrides` apply on top (docs/backends/kuberay.md, \"Your own manifest\"); null: rendered from the keys")
     mode: OneOf("cluster", "rayjob") = Field(
         description="`cluster`: apply a RayCluster, submit the run to it, delete it at the end (unless `keep_cluster`); `rayjob`: "
                     "apply a RayJob (InteractiveMode) whose cluster the operator deletes once the job ends")

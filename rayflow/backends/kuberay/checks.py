@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from rayflow.backends.kuberay import manifest as km
+from rayflow.backends.kuberay import user_layers, user_manifest
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
 from rayflow.schema.kuberay import DNS_1035, MAX_NAME, Kuberay, image_ray_version
@@ -152,10 +153,39 @@ def _schema_errors(manifest: Mapping, rendered: Mapping) -> list[tuple[str, str]
     """("backend" | "backend.overrides", "path: message") for each error of KubeRay's CRD schema:
     an error the manifest without overrides lacks comes from backend.overrides."""
     try:
-        from rayflow.backends.kuberay.schema import schema_errors
+        from rayflow.backends.kuberay.schema import schema_errors, with_defaults
     except ModuleNotFoundError as err:  # the schema module lands separately; nothing else is skipped
         if err.name != "rayflow.backends.kuberay.schema":
             raise
         return []
     own = set(schema_errors(rendered))
     return [("backend" if line in own else "backend.overrides", line) for line in schema_errors(manifest)]
+
+
+def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str) -> None:
+    """backend.manifest=PATH: the section's keys, then the file (kuberay.user_manifest), then what
+    rayflow applies (kuberay.user_layers) against KubeRay's CRD schema and the operator's rules.
+    ConfigError of backend.manifest naming the file, the object and the field; of
+    backend.overrides when only the overrides bring the error in."""
+    from rayflow.backends.kuberay.schema import schema_errors, with_defaults
+
+    b = km.plain(section)
+    if gpu != (b.get("compute_device") == "cuda"):
+        b["compute_device"] = "cuda" if gpu else "cpu"
+    validate_section("backend", Kuberay, b, {"ray_auth_mode": auth_mode})
+    user = user_manifest.read(b["manifest"])
+    manifest, _ = user_layers.render(user, b, gpu, auth_mode, {})
+    plain, _ = user_layers.render(user_manifest.read(b["manifest"]), {**b, "overrides": {}}, gpu, auth_mode, {})
+    what = user_manifest.describe(manifest)
+    own = set(schema_errors(plain))
+    for line in schema_errors(manifest):
+        raise ConfigError("backend.manifest" if line in own else "backend.overrides", f"{user.path}: {what}: {line} (KubeRay's CRD schema)")
+    # The operator reads the object as stored: the CRD's defaults applied (an unset maxReplicas
+    # is 2147483647), and rayVersion as written (it assumes none).
+    own_findings = set(_findings(with_defaults(plain)))
+    added_token = user_layers.auth_of(km.cluster_of(user.document)) is None and auth_mode == "token"
+    for path, message in _findings(with_defaults(manifest)):
+        hint = (" (rayflow adds token auth where the manifest configures none: a rayVersion >= 2.52.0, or ray_auth_mode=disabled)"
+                if added_token and "authOptions.mode is 'token'" in message else "")
+        key = "backend.manifest" if (path, message) in own_findings else "backend.overrides"
+        raise ConfigError(key, f"{user.path}: {what}: {path}: {message} (the KubeRay operator refuses it){hint}")

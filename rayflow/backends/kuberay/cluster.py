@@ -1,9 +1,11 @@
 """backend=kuberay: a RayCluster (or RayJob) made by the KubeRay operator, running the workload
 as a Ray Job.
 
-rayflow renders the manifest (kuberay.manifest), validates it strictly against KubeRay's CRD
-and the operator's own rules before anything is applied (kuberay.checks), applies it with the
-official `kubernetes` client (server-side apply), waits for the head (kuberay.wait), reaches
+rayflow renders the manifest (kuberay.manifest; with backend.manifest=PATH the user's own file,
+kuberay.user_manifest and kuberay.user_layers), validates it strictly against KubeRay's CRD and
+the operator's own rules before anything is applied (kuberay.checks), asks the API server for a
+server-side dry run, applies it with the official `kubernetes` client (server-side apply), waits
+for the head (kuberay.wait), reaches
 the dashboard through the API server's service proxy (kuberay.relay) and submits the run
 through the seam backend=vm uses (rayflow.remote). `kubernetes` is imported inside the methods.
 """
@@ -20,11 +22,13 @@ from rayflow.backends.base import ClusterBackend
 from rayflow.backends.kuberay import checks as kuberay_checks
 from rayflow.backends.kuberay import manifest as kuberay_manifest
 from rayflow.backends.kuberay import resources as kuberay_resources
+from rayflow.backends.kuberay import user_layers, user_manifest
 from rayflow.backends.kuberay.wait import wait_for_head
 from rayflow.errors import ClusterError
 from rayflow.progress import phase
 
 DASHBOARD_PORT = 8265  # the head container's port named `dashboard`
+MANAGED_BY = "app.kubernetes.io/managed-by"
 
 
 class KubeRayCluster(ClusterBackend):
@@ -40,31 +44,51 @@ class KubeRayCluster(ClusterBackend):
         """The run uses GPUs (compute=gpu): the GPU worker group is rendered too."""
         return str(self.section.get("compute_device")) == "cuda"
 
+    def user_manifest(self) -> str | None:
+        """backend.manifest: the user's own RayCluster/RayJob file, or None (rayflow renders one)."""
+        return self.section.get("manifest") or None
+
+    def _user_render(self, labels: dict) -> tuple[dict, list[str]]:
+        return user_layers.render(user_manifest.read(self.user_manifest()), kuberay_manifest.plain(self.section),
+                                  self.gpu(), self.auth_mode, labels)
+
     def manifest(self, labels: dict | None = None) -> dict:
+        """The one object rayflow applies (RayCluster or RayJob)."""
         import ray
 
+        if self.user_manifest():
+            return self._user_render(labels or {})[0]
         return kuberay_manifest.render(self.section, self.gpu(), self.auth_mode, ray.__version__,
                                        f"{sys.version_info.major}.{sys.version_info.minor}", labels or {})
 
     def check(self) -> None:
         import ray
 
+        if self.user_manifest():
+            kuberay_checks.check_user_manifest(self.section, self.gpu(), self.auth_mode)
+            return
         kuberay_checks.check(self.section, self.gpu(), self.auth_mode, ray.__version__,
                              f"{sys.version_info.major}.{sys.version_info.minor}")
 
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
+        if self.user_manifest():
+            manifest = self.manifest()
+            group = user_layers.run_group(manifest, self.gpu())
+            return kuberay_resources.nodes_at_full_scale(manifest, group.get("groupName") if group else None)
         return kuberay_resources.capacity(self.section, self.gpu())
 
     def render(self) -> str:
-        return yaml.safe_dump({"backend": "kuberay", "manifest": self.manifest()}, sort_keys=False)
+        """Exactly the object applied, so `dry_run=true | kubectl apply -f -` takes it (no token in it)."""
+        return yaml.safe_dump(self.manifest(), sort_keys=False)
 
     def teardown_command(self) -> str | None:
         """What deletes the cluster if this process dies before it can (printed on every error path)."""
-        kind = "rayjob" if str(self.section.mode) == "rayjob" else "raycluster"
-        return f"kubectl delete {kind} {self.section.cluster_name} -n {self.section.namespace}"
+        metadata = self.manifest()["metadata"]
+        return f"kubectl delete {self.manifest()['kind'].lower()} {metadata['name']} -n {metadata['namespace']}"
 
     def notes(self) -> list[str]:
-        return kuberay_manifest.notes(self.section) if hasattr(kuberay_manifest, "notes") else []
+        """What rayflow changed in or added to the user's manifest, and the documents it leaves."""
+        return self._user_render({})[1] if self.user_manifest() else []
 
     # --- the seam (rayflow.remote): what the submitted job needs from this backend -----------------
 
@@ -95,17 +119,32 @@ class KubeRayCluster(ClusterBackend):
         from rayflow.backends.kuberay.kube import Kube
 
         s = self.section
-        self.kube = Kube(str(s.namespace), s.kubeconfig, s.context)
-        self.on_stop("close the Kubernetes client", self.kube.close)
+        if self.user_manifest():  # what rayflow adds to the user's file, and what it leaves to them
+            for note in self.notes():
+                print(f"[rayflow] kuberay: {note}", file=sys.stderr, flush=True)
         manifest = self.manifest({"rayflow.io/run": uuid.uuid4().hex[:12]})
+        self._manifest = manifest
         self._kind, self._object_name = manifest["kind"], manifest["metadata"]["name"]
-        where = f"{self._kind} {s.namespace}/{self._object_name}"
-        if self.owns_cluster:  # registered before the apply: a client killed right after it still deletes
-            self.on_stop(f"delete {where}", self._delete)
+        self._namespace = manifest["metadata"]["namespace"]
+        self.kube = Kube(self._namespace, s.kubeconfig, s.context)
+        self.on_stop("close the Kubernetes client", self.kube.close)
+        where = f"{self._kind} {self._namespace}/{self._object_name}"
         existing = self.kube.get(self._kind, self._object_name)
-        if existing is not None and self._kind == "RayCluster" and not existing["metadata"].get("deletionTimestamp"):
-            print(f"[rayflow] kuberay: reusing the existing {where} as it is (delete it to apply a changed spec)", flush=True)
+        if existing is not None and existing["metadata"].get("deletionTimestamp"):
+            existing = None  # on its way out: applying again makes a new one
+        ours = existing is None or (existing["metadata"].get("labels") or {}).get(MANAGED_BY) == "rayflow"
+        if existing is not None and not ours and self._kind == "RayJob":
+            raise ClusterError(f"{where} exists and rayflow did not make it (no label {MANAGED_BY}: rayflow): "
+                               "rename yours (metadata.name, backend.cluster_name) or delete that one")
+        if self.owns_cluster and ours:  # registered before the apply: a client killed right after it still deletes
+            self.on_stop(f"delete {where}", self._delete)
+        if existing is not None and self._kind == "RayCluster":
+            print(f"[rayflow] kuberay: reusing the existing {where} as it is (delete it to apply a changed spec)"
+                  + ("" if ours else "; rayflow did not make it and leaves it running"), flush=True)
         else:
+            with phase(f"server-side dry run of {where}", "kuberay") as step:
+                self.kube.apply(manifest, dry_run=True)  # the API server's admission speaks before anything exists
+                step.done(f"the API server accepts {where} (server-side dry run)")
             with phase(f"applying {where}", "kuberay") as step:
                 self.kube.apply(manifest)
                 step.done(f"applied {where}")
@@ -114,7 +153,7 @@ class KubeRayCluster(ClusterBackend):
             head = wait_for_head(self.kube, self._cluster_name, float(s.start_timeout_s), float(s.schedule_grace_s), step=step)
             step.done(f"head pod {head['metadata']['name']} ready")
         cluster = self._cluster_name()
-        if self.auth_mode == "token":
+        if self._token_secret(cluster) is not None:
             with phase(f"reading the Ray token from its Secret ({cluster})", "kuberay"):
                 self._ray_token = self._read_token(cluster, deadline)
         else:
@@ -132,7 +171,7 @@ class KubeRayCluster(ClusterBackend):
             return self._object_name
         status = (self.kube.get("RayJob", self._object_name) or {}).get("status") or {}
         if status.get("jobDeploymentStatus") in ("ValidationFailed", "Failed"):  # the operator refused or gave up on it
-            raise ClusterError(f"KubeRay marked RayJob {self.section.namespace}/{self._object_name} "
+            raise ClusterError(f"KubeRay marked RayJob {self._namespace}/{self._object_name} "
                                f"{status['jobDeploymentStatus']}: {status.get('message') or status.get('reason') or ''}".rstrip(": "))
         return status.get("rayClusterName") or None  # named by the operator
 
@@ -147,20 +186,27 @@ class KubeRayCluster(ClusterBackend):
 
         service = f"{cluster}-head-svc"  # KubeRay's name for the head service
         if self._access() == "service":
-            return DashboardRelay(f"http://{service}.{self.section.namespace}.svc:{DASHBOARD_PORT}", dict)
+            return DashboardRelay(f"http://{service}.{self._namespace}.svc:{DASHBOARD_PORT}", dict)
         return DashboardRelay(self.kube.service_proxy_url(service, "dashboard"), self.kube.auth_headers,
                               ssl_context(self.kube.configuration))
 
+    def _token_secret(self, cluster: str) -> tuple[str, str] | None:
+        """(Secret, key) of the Ray token the applied cluster requires, or None (no token auth):
+        what KubeRay generates for authOptions.mode token (named after the cluster, or
+        authOptions.secretName), or the Secret a head's RAY_AUTH_TOKEN reads in a user's manifest."""
+        auth = user_layers.auth_of(kuberay_manifest.cluster_of(self._manifest))
+        if auth is None or auth["mode"] != "token":
+            return None
+        return auth["secret"] or cluster, auth["key"]
+
     def _read_token(self, cluster: str, deadline: float) -> str:
-        """The token KubeRay generated into a Secret named after the cluster (or authOptions.secretName)."""
-        manifest_auth = (self.manifest().get("spec") or {}).get("authOptions") or {}
-        secret = manifest_auth.get("secretName") or cluster
+        secret, key = self._token_secret(cluster)
         while True:
-            token = self.kube.secret_value(secret, "auth_token")
+            token = self.kube.secret_value(secret, key)
             if token:
                 return token
             if time.monotonic() > deadline:
-                raise ClusterError(f"KubeRay made no Secret {self.section.namespace}/{secret} with the Ray token "
+                raise ClusterError(f"no Secret {self._namespace}/{secret} with the Ray token (key {key}) "
                                    f"within backend.start_timeout_s ({self.section.start_timeout_s} s)")
             time.sleep(1.0)
 
@@ -199,7 +245,7 @@ class KubeRayCluster(ClusterBackend):
             left = self.kube.get(self._kind, self._object_name)
             pods = self.kube.pods(f"ray.io/cluster={cluster}") if cluster else []
             if left is None and not pods:
-                print(f"[rayflow] kuberay: deleted {self._kind} {self.section.namespace}/{self._object_name}"
+                print(f"[rayflow] kuberay: deleted {self._kind} {self._namespace}/{self._object_name}"
                       + (" and its pods" if cluster else ""), flush=True)
                 return
             if time.monotonic() > deadline:

@@ -62,13 +62,18 @@ class Kube:
 
     # --- Ray custom objects -------------------------------------------------------------------
 
-    def apply(self, manifest: dict) -> dict:
-        """Server-side apply: create the object or update the fields rayflow manages."""
+    def apply(self, manifest: dict, dry_run: bool = False) -> dict:
+        """Server-side apply: create the object or update the fields rayflow manages. dry_run: the
+        API server validates and admits it (`dryRun=All`: schema, CEL rules, admission webhooks,
+        quotas) and answers with the object it would store, storing nothing."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
+        what = f"accept {kind} {self.namespace}/{name} in a server-side dry run (nothing was applied)" if dry_run \
+            else f"apply {kind} {self.namespace}/{name}"
         return self._call(
-            f"apply {kind} {self.namespace}/{name}", self.custom.patch_namespaced_custom_object,
+            what, self.custom.patch_namespaced_custom_object,
             GROUP, VERSION, self.namespace, PLURALS[kind], name, manifest,
-            field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml")
+            field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml",
+            **({"dry_run": "All"} if dry_run else {}))
 
     def get(self, kind: str, name: str) -> dict | None:
         return self._call(f"read {kind} {self.namespace}/{name}", self.custom.get_namespaced_custom_object,

@@ -60,16 +60,20 @@ def ray_resources(group: Mapping) -> dict[str, float] | None:
 
 
 def capacity(section: DictConfig | Mapping, gpu: bool) -> list[dict[str, float]] | None:
-    """The Ray nodes at full scale: the head, then max_replicas pods of the group the run uses,
-    read from the rendered manifest (overrides included); None when a quantity cannot be parsed."""
-    manifest = render(section, gpu, "disabled", "0.0.0", "3.11", {})
+    """The Ray nodes at full scale of the manifest rayflow renders from the section (overrides included)."""
+    return nodes_at_full_scale(render(section, gpu, "disabled", "0.0.0", "3.11", {}), run_group(gpu))
+
+
+def nodes_at_full_scale(manifest: Mapping, group_name: str | None) -> list[dict[str, float]] | None:
+    """The Ray nodes at full scale: the head, then maxReplicas pods (x numOfHosts) of the group the
+    run uses; None when a quantity cannot be parsed."""
     spec = cluster_of(manifest)
     head = ray_resources(spec.get("headGroupSpec") or {})
     if head is None:
         return None
     nodes = [{"CPU": head["CPU"], "GPU": head["GPU"]}]
     for group in spec.get("workerGroupSpecs") or []:
-        if group.get("groupName") == run_group(gpu):
+        if group_name is not None and group.get("groupName") == group_name:
             pod = ray_resources(group)
             if pod is None:
                 return None
