@@ -383,3 +383,67 @@ def test_rayjob_flow(emu, api):
         wait_for(lambda: not core.list_namespaced_pod("default").items)
         with pytest.raises(ApiException):
             custom.get_namespaced_custom_object(*RC, cluster)
+
+
+# --- server-side dry run and admission (dryRun=All) ---------------------------------------------------
+
+
+def dry_apply(custom: CustomObjectsApi, body: dict):
+    return custom.patch_namespaced_custom_object(*RC, body["metadata"]["name"], body, field_manager="rayflow", force=True,
+                                                 dry_run="All", _content_type="application/apply-patch+yaml")
+
+
+def test_a_dry_run_apply_answers_with_the_object_and_stores_nothing(emu, api):
+    custom, _ = api
+    events: list = []
+    emu.add_listener(lambda *change: events.append(change))
+    before = emu.call(lambda: emu.handler._rv)
+    dry_apply(custom, raycluster("rc"))  # a create: 201, which the client reads as None
+    answered = custom.create_namespaced_custom_object(*RC, raycluster("made"), dry_run="All")
+    assert answered["metadata"]["uid"] and answered["spec"]["rayVersion"] == "2.60.0"
+    assert emu.get("rayclusters", "default", "rc") is None and emu.get("rayclusters", "default", "made") is None
+    assert not events and emu.call(lambda: emu.handler._rv) == before
+    assert [r.query.get("dryRun") for r in emu.requests if r.method in ("PATCH", "POST")] == ["All", "All"]
+    # on an existing object: the change is answered, not made, and a later real apply is not pruned by it
+    apply(custom, raycluster("rc"))
+    changed = raycluster("rc")
+    changed["spec"]["rayVersion"] = "2.61.0"
+    assert dry_apply(custom, changed)["spec"]["rayVersion"] == "2.61.0"
+    assert emu.get("rayclusters", "default", "rc")["spec"]["rayVersion"] == "2.60.0"
+    custom.delete_namespaced_custom_object(*RC, "rc", dry_run="All")
+    assert emu.get("rayclusters", "default", "rc") is not None
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_invalid_ray_object_is_refused_and_nothing_is_created(emu, api, dry_run):
+    custom, _ = api
+    body = raycluster("rc")
+    body["spec"]["enableInTreeAutoscalling"] = True  # misspelt: the CRD has no such field
+    with pytest.raises(ApiException) as err:
+        (dry_apply if dry_run else apply)(custom, body)
+    assert err.value.status == 422 and "spec.enableInTreeAutoscalling: unknown field" in err.value.body
+    assert 'RayCluster.ray.io \\"rc\\" is invalid' in err.value.body
+    assert emu.get("rayclusters", "default", "rc") is None
+
+
+def test_the_cel_rule_and_admission_hooks_speak_in_a_dry_run(emu, api):
+    custom, _ = api
+    body = raycluster("rc")
+    body["spec"]["managedBy"] = "someone-else"  # schema-valid; only the CRD's CEL rule refuses it
+    with pytest.raises(ApiException) as err:
+        dry_apply(custom, body)
+    assert err.value.status == 422 and "the managedBy field value must be either" in err.value.body
+
+    def policy(plural: str, obj: dict) -> None:
+        if plural == "rayclusters" and "team" not in obj["metadata"].get("labels", {}):
+            from tests.harness.kube_emulator import api_error
+            raise api_error(403, "Forbidden", 'admission webhook "labels.policy.example" denied the request: label team is required')
+
+    emu.call(emu.handler.admission.append, policy)
+    with pytest.raises(ApiException) as err:
+        dry_apply(custom, raycluster("rc"))
+    assert err.value.status == 403 and "label team is required" in err.value.body
+    assert emu.get("rayclusters", "default", "rc") is None
+    with pytest.raises(ApiException) as err:
+        custom.get_namespaced_custom_object(*RC, "rc", _request_timeout=5)
+    assert err.value.status == 404

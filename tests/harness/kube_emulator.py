@@ -9,6 +9,14 @@ collection, status subresources, watches, bearer-token auth and the services pro
 websockets bridged: tests/kube_proxy.py). The KubeRay operator's part is played by
 tests/kube_operator.py.
 
+Admission, as the API server runs it on every write that comes in over HTTP: RayClusters and
+RayJobs are held to KubeRay's CRD (the structural schema, read as rayflow's validator reads the
+v1.7.0 CRD, whose positive control is KubeRay's own samples; and the CEL rule on spec.managedBy,
+which rayflow's offline checks do not evaluate), then to any `admission` hook a test adds (a
+policy webhook). A refusal is the server's 422 Invalid or 403 Forbidden. `dryRun=All` on a create,
+apply, patch, update or delete runs all of it and answers with the object the server would
+store, storing nothing, bumping no resourceVersion and notifying no watch.
+
 All state lives on the emulator loop; the sync accessors hop onto it, so tests and the operator
 never race the HTTP handlers.
 """
@@ -47,6 +55,7 @@ RESOURCES: dict[str, tuple[str, str, str, bool, bool]] = {
     "rayclusters": ("ray.io", "v1", "RayCluster", True, True),
     "rayjobs": ("ray.io", "v1", "RayJob", True, True),
 }
+MANAGED_BY_VALUES = ("ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue")  # RayCluster spec.managedBy's CEL rule
 # The field selectors the API server accepts beyond metadata.name/namespace; anything else is a 400.
 FIELD_LABELS = {
     "events": {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
@@ -187,6 +196,10 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
     _history: list[tuple[int, str, dict | None, dict | None]] = attrs.field(factory=list)
     _watchers: list[tuple[str, asyncio.Queue]] = attrs.field(factory=list)
     _session: aiohttp.ClientSession | None = None
+    # (plural, object) -> None, or raise api_error(...): a policy webhook's say on HTTP writes
+    admission: list[Callable[[str, dict], None]] = attrs.field(factory=list)
+    _dry_run: bool = False  # the write in progress is dryRun=All: nothing is stored
+    _admitting: bool = False  # the write in progress came in over HTTP: admission runs
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -220,17 +233,31 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         q, method = request.params, request.method
         if method == "GET" and q.get("watch") in ("1", "t", "T", "TRUE", "true", "True"):  # Go's ParseBool
             return await self._watch(request._raw_request, plural, ns, q)
+        if method in ("POST", "PUT", "PATCH", "DELETE"):  # synchronous on the loop: the flags cover one write
+            if q.get("dryRun") not in (None, "All"):
+                raise api_error(400, "BadRequest", f"Invalid dry run value: {q['dryRun']!r} (only All)")
+            self._dry_run, self._admitting = q.get("dryRun") == "All", True
+            try:
+                return await self._write(request, plural, ns, name, sub, q, method)
+            finally:
+                self._dry_run, self._admitting = False, False
         if method == "GET" and name is None:
             items = self.list(plural, ns, q.get("labelSelector"), q.get("fieldSelector"))
             return aiohttp.web.json_response({
                 "apiVersion": _api_version(plural), "kind": RESOURCES[plural][2] + "List",
                 "metadata": {"resourceVersion": str(self._rv)}, "items": items})
-        if method == "POST" and name is None:
-            return aiohttp.web.json_response(self.create(plural, ns, _body(request)), status=201)
         if name is None:
             raise api_error(405, "MethodNotAllowed", f"the server does not allow this method on {plural}")
         if method == "GET":
             return aiohttp.web.json_response(self.read(plural, ns, name))
+        raise api_error(405, "MethodNotAllowed", f"{method} is not allowed")
+
+    async def _write(self, request: kmock.Request, plural: str, ns: str | None, name: str | None, sub: str | None,
+                     q: dict, method: str) -> aiohttp.web.StreamResponse:
+        if method == "POST" and name is None:
+            return aiohttp.web.json_response(self.create(plural, ns, _body(request)), status=201)
+        if name is None:
+            raise api_error(405, "MethodNotAllowed", f"the server does not allow this method on {plural}")
         if method == "PUT":
             return aiohttp.web.json_response(self.replace(plural, ns, name, _body(request), sub))
         if method == "PATCH":
@@ -242,6 +269,26 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             return aiohttp.web.json_response(
                 self.delete(plural, ns, name, q.get("propagationPolicy") or body.get("propagationPolicy")))
         raise api_error(405, "MethodNotAllowed", f"{method} is not allowed")
+
+    # -- admission -------------------------------------------------------------------------------
+    def _admit(self, plural: str, obj: dict[str, Any]) -> None:
+        """The CRD's validation of a Ray object, then the test's hooks; refusals as the server words them."""
+        if RESOURCES[plural][0] == "ray.io":
+            from rayflow.backends.kuberay.schema import schema_errors
+
+            kind, name = RESOURCES[plural][2], obj["metadata"].get("name")
+            body = {k: v for k, v in obj.items() if k != "status"}  # status: the subresource's, not validated here
+            body["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+            errors = schema_errors(body)
+            managed_by = (obj.get("spec") or {}).get("managedBy")
+            if managed_by is not None and managed_by not in MANAGED_BY_VALUES:  # the CRD's x-kubernetes-validations
+                errors.append(f"spec.managedBy: Invalid value: \"string\": the managedBy field value must be either "
+                              "'ray.io/kuberay-operator' or 'kueue.x-k8s.io/multikueue'")
+            if errors:
+                raise api_error(422, "Invalid", f'{kind}.ray.io "{name}" is invalid: {"; ".join(errors)}',
+                                name=name, group="ray.io", kind=kind)
+        for hook in self.admission:
+            hook(plural, copy.deepcopy(obj))
 
     # -- the store -------------------------------------------------------------------------------
     def read(self, plural: str, ns: str | None, name: str) -> dict[str, Any]:
@@ -295,11 +342,14 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             if body.get("metadata", {}).get("name") not in (None, name):
                 raise api_error(400, "BadRequest", "the name of the object does not match the name on the URL")
             if key not in self.store:
-                self._applied[key, manager, sub] = copy.deepcopy(body)
-                return self.create(plural, ns, copy.deepcopy(body)), True
+                created = self.create(plural, ns, copy.deepcopy(body))
+                if not self._dry_run:
+                    self._applied[key, manager, sub] = copy.deepcopy(body)
+                return created, True
             old = self.read(plural, ns, name)
             pruned = prune_unapplied(old, self._applied.get((key, manager, sub)), body)
-            self._applied[key, manager, sub] = copy.deepcopy(body)
+            if not self._dry_run:
+                self._applied[key, manager, sub] = copy.deepcopy(body)
             new = merge_patch(pruned, body)
         elif content_type == "application/merge-patch+json" or (
                 content_type == "application/strategic-merge-patch+json" and RESOURCES[plural][0] == ""):
@@ -317,6 +367,8 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
 
     def delete(self, plural: str, ns: str | None, name: str, propagation: str | None = None) -> dict[str, Any]:
         old = self.read(plural, ns, name)
+        if self._dry_run:  # what would be deleted, still there
+            return old
         meta = old["metadata"]
         if propagation == "Foreground" and "foregroundDeletion" not in meta.get("finalizers", []):
             meta.setdefault("finalizers", []).append("foregroundDeletion")
@@ -367,6 +419,12 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         Only the server sets deletionTimestamp (`deleting`); writers cannot change it or the identity.
         """
         key = (plural, ns, name)
+        if self._admitting and new is not None and not deleting:
+            self._admit(plural, new)
+        if self._dry_run:  # validated and admitted: answered as stored, nothing kept or announced
+            result = copy.deepcopy(new if new is not None else old)
+            result["metadata"].setdefault("resourceVersion", (old or {}).get("metadata", {}).get("resourceVersion", str(self._rv)))
+            return result
         if new is not None and old is not None:
             meta, was = new.setdefault("metadata", {}), old["metadata"]
             for immutable in ("uid", "creationTimestamp", "name", "namespace", "generation") + (
