@@ -97,7 +97,7 @@ def auth_of(cluster: Mapping) -> dict | None:
 def render(user: UserManifest, b: Mapping, gpu: bool, auth_mode: str, labels: Mapping) -> tuple[dict, list[str]]:
     """The object rayflow applies for `user`'s manifest and the section `b`, and a note for each
     thing rayflow changed or added. ConfigError (backend.manifest, or the key) for what cannot be."""
-    m, notes, path, what = user.document, list(user.notes), user.path, user.what
+    m, notes, path, what = copy.deepcopy(user.document), list(user.notes), user.path, user.what
     keys = set_keys(b)
     for key in keys:
         if key.split(".")[0] in PODS_IN_THE_MANIFEST:
