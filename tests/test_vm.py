@@ -85,9 +85,9 @@ def test_each_submitted_job_returns_its_run_result(vm_jobs):
         _, parents, _ = runner.mlflow(experiment)
         assert result["type"] == "RunResult" and result["mlflow_run_id"] == parents[0].info.run_id
         assert result["experiment_dir"].startswith(str(runner.storage))  # fake nodes share this machine's files
-    assert cifar["trials"] == 4 and "accuracy" in cifar["best_metrics"] and "lr" in cifar["best_config"]
-    assert tune["trials"] == 2 and "loss" in tune["best_metrics"] and "lr" in tune["best_config"]
-    assert ddp["trials"] == 2  # one row per report of the one Train run
+    assert cifar["trials"] == 4 and "val_accuracy" in cifar["best_metrics"] and "lr" in cifar["best_config"], cifar
+    assert tune["trials"] == 2 and "loss" in tune["best_metrics"] and "lr" in tune["best_config"], tune
+    assert ddp["trials"] == 2 and "val_accuracy" in ddp["best_metrics"], ddp  # one row per epoch of the one Train run
     assert out.stdout.count("== rayflow results") == 3  # the table once per job, not again here
     assert "[rayflow-result]" not in out.stdout  # the job's line for this side is not shown
 

@@ -2,7 +2,7 @@
 
 A backend turns its own `backend:` config section (and the run's auth mode; nothing else,
 as Hydra hands a launcher only its own config) into a running Ray cluster and back:
-`render` says what it would start (YAML), `start` starts or joins it and returns its
+`render` says what it would start (YAML the engine takes), `start` starts or joins it and returns its
 address. Each step of `start` that leaves something behind registers its undo with
 `on_stop` the moment it succeeds; `stop` runs the undo steps in reverse, goes on past one
 that fails (reporting it), and may be called any number of times. Used as a context
@@ -97,7 +97,9 @@ class ClusterBackend(abc.ABC):
 
     @abc.abstractmethod
     def render(self) -> str:
-        """The cluster spec this backend starts or joins, as YAML text."""
+        """What this backend starts or joins, as YAML text: the engine's own document where it
+        has one (what `ray up`, `kubectl apply` or `setup_ray_cluster` takes), nothing else;
+        notes for the user belong in notes(). A dry run prints it; MLflow keeps it."""
 
     @abc.abstractmethod
     def start(self) -> str:
