@@ -53,6 +53,9 @@ ONLY_FOR = {
     "head_ip": ("local",), "worker_ips": ("local",),
     "ssh_user": ("local", "aws", "gcp"), "ssh_private_key": ("local", "aws", "gcp"),
 }
+# Keys that only say what rayflow renders: with backend.cluster_yaml the file says it instead.
+RENDERING_KEYS = ("provider", "num_cpus_head_node", "num_gpus_head_node", "head_instance_type", "worker", "region",
+                  "availability_zone", "cache_stopped_nodes", "ami", "project_id", "source_image", "head_ip", "worker_ips")
 TYPE_ONLY_FOR = {"instance_type": CLOUDS, "accelerator_type": ("gcp",),
                  "min_workers": ("fake_multinode", "aws", "gcp"), "max_workers": ("fake_multinode", "aws", "gcp")}
 
@@ -130,6 +133,12 @@ def _key_file(value: Any) -> str:
     return value
 
 
+def _file_path(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be the path of a Ray cluster YAML (what `ray up` takes) or null; got {value!r}")
+    return value
+
+
 def _overrides(value: Any) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"must be a mapping (deep-merged into the rendered cluster config); got {value!r}")
@@ -174,6 +183,10 @@ class NodeTypes(Part):
 
 class Vm(Section):
     name: Text = Field(description="`vm`: Ray's cluster launcher (fake_multinode, SSH hosts, aws, gcp), the run submitted as a Ray Job")
+    cluster_yaml: kind("path of a Ray cluster YAML", _file_path, optional=True) = Field(
+        description="your own Ray cluster YAML (what `ray up` takes: aws, gcp, azure, local, fake_multinode) started as it is; "
+                    "the keys of the rendered config (`provider`, `head_ip`, `region`, `worker`, ...) are then refused, and "
+                    "the others apply on top of the file only where they differ from their default (docs/backends/vm.md)")
     provider: OneOf(*PROVIDERS) = Field(
         description="`fake_multinode`: Ray's real autoscaler launching worker nodes as processes on this machine (no cloud, "
                     "no SSH); `local`: your hosts over SSH (`head_ip`, `worker_ips`); `aws`, `gcp`: VMs the launcher "
@@ -232,6 +245,11 @@ class Vm(Section):
         low, high = self.min_worker_nodes, self.max_worker_nodes
         if low > high:
             raise KeyedError("min_worker_nodes", f"({low}) is greater than backend.max_worker_nodes ({high})")
+        auth_mode = (info.context or {}).get("cfg", {}).get("ray_auth_mode", "token")
+        _dashboard_rule(self.dashboard_host, auth_mode)
+        if self.cluster_yaml is not None:  # the file holds the cluster: the rendering's keys have nothing to render
+            _rendering_keys_unset(b)
+            return self
         for kind_ in ("cpu", "gpu"):
             _node_type_rules(b, kind_, gpu)
         if gpu and self.worker.gpu.num_gpus < 1:
@@ -246,10 +264,6 @@ class Vm(Section):
         for key, providers in ONLY_FOR.items():
             if b[key] not in (None, shipped_defaults().get(key)) and provider not in providers:
                 raise KeyedError(key, f"has no effect with provider={provider} (it applies to {', '.join(providers)})")
-        auth_mode = (info.context or {}).get("cfg", {}).get("ray_auth_mode", "token")
-        if self.dashboard_host not in (None, "127.0.0.1", "localhost") and auth_mode != "token":
-            raise KeyedError("dashboard_host", f"is {self.dashboard_host!r} but ray_auth_mode={auth_mode}: the dashboard (and its job API) would "
-                                               "answer anyone who reaches it; use ray_auth_mode=token or leave it null (127.0.0.1)")
         if provider in CLOUDS:
             region = cloud_region(b)
             for zone in str(self.availability_zone or "").split(","):
@@ -261,6 +275,33 @@ class Vm(Section):
             if self.worker_ips and high > len(self.worker_ips):
                 raise KeyedError("max_worker_nodes", f"({high}) is more than the {len(self.worker_ips)} hosts in backend.worker_ips")
         return self
+
+
+def _dashboard_rule(host: str | None, auth_mode: str) -> None:
+    if host not in (None, "127.0.0.1", "localhost") and auth_mode != "token":
+        raise KeyedError("dashboard_host", f"is {host!r} but ray_auth_mode={auth_mode}: the dashboard (and its job API) would "
+                                           "answer anyone who reaches it; use ray_auth_mode=token or leave it null (127.0.0.1)")
+
+
+def _changed(b: Mapping, shipped: Mapping, prefix: str = "") -> list[str]:
+    """Keys of `b` (dotted, nested ones too) whose value differs from the shipped default."""
+    keys = []
+    for key, value in b.items():
+        default = shipped.get(key)
+        if isinstance(value, Mapping) and isinstance(default, Mapping):
+            keys += _changed(value, default, f"{prefix}{key}.")
+        elif value != default:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def _rendering_keys_unset(b: Mapping) -> None:
+    """With backend.cluster_yaml the file holds what these keys would render: one set too would
+    be silently ignored, so it is refused (set it in the file, or with backend.overrides)."""
+    shipped = {k: v for k, v in shipped_defaults().items() if k in RENDERING_KEYS}
+    for key in _changed({k: b[k] for k in RENDERING_KEYS}, shipped):
+        raise KeyedError(key, "has no effect with backend.cluster_yaml: the file holds the cluster (its provider, hosts, node types); "
+                              "set it in the file, or with backend.overrides (merged into the file last)")
 
 
 def _node_type_rules(b: dict, kind_: str, gpu: bool) -> None:

@@ -37,22 +37,22 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
         raw["compute_device"] = "cuda" if gpu else "cpu"
     validate_section("backend", Vm, raw, {"ray_auth_mode": auth_mode})
     b = with_defaults(raw)
-    if b["provider"] != "fake_multinode":
-        _check_launcher(b)
-
-
-def _check_launcher(b: dict) -> None:
-    """What `ray up` needs on this machine: it reaches every node with ssh and syncs files
-    (its own config on the head, the token) with rsync; and the SSH key, when one is given."""
     key_file = b.get("ssh_private_key")
-    if key_file is not None:
+    if key_file is not None:  # also with backend.cluster_yaml, whose auth it then sets
         path = os.path.expanduser(key_file)
         # The path itself stays out of the message: secret-named keys are masked everywhere.
         if not os.path.isfile(path) or not os.access(path, os.R_OK):
             raise ConfigError("backend.ssh_private_key", "cannot be read: no such file, not a file, or no permission to read it")
+    if b["provider"] != "fake_multinode" and b.get("cluster_yaml") is None:  # a file's provider: check_tools
+        check_tools(b["provider"])
+
+
+def check_tools(provider: str, key: str = "backend.provider") -> None:
+    """What `ray up` needs on this machine: it reaches every node with ssh and syncs files
+    (its own config on the head, the token) with rsync."""
     for tool, package in (("ssh", "openssh-client"), ("rsync", "rsync")):
         if shutil.which(tool) is None:
-            raise ConfigError("backend.provider", f"provider={b['provider']} runs `{tool}` from this machine (ray up), and it is not on PATH: apt-get install {package}")
+            raise ConfigError(key, f"provider={provider} runs `{tool}` from this machine (ray up), and it is not on PATH: apt-get install {package}")
 
 
 # --- placeholders ---------------------------------------------------------------------------

@@ -6,6 +6,8 @@ an autoscaling config it writes completely) in a temp dir of its own, and stops 
 processes that name it. `local` (SSH hosts), `aws` and `gcp` go through Ray's SDK
 (`create_or_update_cluster`, `teardown_cluster`), the library behind `ray up`/`ray down`.
 The run itself is submitted to the head (rayflow.remote); nothing connects this driver.
+With `backend.cluster_yaml` the user's own cluster YAML is the cluster (vm.user_file,
+vm.user_additions), started the same way by its provider.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ import yaml
 
 from rayflow.auth import auth_token, ensure_token, token_path
 from rayflow.backends.base import ClusterBackend
-from rayflow.backends.vm.checks import check, placeholder_note, require_filled
-from rayflow.backends.vm.commands import head_start_args, launcher_env
+from rayflow.backends.vm import user_file
+from rayflow.backends.vm.checks import check, check_tools, placeholder_note, require_filled
+from rayflow.backends.vm.commands import dashboard_port, head_args, launch_note, launcher_env
 from rayflow.backends.vm.config import render
+from rayflow.backends.vm.user_additions import render_file
 from rayflow.errors import ClusterError
 from rayflow.process_state import scoped_env
 from rayflow.processes import (
@@ -37,9 +41,6 @@ from rayflow.processes import (
     stop_processes_mentioning,
 )
 from rayflow.progress import phase
-
-DASHBOARD_PORT = 8265  # Ray's default, on the head of a launched cluster
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -73,7 +74,15 @@ class VMCluster(ClusterBackend):
     submits_jobs = True
 
     @property
+    def cluster_yaml(self) -> str | None:
+        """The user's own cluster YAML (backend.cluster_yaml), or None: rayflow renders one."""
+        path = self.section.get("cluster_yaml")
+        return str(path) if path is not None else None
+
+    @property
     def provider(self) -> str:
+        if self.cluster_yaml:  # the file's (refused in one line when it cannot be read)
+            return user_file.provider_type(user_file.load(self.cluster_yaml), self.cluster_yaml)
         return str(self.section.provider)
 
     @property
@@ -90,10 +99,16 @@ class VMCluster(ClusterBackend):
 
     def check(self) -> None:
         check(self.section, self.gpu(), self.auth_mode)
+        if self.cluster_yaml:
+            self.cluster_config()  # the file loaded, with rayflow's additions, checked as `ray up` would
+            if self.provider != "fake_multinode":
+                check_tools(self.provider, "backend.cluster_yaml")
 
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
         """The head and max_worker_nodes workers of the type the run uses, where sizes are set."""
         b = self.section
+        if self.cluster_yaml:
+            return None  # the file's node types may leave their sizes to Ray: the running cluster says
         worker = b.worker.gpu if self.gpu() else b.worker.cpu
         if worker.num_cpus is None:
             return None  # the node's own size, known once it runs
@@ -105,17 +120,27 @@ class VMCluster(ClusterBackend):
         return [head] + [dict(node) for _ in range(int(high))]
 
     def cluster_config(self, gcs_address: str | None = None) -> dict:
+        """The cluster YAML rayflow writes and starts (`ray up`, or the fake head's autoscaling
+        config): rendered from the section, or the user's file with rayflow's additions."""
         import ray
 
-        return render(self.section, self.gpu(), self.auth_mode, ray.__version__,
-                                f"{sys.version_info.major}.{sys.version_info.minor}", _token_file(), gcs_address)
+        python = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if self.cluster_yaml:
+            config, self._file_notes = render_file(self.section, self.gpu(), self.auth_mode, ray.__version__, python,
+                                                   _token_file(), gcs_address)
+            return config
+        return render(self.section, self.gpu(), self.auth_mode, ray.__version__, python, _token_file(), gcs_address)
 
     def render(self) -> str:
-        return yaml.safe_dump({"backend": "vm", "provider": self.provider, "cluster": self.cluster_config()}, sort_keys=False)
+        """Exactly the cluster YAML a start writes (what a dry run prints): `ray up` takes it."""
+        return yaml.safe_dump(self.cluster_config(), sort_keys=False)
 
     def notes(self) -> list[str]:
-        note = placeholder_note(self.section)
-        return [note] if note else []
+        config = self.cluster_config()
+        notes = list(getattr(self, "_file_notes", [])) if self.cluster_yaml else [n for n in [placeholder_note(self.section)] if n]
+        provider = config["provider"]["type"]
+        head = head_args(config) if provider == "fake_multinode" else []
+        return [*notes, launch_note(provider, launcher_env(self.section, self.auth_mode, _token_file(), provider=provider), head)]
 
     def teardown_command(self) -> str | None:
         """What stops the cluster if this process dies before it can (printed on every error path)."""
@@ -134,8 +159,11 @@ class VMCluster(ClusterBackend):
 
     # --- fake_multinode: the head on this machine, worker nodes started by its autoscaler ----
 
+    def _cluster_name(self) -> str:
+        return str(self.cluster_config().get("cluster_name") or "default") if self.cluster_yaml else str(self.section.cluster_name)
+
     def _state_file(self) -> Path:
-        return Path.home() / ".cache" / "rayflow" / "vm" / f"{self.section.cluster_name}.json"
+        return Path.home() / ".cache" / "rayflow" / "vm" / f"{self._cluster_name()}.json"
 
     def _reuse_fake(self) -> str | None:
         """The dashboard URL of a running fake cluster of this cluster_name (kept by an earlier run)."""
@@ -150,7 +178,7 @@ class VMCluster(ClusterBackend):
             wait_for_dashboard(state["url"], 10, "backend=vm")
         except ClusterError:
             return None
-        print(f"[rayflow] vm: reusing the running cluster {self.section.cluster_name} ({self._temp_dir})", flush=True)
+        print(f"[rayflow] vm: reusing the running cluster {self._cluster_name()} ({self._temp_dir})", flush=True)
         return state["url"]
 
     def _register_fake_teardown(self) -> None:
@@ -175,12 +203,12 @@ class VMCluster(ClusterBackend):
         Path(self._config_file).write_text(yaml.safe_dump(config))
         command = [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
                    f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1", f"--temp-dir={self._temp_dir}",
-                   *head_start_args(self.section), f"--autoscaling-config={self._config_file}",
+                   *head_args(config), f"--autoscaling-config={self._config_file}",
                    # every port of its own: other Ray clusters on this machine keep theirs
                    f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
                    f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
                    "--disable-usage-stats"]
-        env = dict(os.environ, **launcher_env(self.section, self.auth_mode, _token_file()))
+        env = dict(os.environ, **launcher_env(self.section, self.auth_mode, _token_file(), provider="fake_multinode"))
         # jobs on this head run `python`: this venv's, as the fake nodes do
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         # Ray processes asking the state API with no address (Ray Train's placement-group
@@ -206,24 +234,26 @@ class VMCluster(ClusterBackend):
         import click  # Ray's launcher reports its failures as click exceptions
         from ray.autoscaler import sdk
 
-        require_filled(self.section)
+        if not self.cluster_yaml:
+            require_filled(self.section)
         self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
         self.on_stop("remove the cluster config's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
         config = self.cluster_config()
-        self._config_file = os.path.join(self._temp_dir, f"{config['cluster_name']}.yaml")
+        name = str(config.get("cluster_name") or "default")
+        self._config_file = os.path.join(self._temp_dir, f"{name}.yaml")
         Path(self._config_file).write_text(yaml.safe_dump(config))
         if self.owns_cluster:  # registered first: a `ray up` that failed halfway is torn down too
             if self.provider == "local":
                 self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
-            self.on_stop(f"tear down cluster {config['cluster_name']}", sdk.teardown_cluster, self._config_file)
-        env = launcher_env(self.section, self.auth_mode, _token_file())  # v1 for local (ray#59905)
-        with scoped_env(env), phase(f"creating or updating cluster {config['cluster_name']} (provider {self.provider}, as `ray up`)", "vm"):
+            self.on_stop(f"tear down cluster {name}", sdk.teardown_cluster, self._config_file)
+        env = launcher_env(self.section, self.auth_mode, _token_file(), provider=self.provider)  # v1 for local (ray#59905)
+        with scoped_env(env), phase(f"creating or updating cluster {name} (provider {self.provider}, as `ray up`)", "vm"):
             try:
                 sdk.create_or_update_cluster(self._config_file, no_restart=False, restart_only=False, no_config_cache=True)
             except click.ClickException as err:  # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
                 raise ClusterError(f"backend=vm provider={self.provider}: `ray up` failed: {err.format_message() or 'see its output above'}") from None
         head_ip = sdk.get_head_node_ip(self._config_file)
-        url = f"http://{head_ip}:{DASHBOARD_PORT}"
+        url = f"http://{head_ip}:{dashboard_port(config)}"
         with phase(f"waiting for the head's dashboard at {url}", "vm"):
             wait_for_dashboard(url, float(self.section.start_timeout_s), f"backend=vm provider={self.provider}")
         return url
@@ -232,11 +262,13 @@ class VMCluster(ClusterBackend):
 
 def stop_local_workers(config: dict) -> None:
     """`ray stop` on each worker host of a local-provider cluster over SSH, as Ray runs its commands."""
-    auth = config["auth"]
+    auth = config.get("auth") or {}
+    key = ["-i", os.path.expanduser(auth["ssh_private_key"])] if auth.get("ssh_private_key") else []  # else the ssh agent's
+    user = f"{auth['ssh_user']}@" if auth.get("ssh_user") else ""
     for ip in config["provider"].get("worker_ips") or []:
-        subprocess.run(["ssh", "-i", os.path.expanduser(auth["ssh_private_key"]), "-o", "StrictHostKeyChecking=no",
+        subprocess.run(["ssh", *key, "-o", "StrictHostKeyChecking=no",
                         "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-                        f"{auth['ssh_user']}@{ip}", "bash --login -c -i 'ray stop'"],
+                        f"{user}{ip}", "bash --login -c -i 'ray stop'"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
 
 

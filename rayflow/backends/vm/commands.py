@@ -2,12 +2,15 @@
 
 `setup_commands` (pinning this machine's versions on cloud nodes, `runtime_requirements`;
 checking Ray's on your hosts), `start_commands` (`ray start` on head and workers),
-`head_start_args` (the head's resources as `ray start` arguments) and `launcher_env` (the
-environment of `ray up`, or of `ray start --head` for fake_multinode).
+`head_start_args` (the head's resources as `ray start` arguments; `head_args`: from a cluster
+YAML's head node type), `dashboard_port`, `launcher_env` (the environment of `ray up`, or of `ray
+start --head` for fake_multinode) and `launch_note` (how to start a dry run's file yourself).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from typing import Mapping
 
@@ -17,6 +20,8 @@ from rayflow.backends.vm.defaults import placeholder, with_defaults
 from rayflow.dependencies import runtime_requirements
 from rayflow.schema.vm import CLOUDS
 
+DASHBOARD_PORT = 8265  # Ray's default, on the head of a launched cluster
+
 
 def _auth_env(auth_mode: str) -> str:
     # Every node exports the mode before `ray start`: a head finding a token file turns auth
@@ -24,7 +29,7 @@ def _auth_env(auth_mode: str) -> str:
     return f"export RAY_AUTH_MODE={auth_mode};"
 
 
-def _dashboard_host(b: dict, auth_mode: str) -> str:
+def dashboard_host(b: Mapping, auth_mode: str) -> str:
     if b.get("dashboard_host"):
         return str(b["dashboard_host"])
     # Reachable from other machines only where it asks for the token; else `ray dashboard`
@@ -54,7 +59,7 @@ def start_commands(b: dict, gpu: bool, auth_mode: str) -> tuple[list[str], list[
     env = _auth_env(auth_mode)
     head = ["ray start --head --port=6379 --object-manager-port=8076",
             "--autoscaling-config=~/ray_bootstrap_config.yaml", *head_start_args(b),
-            f"--dashboard-host={_dashboard_host(b, auth_mode)}"]
+            f"--dashboard-host={dashboard_host(b, auth_mode)}"]
     worker = ["ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076"]
     if provider == "local":
         # Without --node-ip-address Ray finds no route on such hosts and advertises 127.0.0.1.
@@ -66,9 +71,13 @@ def start_commands(b: dict, gpu: bool, auth_mode: str) -> tuple[list[str], list[
     return (["ray stop", f"{prefix} {' '.join(head)}"], ["ray stop", f"{prefix} {' '.join(worker)}"])
 
 
-def setup_commands(b: dict, ray_version: str) -> dict[str, list[str]]:
+def pin_command(ray_version: str) -> str:
+    """The install of Ray and rayflow's runtime dependencies at this machine's versions."""
+    return "pip install -U " + " ".join(f'"{pin}"' for pin in runtime_requirements(ray_version))
+
+
+def setup_commands(b: Mapping, ray_version: str) -> dict[str, list[str]]:
     provider = b["provider"]
-    pins = " ".join(f'"{pin}"' for pin in runtime_requirements(ray_version))
     if provider in CLOUDS:
         # Ray's defaults put the image's conda env on PATH, then install a nightly wheel: keep
         # the first, replace the second with this machine's versions.
@@ -77,7 +86,7 @@ def setup_commands(b: dict, ray_version: str) -> dict[str, list[str]]:
             "gcp": "(stat /opt/conda/bin/ &> /dev/null && echo 'export PATH=\"/opt/conda/bin:$PATH\"' >> ~/.bashrc) || true",
         }[provider]
         sdk = {"aws": "pip install 'boto3>=1.4.8'", "gcp": "pip install google-api-python-client==1.7.8"}[provider]
-        return {"setup_commands": [path, f"pip install -U {pins}"],
+        return {"setup_commands": [path, pin_command(ray_version)],
                 "head_setup_commands": [sdk],  # the head's autoscaler talks to the cloud API
                 "worker_setup_commands": []}
     if provider == "local":
@@ -88,18 +97,48 @@ def setup_commands(b: dict, ray_version: str) -> dict[str, list[str]]:
     return {"setup_commands": [], "head_setup_commands": [], "worker_setup_commands": []}  # this machine's venv
 
 
-def launcher_env(section: DictConfig | Mapping, auth_mode: str, token_file: str | None = None) -> dict[str, str]:
+def launcher_env(section: DictConfig | Mapping, auth_mode: str, token_file: str | None = None,
+                 provider: str | None = None) -> dict[str, str]:
     """Environment for the process that starts the cluster (`ray up`, or `ray start --head`
-    for fake_multinode), on top of this process's own."""
-    b = with_defaults(section)
+    for fake_multinode), on top of this process's own. provider: the cluster's, where a user's
+    cluster YAML (backend.cluster_yaml) names it rather than the section."""
+    provider = provider or with_defaults(section)["provider"]
     env = {"RAY_AUTH_MODE": str(auth_mode)}
-    if b["provider"] == "fake_multinode":
+    if provider == "fake_multinode":
         env["RAY_FAKE_CLUSTER"] = "1"  # the head's monitor builds FakeMultiNodeProvider only then
         # v2 would run prepare_config, which needs Ray's example.yaml (not in the wheel)
         env["RAY_enable_autoscaler_v2"] = "0"
         if auth_mode == "token" and token_file:
             env["RAY_AUTH_TOKEN_PATH"] = str(token_file)  # worker processes start from the head's monitor
-    if b["provider"] == "local":
+    if provider == "local":
         # Autoscaler v2 loses fresh local-provider hosts (Ray 2.60, ray#59905): `ray up` runs v1.
         env["RAY_UP_enable_autoscaler_v2"] = "0"
     return env
+
+
+def launch_note(provider: str, env: Mapping[str, str], head_args: list[str]) -> str:
+    """The one line a dry run prints on how to start the printed cluster YAML without rayflow."""
+    prefix = " ".join(f"{k}={v}" for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH")
+    if provider == "fake_multinode":  # `ray up` would run prepare_config, which needs an example.yaml the wheel lacks
+        return (f"rayflow: dry run: to start this file yourself: {prefix} ray start --head --autoscaling-config=cluster.yaml "
+                f"{' '.join(head_args)} --dashboard-host=127.0.0.1 (a fake_multinode head starts here, not with ray up)")
+    return (f"rayflow: dry run: to start this file yourself: {prefix} ray up cluster.yaml; the printout masks the token file's "
+            "path under file_mounts (~/.ray/auth_token here) and auth.ssh_private_key: put them back first")
+
+
+def head_args(config: dict) -> list[str]:
+    """The head node type's resources as `ray start --head` arguments (a fake_multinode head is
+    started by rayflow, not by the launcher, and must match its node type)."""
+    resources = dict(config["available_node_types"][config["head_node_type"]].get("resources") or {})
+    args = [f"{flag}={int(resources.pop(key))}" for key, flag in (("CPU", "--num-cpus"), ("GPU", "--num-gpus"), ("memory", "--memory"),
+                                                                   ("object_store_memory", "--object-store-memory")) if key in resources]
+    return args + ([f"--resources={json.dumps(resources, separators=(',', ':'))}"] if resources else [])
+
+
+def dashboard_port(config: dict) -> int:
+    """The head's dashboard port: its `ray start --head --dashboard-port`, else Ray's default."""
+    for command in config.get("head_start_ray_commands") or []:
+        found = re.search(r"--dashboard-port[= ](\d+)", command) if isinstance(command, str) and "--head" in command else None
+        if found:
+            return int(found.group(1))
+    return DASHBOARD_PORT
