@@ -9,6 +9,7 @@ store or Hydra output behind.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from rayflow.testing.processes import ray_daemon_pids
 from tests.harness.cli import Rayflow
 
 TUNE = ["workload.metric=loss", "workload.mode=min"]  # what every workload=tune command names
+VM_FILES = Path(__file__).parent / "bad_cluster_yaml"  # bad Ray cluster YAMLs (backend.cluster_yaml)
 
 BAD_INPUT = [
     # booleans take true/false only (a string like "maybe" is truthy)
@@ -88,6 +90,14 @@ BAD_INPUT = [
     (["backend=vm", "backend.provider=nosuch"], "backend.provider"),
     (["backend=vm", "backend.keep_cluster=maybe"], "backend.keep_cluster"),
     (["backend=vm", "backend.worker.cpu.num_cpus=1.5"], "backend.worker.cpu.num_cpus"),
+    # backend=vm backend.cluster_yaml: the user's own Ray cluster YAML (tests/bad_cluster_yaml/)
+    (["backend=vm", "backend.cluster_yaml=/nonexistent/cluster.yaml"], "backend.cluster_yaml"),
+    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'not-yaml.yaml'}"], "backend.cluster_yaml"),
+    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'max-workers-lots.yaml'}"], "backend.cluster_yaml"),
+    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'legacy-head-node.yaml'}"], "backend.cluster_yaml"),
+    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'local-placeholders.yaml'}"], "backend.cluster_yaml"),
+    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'gcp-project-placeholder.yaml'}"], "backend.cluster_yaml"),
+    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'max-workers-lots.yaml'}", "backend.head_ip=10.0.0.1"], "backend.head_ip"),
     # backend=kuberay: names, replicas, quantities, the autoscaler, RayJob lifecycle, and
     # KubeRay's CRD schema and operator rules on what backend.overrides adds
     (["backend=kuberay", "+backend.overrides.spec.enableInTreeAutoscalling=true"], "backend.overrides"),
