@@ -114,6 +114,14 @@ BAD_INPUT = [
     (["backend=kuberay", "backend.mode=serverless"], "backend.mode"),
     (["backend=kuberay", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
     (["backend=kuberay", "backend.start_timeout_s=0"], "backend.start_timeout_s"),
+    # backend=kuberay backend.manifest: the user's own RayCluster/RayJob file (tests/bad_kuberay_manifest/)
+    (["backend=kuberay", "backend.manifest=/nonexistent/raycluster.yaml"], "backend.manifest"),
+    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'not-yaml.yaml'}"], "backend.manifest"),
+    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'no-ray-document.yaml'}"], "backend.manifest"),
+    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'two-ray-documents.yaml'}"], "backend.manifest"),
+    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'crd-violation.yaml'}"], "backend.manifest"),
+    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'placeholder.yaml'}"], "backend.manifest"),
+    (["backend=kuberay", "compute=gpu", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'cpu-only.yaml'}"], "backend.manifest"),
     # the user's own code: names that do not import or are not functions, the vocabulary of the
     # search space, schedulers and search algorithms, what Tune optimises, RLlib's names
     (["workload=tune", "workload.trainable=no_such_module:objective", *TUNE], "workload.trainable"),
