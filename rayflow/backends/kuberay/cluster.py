@@ -83,8 +83,9 @@ class KubeRayCluster(ClusterBackend):
 
     def teardown_command(self) -> str | None:
         """What deletes the cluster if this process dies before it can (printed on every error path)."""
-        metadata = self.manifest()["metadata"]
-        return f"kubectl delete {self.manifest()['kind'].lower()} {metadata['name']} -n {metadata['namespace']}"
+        manifest = getattr(self, "_manifest", None) or self.manifest()  # what start() applied, once it has
+        metadata = manifest["metadata"]
+        return f"kubectl delete {manifest['kind'].lower()} {metadata['name']} -n {metadata['namespace']}"
 
     def notes(self) -> list[str]:
         """What rayflow changed in or added to the user's manifest, and the documents it leaves."""

@@ -134,7 +134,8 @@ def render(user: UserManifest, b: Mapping, gpu: bool, auth_mode: str, labels: Ma
                            "to the dashboard with the Ray token from a Secret; use authOptions.mode: token")
     if auth is None and auth_mode == "token":
         cluster["authOptions"] = {"mode": "token"}
-        notes.append("backend.manifest: spec.authOptions {mode: token} added (ray_auth_mode=token; the token stays in its Secret)")
+        where = "spec.rayClusterSpec" if m["kind"] == "RayJob" else "spec"
+        notes.append(f"backend.manifest: {where}.authOptions {{mode: token}} added (ray_auth_mode=token; KubeRay keeps the token in a Secret)")
     elif auth is not None and auth["mode"] != "token":
         notes.append(f"backend.manifest: the manifest sets Ray's auth mode {auth['mode']!r}: kept as it is, whatever ray_auth_mode says")
     overrides = b.get("overrides") or {}
