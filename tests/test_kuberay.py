@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rayflow.processes import stop_processes_mentioning
 from rayflow.testing.backends import JobSubmissionSuite
@@ -216,6 +217,98 @@ def test_the_users_tune_function_goes_with_the_job(ray_head, rayflow, emulator, 
     assert parent.data.params["workload.trainable"] == "train:objective"
     assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2
     assert wait_until(lambda: _gone(emulator), timeout=10)
+
+
+USER_MANIFEST = """\
+# What a platform team hands over: its RayCluster, and a ConfigMap its pods would mount.
+apiVersion: ray.io/v1
+kind: RayCluster
+metadata:
+  name: team-ray
+  labels: {team: ml}
+spec:
+  rayVersion: "2.60.0"
+  headGroupSpec:
+    rayStartParams: {num-cpus: "2"}
+    template:
+      spec:
+        containers:
+          - name: ray-head
+            image: rayproject/ray:2.60.0-py311
+            resources: &pod
+              limits: {cpu: "2", memory: 4Gi}
+              requests: {cpu: "2", memory: 4Gi}
+  workerGroupSpecs:
+    - groupName: pool
+      replicas: 0
+      minReplicas: 0
+      maxReplicas: 1
+      template:
+        spec:
+          containers: [{name: ray-worker, image: rayproject/ray:2.60.0-py311, resources: *pod}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: team-settings}
+data: {region: eu}
+"""
+
+
+@pytest.mark.slow
+def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(ray_head, rayflow, emulator):
+    path = rayflow.workdir / "team-ray.yaml"
+    path.write_text(USER_MANIFEST)
+    applied: list[dict] = []
+    emulator.add_listener(lambda kind, plural, old, new: applied.append(new) if plural == "rayclusters" and new and not old else None)
+    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+        out = rayflow.run(*kuberay(emulator, f"backend.manifest={path}"), *SMALL_CIFAR, "tracking=none", timeout=400)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "leaves ConfigMap/team-settings to you: kubectl apply" in out.stderr
+    for line in ("the API server accepts RayCluster default/team-ray (server-side dry run)", "applied RayCluster default/team-ray",
+                 "== rayflow results ==", "deleted RayCluster default/team-ray and its pods"):
+        assert line in text, (line, text[-3000:])
+    [created] = applied
+    assert created["metadata"]["labels"]["team"] == "ml" and created["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rayflow"
+    assert created["spec"]["authOptions"] == {"mode": "token"} and created["spec"]["workerGroupSpecs"][0]["maxReplicas"] == 1
+    writes = [r for r in emulator.requests if r.method in ("PATCH", "POST", "PUT") and "/rayclusters/" in r.path]
+    assert writes[0].query.get("dryRun") == "All" and writes[1].query.get("dryRun") is None  # asked first, then applied
+    assert not [r for r in emulator.requests if "configmaps" in r.path], "the ConfigMap is the user's to apply"
+    assert wait_until(lambda: _gone(emulator), timeout=10)
+
+
+def test_the_api_servers_refusal_in_the_server_side_dry_run_is_one_line_and_nothing_is_created(rayflow, emulator):
+    from tests.harness.kube_emulator import api_error
+
+    def policy(plural: str, obj: dict) -> None:  # an admission webhook of the user's cluster
+        if plural == "rayclusters" and "team" not in obj["metadata"].get("labels", {}):
+            raise api_error(403, "Forbidden", 'admission webhook "labels.policy.example" denied the request: label team is required')
+
+    emulator.call(emulator.handler.admission.append, policy)
+    out = rayflow.run(*kuberay(emulator), "tracking=none", timeout=120)
+    assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
+    assert len(errors) == 1 and "Kubernetes refused to accept RayCluster default/rayflow in a server-side dry run " \
+        "(nothing was applied): 403 admission webhook \"labels.policy.example\" denied the request: label team is required" in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and not emulator.objects("rayclusters")
+    assert not [r for r in emulator.requests if r.method == "PATCH" and r.query.get("dryRun") != "All"]
+
+
+@pytest.mark.slow
+def test_an_existing_raycluster_rayflow_did_not_make_is_reused_and_never_deleted(ray_head, rayflow, emulator):
+    foreign = yaml.safe_load(USER_MANIFEST.split("---")[0])  # applied by someone else: no managed-by label of rayflow's
+    foreign["metadata"]["namespace"], foreign["spec"]["authOptions"] = "default", {"mode": "token"}
+    path = rayflow.workdir / "team-ray.yaml"
+    path.write_text(USER_MANIFEST)
+    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+        emulator.put(foreign)
+        out = rayflow.run(*kuberay(emulator, f"backend.manifest={path}"), *SMALL_CIFAR, "tracking=none", timeout=400)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        assert "reusing the existing RayCluster default/team-ray as it is" in out.stdout, (out.stdout + out.stderr)[-3000:]
+        assert "rayflow did not make it and leaves it running" in out.stdout
+        assert "deleted RayCluster" not in out.stdout + out.stderr
+        assert emulator.get("rayclusters", "default", "team-ray") is not None
+        emulator.delete("rayclusters", "default", "team-ray")
 
 
 class TestKubeRayContract(JobSubmissionSuite):
