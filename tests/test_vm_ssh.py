@@ -3,8 +3,10 @@ SSH to two hosts that are network namespaces on this machine (tests/ssh_hosts.py
 submitted to the head as a Ray Job, tracking into a real `mlflow server` on the bridge address,
 token auth on. The head runs no trials (0 CPUs): they must land on the worker host. Afterwards
 no Ray process is alive in any host; SshHosts then removes every namespace, link and process.
+The same hosts (made once for the module) then take a cluster YAML written by hand, as a user
+writes one for `ray up`, through backend.cluster_yaml.
 
-Slow: ~2 minutes (ray up, a worker joining, the job, ray down, ray stop on the worker).
+Slow: ~2 minutes per run (ray up, a worker joining, the job, ray down, ray stop on the worker).
 """
 
 from __future__ import annotations
@@ -32,18 +34,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def hosts():
+@pytest.fixture(scope="module")
+def made_hosts():
+    """Two hosts for the module's runs (each run brings its cluster up and down on them)."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
     with SshHosts(2) as made:
         yield made
-        # Ray's processes (the hosts' sshd sessions of user `rayhost` are not Ray)
-        left = {pid: cmd for i in range(2) for pid, cmd in made.pids_in_host(i).items()
-                if any(mark in cmd for mark in ("raylet", "gcs_server", "site-packages/ray/", "ray::", "ray start"))}
-        assert not left, f"Ray left in a host: {left}"
     assert not made.leftovers()  # no namespace, link, process or folder of the hosts
+
+
+@pytest.fixture
+def hosts(made_hosts):
+    yield made_hosts
+    # Ray's processes (the hosts' sshd sessions of user `rayhost` are not Ray)
+    left = {pid: cmd for i in range(2) for pid, cmd in made_hosts.pids_in_host(i).items()
+            if any(mark in cmd for mark in ("raylet", "gcs_server", "site-packages/ray/", "ray::", "ray start"))}
+    assert not left, f"Ray left in a host: {left}"
 
 
 @pytest.fixture
@@ -114,3 +122,47 @@ def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(hosts, shared_dir, mlfl
     assert len(runs) == 3
     token = (Path(env["HOME"]) / ".ray" / "auth_token").read_text().strip()
     assert token and token not in out.stdout + out.stderr  # the token travelled by file, never printed
+
+
+# A cluster YAML as a user writes it for `ray up` (Ray's local example, filled in), not rayflow's:
+# no token, no RAY_AUTH_MODE, no setup, the dashboard left to Ray's default.
+USER_WRITTEN = """\
+cluster_name: my-hosts
+max_workers: 1
+provider:
+  type: local
+  head_ip: {head}
+  worker_ips: [{worker}]
+auth:
+  ssh_user: {user}
+  ssh_private_key: {key}
+# these hosts have no default route: without --node-ip-address Ray advertises 127.0.0.1
+head_start_ray_commands:
+  - ray stop
+  - ray start --head --port=6379 --autoscaling-config=~/ray_bootstrap_config.yaml --num-cpus=0 --node-ip-address={head}
+worker_start_ray_commands:
+  - ray stop
+  - ray start --address=$RAY_HEAD_IP:6379 --num-cpus=1 --node-ip-address=$(hostname -I | cut -d' ' -f1)
+"""
+
+
+def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shared_dir, tmp_path):
+    head, worker = hosts.ips
+    cluster_yaml = tmp_path / "my-hosts.yaml"
+    cluster_yaml.write_text(USER_WRITTEN.format(head=head, worker=worker, user=hosts.user, key=hosts.key_path))
+    env = hosts.launcher_env()
+    common = [sys.executable, "-m", "rayflow", "backend=vm", f"backend.cluster_yaml={cluster_yaml}", "tracking=none"]
+    dry = subprocess.run([*common, "dry_run=true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert "rayflow adds" in dry.stderr and "RAY_UP_enable_autoscaler_v2=0" in dry.stderr
+    started = time.monotonic()
+    out = subprocess.run(
+        [*common, f"storage_path={shared_dir / 'ray_results'}", f"data.root={shared_dir / 'data'}", "data.synthetic=true",
+         "data.synthetic_train_size=1000", "data.synthetic_test_size=100", "workload.num_samples=1", "workload.max_epochs=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    print(f"\nray up (a hand-written file) -> job -> ray down over SSH: {time.monotonic() - started:.1f} s")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
+    [result] = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
+    ips = {json.loads(line)["node_ip"] for line in result.read_text().splitlines() if line.strip()}
+    assert ips == {worker}  # the head has 0 CPUs: the trial ran on the worker host
