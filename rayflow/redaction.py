@@ -50,6 +50,13 @@ def mask_text(text: str) -> str:
     return text
 
 
+def names_a_file(path: tuple[str, ...]) -> bool:
+    """Keys of Ray's cluster YAML whose values are paths of files on this machine, not the
+    files' contents: `file_mounts: {~/.ray/auth_token: PATH}` and `auth.ssh_private_key`. Kept
+    as they are, so a printed `ray up` YAML still points `ray up` at them."""
+    return len(path) >= 2 and (path[-2] == "file_mounts" or path[-2:] == ("auth", "ssh_private_key"))
+
+
 def redact(value: Any, path: tuple[str, ...] = ()) -> Any:
     """A copy of a (nested) mapping or list with secrets masked: a leaf whose key path has a
     secret word anywhere (Hydra nests `fs.azure.account.key.acct` as dicts, so the word can
@@ -58,7 +65,7 @@ def redact(value: Any, path: tuple[str, ...] = ()) -> Any:
         return {k: redact(v, (*path, str(k))) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v, path) for v in value]
-    if value is not None and any(is_secret_name(part) for part in path):
+    if value is not None and any(is_secret_name(part) for part in path) and not names_a_file(path):
         return REDACTED
     if isinstance(value, str):
         return mask_text(value)

@@ -255,15 +255,27 @@ data: {region: eu}
 
 
 @pytest.mark.slow
-def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(ray_head, rayflow, emulator):
+def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(ray_head, rayflow, emulator, mlflow_server):
+    """Through rayflow.run's path (session.run_jobs): the job on the user's cluster comes back as a
+    RunResult, and its driver log is in the parent MLflow run."""
+    from mlflow.tracking import MlflowClient
+
     path = rayflow.workdir / "team-ray.yaml"
     path.write_text(USER_MANIFEST)
     applied: list[dict] = []
     emulator.add_listener(lambda kind, plural, old, new: applied.append(new) if plural == "rayclusters" and new and not old else None)
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        out = rayflow.run(*kuberay(emulator, f"backend.manifest={path}"), *SMALL_CIFAR, "tracking=none", timeout=400)
+        out = rayflow.run_jobs([*kuberay(emulator, f"backend.manifest={path}"), *SMALL_CIFAR, f"tracking.uri={mlflow_server}",
+                                "tracking.experiment=kuberay-own-manifest"], timeout=400)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
+    [result] = rayflow.run_results(out)
+    client = MlflowClient(mlflow_server)
+    [parent] = client.search_runs([client.get_experiment_by_name("kuberay-own-manifest").experiment_id], "tags.backend = 'kuberay'")
+    assert result["type"] == "RunResult" and result["mlflow_run_id"] == parent.info.run_id and result["trials"] == 2
+    assert "val_accuracy" in result["best_metrics"] and "lr" in result["best_config"], result
+    log = Path(client.download_artifacts(parent.info.run_id, "job/driver.log", str(rayflow.workdir))).read_text()
+    assert "== rayflow results ==" in log and "[rayflow-result]" not in log and ray_head.token not in log
     assert "leaves ConfigMap/team-settings to you: kubectl apply" in out.stderr
     for line in ("the API server accepts RayCluster default/team-ray (server-side dry run)", "applied RayCluster default/team-ray",
                  "== rayflow results ==", "deleted RayCluster default/team-ray and its pods"):
@@ -275,6 +287,30 @@ def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(ray_head
     assert writes[0].query.get("dryRun") == "All" and writes[1].query.get("dryRun") is None  # asked first, then applied
     assert not [r for r in emulator.requests if "configmaps" in r.path], "the ConfigMap is the user's to apply"
     assert wait_until(lambda: _gone(emulator), timeout=10)
+
+
+@pytest.mark.slow
+def test_a_failed_jobs_log_outlives_its_cluster_and_its_last_lines_are_shown(ray_head, rayflow, emulator, mlflow_server):
+    """The user's trainable raises on the head: exit 1, the job's last lines on this terminal, and
+    its whole driver log in the parent MLflow run once the cluster is deleted."""
+    from mlflow.tracking import MlflowClient
+
+    (rayflow.workdir / "boom.py").write_text("def objective(config):\n    raise ValueError('boom: the trainable failed')\n")
+    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
+        out = rayflow.run(*kuberay(emulator), "workload=tune", "workload.trainable=boom:objective", "workload.metric=loss",
+                          "workload.mode=min", "workload.num_samples=1", "workload.search_space={lr: {uniform: [0.1, 0.2]}}",
+                          f"tracking.uri={mlflow_server}", "tracking.experiment=kuberay-boom", timeout=400)
+    assert out.returncode == 1, (out.stdout + out.stderr)[-4000:]
+    assert out.stderr.strip().splitlines()[-1].startswith("rayflow: error: the job on backend=kuberay ended FAILED: ")
+    shown = out.stderr[out.stderr.index("[rayflow] the last "):]
+    assert "lines of job raysubmit_" in shown and "job/driver.log" in shown and "boom: the trainable failed" in shown
+    assert wait_until(lambda: _gone(emulator), timeout=10)
+    client = MlflowClient(mlflow_server)
+    [parent] = [r for r in client.search_runs([client.get_experiment_by_name("kuberay-boom").experiment_id])
+                if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FAILED"
+    log = Path(client.download_artifacts(parent.info.run_id, "job/driver.log", str(rayflow.workdir))).read_text()
+    assert "ValueError: boom: the trainable failed" in log and "1 trial(s) errored" in log
 
 
 def test_the_api_servers_refusal_in_the_server_side_dry_run_is_one_line_and_nothing_is_created(rayflow, emulator):
