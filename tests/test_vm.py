@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+import yaml
 
 from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
@@ -35,18 +36,25 @@ class TestVM(LifecycleSuite, JobSubmissionSuite):
 
 @pytest.fixture(scope="module")
 def vm_jobs(tmp_path_factory, data_root):
-    """A cifar job and a ddp job submitted in turn from one process (session.run_jobs): they share
-    one fake_multinode cluster, which scales 0 -> 2 workers for them and is torn down after both."""
+    """A cifar, a ddp and a user's Tune job submitted in turn from one process (session.run_jobs):
+    they share one fake_multinode cluster started from a cluster YAML file (a dry run's output fed
+    back as backend.cluster_yaml), which scales 0 -> 2 workers for them and is torn down after."""
     before = ray_daemon_pids()
     runner = Rayflow(tmp_path_factory.mktemp("vm-jobs"), data_root)
     copy_example("tune-pbt", runner.workdir)  # the user's own project
+    # The cluster is a file, as a user keeps one: the dry run's output of FAKE, handed back.
+    dry = runner.run(*FAKE, "dry_run=true", "tracking=none")
+    assert dry.returncode == 0, dry.stderr
+    (runner.workdir / "cluster.yaml").write_text(dry.stdout)
+    cluster = ["backend=vm", f"backend.cluster_yaml={runner.workdir / 'cluster.yaml'}"]
     out = runner.run_jobs(
-        [*FAKE, "workload.num_samples=4", "workload.max_epochs=3", "workload.scheduler.grace_period=3",
+        [*cluster, "workload.num_samples=4", "workload.max_epochs=3", "workload.scheduler.grace_period=3",
          "workload.reuse_actors=false", "data.synthetic_train_size=2000"],
-        [*FAKE, "workload=ddp", "workload.epochs=2"],
-        [*FAKE, *USER_TUNE],
+        [*cluster, "workload=ddp", "workload.epochs=2"],
+        [*cluster, *USER_TUNE],
         timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runner.dry_run = dry.stdout
     yield runner, out
     assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the shared fake cluster was left running"
 
@@ -74,6 +82,9 @@ def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(vm_jobs):
     assert parent.data.metrics["cluster_nodes_peak"] >= 3  # the head and 2 autoscaled workers
     assert parent.data.metrics["cluster_node_seconds"] > 0
     assert len(children[parent.info.run_id]) == 4
+    # the cluster file as applied: the dry run's document, rendered the same when handed back
+    spec = client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(runner.workdir))
+    assert yaml.safe_load(open(spec))["available_node_types"] == yaml.safe_load(runner.dry_run)["available_node_types"]
 
 
 def test_each_submitted_job_returns_its_run_result(vm_jobs):

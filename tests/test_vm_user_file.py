@@ -2,8 +2,9 @@
 
 Offline (no cluster): Ray's shipped provider defaults through cluster_yaml, the precedence of
 rayflow's keys over the file, what rayflow adds (idempotently), the refusals, and the round trip
-of a dry run's document fed back as cluster_yaml. One test starts a fake_multinode cluster from
-a dry run's output (slow); the SSH hosts' run of a hand-written file is in test_vm_ssh.py.
+of a dry run's document fed back as cluster_yaml. Started for real: tests/test_vm.py's shared
+fake_multinode cluster comes from a dry run's output fed back as cluster_yaml, and the SSH hosts'
+run of a hand-written file is in test_vm_ssh.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from rayflow.backends.vm import user_file
 from rayflow.backends.vm.commands import pin_command
 from rayflow.composition import compose_config
 from rayflow.errors import ConfigError
-from rayflow.testing.processes import ray_daemon_pids, wait_until
 
 RAY_DEFAULTS = resources.files("ray.autoscaler")  # Ray's own provider defaults, beside ray-schema.json
 SECRET = "rayflow-test-token-0c5e2f9a11b34d6e"
@@ -261,22 +261,3 @@ def test_rendering_keys_beside_cluster_yaml_are_refused(override, key, tmp_path)
     with pytest.raises(ConfigError) as raised:
         schema.validate(compose_config("backend=vm", f"backend.cluster_yaml={tmp_path / 'c.yaml'}", override))
     assert raised.value.key == key and "has no effect with backend.cluster_yaml" in str(raised.value)
-
-
-# --- end to end: a dry run's output started as the user's file --------------------------------
-
-
-@pytest.mark.slow
-def test_the_default_fake_multinode_dry_run_fed_back_starts_and_runs(rayflow):
-    before = ray_daemon_pids()
-    fake = ["backend=vm", "backend.worker.cpu.num_cpus=1", "backend.min_worker_nodes=0", "backend.max_worker_nodes=1"]
-    out = rayflow.run(*fake, "dry_run=true", "tracking=none")
-    assert out.returncode == 0, out.stderr
-    path = write(rayflow.workdir, out.stdout, "my-cluster.yaml")
-    run = rayflow.run("backend=vm", f"backend.cluster_yaml={path}", "workload.num_samples=1", "workload.max_epochs=1", timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "submitted job" in run.stdout and "== rayflow results ==" in run.stdout
-    client, parents, _ = rayflow.mlflow("cifar")
-    spec = client.download_artifacts(parents[0].info.run_id, "cluster/spec.yaml", str(rayflow.workdir))
-    assert yaml.safe_load(Path(spec).read_text())["available_node_types"] == yaml.safe_load(out.stdout)["available_node_types"]
-    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the cluster from the file was left running"

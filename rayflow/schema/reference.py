@@ -41,11 +41,15 @@ key ([Everyday use](../usage.md#bad-input)).
 NOTES = {
     "vm": "The cluster YAML rendered from these keys is checked with Ray's own validation, and `ssh`, `rsync` and "
           "the key file with provider=local, aws or gcp; keys of outdated cluster YAMLs (`initial_workers`, a top-level "
-          "`instance_type`, ...) are refused naming what replaced them ([its page](../backends/vm.md#keys)).",
+          "`instance_type`, ...) are refused naming what replaced them ([its page](../backends/vm.md#keys)). With "
+          "`backend.cluster_yaml` your own file is the cluster: the keys that only render one are refused beside it, and "
+          "the others apply over it where they differ from their default ([your own cluster YAML](../backends/vm.md)).",
     "kuberay": "`+backend.worker_groups.NAME={cpu: ..., memory: ...}` adds a worker group, with the keys of "
                "`backend.worker_groups.cpu` (the others may be left out). The manifest rendered from these keys, "
                "`backend.overrides` included, is checked with KubeRay's CRD schema and the operator's own rules "
-               "([its page](../backends/kuberay.md#keys)).",
+               "([its page](../backends/kuberay.md#keys)). With `backend.manifest` your own RayCluster or RayJob is "
+               "the cluster, checked the same way; the keys apply over it where they differ from their default "
+               "([your own manifest](../backends/kuberay.md)).",
 }
 
 
