@@ -156,13 +156,22 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shar
     assert dry.returncode == 0, dry.stderr
     assert "rayflow adds" in dry.stderr and "RAY_UP_enable_autoscaler_v2=0" in dry.stderr
     started = time.monotonic()
+    # as a notebook runs it: rayflow.run(...) returns the RunResult the job on the head sent back
+    python_call = ("import json, sys, rayflow\nr = rayflow.run(*sys.argv[1:])\n"
+                   "print('RESULT', json.dumps({'type': type(r).__name__, 'best_metrics': r.best_metrics, "
+                   "'experiment_dir': str(r.experiment_dir), 'trials': len(r.trials)}))\n")
     out = subprocess.run(
-        [*common, f"storage_path={shared_dir / 'ray_results'}", f"data.root={shared_dir / 'data'}", "data.synthetic=true",
-         "data.synthetic_train_size=1000", "data.synthetic_test_size=100", "workload.num_samples=1", "workload.max_epochs=1"],
+        [sys.executable, "-c", python_call, *common[3:], f"storage_path={shared_dir / 'ray_results'}", f"data.root={shared_dir / 'data'}",
+         "data.synthetic=true", "data.synthetic_train_size=1000", "data.synthetic_test_size=100", "workload.num_samples=1",
+         "workload.max_epochs=1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     print(f"\nray up (a hand-written file) -> job -> ray down over SSH: {time.monotonic() - started:.1f} s")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
+    [line] = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.split(" ", 1)[1])
+    assert result["type"] == "RunResult" and result["trials"] == 1 and "val_accuracy" in result["best_metrics"], result
+    assert result["experiment_dir"].startswith(str(shared_dir / "ray_results"))  # the head's folder (shared here)
     [result] = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
     ips = {json.loads(line)["node_ip"] for line in result.read_text().splitlines() if line.strip()}
     assert ips == {worker}  # the head has 0 CPUs: the trial ran on the worker host

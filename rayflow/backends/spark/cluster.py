@@ -101,8 +101,10 @@ class SparkCluster(ClusterBackend):
 
     def tags(self) -> dict:
         path = self.section.collect_log_to_path
-        tags = {"spark_session": self.session_source()}
-        if active_session() is None:
+        # asked after start(), when the session rayflow built is the active one too: start() knows whose it is
+        source = getattr(self, "_session_source", None) or self.session_source()
+        tags = {"spark_session": source}
+        if source == "built by rayflow":
             tags["spark_master"] = str(self.section.master)
         return {**tags, "collect_log_to_path": path} if path else tags
 
@@ -184,6 +186,7 @@ class SparkCluster(ClusterBackend):
         self.timings: dict[str, float] = {}
         started = time.monotonic()
         spark = active_session()
+        self._session_source = self.session_source()
         if spark is None:  # ours to stop; an active session (a notebook's) never is
             with phase(f"starting Spark ({mask_text(str(self.section.master))})", "spark"):
                 builder = SparkSession.builder.master(str(self.section.master)).appName(str(self.section.app_name))
