@@ -23,7 +23,6 @@ from rayflow.backends.vm import user_file
 from rayflow.backends.vm.commands import dashboard_host, launcher_env, pin_command, setup_commands
 from rayflow.backends.vm.defaults import with_defaults
 from rayflow.config import merge_overrides
-from rayflow.redaction import REDACTED
 from rayflow.schema.vm import shipped_defaults
 
 TOKEN_MOUNT = "~/.ray/auth_token"
@@ -142,8 +141,6 @@ def render_file(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_ve
         mounts = doc.get("file_mounts") if isinstance(doc.get("file_mounts"), dict) else {}
         if auth_mode == "token" and token_file:
             doc["file_mounts"] = {**mounts, TOKEN_MOUNT: str(token_file)}
-        elif mounts.get(TOKEN_MOUNT) == REDACTED:  # a dry run's mask; rayflow mounts the token at start
-            doc["file_mounts"] = {k: v for k, v in mounts.items() if k != TOKEN_MOUNT}
         _start_commands(doc, kind, b, auth_mode, path)
     else:
         if gcs_address:

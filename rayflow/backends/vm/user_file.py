@@ -134,8 +134,7 @@ def check_filled(doc: Mapping, path: str, kind: str) -> None:
         raise refuse(path, "provider.project_id", f"{_shown(provider.get('project_id'))}: fill in your GCP project id")
     for where in placeholders(doc):
         value = _at(doc, where)
-        hint = "a dry run masks a key file's path: put it back (or pass backend.ssh_private_key)" if value == REDACTED else "fill it in"
-        raise refuse(path, where, f"{value!r} is a placeholder: {hint}")
+        raise refuse(path, where, f"{value!r} is a placeholder: fill it in")
 
 
 def _shown(value: Any) -> str:
