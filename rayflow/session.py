@@ -328,10 +328,19 @@ def run_jobs(jobs: Sequence[Job]) -> list[RunResult | None]:
     results: list[RunResult | None] = []
     for group in _consecutive(jobs):
         backend = check_config(group[0].cfg)  # checked again just before it starts; sets what it preloads
-        with _cluster_output(group[0].cfg, backend), SharedCluster(backend, spec_text(backend)) as cluster:
+        with cluster_scope(group[0].cfg, backend) as cluster:
             for job in group:
                 results.append(run_job(job.cfg, job.overrides, cluster))
     return results
+
+
+@contextlib.contextmanager
+def cluster_scope(cfg: DictConfig, backend: ClusterBackend) -> Iterator[SharedCluster]:
+    """The one cluster lifecycle, for rayflow's own jobs (run_jobs) and for the jobs of a Hydra
+    app's sweep (rayflow.launcher): a cluster of `backend` (checked), started by the first
+    `acquire()`, with its output kept plain, and stopped when the block ends, however it ends."""
+    with _cluster_output(cfg, backend), SharedCluster(backend, spec_text(backend)) as cluster:
+        yield cluster
 
 
 def _cluster_output(cfg: DictConfig, backend: ClusterBackend) -> contextlib.AbstractContextManager:

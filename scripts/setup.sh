@@ -19,6 +19,13 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$torch_version"
 fi
 "${pip[@]}" -e ".[test]"
+# Hydra finds plugins by listing the folders of the hydra_plugins namespace package, which an
+# editable install's import hook does not have: hydra/launcher=rayflow is listed from a folder that
+# holds only hydra_plugins/ (a link to this checkout's), put on the venv's path. (A wheel installs
+# it into site-packages and needs none of this.)
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+mkdir -p .venv/rayflow-hydra-plugins && ln -sfn "$PWD/hydra_plugins" .venv/rayflow-hydra-plugins/hydra_plugins
+echo "$PWD/.venv/rayflow-hydra-plugins" > "$site/rayflow-hydra-plugins.pth"
 
 # backend=spark (and its tests) run Spark's JVMs: Java 17.
 if ! command -v java >/dev/null 2>&1; then

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from rayflow.schema.backends import BACKENDS
 from rayflow.schema.kinds import Kind
+from rayflow.schema.launcher import Launcher
 from rayflow.schema.root import Compute, Data, Mlflow, NoTracking, Root
 from rayflow.schema.user_workloads import Shipped
 from rayflow.schema.workloads import WORKLOADS
@@ -34,6 +35,9 @@ key ([Everyday use](../usage.md#bad-input)).
 | `workload` | `cifar` (default), `ddp`, `ppo`; `tune`, `train`, `rllib` | what runs: a preset, or your own code ([Your own workload](../workloads/tune.md)) |
 | `compute` | `cpu` (default), `gpu`, `auto` | the device trials use; `gpu` is refused without a CUDA device, `auto` uses GPUs when the cluster has them |
 | `tracking` | `mlflow` (default), `none` | where results go |
+
+The last table is not rayflow's own config: it is `hydra/launcher=rayflow`, the launcher any Hydra
+application can use for its sweeps ([Hydra launcher](../launcher.md)).
 """
 
 
@@ -51,6 +55,14 @@ NOTES = {
                "the cluster, checked the same way; the keys apply over it where they differ from their default "
                "([your own manifest](../backends/kuberay.md)).",
 }
+
+LAUNCHER_NOTE = ("Set in a Hydra application's sweep as `hydra.launcher.KEY=value` "
+                 "(`hydra_plugins/rayflow_launcher/rayflow.yaml`). Every key of the chosen backend goes beside "
+                 "`backend`, without its `backend.` prefix: `hydra.launcher.backend=spark hydra.launcher.max_worker_nodes=4` "
+                 "is the cluster of `backend=spark backend.max_worker_nodes=4` (the tables above); left null, a key keeps that "
+                 "backend's default, and a key of another backend is refused naming whose it is. A job's own config may "
+                 "override `resources` under the section `job_resources_key` names "
+                 "([per-job resources](../launcher.md#per-job-resources)).")
 
 
 def _kind_words(field) -> str:
@@ -111,6 +123,10 @@ def _yaml(*parts: str) -> dict:
     return yaml.safe_load(node.read_text()) or {}
 
 
+def _launcher_defaults() -> dict:
+    return yaml.safe_load(resources.files("hydra_plugins.rayflow_launcher").joinpath("rayflow.yaml").read_text()) or {}
+
+
 def markdown() -> str:
     root = _yaml("config.yaml")
     text = HEADER
@@ -124,6 +140,7 @@ def markdown() -> str:
         text += _table(f"`workload={name}`", model, _yaml("workload", f"{name}.yaml"), "workload")
     for name, model in BACKENDS.items():
         text += _table(f"`backend={name}`", model, _yaml("backend", f"{name}.yaml"), "backend", NOTES.get(name, ""))
+    text += _table("`hydra/launcher=rayflow`", Launcher, _launcher_defaults(), "hydra.launcher", LAUNCHER_NOTE)
     return text
 
 

@@ -1,0 +1,1 @@
+"""rayflow's Hydra launcher plugin: `hydra/launcher=rayflow` (rayflow_launcher.py)."""

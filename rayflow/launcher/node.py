@@ -1,0 +1,44 @@
+"""The config node of `hydra/launcher=rayflow`, built when Hydra discovers the plugin (YAML only:
+no ray, no pydantic). It is the launcher's own keys (hydra_plugins/rayflow_launcher/rayflow.yaml)
+and every key of every backend (conf/backend/*.yaml) set to null, which means "that backend's
+default": so `hydra.launcher.backend=spark hydra.launcher.max_worker_nodes=4` composes as the
+same keys do under rayflow's own `backend=spark backend.max_worker_nodes=4`."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import yaml
+
+BACKENDS = ("local", "attach", "spark", "vm", "kuberay")
+# Backend keys the launcher sets itself: `name` is `backend`; the device follows the jobs' GPUs.
+DERIVED = ("name", "compute_device")
+
+
+def own_keys() -> dict:
+    """The launcher's own keys and defaults, as its YAML says."""
+    text = resources.files("hydra_plugins.rayflow_launcher").joinpath("rayflow.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def backend_defaults(name: str) -> dict:
+    """A backend's keys and defaults as rayflow's own runs compose them (conf/backend/NAME.yaml)."""
+    return yaml.safe_load(resources.files("rayflow.conf").joinpath("backend", f"{name}.yaml").read_text()) or {}
+
+
+def backend_keys() -> dict[str, tuple[str, ...]]:
+    """Every backend key the launcher takes -> the backends that have it."""
+    found: dict[str, list[str]] = {}
+    for name in BACKENDS:
+        for key in backend_defaults(name):
+            if key not in DERIVED:
+                found.setdefault(key, []).append(name)
+    return {key: tuple(names) for key, names in found.items()}
+
+
+def launcher_node() -> dict:
+    """What ConfigStore holds as hydra/launcher=rayflow."""
+    node = own_keys()
+    clash = set(node) & set(backend_keys())
+    assert not clash, f"launcher keys shadow backend keys: {clash}"
+    return {**node, **{key: None for key in backend_keys()}}

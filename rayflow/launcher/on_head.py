@@ -1,0 +1,27 @@
+"""`python -m rayflow.launcher.on_head BUNDLE`: a submitted sweep's driver, as a Ray Job on the head.
+It joins the cluster the job runs on, runs the bundle's jobs (rayflow.launcher.jobs.run_batch), and
+ends with one line for the launching side (rayflow.launcher.submit.result_line)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    import cloudpickle
+    import ray
+
+    from rayflow.launcher.jobs import run_batch
+    from rayflow.launcher.submit import result_line
+
+    bundle = cloudpickle.loads(Path(argv[0]).read_bytes())
+    ray.init()  # the job's own cluster (RAY_ADDRESS)
+    finished = run_batch(bundle.shared, bundle.jobs, bundle.max_concurrent, bundle.on_failure,
+                         bundle.schedule_timeout_s, say=lambda line: print(line, flush=True))
+    print(result_line(finished), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,111 @@
+"""hydra/launcher=rayflow on backend=local: Hydra's own launcher test suites (shipped in hydra-core)
+unchanged, plugin discovery, a user's app swept with mixed per-job resources and a failing job,
+and bad launcher config refused before anything starts.
+
+The spark and vm runs of the same suites are in tests/test_launcher_clusters.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+
+from hydra_plugins.rayflow_launcher.rayflow_launcher import RayflowLauncher
+from rayflow.launcher import keep_clusters
+from rayflow.testing.processes import ray_daemon_pids, wait_until
+from tests.harness.hydra_app import HydraApp
+
+
+def test_discovery() -> None:
+    # Hydra finds the plugin in its namespace package, as it finds its own
+    assert RayflowLauncher.__name__ in [x.__name__ for x in Plugins.instance().discover(Launcher)]
+
+
+def test_discovering_plugins_loads_no_ray() -> None:
+    # Hydra imports every plugin of every installed package at start-up: ours stays light
+    code = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; import sys\n"
+            "assert 'RayflowLauncher' in [c.__name__ for c in Plugins.instance().discover(Launcher)]\n"
+            "print(sorted(m for m in ('ray', 'torch', 'mlflow', 'pyspark', 'pydantic', 'rayflow.session') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.fixture
+def launcher_name() -> str:
+    return "rayflow"
+
+
+class TestRayflowLauncher(LauncherTestSuite):
+    """Hydra's LauncherTestSuite, in this process, on one local Ray kept for the class."""
+
+    @pytest.fixture
+    def overrides(self) -> list[str]:
+        return ["hydra.launcher.backend=local"]  # a fresh list: the suite extends it
+
+    @pytest.fixture(scope="class", autouse=True)
+    def _one_cluster(self):
+        with keep_clusters():
+            yield
+
+
+@pytest.mark.parametrize("task_launcher_cfg, extra_flags", [({}, ["-m", "hydra/launcher=rayflow", "hydra.launcher.backend=local"])])
+class TestRayflowLauncherIntegration(IntegrationTestSuite):
+    """Hydra's IntegrationTestSuite: apps in their own processes, each job printing from inside the
+    launched job (its name, its working directory, hydra.utils' paths)."""
+
+
+def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path) -> None:
+    before = ray_daemon_pids()
+    app = HydraApp(tmp_path / "app")
+    (app.folder / "conf" / "job" / "broken.yaml").write_text("# @package _global_\nname: broken\nfail: true\n")
+    # 2 CPUs here: small jobs (1 CPU) run two at once, large ones (2 CPUs, from the job's own config) alone
+    out = app.sweep("hydra.launcher.num_cpus=2", "job=small,large,broken", "seed=1,2", "hold_s=2")
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    failed = [line for line in out.stderr.splitlines() if line.startswith("[rayflow] job #")]
+    assert sorted(failed) == [f"[rayflow] job #{n} (job=broken seed={s} hold_s=2) failed: ValueError: job broken was asked to fail"
+                              for n, s in ((4, 1), (5, 2))], out.stderr[-3000:]
+    assert "ValueError: job broken was asked to fail" in out.stderr  # then Hydra raises the first failure
+    dirs = app.job_dirs()
+    assert [d.name for d in dirs] == [str(n) for n in range(6)]
+    for job_dir in dirs:
+        app.assert_hydra_outputs(job_dir)
+    metrics = app.metrics()
+    assert sorted(metrics) == [0, 1, 2, 3]  # the failing jobs ran, wrote Hydra's files, and failed
+    assert {n: m["name"] for n, m in metrics.items()} == {0: "small", 1: "small", 2: "large", 3: "large"}
+    assert all(m["decay"] == 0.05 for m in metrics.values())  # the app's own resolver, resolved in the job
+
+    def overlap(a: dict, b: dict) -> bool:
+        return a["started"] < b["ended"] and b["started"] < a["ended"]
+
+    assert overlap(metrics[0], metrics[1]), "the two 1-CPU jobs should have run at once"
+    for large in (2, 3):
+        others = [m for n, m in metrics.items() if n != large]
+        assert not any(overlap(metrics[large], m) for m in others), "a 2-CPU job shares a 2-CPU machine with no job"
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=20), "Ray was left running"
+
+
+@pytest.mark.parametrize("override, key, words", [
+    ("hydra.launcher.backend=nope", "hydra.launcher.backend", "must be one of local, attach, spark, vm, kuberay"),
+    # the app's own config says cpu: 1 for every job (launcher_resources); memory is the launcher's
+    ("launcher_resources.cpu=64", "launcher_resources.cpu", "asks for 64 CPU but the biggest node of backend=local offers"),
+    ("hydra.launcher.resources.memory=10000000000000", "hydra.launcher.resources.memory",
+     "asks for 9313.2 GiB memory but the biggest node of backend=local offers"),
+    ("hydra.launcher.max_concurrent=-1", "hydra.launcher.max_concurrent", "must be an integer >= 1, got -1"),
+    ("hydra.launcher.app_name=mine", "hydra.launcher.app_name", "not a key of backend=local (it is one of spark)"),
+    ("+launcher_resources.cpus=2", "launcher_resources.cpus", "not a resource key"),
+])
+def test_bad_launcher_config_is_one_line_before_anything_starts(tmp_path, override, key, words) -> None:
+    before = ray_daemon_pids()
+    app = HydraApp(tmp_path / "app")
+    out = app.sweep(override, "seed=1,2", timeout=60)
+    assert out.returncode != 0
+    first = out.stderr.strip().splitlines()[0]
+    assert first.startswith(f"rayflow: error: {key}: ") and words in first, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert not [p for p in app.sweep_dir.glob("*") if p.is_dir()], "no job may have run"
+    assert ray_daemon_pids() == before
