@@ -2,7 +2,7 @@
 unchanged, plugin discovery, a user's app swept with mixed per-job resources and a failing job,
 and bad launcher config refused before anything starts.
 
-The spark and vm runs of the same suites are in tests/test_launcher_clusters.py."""
+LauncherTestSuite and a user's app on spark and vm: tests/test_spark.py and tests/test_vm.py."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
 from hydra_plugins.rayflow_launcher.rayflow_launcher import RayflowLauncher
-from rayflow.launcher import keep_clusters
 from rayflow.testing.processes import ray_daemon_pids, wait_until
-from tests.harness.hydra_app import HydraApp
+from tests.harness.hydra_app import HydraApp, KeptCluster
 
 
 def test_discovery() -> None:
@@ -35,22 +34,12 @@ def test_discovering_plugins_loads_no_ray() -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.fixture
-def launcher_name() -> str:
-    return "rayflow"
-
-
-class TestRayflowLauncher(LauncherTestSuite):
-    """Hydra's LauncherTestSuite, in this process, on one local Ray kept for the class."""
+class TestRayflowLauncher(KeptCluster, LauncherTestSuite):
+    """Hydra's LauncherTestSuite, unchanged, in this process, on one local Ray kept for the class."""
 
     @pytest.fixture
     def overrides(self) -> list[str]:
-        return ["hydra.launcher.backend=local"]  # a fresh list: the suite extends it
-
-    @pytest.fixture(scope="class", autouse=True)
-    def _one_cluster(self):
-        with keep_clusters():
-            yield
+        return ["hydra.launcher.backend=local"]
 
 
 @pytest.mark.parametrize("task_launcher_cfg, extra_flags", [({}, ["-m", "hydra/launcher=rayflow", "hydra.launcher.backend=local"])])

@@ -11,6 +11,8 @@ import time
 import pytest
 import yaml
 
+from hydra.test_utils.launcher_common_tests import LauncherTestSuite
+
 from rayflow.backends import backend_for
 from rayflow.errors import ConfigError
 from rayflow.composition import compose_config
@@ -18,6 +20,7 @@ from rayflow.testing.processes import ray_daemon_pids, wait_until
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
+from tests.harness.hydra_app import KeptCluster, sweep_comes_home
 from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
 
 pytest.importorskip("pyspark")
@@ -259,3 +262,19 @@ def test_ppo_on_spark_places_the_algorithm_and_its_env_runner_on_ray_worker_node
     assert parent.data.tags["backend"] == "spark" and parent.data.metrics["cluster_nodes_peak"] >= 3
     [trial] = children[parent.info.run_id]
     assert trial.data.metrics["num_env_steps_sampled_lifetime"] == 2000
+
+
+# hydra/launcher=rayflow on Ray on Spark (tests/test_launcher.py has it on local)
+LAUNCHER = ["hydra.launcher.backend=spark", "hydra.launcher.min_worker_nodes=1", "hydra.launcher.max_worker_nodes=1"]
+
+
+class TestHydraLauncherOnSpark(KeptCluster, LauncherTestSuite):
+    """Hydra's own LauncherTestSuite, unchanged, on one Ray-on-Spark cluster kept for the class."""
+
+    @pytest.fixture
+    def overrides(self) -> list[str]:
+        return list(LAUNCHER)
+
+
+def test_a_hydra_app_outside_the_repository_sweeps_on_spark(tmp_path):
+    sweep_comes_home(tmp_path / "app", LAUNCHER)

@@ -11,10 +11,13 @@ import signal
 import pytest
 import yaml
 
+from hydra.test_utils.launcher_common_tests import LauncherTestSuite
+
 from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
+from tests.harness.hydra_app import KeptCluster, sweep_comes_home
 
 
 pytestmark = pytest.mark.slow
@@ -154,3 +157,21 @@ def test_a_wrong_token_is_one_line(tmp_path):
     lines = [line for line in out.stdout.splitlines() if line.startswith("JOBERROR ")]
     assert len(lines) == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert lines[0].startswith("JOBERROR the Jobs API at http://127.0.0.1:") and "not-the-cluster-token" not in lines[0]
+
+
+# hydra/launcher=rayflow on fake_multinode: the sweep goes to the head as a Ray Job. A cluster name of
+# its own: a vm cluster is found again by its name (the others here are `rayflow`).
+LAUNCHER = ["hydra.launcher.backend=vm", "hydra.launcher.cluster_name=rf-launcher", "hydra.launcher.worker={cpu: {num_cpus: 1}}",
+            "hydra.launcher.min_worker_nodes=1", "hydra.launcher.max_worker_nodes=1"]
+
+
+class TestHydraLauncherOnVM(KeptCluster, LauncherTestSuite):
+    """Hydra's own LauncherTestSuite, unchanged, on one fake_multinode cluster kept for the class."""
+
+    @pytest.fixture
+    def overrides(self) -> list[str]:
+        return list(LAUNCHER)
+
+
+def test_a_hydra_app_outside_the_repository_sweeps_on_vm(tmp_path):
+    sweep_comes_home(tmp_path / "app", LAUNCHER)

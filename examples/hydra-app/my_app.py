@@ -6,6 +6,7 @@ metrics.json in the job's output folder, return the final loss (what a sweeper o
 """
 
 import json
+import logging
 import os
 import random
 import time
@@ -13,6 +14,8 @@ import time
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)  # Hydra writes it to the job's my_app.log
 
 # A resolver the app registers: it travels with every job to the node that runs it.
 OmegaConf.register_new_resolver("scaled", lambda lr, factor: float(lr) * float(factor), replace=True)
@@ -37,7 +40,7 @@ def main(cfg: DictConfig) -> float:
         json.dump({"name": cfg.name, "loss": loss, "w": w, "b": b, "decay": cfg.decay, "pid": os.getpid(),
                    "host": os.uname().nodename, "job_num": HydraConfig.get().job.num,
                    "started": started, "ended": time.time()}, f)
-    print(f"{cfg.name}: loss {loss:.4f} after {cfg.steps} steps at lr={cfg.lr}")
+    log.info(f"{cfg.name}: loss {loss:.4f} after {cfg.steps} steps at lr={cfg.lr}")
     return loss
 
 

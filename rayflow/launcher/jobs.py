@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, open_dict, read_write
 
 from rayflow.errors import RunFailed
 from rayflow.launcher.outputs import pack
@@ -73,7 +73,7 @@ def run_on_node(shared: Shared, job: HydraJob) -> Finished:
         os.chdir(scratch)
         sweep_dir = str(config.hydra.sweep.dir)
         if os.path.isabs(sweep_dir):  # this machine's path: kept under the scratch folder
-            with open_dict(config):
+            with read_write(config.hydra.sweep), open_dict(config.hydra.sweep):
                 config.hydra.sweep.dir = os.path.join(scratch, sweep_dir.lstrip(os.sep))
     try:
         job_return = run_job(hydra_context=shared.hydra_context, task_function=shared.task_function, config=config,
@@ -94,7 +94,7 @@ def run_on_node(shared: Shared, job: HydraJob) -> Finished:
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}".rstrip(": ")
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
 def job_failed(finished: Finished) -> str | None:

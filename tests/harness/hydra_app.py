@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from omegaconf import OmegaConf
+
+from rayflow.launcher import keep_clusters
+from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.examples import copy_example
 
 
@@ -34,3 +39,41 @@ class HydraApp:
         """What Hydra writes for every job, found where the user looks: the local sweep dir."""
         for name in (".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "my_app.log"):
             assert (job_dir / name).is_file(), f"{job_dir / name} is missing; {sorted(p.name for p in job_dir.rglob('*'))}"
+
+
+class KeptCluster:
+    """Mixed into a subclass of Hydra's LauncherTestSuite: its tests share one cluster, started by
+    the first launch and stopped after the last (rayflow.launcher.keep_clusters); the subclass gives
+    `launcher_name` and `overrides` (a fresh list per test: the suite extends it)."""
+
+    @pytest.fixture
+    def launcher_name(self) -> str:
+        return "rayflow"
+
+    @pytest.fixture(scope="class", autouse=True)
+    def _one_cluster(self):
+        before = ray_daemon_pids()
+        with keep_clusters():
+            yield
+        assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the suite's cluster was left running"
+
+
+def sweep_comes_home(folder: Path, backend: list[str]) -> None:
+    """The app swept on `backend` from its own folder, on nodes that do not share this machine's
+    files as far as rayflow knows: each job ran in a scratch folder on its node, and its outputs are
+    in the local sweep dir; nothing is left running."""
+    before = ray_daemon_pids()
+    app = HydraApp(folder)
+    out = app.sweep(*backend, "lr=0.01,0.1", timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    dirs = app.job_dirs()
+    assert [d.name for d in dirs] == ["0", "1"]
+    for job_dir in dirs:
+        app.assert_hydra_outputs(job_dir)
+        ran_in = OmegaConf.load(job_dir / ".hydra" / "hydra.yaml").hydra.runtime.output_dir
+        assert "rayflow-hydra-job-" in ran_in, "the job ran in a scratch folder of its node, and came back"
+        assert "loss" in (job_dir / "my_app.log").read_text()
+    metrics = app.metrics()
+    assert [metrics[n]["job_num"] for n in (0, 1)] == [0, 1] and all(m["decay"] > 0 for m in metrics.values())
+    assert metrics[0]["loss"] > metrics[1]["loss"]  # lr=0.1 fits the line better in 100 steps
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the cluster was left running"
