@@ -24,6 +24,17 @@ def test_discovery() -> None:
     assert RayflowLauncher.__name__ in [x.__name__ for x in Plugins.instance().discover(Launcher)]
 
 
+def test_the_launcher_yaml_and_its_schema_agree() -> None:
+    from rayflow.launcher.node import own_keys
+    from rayflow.schema import validate_section
+    from rayflow.schema.launcher import JobResources, Launcher
+
+    node = own_keys()
+    assert node.pop("_target_") == "hydra_plugins.rayflow_launcher.rayflow_launcher.RayflowLauncher"
+    assert set(node) == set(Launcher.model_fields) and set(node["resources"]) == set(JobResources.model_fields)
+    validate_section("hydra.launcher", Launcher, {**node, "ray_auth_mode": "token"}, {})  # the defaults are valid
+
+
 def test_discovering_plugins_loads_no_ray() -> None:
     # Hydra imports every plugin of every installed package at start-up: ours stays light
     code = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; import sys\n"
@@ -98,3 +109,13 @@ def test_bad_launcher_config_is_one_line_before_anything_starts(tmp_path, overri
     assert "Traceback" not in out.stderr
     assert not [p for p in app.sweep_dir.glob("*") if p.is_dir()], "no job may have run"
     assert ray_daemon_pids() == before
+
+
+def test_one_at_a_time_and_a_failure_stops_the_jobs_not_started(tmp_path) -> None:
+    app = HydraApp(tmp_path / "app")
+    (app.folder / "conf" / "job" / "broken.yaml").write_text("# @package _global_\nname: broken\nfail: true\n")
+    out = app.sweep("hydra.launcher.max_concurrent=1", "hydra.launcher.on_failure=stop", "job=small,broken,large")
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "[rayflow] job #1 (job=broken) failed: ValueError: job broken was asked to fail" in out.stderr
+    assert [d.name for d in app.job_dirs()] == ["0", "1"]  # job #2 was never started
+    assert sorted(app.metrics()) == [0]

@@ -1,4 +1,5 @@
-"""`pip install .` (not editable) gives a working rayflow in any directory: conf/ and backends/ ship inside."""
+"""`pip install .` (not editable) gives a working rayflow in any directory: conf/ and backends/ ship inside,
+and Hydra finds the launcher plugin (hydra_plugins/rayflow_launcher)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,14 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_elsewhere(tmp_path, data
     ).stdout.splitlines()
     assert where[0].startswith(str(venv)), where
     assert "config.yaml" in where[1] and "backend" in where[1] and where[2] == "True"
+    # hydra/launcher=rayflow: Hydra finds the plugin the wheel put in the hydra_plugins namespace package
+    plugin = subprocess.run(
+        [str(python), "-c", "from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
+         "import hydra_plugins.rayflow_launcher.rayflow_launcher as m; print(m.__file__); "
+         "print([c.__name__ for c in Plugins.instance().discover(Launcher)])"],
+        cwd=work, env=env, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    assert plugin[0].startswith(str(venv)) and "RayflowLauncher" in plugin[1], plugin
 
     out = subprocess.run(
         [str(venv / "bin" / "rayflow"), "data.synthetic=true", f"data.root={data_root}",
