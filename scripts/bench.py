@@ -29,6 +29,10 @@ rayflow's in-memory tensors and through the seed tutorial's torchvision pipeline
 workers); `ratio` = seed / rayflow. cifar-search times the whole workload=cifar search
 (8 trials x 10 epochs) with --compute gpu or cpu (see bench_data.py).
 
+hydra-launcher (`--jobs 8 --job-seconds 4`) sweeps examples/hydra-app with hydra/launcher=rayflow on
+backend=local and with Hydra's basic launcher; `ratio` = wall / ideal, `speedup` = basic / rayflow
+(see bench_launcher.py).
+
 Everything except the JSON line (Ray's logs, worker output) goes to stderr, so
 `python scripts/bench.py tune-overhead > result.json` gives a clean file.
 """
@@ -48,6 +52,7 @@ from pathlib import Path
 
 import bench_data  # scripts/ is on sys.path when this file runs
 import bench_ddp
+import bench_launcher
 import bench_ppo
 import bench_vm
 
@@ -308,6 +313,8 @@ BENCHMARKS = {
     "tune-overhead": (tune_overhead, tune_overhead_args, "rayflow's run_tune against a plain Tuner"),
     "vm-cluster": (bench_vm.vm_cluster, bench_vm.vm_cluster_args,
                    "backend=vm on fake_multinode: head ready, scale-up/down, what submitting the run as a Ray Job adds"),
+    "hydra-launcher": (bench_launcher.hydra_launcher, bench_launcher.hydra_launcher_args,
+                       "a Hydra app's sweep: hydra/launcher=rayflow on local against Hydra's basic launcher"),
     "spark-cluster": (spark_cluster, spark_cluster_args,
                       "Ray on Spark via rayflow against plain setup_ray_cluster: ready, scale-up, scale-down"),
 }

@@ -174,4 +174,6 @@ class TestHydraLauncherOnVM(KeptCluster, LauncherTestSuite):
 
 
 def test_a_hydra_app_outside_the_repository_sweeps_on_vm(tmp_path):
-    sweep_comes_home(tmp_path / "app", LAUNCHER)
+    # no worker to begin with: the jobs' demand makes Ray's autoscaler add them
+    out = sweep_comes_home(tmp_path / "app", [*LAUNCHER[:3], "hydra.launcher.min_worker_nodes=0", "hydra.launcher.max_worker_nodes=2"])
+    assert "node(s) of type rayflow_worker_cpu" in out.stdout + out.stderr, out.stdout[-3000:]

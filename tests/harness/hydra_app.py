@@ -58,13 +58,13 @@ class KeptCluster:
         assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the suite's cluster was left running"
 
 
-def sweep_comes_home(folder: Path, backend: list[str]) -> None:
+def sweep_comes_home(folder: Path, backend: list[str]) -> subprocess.CompletedProcess:
     """The app swept on `backend` from its own folder, on nodes that do not share this machine's
     files as far as rayflow knows: each job ran in a scratch folder on its node, and its outputs are
     in the local sweep dir; nothing is left running."""
     before = ray_daemon_pids()
     app = HydraApp(folder)
-    out = app.sweep(*backend, "lr=0.01,0.1", timeout=600)
+    out = app.sweep(*backend, "lr=0.01,0.1", "hold_s=1", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     dirs = app.job_dirs()
     assert [d.name for d in dirs] == ["0", "1"]
@@ -77,3 +77,4 @@ def sweep_comes_home(folder: Path, backend: list[str]) -> None:
     assert [metrics[n]["job_num"] for n in (0, 1)] == [0, 1] and all(m["decay"] > 0 for m in metrics.values())
     assert metrics[0]["loss"] > metrics[1]["loss"]  # lr=0.1 fits the line better in 100 steps
     assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the cluster was left running"
+    return out
