@@ -38,9 +38,29 @@ def pytest_configure(config):
 TAKE_TURNS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts", "test_spark": "spark-vm", "test_vm": "spark-vm"}
 
 
+# Modules one worker runs one after the other, as one unit of pytest-xdist's `--dist loadfile`:
+# they take turns anyway (TAKE_TURNS), and on two workers the second of them would otherwise
+# sit waiting for the lock, idle, while the first runs on the other worker.
+SAME_WORKER = {"test_spark": "test_spark+test_vm", "test_vm": "test_spark+test_vm"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadFileScheduling
+
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own choice
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SAME_WORKER.get(Path(scope).stem, scope)
+
+    return Scheduling(config, log)
+
+
 # The longest modules first (minutes on 2 cores, from `pytest --durations`), so that neither
 # worker is left with a long one at the end while the other idles; the rest keep their order.
-LONGEST_FIRST = ["test_spark", "test_user_workloads", "test_ddp", "test_ppo", "test_vm", "test_tune_run", "test_kuberay", "test_api"]
+LONGEST_FIRST = ["test_spark", "test_vm", "test_user_workloads", "test_ddp", "test_ppo", "test_tune_run", "test_launcher", "test_kuberay", "test_api"]
 
 
 def pytest_collection_modifyitems(config, items):

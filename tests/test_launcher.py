@@ -53,10 +53,12 @@ class TestRayflowLauncher(KeptCluster, LauncherTestSuite):
         return ["hydra.launcher.backend=local"]
 
 
-@pytest.mark.parametrize("task_launcher_cfg, extra_flags", [({}, ["-m", "hydra/launcher=rayflow", "hydra.launcher.backend=local"])])
+# one CPU and no dashboard: each of the suite's eleven apps starts a Ray of its own for one job
+@pytest.mark.parametrize("task_launcher_cfg, extra_flags", [({}, ["-m", "hydra/launcher=rayflow", "hydra.launcher.backend=local",
+                                                               "hydra.launcher.num_cpus=1", "hydra.launcher.include_dashboard=false"])])
 class TestRayflowLauncherIntegration(IntegrationTestSuite):
-    """Hydra's IntegrationTestSuite: apps in their own processes, each job printing from inside the
-    launched job (its name, its working directory, hydra.utils' paths)."""
+    """Hydra's IntegrationTestSuite, unchanged: apps in their own processes, each job printing from
+    inside the launched job (its name, its working directory, hydra.utils' paths)."""
 
 
 def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path) -> None:

@@ -50,6 +50,18 @@ class KeptCluster:
     def launcher_name(self) -> str:
         return "rayflow"
 
+    @pytest.fixture(autouse=True)
+    def _fresh_version_base(self):
+        """As in a fresh process, which the suite assumes: a version_base set by an earlier test's
+        composition in this pytest worker would change Hydra's defaults (hydra.job.chdir)."""
+        from hydra.core.singleton import Singleton
+        from hydra.version import VersionBase
+
+        previous = Singleton._instances.pop(VersionBase, None)
+        yield
+        if previous is not None:
+            Singleton._instances[VersionBase] = previous
+
     @pytest.fixture(scope="class", autouse=True)
     def _one_cluster(self):
         before = ray_daemon_pids()
