@@ -161,19 +161,19 @@ def test_a_wrong_token_is_one_line(tmp_path):
 
 # hydra/launcher=rayflow on fake_multinode: the sweep goes to the head as a Ray Job. A cluster name of
 # its own: a vm cluster is found again by its name (the others here are `rayflow`).
-LAUNCHER = ["hydra.launcher.backend=vm", "hydra.launcher.cluster_name=rf-launcher", "hydra.launcher.worker={cpu: {num_cpus: 1}}",
-            "hydra.launcher.min_worker_nodes=1", "hydra.launcher.max_worker_nodes=1"]
+LAUNCHER = ["hydra.launcher.backend=vm", "hydra.launcher.cluster_name=rf-launcher", "hydra.launcher.worker={cpu: {num_cpus: 1}}"]
 
 
 class TestHydraLauncherOnVM(KeptCluster, LauncherTestSuite):
-    """Hydra's own LauncherTestSuite, unchanged, on one fake_multinode cluster kept for the class."""
+    """Hydra's own LauncherTestSuite, unchanged, on one fake_multinode cluster kept for the class
+    (one worker from the start; the sweep below scales out from none)."""
 
     @pytest.fixture
     def overrides(self) -> list[str]:
-        return list(LAUNCHER)
+        return [*LAUNCHER, "hydra.launcher.min_worker_nodes=1", "hydra.launcher.max_worker_nodes=1"]
 
 
 def test_a_hydra_app_outside_the_repository_sweeps_on_vm(tmp_path):
-    # no worker to begin with: the jobs' demand makes Ray's autoscaler add them
-    out = sweep_comes_home(tmp_path / "app", [*LAUNCHER[:3], "hydra.launcher.min_worker_nodes=0", "hydra.launcher.max_worker_nodes=2"])
+    # no worker to begin with, and none on the head: the jobs' demand makes Ray's autoscaler add them
+    out = sweep_comes_home(tmp_path / "app", [*LAUNCHER, "hydra.launcher.min_worker_nodes=0", "hydra.launcher.max_worker_nodes=2"])
     assert "node(s) of type rayflow_worker_cpu" in out.stdout + out.stderr, out.stdout[-3000:]
