@@ -137,17 +137,24 @@ def _local_files_ok(backend: ClusterBackend) -> bool:
     return backend.connects_driver or backend.shares_filesystem
 
 
+def check_backend(cfg: DictConfig) -> ClusterBackend:
+    """The checks of the cluster a config describes: every key against the schema, then the
+    backend's own check(); starts nothing. Returns the backend."""
+    from rayflow import schema
+
+    backend = backend_for(cfg)
+    schema.validate(cfg, local_paths=_local_files_ok(backend))
+    backend.check()
+    return backend
+
+
 def check_config(cfg: DictConfig) -> ClusterBackend:
     """Every preflight check of one job; raises ConfigError, starts nothing. Returns the backend.
 
     First every key against its kind and the rules between keys (rayflow.schema), then what
     needs the machine or the cluster: the backend's own checks, the workload's, the demand
     against the cluster's nodes, the experiment to resume, the tracking store."""
-    from rayflow import schema
-
-    backend = backend_for(cfg)
-    schema.validate(cfg, local_paths=_local_files_ok(backend))
-    backend.check()
+    backend = check_backend(cfg)
     if backend.submits_jobs:  # the job imports what the config names, on the cluster
         for key, value in cfg.workload.items():
             if isinstance(value, str) and is_given(value):

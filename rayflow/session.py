@@ -179,7 +179,7 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
     log = without_result_line(outcome.log)
     where = _keep_driver_log(cfg, cluster.spec, tracker, result, log, outcome.job_id)
     if outcome.status != "SUCCEEDED":
-        _print_last_lines(log, outcome.job_id, where)
+        print_last_lines(log, outcome.job_id, where)
         raise RunFailed(f"the job on backend={backend.name} ended {outcome.status}" + (f": {outcome.error}" if outcome.error else ""),
                         result if said else None)
     if result.summary is not None and result.summary.table().strip():
@@ -208,7 +208,8 @@ def _keep_driver_log(cfg: DictConfig, spec: str, tracker: Tracker, result: RunRe
     return f"MLflow run {run_id}, {JOB_LOG}"
 
 
-def _print_last_lines(log: str, job_id: str, where: str | None) -> None:
+def print_last_lines(log: str, job_id: str, where: str | None = None) -> None:
+    """The last lines of a failed job's log on stderr (with where the whole log is, when kept)."""
     lines = log.rstrip("\n").splitlines()[-LAST_LINES:]
     whole = f"; the whole log: {where}" if where else ""
     print(f"[rayflow] the last {len(lines)} lines of job {job_id}{whole}:", file=sys.stderr)

@@ -42,21 +42,20 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_elsewhere(tmp_path, data
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run(
-        [str(python), "-c", "import rayflow, importlib.resources as r; print(rayflow.__file__); "
-         "print(sorted(p.name for p in r.files('rayflow.conf').iterdir())); "
-         "print(r.files('rayflow.cluster_defs').joinpath('README.md').is_file())"],
-        cwd=work, env=env, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()
+
+    def in_venv(code: str) -> list[str]:  # what `python -c code` prints there, run from elsewhere
+        return subprocess.run([str(python), "-c", code], cwd=work, env=env, capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
+    where = in_venv("import rayflow, importlib.resources as r; print(rayflow.__file__); "
+                    "print(sorted(p.name for p in r.files('rayflow.conf').iterdir())); "
+                    "print(r.files('rayflow.cluster_defs').joinpath('README.md').is_file())")
     assert where[0].startswith(str(venv)), where
     assert "config.yaml" in where[1] and "backend" in where[1] and where[2] == "True"
     # hydra/launcher=rayflow: Hydra finds the plugin the wheel put in the hydra_plugins namespace package
-    plugin = subprocess.run(
-        [str(python), "-c", "from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
-         "import hydra_plugins.rayflow_launcher.rayflow_launcher as m; print(m.__file__); "
-         "print([c.__name__ for c in Plugins.instance().discover(Launcher)])"],
-        cwd=work, env=env, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()
+    plugin = in_venv("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
+                     "import hydra_plugins.rayflow_launcher.rayflow_launcher as m; print(m.__file__); "
+                     "print([c.__name__ for c in Plugins.instance().discover(Launcher)])")
     assert plugin[0].startswith(str(venv)) and "RayflowLauncher" in plugin[1], plugin
 
     out = subprocess.run(

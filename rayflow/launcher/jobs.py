@@ -125,12 +125,10 @@ def run_batch(shared: Shared, jobs: list[HydraJob], max_concurrent: int | None, 
             while queue or running:
                 while queue and stopped_by is None and (max_concurrent is None or len(running) < max_concurrent):
                     job = queue.pop(0)
-                    res = dict(job.resources)
-                    options = {"num_cpus": res.pop("CPU", 0), "num_gpus": res.pop("GPU", 0), "name": f"hydra job #{job.idx}"}
-                    if res.get("memory"):
-                        options["memory"] = res.pop("memory")
-                    res.pop("memory", None)
-                    running[task.options(**options, resources=res).remote(shared_ref, job)] = job
+                    custom = {k: v for k, v in job.resources.items() if k not in ("CPU", "GPU", "memory")}
+                    options = {"num_cpus": job.resources.get("CPU", 0), "num_gpus": job.resources.get("GPU", 0),
+                               "memory": job.resources.get("memory"), "resources": custom, "name": f"hydra job #{job.idx}"}
+                    running[task.options(**options).remote(shared_ref, job)] = job
                 if not running:
                     break
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
@@ -167,7 +165,7 @@ def ship_app_modules(app_dir: str) -> None:
     installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     root = os.path.realpath(app_dir) + os.sep
     for name, module in list(sys.modules.items()):
-        path = os.path.realpath(getattr(module, "__file__", None) or "/") if getattr(module, "__file__", None) else None
+        path = os.path.realpath(module.__file__) if getattr(module, "__file__", None) else None
         if (path and path.startswith(root) and "site-packages" not in path and "." not in name
                 and name not in ("__main__", "rayflow", "hydra_plugins")
                 and not any(path.startswith(p + os.sep) for p in installed)):

@@ -6,6 +6,8 @@ same keys do under rayflow's own `backend=spark backend.max_worker_nodes=4`."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from importlib import resources
 
 import yaml
@@ -15,10 +17,14 @@ BACKENDS = ("local", "attach", "spark", "vm", "kuberay")
 DERIVED = ("name", "compute_device")
 
 
+@functools.cache
+def _own() -> dict:
+    return yaml.safe_load(resources.files("hydra_plugins.rayflow_launcher").joinpath("rayflow.yaml").read_text())
+
+
 def own_keys() -> dict:
-    """The launcher's own keys and defaults, as its YAML says."""
-    text = resources.files("hydra_plugins.rayflow_launcher").joinpath("rayflow.yaml").read_text()
-    return yaml.safe_load(text)
+    """The launcher's own keys and defaults, as its YAML says (a copy of what was read once)."""
+    return copy.deepcopy(_own())
 
 
 def backend_defaults(name: str) -> dict:
@@ -26,6 +32,7 @@ def backend_defaults(name: str) -> dict:
     return yaml.safe_load(resources.files("rayflow.conf").joinpath("backend", f"{name}.yaml").read_text()) or {}
 
 
+@functools.cache
 def backend_keys() -> dict[str, tuple[str, ...]]:
     """Every backend key the launcher takes -> the backends that have it."""
     found: dict[str, list[str]] = {}
@@ -38,7 +45,6 @@ def backend_keys() -> dict[str, tuple[str, ...]]:
 
 def launcher_node() -> dict:
     """What ConfigStore holds as hydra/launcher=rayflow."""
-    node = own_keys()
-    clash = set(node) & set(backend_keys())
-    assert not clash, f"launcher keys shadow backend keys: {clash}"
-    return {**node, **{key: None for key in backend_keys()}}
+    node, backend = own_keys(), backend_keys()
+    assert not set(node) & set(backend), f"launcher keys shadow backend keys: {set(node) & set(backend)}"
+    return {**node, **{key: None for key in backend}}

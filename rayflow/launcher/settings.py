@@ -37,7 +37,8 @@ def read_settings(node: DictConfig) -> Settings:
 
     data = OmegaConf.to_container(node, resolve=True)
     assert isinstance(data, dict)
-    own = {k: v for k, v in data.items() if k in own_keys() and k != "_target_"}  # Hydra used _target_ already
+    keys = own_keys()
+    own = {k: v for k, v in data.items() if k in keys and k != "_target_"}  # Hydra used _target_ already
     validate_section(PREFIX, Launcher, own, data)
     name, known = own["backend"], backend_keys()
     values = {k: v for k, v in data.items() if k not in own and v is not None}
@@ -99,19 +100,14 @@ def rayflow_config(settings: Settings, gpu: bool) -> DictConfig:
 
 
 def check_backend(cfg: DictConfig):
-    """The backend's checks of a rayflow run, without a workload's: every backend key against the
-    schema, then the backend's own check(). Returns the backend (nothing started)."""
-    from rayflow import schema
-    from rayflow.backends import backend_for
-    from rayflow.composition import _local_files_ok
+    """rayflow's own checks of the cluster (composition.check_backend), naming the launcher's keys
+    as the user wrote them: hydra.launcher.*, not backend.*. Returns the backend (nothing started)."""
+    from rayflow.composition import check_backend as check
 
-    backend = backend_for(cfg)
     try:
-        schema.validate(cfg, local_paths=_local_files_ok(backend))
-        backend.check()
-    except ConfigError as err:  # the launcher's keys are hydra.launcher.*, not backend.*
+        return check(cfg)
+    except ConfigError as err:
         raise ConfigError(_launcher_key(err.key), str(err).split(": ", 1)[1]) from None
-    return backend
 
 
 def _launcher_key(key: str) -> str:

@@ -16,7 +16,6 @@ from rayflow.launcher.jobs import Finished, HydraJob, Shared
 
 BUNDLE = "rayflow-sweep.pkl"
 MARKER = "[rayflow-sweep] "  # the head's last line: base64 of the pickled list of Finished
-LAST_LINES = 25
 
 
 @dataclass
@@ -46,10 +45,9 @@ def submit_batch(backend, shared: Shared, jobs: list[HydraJob], settings) -> lis
                              on_submitted=backend.job_submitted, hidden=MARKER.strip())
     finished = read_result(outcome.log)
     if outcome.status != "SUCCEEDED" or finished is None:
-        lines = outcome.log.rstrip("\n").splitlines()[-LAST_LINES:]
-        print(f"[rayflow] the last {len(lines)} lines of job {outcome.job_id}:", file=sys.stderr)
-        for line in lines:
-            print(f"  | {line[:500]}", file=sys.stderr)
+        from rayflow.session import print_last_lines
+
+        print_last_lines("\n".join(line for line in outcome.log.splitlines() if not line.startswith(MARKER)), outcome.job_id)
         reason = f": {outcome.error}" if outcome.error else ""
         raise RunFailed(f"the sweep's job on backend={backend.name} ended {outcome.status}{reason}")
     return finished
