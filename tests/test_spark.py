@@ -82,28 +82,6 @@ def test_autoscales_up_to_max_and_back_down_after_idle_with_credentials_on_worke
         print(f"scale-down: back to head + 1 worker {time.monotonic() - idle:.1f} s after the last task")
 
 
-def test_fake_gpus_reach_ray_cluster_resources(tmp_path):
-    script = tmp_path / "gpus.sh"
-    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
-    script.chmod(0o755)
-    cfg = compose_config(
-        "backend=spark", "backend.master='local-cluster[1, 2, 1024]'", "backend.min_worker_nodes=1",
-        "backend.max_worker_nodes=1", "backend.num_cpus_worker_node=2", "backend.num_gpus_worker_node=2",
-        "+backend.spark_conf.spark.worker.resource.gpu.amount=2",
-        f"+backend.spark_conf.spark.worker.resource.gpu.discoveryScript={script}",
-        "+backend.spark_conf.spark.executor.resource.gpu.amount=2",
-        "+backend.spark_conf.spark.executor.cores=2",
-        "+backend.spark_conf.spark.task.resource.gpu.amount=0",
-        "+backend.spark_conf.spark.executorEnv.RAY_ON_SPARK_WORKER_GPU_NUM=2",  # nvidia-smi finds none
-    )
-    import ray
-
-    backend = backend_for(cfg)
-    assert backend.cluster_gpus() == 2
-    with backend:
-        assert wait_until(lambda: ray.cluster_resources().get("GPU", 0) == 2, timeout=60), ray.cluster_resources()
-
-
 @pytest.mark.parametrize("overrides, key", [
     (["backend.num_worker_nodes=2"], "backend.num_worker_nodes"),
     (["+backend.autoscale=true"], "backend.autoscale"),
@@ -144,8 +122,10 @@ def test_dry_run_prints_setup_arguments_and_sizing_plan(rayflow):
     assert ray_daemon_pids() == before
 
 
-def test_an_active_session_is_used_and_left_running(monkeypatch):
-    """Inside a notebook or spark-submit rayflow uses the session it finds and never stops it."""
+def test_an_active_session_is_used_and_left_running_and_its_fake_gpus_reach_ray(monkeypatch, tmp_path):
+    """Inside a notebook or spark-submit rayflow uses the session it finds and never stops it.
+    The session's workers have two GPUs (a discovery script; nvidia-smi finds none): they reach
+    ray.cluster_resources (one cluster start for both points)."""
     import sys
     from pathlib import Path
 
@@ -156,15 +136,25 @@ def test_an_active_session_is_used_and_left_running(monkeypatch):
     # As in an activated environment: executors find this python and the `ray` command.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local-cluster[1, 1, 1024]").appName("users-own")
-             .config("spark.executor.memory", "512m").getOrCreate())
+    script = tmp_path / "gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    script.chmod(0o755)
+    spark = (SparkSession.builder.master("local-cluster[1, 2, 1024]").appName("users-own")
+             .config("spark.executor.memory", "512m")
+             .config("spark.worker.resource.gpu.amount", "2").config("spark.worker.resource.gpu.discoveryScript", str(script))
+             .config("spark.executor.resource.gpu.amount", "2").config("spark.executor.cores", "2")
+             .config("spark.task.resource.gpu.amount", "0")
+             .config("spark.executorEnv.RAY_ON_SPARK_WORKER_GPU_NUM", "2")  # nvidia-smi finds none
+             .getOrCreate())
     try:
-        backend = backend_for(compose_config(*FIXED))
+        backend = backend_for(compose_config(*FIXED, "backend.num_cpus_worker_node=2", "backend.num_gpus_worker_node=2"))
         assert backend.notes()[0] == "spark: the active SparkSession (used and left running)"
+        assert backend.cluster_gpus() == 2
         with backend:
             import ray
 
-            assert ray.cluster_resources().get("CPU") == 1
+            assert ray.cluster_resources().get("CPU") == 2
+            assert wait_until(lambda: ray.cluster_resources().get("GPU", 0) == 2, timeout=60), ray.cluster_resources()
         assert SparkSession.getActiveSession() is spark
         assert spark.range(3).count() == 3  # still usable after Ray on Spark shut down
     finally:
