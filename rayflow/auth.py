@@ -1,15 +1,24 @@
-"""Ray's token: where this driver finds it, and making one before a cluster starts.
+"""Ray's token: where this driver finds it, keeping it private, and the one rule for auth off.
 
 Ray 2.60 turns token auth on when `RAY_AUTH_MODE=token`; driver, head, workers and the Jobs
 client must all hold the same token. rayflow never prints it or writes it into a spec.
+
+The token file is a credential: 0600 in a 0700 folder, here and on every node (Ray writes it
+0644 in a 0755 `~/.ray`). With `ray_auth_mode=disabled`, Ray's Jobs API runs any code for anyone
+who reaches the dashboard (ShadowRay, CVE-2023-48022), so auth off is allowed only where every
+dashboard and client port stays on loopback: `refuse_auth_off` is that rule, for every backend.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
+
+from rayflow.errors import ConfigError
 
 
 def token_path() -> Path:
@@ -26,9 +35,57 @@ def auth_token() -> str | None:
         return None
 
 
+def secure_token_file(path: Path | None = None) -> None:
+    """The token file 0600 and its folder 0700, where this user owns them (Ray writes 0644 in a
+    0755 folder). A file owned by someone else is left alone: it is theirs to fix."""
+    path = path or token_path()
+    for target, mode in ((path.parent, 0o700), (path, 0o600)):
+        try:
+            info = target.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+            target.chmod(mode)
+
+
 def ensure_token() -> None:
     """Make a token (Ray's own `ray get-auth-token --generate`) if this driver has none, so every
-    node the cluster starts gets the same one."""
+    node the cluster starts gets the same one; either way the file is made private."""
     if auth_token() is None:
+        token_path().parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         subprocess.run([str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    secure_token_file()
+
+
+# The shell line that makes a node's token private once Ray's launcher has synced it there
+# (rsync keeps this machine's mode, and Ray writes its own 0644).
+NODE_TOKEN_MODES = "mkdir -p ~/.ray && chmod 700 ~/.ray && (chmod 600 ~/.ray/auth_token 2>/dev/null || true)"
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether binding to `host` keeps a port on this machine: 127.0.0.0/8, ::1, localhost.
+    Empty, 0.0.0.0, :: and any other address or name reach the network."""
+    text = str(host or "").strip().strip("[]")
+    if text.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_auth_off(auth_mode: str | None, key: str, exposure: str) -> None:
+    """The one rule for `ray_auth_mode=disabled`: refused in one line naming `key` (the setting
+    that exposes a dashboard or client port beyond loopback, described by `exposure`)."""
+    if str(auth_mode or "token") == "disabled":
+        raise ConfigError(key, f"{exposure} with ray_auth_mode=disabled: anyone who reaches it can run code on the "
+                               "cluster through Ray's Jobs API (CVE-2023-48022); keep token auth (ray_auth_mode=token) "
+                               "or keep the dashboard on 127.0.0.1 (docs/security.md)")
+
+
+def warn_auth_off(auth_mode: str | None, what: str) -> None:
+    """Where exposure cannot be known before start: one warning line on stderr."""
+    if str(auth_mode or "token") == "disabled":
+        print(f"rayflow: warning: ray_auth_mode=disabled and {what}: whoever reaches the dashboard can run code "
+              "on the cluster (docs/security.md)", file=sys.stderr, flush=True)
