@@ -94,9 +94,14 @@ class KubeRayCluster(ClusterBackend):
     # --- the seam (rayflow.remote): what the submitted job needs from this backend -----------------
 
     def job_headers(self) -> dict[str, str]:
-        """The Ray token from the Secret KubeRay made, for the Jobs client (the relay turns it into
-        X-Ray-Authorization for the API server's proxy). Never printed, never logged."""
-        return {"Authorization": f"Bearer {self._ray_token}"} if getattr(self, "_ray_token", None) else {}
+        """The relay's per-run secret (it answers nothing else) and the Ray token from the Secret
+        KubeRay made, for the Jobs client (the relay turns it into X-Ray-Authorization for the API
+        server's proxy). Never printed, never logged."""
+        relay = getattr(self, "_relay_server", None)
+        headers = dict(relay.client_headers()) if relay is not None else {}
+        if getattr(self, "_ray_token", None):
+            headers["Authorization"] = f"Bearer {self._ray_token}"
+        return headers
 
     def job_runtime_env(self) -> dict:
         """rayproject/ray images lack rayflow's dependencies unless built with them
@@ -162,6 +167,7 @@ class KubeRayCluster(ClusterBackend):
         with phase(f"waiting for the dashboard of {cluster} through {self._access()}", "kuberay") as step:
             relay = self._relay(cluster)
             url = relay.start()
+            self._relay_server = relay
             self.on_stop("stop the dashboard relay", relay.stop)
             self._wait_for_jobs_api(url, deadline, step)
             step.done(f"dashboard of {cluster} reachable through {self._access()}")

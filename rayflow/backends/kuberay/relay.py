@@ -8,19 +8,64 @@ credentials (TLS context and bearer token, fetched per request). The API server 
 `Authorization` header for itself, so the Ray token the client sends there is forwarded as
 `X-Ray-Authorization`, the header Ray's dashboard reads behind proxies. Inside the cluster the
 relay forwards to the head service directly, with the same header.
+
+The relay holds this user's Kubernetes credentials, and its port is open to every local user, so
+it answers only the process that started it and forwards only Ray's Jobs API: each request must
+carry the relay's per-run random secret (`RELAY_HEADER`, compared in constant time; 401
+otherwise), and its path, percent-decoded once and refused when it holds `.` or `..` segments,
+empty segments, encoded slashes, backslashes or a second layer of encoding, must be one that
+Ray's JobSubmissionClient calls (`JOBS_API`; 404 otherwise). Nothing refused is forwarded, so a
+path such as `/../../api/v1/namespaces/x/secrets` never reaches the API server with the token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import re
+import secrets
 import ssl
 import threading
 from typing import Callable
+from urllib.parse import unquote
 
 # Connection-level headers a proxy must not forward (RFC 9110 7.6.1), and those aiohttp sets itself.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "host", "content-length", "content-encoding"}
 WS_HEADERS = {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-protocol"}
+RELAY_HEADER = "X-Rayflow-Relay"  # the per-run secret; stripped before anything is forwarded
+
+# What Ray 2.60's JobSubmissionClient calls (ray/dashboard/modules/job/sdk.py and
+# dashboard_sdk.py), by method: the version check, submit/list, one job's info, stop, delete,
+# logs and the logs' WebSocket tail, and the runtime_env package upload. Nothing else is relayed.
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
+JOBS_API = (
+    ({"GET"}, re.compile(r"/api/version")),
+    ({"GET", "POST"}, re.compile(r"/api/jobs/?")),
+    ({"GET", "DELETE"}, re.compile(rf"/api/jobs/{_NAME}")),
+    ({"POST"}, re.compile(rf"/api/jobs/{_NAME}/stop")),
+    ({"GET"}, re.compile(rf"/api/jobs/{_NAME}/logs(/tail)?")),
+    ({"GET", "PUT"}, re.compile(rf"/api/packages/[a-z0-9]+/{_NAME}")),
+)
+
+
+def jobs_api_path(raw_path: str, method: str) -> str | None:
+    """The path to forward for a request target as received (undecoded, query included), or None
+    when it is not one of JOBS_API: percent-decoded once per segment, and refused when a segment
+    is `.`, `..` or empty (but a trailing slash), or decodes to a slash, backslash or another `%`."""
+    path = raw_path.partition("?")[0]
+    if not path.startswith("/") or "\\" in path:
+        return None
+    segments = [unquote(part, errors="replace") if "%" in part else part for part in path[1:].split("/")]
+    for index, segment in enumerate(segments):
+        if segment in (".", "..") or any(c in segment for c in "/\\%") or not segment.isprintable():
+            return None
+        if not segment and index != len(segments) - 1:  # `//`, and a trailing slash's is allowed
+            return None
+    decoded = "/" + "/".join(segments)
+    if any(method in methods and pattern.fullmatch(decoded) for methods, pattern in JOBS_API):
+        return decoded
+    return None
 
 
 def ssl_context(configuration) -> ssl.SSLContext | bool | None:
@@ -42,6 +87,7 @@ class DashboardRelay:
         self.upstream = upstream.rstrip("/")
         self.upstream_headers = upstream_headers  # the API server's credentials, per request
         self.tls = tls
+        self.secret = secrets.token_urlsafe(32)  # what only the process that started the relay holds
         self.url: str | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rayflow-dashboard-relay", daemon=True)
@@ -79,8 +125,17 @@ class DashboardRelay:
         if self._session is not None:
             await self._session.close()
 
+    def client_headers(self) -> dict[str, str]:
+        """What the Jobs client must send with every request for the relay to answer it."""
+        return {RELAY_HEADER: self.secret}
+
+    def _authorised(self, request) -> bool:
+        given = request.headers.get(RELAY_HEADER, "")
+        return hmac.compare_digest(given.encode(), self.secret.encode())
+
     def _headers(self, request) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | WS_HEADERS}
+        skip = HOP_BY_HOP | WS_HEADERS | {RELAY_HEADER.lower()}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in skip}
         ray_auth = headers.pop("Authorization", None) or headers.pop("authorization", None)
         if ray_auth:  # the Ray token: the API server would consume Authorization
             headers["X-Ray-Authorization"] = ray_auth
@@ -90,7 +145,13 @@ class DashboardRelay:
     async def _forward(self, request):
         from aiohttp import ClientError, WSMsgType, web
 
-        target = self.upstream + request.path_qs
+        if not self._authorised(request):
+            return web.Response(status=401, text="rayflow relay: this relay answers only the rayflow process that started it\n")
+        path = jobs_api_path(request.raw_path, request.method)
+        if path is None:
+            return web.Response(status=404, text="rayflow relay: only Ray's Jobs API is relayed\n")
+        query = request.raw_path.partition("?")[2]
+        target = self.upstream + path + (f"?{query}" if query else "")
         if request.headers.get("Upgrade", "").lower() == "websocket":
             client = web.WebSocketResponse()
             await client.prepare(request)
