@@ -132,10 +132,9 @@ def test_apply_run_as_a_job_and_delete(ray_head, rayflow, emulator, mlflow_serve
                  "[rayflow] kuberay: deleted RayCluster default/rayflow and its pods"):
         assert line in text, (line, text[-3000:])
     assert ray_head.token not in text
-    # server-side apply with a field manager, labelled as rayflow's and this run's
-    applies = [r for r in emulator.requests if r.method == "PATCH" and r.path.endswith("/rayclusters/rayflow")]
-    assert applies and applies[0].content_type == "application/apply-patch+yaml"
-    assert applies[0].query.get("fieldManager") == "rayflow"
+    # created (never over another's object) with a field manager, labelled as rayflow's and this run's
+    creates = [r for r in emulator.requests if r.method == "POST" and r.path.endswith("/rayclusters")]
+    assert creates and all(r.query.get("fieldManager") == "rayflow" for r in creates)
     labels = applied[0]["metadata"]["labels"]
     assert labels["app.kubernetes.io/managed-by"] == "rayflow" and labels["rayflow.io/run"]
     # the Jobs API was reached through the API server's service proxy
@@ -187,14 +186,19 @@ def test_ctrl_c_during_the_job_stops_it_and_deletes_the_cluster(ray_head, rayflo
 
 @pytest.mark.slow
 def test_keep_cluster_leaves_it_and_the_next_run_reuses_it(ray_head, rayflow, emulator):
+    """A kept cluster is joined by a run that names it and keeps it too; the joiner, which did not
+    start it, leaves it running (tests/test_security_kuberay.py: the refusals, without Ray)."""
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
         first = rayflow.run(*kuberay(emulator, "backend.keep_cluster=true"), *SMALL_CIFAR, "tracking=none", timeout=400)
         assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
-        assert emulator.get("rayclusters", "default", "rayflow") is not None
-        second = rayflow.run(*kuberay(emulator), *SMALL_CIFAR, "tracking=none", timeout=400)
-    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
-    assert "reusing the existing RayCluster default/rayflow" in second.stdout
-    assert _gone(emulator)
+        kept = emulator.get("rayclusters", "default", "rayflow")
+        assert kept is not None and kept["metadata"]["labels"]["rayflow.io/keep"] == "true"
+        second = rayflow.run(*kuberay(emulator, "backend.keep_cluster=true"), *SMALL_CIFAR, "tracking=none", timeout=400)
+        assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+        assert "reusing the existing RayCluster default/rayflow" in second.stdout
+        assert emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == kept["metadata"]["uid"]
+        emulator.delete("rayclusters", "default", "rayflow")
+    assert wait_until(lambda: _gone(emulator), timeout=10)
 
 
 @pytest.mark.slow
@@ -283,7 +287,7 @@ def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(ray_head
     [created] = applied
     assert created["metadata"]["labels"]["team"] == "ml" and created["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rayflow"
     assert created["spec"]["authOptions"] == {"mode": "token"} and created["spec"]["workerGroupSpecs"][0]["maxReplicas"] == 1
-    writes = [r for r in emulator.requests if r.method in ("PATCH", "POST", "PUT") and "/rayclusters/" in r.path]
+    writes = [r for r in emulator.requests if r.method in ("PATCH", "POST", "PUT") and "/rayclusters" in r.path]
     assert writes[0].query.get("dryRun") == "All" and writes[1].query.get("dryRun") is None  # asked first, then applied
     assert not [r for r in emulator.requests if "configmaps" in r.path], "the ConfigMap is the user's to apply"
     assert wait_until(lambda: _gone(emulator), timeout=10)
@@ -338,7 +342,8 @@ def test_an_existing_raycluster_rayflow_did_not_make_is_reused_and_never_deleted
     path.write_text(USER_MANIFEST)
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
         emulator.put(foreign)
-        out = rayflow.run(*kuberay(emulator, f"backend.manifest={path}"), *SMALL_CIFAR, "tracking=none", timeout=400)
+        out = rayflow.run(*kuberay(emulator, f"backend.manifest={path}", "backend.keep_cluster=true"), *SMALL_CIFAR,
+                          "tracking=none", timeout=400)
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
         assert "reusing the existing RayCluster default/team-ray as it is" in out.stdout, (out.stdout + out.stderr)[-3000:]
         assert "rayflow did not make it and leaves it running" in out.stdout

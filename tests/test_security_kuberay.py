@@ -163,3 +163,121 @@ def test_the_relays_secret_differs_per_relay():
     a, b = DashboardRelay("http://127.0.0.1:1", dict), DashboardRelay("http://127.0.0.1:1", dict)
     assert a.secret != b.secret and len(a.secret) >= 32
     json.dumps(a.client_headers())  # plain strings, as Ray's client sends them
+
+
+# --- ownership: a run deletes and joins only what it may -------------------------------------------
+
+
+@pytest.fixture
+def kube_world():
+    """The Kubernetes emulator with the fake operator; the dashboard behind the service proxy is the
+    recording upstream (it answers the Jobs API's version check), so no Ray head is started."""
+    pytest.importorskip("kmock")
+    from tests.harness.kube_emulator import KubeEmulator
+    from tests.harness.kube_operator import FakeKubeRayOperator
+
+    with KubeEmulator() as emulator, RecordingUpstream() as upstream:
+        with FakeKubeRayOperator(emulator, f"http://127.0.0.1:{upstream.port}", "ray-token", head_ready_after_s=0.2):
+            yield emulator, upstream
+
+
+def backend(emulator, *more: str):
+    from rayflow.backends import backend_for
+    from rayflow.composition import compose_config
+
+    return backend_for(compose_config("backend=kuberay", f"backend.kubeconfig={emulator.kubeconfig_path}", "backend.job_pip=[]",
+                                      "backend.start_timeout_s=30", "backend.delete_timeout_s=10", *more))
+
+
+def labels_of(emulator, name: str = "rayflow") -> dict:
+    return emulator.get("rayclusters", "default", name)["metadata"]["labels"]
+
+
+def test_two_runs_with_one_cluster_name_leave_each_other_intact(kube_world, capsys):
+    from rayflow.errors import ConfigError
+
+    emulator, _ = kube_world
+    first = backend(emulator)
+    with first:
+        uid = emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"]
+        assert labels_of(emulator)["rayflow.io/run"] == first._run_id
+        second = backend(emulator)
+        with pytest.raises(ConfigError) as refused:
+            second.__enter__()
+        assert refused.value.key == "backend.cluster_name"
+        assert f"RayCluster default/rayflow belongs to another rayflow run (rayflow.io/run={first._run_id})" in str(refused.value)
+        assert "\n" not in str(refused.value)
+        assert emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == uid  # untouched
+        assert labels_of(emulator)["rayflow.io/run"] == first._run_id
+    assert emulator.get("rayclusters", "default", "rayflow") is None  # the first run deleted its own
+
+
+def test_a_run_that_loses_the_race_to_create_refuses_and_deletes_nothing(kube_world, monkeypatch, capsys):
+    """Both runs saw no cluster: the create is atomic (409 for the second), and the teardown the
+    loser registered before its create leaves the winner's cluster alone."""
+    from rayflow.backends.kuberay.kube import Kube
+    from rayflow.errors import ConfigError
+
+    emulator, _ = kube_world
+    winner = backend(emulator)
+    with winner:
+        uid = emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"]
+        real_get, calls = Kube.get, []
+
+        def first_get_misses(self, kind, name):  # the loser's first look came before the winner's create
+            calls.append(name)
+            return None if len(calls) == 1 else real_get(self, kind, name)
+
+        monkeypatch.setattr(Kube, "get", first_get_misses)
+        loser = backend(emulator)
+        with pytest.raises(ConfigError, match="belongs to another rayflow run"):
+            loser.__enter__()
+        monkeypatch.setattr(Kube, "get", real_get)
+        assert "is not this run's (rayflow.io/run=" in capsys.readouterr().out
+        assert emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == uid
+        creates = [r for r in emulator.requests if r.method == "POST" and r.path.endswith("/rayclusters")]
+        assert creates and all(r.query.get("fieldManager") == "rayflow" for r in creates)
+    assert emulator.get("rayclusters", "default", "rayflow") is None
+
+
+def test_a_kept_cluster_is_joined_only_with_keep_cluster_and_never_deleted_by_the_joiner(kube_world):
+    from rayflow.errors import ConfigError
+
+    emulator, _ = kube_world
+    with backend(emulator, "backend.keep_cluster=true") as keeper:
+        pass
+    assert labels_of(emulator)["rayflow.io/keep"] == "true" and labels_of(emulator)["rayflow.io/run"] == keeper._run_id
+    with pytest.raises(ConfigError) as refused:
+        backend(emulator).__enter__()
+    assert refused.value.key == "backend.keep_cluster" and "was kept by an earlier rayflow run" in str(refused.value)
+    with backend(emulator, "backend.keep_cluster=true") as joiner:
+        assert joiner.address.startswith("http://127.0.0.1:")
+    assert labels_of(emulator)["rayflow.io/run"] == keeper._run_id  # joined as it was, left running
+    emulator.delete("rayclusters", "default", "rayflow")
+
+
+def test_a_raycluster_rayflow_did_not_make_is_joined_only_with_keep_cluster_and_never_deleted(kube_world):
+    from rayflow.errors import ConfigError
+
+    emulator, _ = kube_world
+    theirs = backend(emulator).manifest()
+    theirs["metadata"]["labels"] = {"team": "ml"}
+    emulator.put(theirs)
+    with pytest.raises(ConfigError, match="exists and rayflow did not make it: to run on it as it is, set backend.keep_cluster=true"):
+        backend(emulator).__enter__()
+    with backend(emulator, "backend.keep_cluster=true"):
+        pass
+    assert labels_of(emulator) == {"team": "ml"}
+    emulator.delete("rayclusters", "default", "rayflow")
+
+
+def test_an_existing_rayjob_is_never_taken_over(kube_world):
+    from rayflow.errors import ConfigError
+
+    emulator, _ = kube_world
+    other = backend(emulator, "backend.mode=rayjob").manifest({"rayflow.io/run": "someoneelse"})
+    emulator.put(other)
+    with pytest.raises(ConfigError, match=r"RayJob default/rayflow already exists \(made by rayflow run someoneelse\)"):
+        backend(emulator, "backend.mode=rayjob").__enter__()
+    assert emulator.get("rayjobs", "default", "rayflow")["metadata"]["labels"]["rayflow.io/run"] == "someoneelse"
+    emulator.delete("rayjobs", "default", "rayflow")

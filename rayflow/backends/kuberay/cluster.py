@@ -24,11 +24,13 @@ from rayflow.backends.kuberay import manifest as kuberay_manifest
 from rayflow.backends.kuberay import resources as kuberay_resources
 from rayflow.backends.kuberay import user_layers, user_manifest
 from rayflow.backends.kuberay.wait import wait_for_head
-from rayflow.errors import ClusterError
+from rayflow.errors import ClusterError, ConfigError
 from rayflow.progress import phase
 
 DASHBOARD_PORT = 8265  # the head container's port named `dashboard`
 MANAGED_BY = "app.kubernetes.io/managed-by"
+RUN_LABEL = "rayflow.io/run"  # the run that created the object: the only one that deletes it
+KEPT_LABEL = "rayflow.io/keep"  # "true": created with backend.keep_cluster=true, open to later runs
 
 
 class KubeRayCluster(ClusterBackend):
@@ -128,7 +130,9 @@ class KubeRayCluster(ClusterBackend):
         if self.user_manifest():  # what rayflow adds to the user's file, and what it leaves to them
             for note in self.notes():
                 print(f"[rayflow] kuberay: {note}", file=sys.stderr, flush=True)
-        manifest = self.manifest({"rayflow.io/run": uuid.uuid4().hex[:12]})
+        self._run_id = uuid.uuid4().hex[:12]  # this run's objects carry it; teardown deletes only those
+        labels = {RUN_LABEL: self._run_id, **({KEPT_LABEL: "true"} if s.keep_cluster else {})}
+        manifest = self.manifest(labels)
         self._manifest = manifest
         self._kind, self._object_name = manifest["kind"], manifest["metadata"]["name"]
         self._namespace = manifest["metadata"]["namespace"]
@@ -136,24 +140,21 @@ class KubeRayCluster(ClusterBackend):
         self.on_stop("close the Kubernetes client", self.kube.close)
         where = f"{self._kind} {self._namespace}/{self._object_name}"
         existing = self.kube.get(self._kind, self._object_name)
-        if existing is not None and existing["metadata"].get("deletionTimestamp"):
-            existing = None  # on its way out: applying again makes a new one
-        ours = existing is None or (existing["metadata"].get("labels") or {}).get(MANAGED_BY) == "rayflow"
-        if existing is not None and not ours and self._kind == "RayJob":
-            raise ClusterError(f"{where} exists and rayflow did not make it (no label {MANAGED_BY}: rayflow): "
-                               "rename yours (metadata.name, backend.cluster_name) or delete that one")
-        if self.owns_cluster and ours:  # registered before the apply: a client killed right after it still deletes
-            self.on_stop(f"delete {where}", self._delete)
-        if existing is not None and self._kind == "RayCluster":
-            print(f"[rayflow] kuberay: reusing the existing {where} as it is (delete it to apply a changed spec)"
-                  + ("" if ours else "; rayflow did not make it and leaves it running"), flush=True)
-        else:
+        if existing is None:
             with phase(f"server-side dry run of {where}", "kuberay") as step:
-                self.kube.apply(manifest, dry_run=True)  # the API server's admission speaks before anything exists
+                self.kube.create(manifest, dry_run=True)  # the API server's admission speaks before anything exists
                 step.done(f"the API server accepts {where} (server-side dry run)")
+            if self.owns_cluster:  # registered before the create: a client killed right after it still deletes
+                self.on_stop(f"delete {where}", self._delete)
             with phase(f"applying {where}", "kuberay") as step:
-                self.kube.apply(manifest)
-                step.done(f"applied {where}")
+                created = self.kube.create(manifest)  # refused (None) if another run made one meanwhile
+                step.done(f"applied {where}" if created is not None else f"{where} was made by someone else meanwhile")
+            if created is None:
+                existing = self.kube.get(self._kind, self._object_name)
+                if existing is None:
+                    raise ClusterError(f"{where} was made and deleted by someone else while this run created it: run again")
+        if existing is not None:
+            self._join(existing, where)
         deadline = time.monotonic() + float(s.start_timeout_s)
         with phase(f"waiting for the head pod of {where} (HeadPodReady)", "kuberay") as step:
             head = wait_for_head(self.kube, self._cluster_name, float(s.start_timeout_s), float(s.schedule_grace_s), step=step)
@@ -172,6 +173,34 @@ class KubeRayCluster(ClusterBackend):
             self._wait_for_jobs_api(url, deadline, step)
             step.done(f"dashboard of {cluster} reachable through {self._access()}")
         return url
+
+    def _join(self, existing: dict, where: str) -> None:
+        """Run on an object that already exists, or refuse in one line. Joined only: a RayCluster,
+        with backend.keep_cluster=true (so this run leaves it running), that a rayflow run kept or
+        rayflow did not make. A RayCluster another rayflow run is using (and deletes at its end) and
+        any existing RayJob are refused; neither is touched."""
+        meta = existing["metadata"]
+        labels = meta.get("labels") or {}
+        delete = f"kubectl delete {self._kind.lower()} {self._object_name} -n {self._namespace}"
+        if meta.get("deletionTimestamp"):
+            raise ClusterError(f"{where} is being deleted: run again once it is gone")
+        rayflows = labels.get(MANAGED_BY) == "rayflow"
+        owner = f"made by rayflow run {labels.get(RUN_LABEL, '?')}" if rayflows else "rayflow did not make it"
+        if self._kind == "RayJob":
+            raise ConfigError("backend.cluster_name", f"{where} already exists ({owner}) and a RayJob runs one job: "
+                                                      f"choose another backend.cluster_name, or delete it ({delete})")
+        if rayflows and labels.get(KEPT_LABEL) != "true":
+            raise ConfigError("backend.cluster_name", f"{where} belongs to another rayflow run ({RUN_LABEL}={labels.get(RUN_LABEL, '?')}), "
+                                                      f"which deletes it when it ends: choose another backend.cluster_name "
+                                                      f"(if that run is gone: {delete})")
+        if not self.section.keep_cluster:
+            why = "was kept by an earlier rayflow run" if rayflows else "exists and rayflow did not make it"
+            raise ConfigError("backend.keep_cluster", f"{where} {why}: to run on it as it is, set backend.keep_cluster=true "
+                                                      f"(rayflow then leaves it running); else choose another backend.cluster_name")
+        self._manifest = existing  # its auth decides how the dashboard is reached
+        print(f"[rayflow] kuberay: reusing the existing {where} as it is (delete it to apply a changed spec); "
+              + ("it was kept by an earlier run and stays running" if rayflows else "rayflow did not make it and leaves it running"),
+              flush=True)
 
     def _cluster_name(self) -> str | None:
         if self._kind == "RayCluster":
@@ -243,8 +272,14 @@ class KubeRayCluster(ClusterBackend):
     def _delete(self) -> None:
         """Delete the RayCluster (or RayJob; its cluster goes with it) and wait until its pods are
         gone. A finalizer that holds it past backend.delete_timeout_s is reported by name."""
+        current = self.kube.get(self._kind, self._object_name)
+        run = ((current or {}).get("metadata", {}).get("labels") or {}).get(RUN_LABEL)
+        if current is not None and run != self._run_id:  # another run's (it made one first, or since)
+            print(f"[rayflow] kuberay: {self._kind} {self._namespace}/{self._object_name} is not this run's "
+                  f"({RUN_LABEL}={run or 'none'}): left alone", flush=True)
+            return
         cluster = self._cluster_name() if self._kind == "RayCluster" else self._last_cluster_name()
-        if not self.kube.delete(self._kind, self._object_name):
+        if current is None or not self.kube.delete(self._kind, self._object_name, uid=current["metadata"].get("uid")):
             print(f"[rayflow] kuberay: {self._kind} {self._object_name} was already gone", flush=True)
         timeout = float(self.section.delete_timeout_s)
         deadline = time.monotonic() + timeout

@@ -47,14 +47,14 @@ class Kube:
     def configuration(self):
         return self.api_client.configuration
 
-    def _call(self, what: str, fn, *args: Any, missing_ok: bool = False, **kwargs: Any):
+    def _call(self, what: str, fn, *args: Any, missing_ok: bool = False, conflict_ok: bool = False, **kwargs: Any):
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
             return self.api_client.sanitize_for_serialization(fn(*args, **kwargs))
         except ApiException as err:
-            if err.status == 404 and missing_ok:
+            if (err.status == 404 and missing_ok) or (err.status == 409 and conflict_ok):
                 return None
             raise ClusterError(f"Kubernetes refused to {what}: {err.status} {_api_message(err)}") from None
         except HTTPError as err:  # unreachable API server, TLS failure
@@ -75,6 +75,17 @@ class Kube:
             field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml",
             **({"dry_run": "All"} if dry_run else {}))
 
+    def create(self, manifest: dict, dry_run: bool = False) -> dict | None:
+        """Create the object, only if none of its name exists: None when one does (409), so a run
+        never overwrites another's object. dry_run: the API server's whole admission (schema, CEL
+        rules, webhooks, quotas) answers with the object it would store, storing nothing."""
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        what = f"accept {kind} {self.namespace}/{name} in a server-side dry run (nothing was applied)" if dry_run \
+            else f"create {kind} {self.namespace}/{name}"
+        return self._call(what, self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace,
+                          PLURALS[kind], manifest, field_manager=FIELD_MANAGER, conflict_ok=True,
+                          **({"dry_run": "All"} if dry_run else {}))
+
     def get(self, kind: str, name: str) -> dict | None:
         return self._call(f"read {kind} {self.namespace}/{name}", self.custom.get_namespaced_custom_object,
                           GROUP, VERSION, self.namespace, PLURALS[kind], name, missing_ok=True)
@@ -84,13 +95,16 @@ class Kube:
                           GROUP, VERSION, self.namespace, PLURALS[kind], name, patch,
                           _content_type="application/merge-patch+json")
 
-    def delete(self, kind: str, name: str) -> bool:
-        """Ask for deletion; False when it was already gone (404 counts as deleted)."""
+    def delete(self, kind: str, name: str, uid: str | None = None) -> bool:
+        """Ask for deletion; False when it was already gone (404 counts as deleted). uid: only that
+        object (a precondition the API server checks: one recreated under the name is not it)."""
         from kubernetes import client
 
+        preconditions = client.V1Preconditions(uid=uid) if uid else None
         found = self._call(f"delete {kind} {self.namespace}/{name}", self.custom.delete_namespaced_custom_object,
                            GROUP, VERSION, self.namespace, PLURALS[kind], name,
-                           body=client.V1DeleteOptions(propagation_policy="Background"), missing_ok=True)
+                           body=client.V1DeleteOptions(propagation_policy="Background", preconditions=preconditions),
+                           missing_ok=True)
         return found is not None
 
     # --- core objects -------------------------------------------------------------------------
