@@ -5,7 +5,8 @@ submitted as a Ray Job runs on the head instead, so its files go with the job, a
 its runtime_env this module returns (`job_files`):
 
 - `working_dir` (`workload.working_dir`: `.` in the workloads tune, train and rllib, the
-  directory rayflow runs from; null, as in the presets, or no such key: nothing but rayflow) minus `DEFAULT_EXCLUDES`, `workload.excludes`, the `.gitignore`
+  directory rayflow runs from; null, as in the presets, or no such key: nothing but rayflow) minus `DEFAULT_EXCLUDES`,
+  `CREDENTIAL_EXCLUDES` (credential files: named on stderr when re-included), `workload.excludes`, the `.gitignore`
   and `.rayignore` files inside it, and Ray's own default excludes;
 - `py_modules` (`workload.py_modules`): installed packages or modules, by import name, shipped
   from their source folders;
@@ -32,6 +33,7 @@ import errno
 import importlib.util
 import logging
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -67,6 +69,21 @@ DEFAULT_EXCLUDES = (
     # a checkout of rayflow at the top: rayflow ships itself (py_modules, its configs inside),
     # and a checkout first on the job's path would shadow it without its configs
     "/rayflow",
+)
+
+# Credential files: never shipped unless the user re-includes them (`!.env` in workload.excludes),
+# and then named in one stderr line of the preflight (`check_upload`). A job's package is readable
+# by every job and node of the cluster (Ray keeps it in the GCS), and a folder run from a home
+# directory or a project root often holds these. Names with "credentials" are matched as data
+# files only (`credentials`, `*credentials*.json`, ...), so a code module or package named so ships.
+CREDENTIAL_EXCLUDES = (
+    ".env", ".env.*", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore",
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", ".ssh", ".gnupg",
+    ".aws", ".azure", ".kube", "kubeconfig", "*.kubeconfig", ".docker",
+    ".netrc", "_netrc", ".git-credentials", ".npmrc", ".pypirc", ".pgpass", ".vault-token",
+    "*credentials", "*credentials*.json", "*credentials*.yaml", "*credentials*.yml", "*credentials*.ini",
+    "*credentials*.csv", "*credentials*.txt", "*credentials*.toml", "*credentials*.cfg",
+    "service-account*.json", "*-sa-key*.json",
 )
 
 # A submitted job's packages go to the head in one HTTP request each, whose body the dashboard
@@ -128,8 +145,23 @@ def job_files(cfg, in_place: bool = False) -> dict:
 
 
 def excludes(cfg) -> list[str]:
-    """DEFAULT_EXCLUDES, then the user's `workload.excludes` (which may re-include with `!`)."""
-    return [*DEFAULT_EXCLUDES, *_strings(cfg.workload.get("excludes"), "workload.excludes")]
+    """DEFAULT_EXCLUDES and CREDENTIAL_EXCLUDES, then the user's `workload.excludes` (which may
+    re-include with `!`)."""
+    return [*DEFAULT_EXCLUDES, *CREDENTIAL_EXCLUDES, *_strings(cfg.workload.get("excludes"), "workload.excludes")]
+
+
+def credential_files(names: list[str]) -> list[str]:
+    """The names (as in the zip: a/b/c) that CREDENTIAL_EXCLUDES would drop, a folder's tree
+    included (`.aws/credentials` through `.aws`)."""
+    from ray._private.thirdparty.pathspec import PathSpec  # Ray's own copy, as Ray matches
+
+    spec = PathSpec.from_lines("gitwildmatch", CREDENTIAL_EXCLUDES)
+
+    def matches(name: str) -> bool:
+        parts = name.rstrip("/").split("/")
+        return any(spec.match_file("/".join(parts[: i + 1])) for i in range(len(parts)))
+
+    return [name for name in names if matches(name)]
 
 
 def merge_runtime_env(base: dict | None, files: dict) -> dict:
@@ -169,7 +201,24 @@ def check_upload(cfg, limit: int | None = None, in_place: bool = False) -> None:
     if packages:
         _check_own_package(patterns)
     for key, shown, path, pattern_list, parent in packages:
-        _check_size(key, shown, path, pattern_list, parent, limit)
+        entries = _check_size(key, shown, path, pattern_list, parent, limit)
+        _name_credentials(key, [name for name, _ in entries], parent, path)
+
+
+_CREDENTIALS_SHOWN = 5
+
+
+def _name_credentials(key: str, names: list[str], parent: bool, path: Path) -> None:
+    """One stderr line naming the credential files that go with the job: only those the user
+    re-included (the defaults leave them out), so it is said, not refused."""
+    top = f"{Path(path).name}/" if parent else ""
+    found = credential_files([name[len(top):] if top and name.startswith(top) else name for name in names])
+    if not found:
+        return
+    more = f" and {len(found) - _CREDENTIALS_SHOWN} more" if len(found) > _CREDENTIALS_SHOWN else ""
+    print(f"rayflow: warning: {key}: ships credential files that workload.excludes re-includes: "
+          f"{', '.join(found[:_CREDENTIALS_SHOWN])}{more} (every job on the cluster can read a job's files)",
+          file=sys.stderr, flush=True)
 
 
 def upload_entries(path: Path, patterns: list[str], include_parent_dir: bool = False,
@@ -280,14 +329,15 @@ def _ray_default_excludes() -> list[str]:
     return list(get()) if get is not None else []
 
 
-def _check_size(key: str, shown: str, path: Path, patterns: list[str], include_parent_dir: bool, limit: int) -> None:
+def _check_size(key: str, shown: str, path: Path, patterns: list[str], include_parent_dir: bool,
+                limit: int) -> list[tuple[str, int]]:
     try:
         entries, total, stopped = upload_entries(path, patterns, include_parent_dir, stop_at=STOP_FACTOR * limit)
     except OSError as err:  # an unreadable file or folder: Ray's packing would fail on it too
         raise ConfigError(key, f"{shown}: {err.filename or ''}: {err.strerror or err}; Ray could not pack it: "
                                "add it to workload.excludes") from None
     if total < limit:
-        return
+        return entries
     top = "/".join(Path(path).parts[-1:]) if include_parent_dir else ""
     biggest = ", ".join(f"{name} {_human(size)}" for name, size in _biggest(entries, top))
     size = f"more than {_human(total)}" if stopped else _human(total)

@@ -70,7 +70,7 @@ def test_job_files_gives_the_runtime_env_parts(project):
     cfg = workload(working_dir=str(project), excludes=["*.ckpt"], py_modules=["omegaconf"], pip=["einops==0.8.0"])
     env = jf.job_files(cfg)
     assert env["working_dir"] == str(project) and Path(env["working_dir"]).is_absolute()
-    assert env["excludes"] == [*jf.DEFAULT_EXCLUDES, "*.ckpt"]
+    assert env["excludes"] == [*jf.DEFAULT_EXCLUDES, *jf.CREDENTIAL_EXCLUDES, "*.ckpt"]
     assert env["py_modules"] == [str(Path(omegaconf.__file__).parent.resolve())]
     assert env["pip"] == ["einops==0.8.0"]
 
@@ -255,3 +255,34 @@ def test_check_config_checks_a_submitted_runs_files_before_anything_starts(tmp_p
     cfg = compose_config("backend=vm", f"++workload.working_dir={tmp_path / 'nowhere'}")
     with pytest.raises(ConfigError, match=r"^workload\.working_dir: .*nowhere does not exist"):
         check_config(cfg)
+
+
+CREDENTIALS = [".env", ".env.production", "id_rsa", "id_ed25519.pub", ".aws/credentials", "kubeconfig", ".kube/config",
+               ".netrc", ".git-credentials", ".npmrc", ".pypirc", ".docker/config.json", ".ssh/known_hosts",
+               "certs/server.pem", "tls.key", "gcp-credentials.json", "deploy/service-account-prod.json"]
+
+
+def test_credential_files_are_not_shipped_by_default(project, tmp_path, capsys):
+    """`workload.working_dir: .` run from a project root or a home directory: the credential files
+    in it stay here (Ray's own zip checked), the code beside them goes, and nothing is said."""
+    for name in CREDENTIALS:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("SECRET-VALUE\n")
+    (project / "lib" / "credentials.py").write_text("def load():\n    return None\n")  # code named so ships
+    cfg = workload(working_dir=str(project))
+    names = zipfile.ZipFile(ray_zip(project, working_dir_patterns(cfg), tmp_path)).namelist()
+    assert not [n for n in names if any(n == c or n.startswith(c.split("/")[0] + "/") for c in CREDENTIALS)], names
+    assert "lib/credentials.py" in names and "train.py" in names
+    jf.check_upload(cfg, limit=10 * 2**20)
+    assert "credential" not in capsys.readouterr().err
+
+
+def test_credential_files_the_user_re_includes_are_named_in_one_line(project, capsys):
+    (project / ".env").write_text("WANDB_API_KEY=SECRET-VALUE\n")
+    (project / ".aws").mkdir()
+    (project / ".aws" / "credentials").write_text("[default]\naws_secret_access_key=SECRET-VALUE\n")
+    cfg = workload(working_dir=str(project), excludes=["!.env", "!.aws", "!.aws/**"])
+    jf.check_upload(cfg, limit=10 * 2**20)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rayflow: warning: workload.working_dir: ships credential files"), err
+    assert ".env" in err[0] and ".aws/credentials" in err[0] and "SECRET-VALUE" not in err[0]
