@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rayflow.errors import ConfigError
+from rayflow.errors import ClusterError, ConfigError
 
 
 def token_path() -> Path:
@@ -35,27 +35,66 @@ def auth_token() -> str | None:
         return None
 
 
+def ray_default_token_path() -> Path:
+    """Where Ray writes a token it generates (ray.init, `ray get-auth-token --generate`),
+    whatever RAY_AUTH_TOKEN_PATH says."""
+    return Path.home() / ".ray" / "auth_token"
+
+
 def secure_token_file(path: Path | None = None) -> None:
     """The token file 0600 and its folder 0700, where this user owns them (Ray writes 0644 in a
-    0755 folder). A file owned by someone else is left alone: it is theirs to fix."""
-    path = path or token_path()
-    for target, mode in ((path.parent, 0o700), (path, 0o600)):
+    0755 folder). A file owned by someone else is left alone: it is theirs to fix. No `path`:
+    the file this driver reads (its folder is the user's choice: only the file is tightened)
+    and the one Ray generates into, in ~/.ray."""
+    if path is not None:
+        targets = [(path.parent, 0o700), (path, 0o600)]
+    else:
+        default = ray_default_token_path()
+        targets = [(default.parent, 0o700), (default, 0o600), (token_path(), 0o600)]
+    for target, mode in targets:
         try:
-            info = target.stat()
+            info = target.lstat()  # a symlink is not followed: chmod would change its target
         except FileNotFoundError:
             continue
-        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+        if not stat.S_ISLNK(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
             target.chmod(mode)
+
+
+def private_token_folder() -> None:
+    """Ray's token folder (~/.ray) made 0700 before anything may write a token into it, so the
+    0644 file Ray writes is never readable by others, even before it is made 0600."""
+    ray_default_token_path().parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    secure_token_file()
 
 
 def ensure_token() -> None:
     """Make a token (Ray's own `ray get-auth-token --generate`) if this driver has none, so every
     node the cluster starts gets the same one; either way the file is made private."""
+    private_token_folder()
     if auth_token() is None:
-        token_path().parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         subprocess.run([str(Path(sys.executable).parent / "ray"), "get-auth-token", "--generate"], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
     secure_token_file()
+
+
+def private_folder(path: Path) -> Path:
+    """`path` as a folder only this user can enter: made 0700 if missing, tightened if this
+    user's and open, refused (ClusterError) if it is a symlink, not a folder, or another user's,
+    since whoever owns it decides what its files are. For locks and state, never a shared /tmp."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ClusterError(f"{path} is a symlink, not a folder, or another user's: rayflow keeps private state there "
+                           "and trusts it only as a folder of this user's (remove it)")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def owned_privately(info: os.stat_result) -> bool:
+    """Whether a file's stat says only this user can have written it: this user's, and neither
+    group- nor world-writable."""
+    return info.st_uid == os.getuid() and not stat.S_IMODE(info.st_mode) & 0o022
 
 
 # The shell line that makes a node's token private once Ray's launcher has synced it there

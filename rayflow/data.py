@@ -5,6 +5,11 @@ keeps them as uint8 tensors (on its device when that is a GPU), and normalises e
 mini-batch on the device. Reused Tune actors keep the tensors across trials.
 `synthetic=True` writes a small set in the same on-disk format, with a class signal a
 CNN can learn, and reads it through the same code: for offline machines and tests.
+
+A batch is a pickle, and `pickle.load` runs whatever code a file names: anyone who can write
+to `data.root` would run code in every trial. So batches are read by an unpickler that builds
+only what the CIFAR format holds (dicts, lists, bytes, numbers, numpy arrays) and refuses any
+other class or function by name, before calling it.
 """
 
 from __future__ import annotations
@@ -176,11 +181,44 @@ def _dump(path: Path, obj: dict) -> None:
         pickle.dump(obj, f, protocol=4)
 
 
+# What a CIFAR-10 python batch names (pickled by Python 2's numpy, or by rayflow's write_synthetic
+# under numpy 1 or 2): building numpy arrays and bytes. Nothing here runs code a file chooses.
+_NUMPY_CORE = ("numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric", "numpy._core.numeric")
+BATCH_GLOBALS = {
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    *((module, "_reconstruct") for module in _NUMPY_CORE[:2]),
+    *((module, "_frombuffer") for module in _NUMPY_CORE[2:]),
+}
+
+
+class BatchUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR batch and nothing else: any other global is refused by name, unloaded."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in BATCH_GLOBALS:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR-10 batch never holds")
+        if module.startswith("numpy.core."):  # numpy 1's path in older pickles; numpy 2 warns on it
+            module = module.replace("numpy.core.", "numpy._core.") if hasattr(np, "_core") else module
+        return super().find_class(module, name)
+
+
+def load_batch(path: Path) -> dict:
+    """One CIFAR batch file as its dict, or DataError in one line (a file that is no CIFAR batch,
+    or one that asks to run code, is refused before anything in it runs)."""
+    try:
+        with open(path, "rb") as f:
+            batch = BatchUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
+        raise DataError(f"data.root: {path} is not a CIFAR-10 batch ({err}); not loaded: remove it or point data.root elsewhere") from None
+    if not isinstance(batch, dict) or not {b"data", b"labels"} <= set(batch):
+        raise DataError(f"data.root: {path} is not a CIFAR-10 batch (no data and labels); not loaded: remove it or point data.root elsewhere")
+    return batch
+
+
 def read_batches(batch_dir: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
     for name in names:
-        with open(batch_dir / name, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
+        batch = load_batch(batch_dir / name)
         images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         labels.append(np.asarray(batch[b"labels"], dtype=np.int64))
     return np.concatenate(images), np.concatenate(labels)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
 import yaml
 
+from rayflow.auth import is_loopback, owned_privately, warn_auth_off
 from rayflow.backends.base import ClusterBackend
 from rayflow.errors import ConfigError
 from rayflow.redaction import mask_text
@@ -23,12 +25,34 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def _local_cluster_address() -> str | None:
-    """The GCS address of the cluster `ray start --head` left on this machine, if any."""
-    current = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    """The GCS address of the cluster `ray start --head` left on this machine, if any, from
+    Ray's `ray_current_cluster` file. Its folder (/tmp/ray) is anyone's to create, so the file
+    is believed only if this user wrote it: refused (naming backend.address) when it is a
+    symlink, another user's or writable by others, or its folder another user's symlink."""
+    folder = Path(tempfile.gettempdir()) / "ray"
+    current = folder / "ray_current_cluster"
     try:
-        return current.read_text().strip() or None
-    except OSError:
+        fd = os.open(current, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
         return None
+    except OSError:  # ELOOP: a symlink, planted to point elsewhere; or not readable
+        raise ConfigError("backend.address", f"auto: {current} is a symlink or unreadable: not followed; "
+                                             "give the cluster's address (HOST:PORT)") from None
+    with os.fdopen(fd) as file:
+        info = os.fstat(file.fileno())
+        trusted = stat.S_ISREG(info.st_mode) and owned_privately(info) and _own_folder(folder)
+        if not trusted:
+            raise ConfigError("backend.address", f"auto: {current} is not this user's own file (owner uid {info.st_uid}, "
+                                                 f"mode {stat.S_IMODE(info.st_mode):o}, or its folder another "
+                                                 "user's symlink): not followed; give the cluster's address (HOST:PORT)")
+        return file.read().strip() or None
+
+
+def _own_folder(folder: Path) -> bool:
+    """The folder holding ray_current_cluster is not a symlink someone else planted. (Ray makes
+    /tmp/ray 0777 for every user; a file swapped in it is caught by the file's own owner.)"""
+    info = folder.lstat()
+    return not stat.S_ISLNK(info.st_mode) or info.st_uid == os.getuid()
 
 
 class AttachedCluster(ClusterBackend):
@@ -49,6 +73,8 @@ class AttachedCluster(ClusterBackend):
         timeout = float(self.section.connect_timeout_s)  # its kind: rayflow.schema.backends.Attach
         address = self.target()
         host, port = _host_port(address.removeprefix("ray://"))
+        if not is_loopback(host):  # its dashboard's exposure is the cluster's own: unknown here
+            warn_auth_off(self.auth_mode, f"backend.address is {mask_text(address)} (beyond loopback)")
         try:
             with socket.create_connection((host, port), timeout=timeout):
                 pass

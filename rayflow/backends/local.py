@@ -6,9 +6,11 @@ import contextlib
 import os
 import socket
 import tempfile
+from pathlib import Path
 
 import yaml
 
+from rayflow.auth import is_loopback, private_folder, private_token_folder, refuse_auth_off, secure_token_file
 from rayflow.backends.base import ClusterBackend
 from rayflow.errors import ClusterError
 from rayflow.process_state import scoped_env
@@ -28,6 +30,22 @@ def free_dashboard_port(host: str, first: int = DASHBOARD_PORT, tries: int = 100
                 continue
             return port
     raise OSError(f"no free port for the Ray dashboard on {host} in {first}-{first + tries - 1}")
+
+
+def lock_dir() -> Path:
+    """A folder for this user's locks that no one else can plant files in: $XDG_RUNTIME_DIR/rayflow,
+    else ~/.cache/rayflow/locks, else (a home that cannot be written) `rayflow-UID` in the temp
+    dir; each made 0700 and refused if it is a symlink or another user's. A fixed name in a shared
+    /tmp is anyone's: another user's file there crashed the run (PermissionError), or was followed."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    candidates = [Path(runtime) / "rayflow"] if runtime else []
+    candidates += [Path.home() / ".cache" / "rayflow" / "locks", Path(tempfile.gettempdir()) / f"rayflow-{os.getuid()}"]
+    for candidate in candidates[:-1]:
+        try:
+            return private_folder(candidate)
+        except (OSError, ClusterError):  # unwritable, or not ours: the next place
+            continue
+    return private_folder(candidates[-1])  # refused with a reason if planted by someone else
 
 
 def local_cuda_devices() -> int:
@@ -56,6 +74,11 @@ class LocalCluster(ClusterBackend):
         if self.section.preload_worker_imports and modules:
             self.worker_imports, self.warm_workers = tuple(modules), max(1, int(processes))
             self.worker_threads = max(1, int(threads))
+
+    def check(self) -> None:
+        b = self.section
+        if b.include_dashboard and not is_loopback(b.dashboard_host):
+            refuse_auth_off(self.auth_mode, "backend.dashboard_host", f"the dashboard on {b.dashboard_host!r} (beyond loopback)")
 
     def cluster_gpus(self) -> float | None:
         b = self.section
@@ -119,11 +142,11 @@ class LocalCluster(ClusterBackend):
         from filelock import FileLock, Timeout
 
         host = kwargs["dashboard_host"]
-        lock = FileLock(os.path.join(tempfile.gettempdir(), "rayflow-dashboard-port.lock"))
+        lock = FileLock(str(lock_dir() / "dashboard-port.lock"))
         try:
             lock.acquire(timeout=PORT_LOCK_TIMEOUT_S)
         except Timeout:
-            raise ClusterError(f"another Ray start on this machine held {lock.lock_file} for {PORT_LOCK_TIMEOUT_S} s "
+            raise ClusterError(f"another Ray start of yours on this machine held {lock.lock_file} for {PORT_LOCK_TIMEOUT_S} s "
                                "(rayflow waits for it to choose a dashboard port)") from None
         try:
             kwargs.setdefault("dashboard_port", free_dashboard_port(host))
@@ -155,9 +178,14 @@ class LocalCluster(ClusterBackend):
             workers_path = scoped_env(env)
             workers_path.__enter__()
             self.on_stop("put back PYTHONPATH and OMP_NUM_THREADS", workers_path.__exit__, None, None, None)
+        token = os.environ.get("RAY_AUTH_MODE", self.auth_mode) == "token"
+        if token:  # ray.init writes a token it generates 0644: into a folder only this user can enter
+            private_token_folder()
         with phase(f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"):
             with self._own_dashboard(kwargs):
                 context = ray.init(**kwargs, log_to_driver=True)
+        if token:
+            secure_token_file()  # and the file itself 0600
         node = ray._private.worker._global_node  # the GCS, raylet and dashboard this call started
         # Undo steps run newest first: a clean shutdown, then whatever of the node it left.
         self.on_stop("kill what is left of the local Ray node", node.kill_all_processes, check_alive=False, allow_graceful=False)

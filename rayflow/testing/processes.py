@@ -4,7 +4,9 @@ A test session marks itself (`mark_session`): every process its tests start inhe
 mark through its environment (the drivers, Ray's daemons and workers, Spark's JVMs, the
 nodes Ray on Spark and fake_multinode start), and these checks then see that session's
 processes only, never those of another suite, another session's worker or a user's cluster
-on the same machine. Unmarked, they see every process, as a backend's own suite run by hand.
+on the same machine. Unmarked, they see every process of this user, as a backend's own suite
+run by hand. Another user's processes never count, whatever they are named: anyone can start a
+process called `/tmp/x/raylet`, and it is not a cluster this session left behind.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import time
 
 import psutil
+
+from rayflow.processes import is_own
 
 SESSION_MARK = "RAYFLOW_TEST_SESSION"
 
@@ -24,6 +28,8 @@ def mark_session() -> str:
 
 
 def _ours(proc: psutil.Process) -> bool:
+    if not is_own(proc):  # another user's (or gone): never this session's
+        return False
     mark = os.environ.get(SESSION_MARK)
     if mark is None:
         return True

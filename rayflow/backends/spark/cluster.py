@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from rayflow.auth import ensure_token
+from rayflow.auth import ensure_token, refuse_auth_off, secure_token_file
 from rayflow.backends.base import ClusterBackend
 from rayflow.backends.spark.plan import active_session, sizing_plan
 from rayflow.config import flatten, renamed_key_error
@@ -59,6 +59,12 @@ class SparkCluster(ClusterBackend):
                 raise error
         if importlib.util.find_spec("pyspark") is None:
             raise ConfigError("backend", "backend 'spark' needs pyspark: pip install 'rayflow[spark]'")
+        # Ray on Spark binds the head's dashboard to every interface (its dashboard_host is not
+        # ours to set) and its GCS and Ray client ports to the Spark driver's address, which the
+        # worker nodes must reach: turning the dashboard off would leave those open. So auth off
+        # is refused whatever the dashboard (docs/backends/spark.md).
+        refuse_auth_off(self.auth_mode, "ray_auth_mode", "Ray on Spark's dashboard (all interfaces) and its GCS and "
+                                                         "Ray client ports (the Spark driver's address)")
         if b.hybrid:
             self._check_hybrid()
         if active_session() is None:
@@ -209,6 +215,7 @@ class SparkCluster(ClusterBackend):
             step.status(lambda: "waiting for worker nodes" if cluster_init._active_ray_cluster is not None else "starting the head node")
             try:
                 address, _ = setup_ray_cluster(**args)
+                secure_token_file()  # whatever Ray wrote meanwhile: 0600 in a 0700 ~/.ray
             finally:  # a setup that failed halfway may still have left its head node running
                 cluster = cluster_init._active_ray_cluster
                 if cluster is not None:
