@@ -281,3 +281,85 @@ def test_an_existing_rayjob_is_never_taken_over(kube_world):
         backend(emulator, "backend.mode=rayjob").__enter__()
     assert emulator.get("rayjobs", "default", "rayflow")["metadata"]["labels"]["rayflow.io/run"] == "someoneelse"
     emulator.delete("rayjobs", "default", "rayflow")
+
+
+# --- auth off beside a head reachable from outside the cluster -----------------------------------
+
+EXPOSED = [
+    (["backend.service_type=LoadBalancer"], "backend.service_type", "a head service of type LoadBalancer"),
+    (["backend.service_type=NodePort"], "backend.service_type", "a head service of type NodePort"),
+    (["+backend.overrides.spec.headGroupSpec.serviceType=LoadBalancer"], "backend.overrides", "a head service of type LoadBalancer"),
+    (["+backend.overrides.spec.headGroupSpec.headService.spec.type=NodePort"], "backend.overrides", "a head service of type NodePort"),
+    (["+backend.overrides.spec.headGroupSpec.enableIngress=true"], "backend.overrides", "an Ingress"),
+    (["+backend.overrides.spec.headGroupSpec.template.spec.hostNetwork=true"], "backend.overrides", "hostNetwork"),
+    (["backend.mode=rayjob", "backend.service_type=NodePort"], "backend.service_type", "spec.rayClusterSpec.headGroupSpec.serviceType"),
+]
+
+
+def check(*overrides: str) -> None:
+    from rayflow.backends import backend_for
+    from rayflow.composition import compose_config
+
+    backend_for(compose_config("backend=kuberay", *overrides)).check()
+
+
+@pytest.mark.parametrize("more,key,what", EXPOSED, ids=[e[0][-1] for e in EXPOSED])
+def test_auth_off_beside_an_exposed_head_is_refused_naming_the_key(more, key, what):
+    from rayflow.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        check("ray_auth_mode=disabled", *more)
+    assert refused.value.key == key and what in str(refused.value) and "CVE-2023-48022" in str(refused.value)
+    check("ray_auth_mode=token", *more)  # with token auth the same exposure is the user's choice
+
+
+def test_auth_off_with_a_clusterip_service_stays_allowed():
+    check("ray_auth_mode=disabled", "backend.service_type=ClusterIP")
+
+
+def test_overrides_that_turn_auth_off_beside_an_exposed_service_are_refused():
+    from rayflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="a head service of type LoadBalancer") as refused:
+        check("ray_auth_mode=token", "backend.service_type=LoadBalancer", "+backend.overrides.spec.authOptions.mode=disabled")
+    assert refused.value.key == "backend.service_type"
+
+
+TEAM_CLUSTER = """\
+apiVersion: ray.io/v1
+kind: RayCluster
+metadata: {name: team-ray}
+spec:
+  rayVersion: "2.60.0"
+  headGroupSpec:
+    serviceType: LoadBalancer
+    rayStartParams: {}
+    template:
+      spec:
+        containers:
+          - name: ray-head
+            image: rayproject/ray:2.60.0-py311
+            env: [{name: RAY_AUTH_MODE, value: disabled}]
+            resources: {limits: {cpu: "1", memory: 2Gi}, requests: {cpu: "1", memory: 2Gi}}
+  workerGroupSpecs: []
+"""
+
+
+def test_a_users_manifest_with_an_exposed_head_and_no_auth_is_refused(tmp_path):
+    from rayflow.errors import ConfigError
+
+    path = tmp_path / "team.yaml"
+    path.write_text(TEAM_CLUSTER)
+    for mode in ("token", "disabled"):  # the manifest's own RAY_AUTH_MODE=disabled is kept, whatever ray_auth_mode says
+        with pytest.raises(ConfigError, match=r"a head service of type LoadBalancer \(spec.headGroupSpec.serviceType\)") as refused:
+            check(f"ray_auth_mode={mode}", f"backend.manifest={path}")
+        assert refused.value.key == "backend.manifest"
+    path.write_text(TEAM_CLUSTER.replace("serviceType: LoadBalancer", "serviceType: ClusterIP"))
+    check("ray_auth_mode=disabled", f"backend.manifest={path}")
+
+
+def test_the_cli_refuses_auth_off_with_a_loadbalancer_in_one_line_and_starts_nothing(rayflow):
+    out = rayflow.run("backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=LoadBalancer", "tracking=none", timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    [line] = [l for l in out.stderr.splitlines() if l.strip()]
+    assert line.startswith("rayflow: error: backend.service_type: a head service of type LoadBalancer") and "Traceback" not in out.stderr

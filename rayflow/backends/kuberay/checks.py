@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from rayflow.backends.kuberay import manifest as km
 from rayflow.backends.kuberay import user_layers, user_manifest
+from rayflow.auth import refuse_auth_off
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
 from rayflow.schema.kuberay import DNS_1035, MAX_NAME, Kuberay, image_ray_version
@@ -37,6 +38,57 @@ def _check_token_auth(b: dict, auth_mode: str, installed_ray: str) -> None:
     if auth_mode == "token" and (_version(version) or (0,)) < TOKEN_AUTH_MIN_RAY:
         key = "backend.ray_version" if b.get("ray_version") is not None else "backend.image" if image_ray_version(b.get("image")) else "ray_auth_mode"
         raise ConfigError(key, f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use Ray >= 2.52.0 or ray_auth_mode=disabled)")
+
+
+# --- auth off beside a head reachable from outside the cluster ---------------------------------
+
+EXPOSING_SERVICE_TYPES = ("NodePort", "LoadBalancer")
+
+
+def exposures(manifest: Mapping) -> list[tuple[str, str]]:
+    """(manifest path, what) for each way the head's dashboard and client ports reach beyond the
+    cluster's own network: a NodePort or LoadBalancer head service (serviceType, or headService's
+    own spec.type), an Ingress (enableIngress), the node's network (hostNetwork) or a hostPort."""
+    cluster = km.cluster_of(manifest)
+    base = "spec.rayClusterSpec.headGroupSpec" if manifest.get("kind") == "RayJob" else "spec.headGroupSpec"
+    head = cluster.get("headGroupSpec") or {}
+    out = []
+    if head.get("serviceType") in EXPOSING_SERVICE_TYPES:
+        out.append((f"{base}.serviceType", f"a head service of type {head['serviceType']}"))
+    own_type = ((head.get("headService") or {}).get("spec") or {}).get("type")
+    if own_type in EXPOSING_SERVICE_TYPES:
+        out.append((f"{base}.headService.spec.type", f"a head service of type {own_type}"))
+    if head.get("enableIngress"):
+        out.append((f"{base}.enableIngress", "an Ingress to the head's dashboard"))
+    pod = (head.get("template") or {}).get("spec") or {}
+    if pod.get("hostNetwork"):
+        out.append((f"{base}.template.spec.hostNetwork", "the head pod on its node's network (hostNetwork)"))
+    for container in pod.get("containers") or []:
+        for port in container.get("ports") or []:
+            if isinstance(port, dict) and port.get("hostPort"):
+                out.append((f"{base}.template.spec.containers[{container.get('name')}].ports[{port.get('name')}].hostPort",
+                            f"the head's port {port.get('containerPort')} on its node's address (hostPort {port['hostPort']})"))
+    return out
+
+
+def effective_auth(manifest: Mapping) -> str:
+    """The Ray auth mode the cluster runs with: token when the manifest configures it, else disabled."""
+    auth = user_layers.auth_of(km.cluster_of(manifest))
+    return "token" if auth is not None and auth["mode"] == "token" else "disabled"
+
+
+def refuse_exposed_auth_off(manifest: Mapping, without_overrides: Mapping, own_key) -> None:
+    """ray_auth_mode=disabled (or a manifest that configures no token auth) beside a head reachable
+    from outside the cluster: refused in one line naming the key that exposes it (own_key(path)
+    for what the manifest has without backend.overrides, backend.overrides for the rest).
+    ClusterIP without ingress stays allowed: only what can reach the cluster network reaches it."""
+    mode = effective_auth(manifest)
+    if mode == "token":
+        return
+    own = {path for path, _ in exposures(without_overrides)}
+    for path, what in exposures(manifest):
+        key = own_key(path) if path in own else "backend.overrides"
+        refuse_auth_off(mode, key, f"{what} ({path}) puts the dashboard (Jobs API) beyond the cluster")
 
 
 # --- the operator's rules on a rendered manifest -----------------------------------------------
@@ -147,6 +199,7 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version:
     for path, message in _findings(manifest, ray_version):
         key = (config_key(path) or "backend") if (path, message) in own else "backend.overrides"
         raise ConfigError(key, f"{path}: {message} (the KubeRay operator refuses it)")
+    refuse_exposed_auth_off(manifest, rendered, lambda path: "backend.service_type" if path.endswith(".serviceType") else "backend")
 
 
 def _schema_errors(manifest: Mapping, rendered: Mapping) -> list[tuple[str, str]]:
@@ -189,3 +242,6 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
                 if added_token and "authOptions.mode is 'token'" in message else "")
         key = "backend.manifest" if (path, message) in own_findings else "backend.overrides"
         raise ConfigError(key, f"{user.path}: {what}: {path}: {message} (the KubeRay operator refuses it){hint}")
+    service_type_set = "service_type" in user_layers.set_keys(b)
+    refuse_exposed_auth_off(manifest, plain, lambda path: "backend.service_type" if service_type_set and path.endswith(".serviceType")
+                            else "backend.manifest")
