@@ -249,7 +249,7 @@ def test_every_ray_start_exports_the_auth_mode(provider, auth_mode):
         assert 0 <= export < command.find("ray start"), command
     head = config["head_start_ray_commands"][-1]
     assert "--num-cpus=0" in head and "--num-gpus=0" in head
-    assert ("--dashboard-host=0.0.0.0" in head) == (auth_mode == "token")  # exposed only where it asks for the token
+    assert "--dashboard-host=127.0.0.1" in head  # the head's loopback: rayflow reaches it through an SSH tunnel
 
 
 def test_fake_multinode_gets_the_auth_mode_from_the_launcher(token_file):
@@ -451,7 +451,7 @@ def test_starting_points_pass_rays_validation_once_filled_in(name):
         assert command.index("export RAY_AUTH_MODE=token;") < command.index("ray start")
     setup = " ".join(config["setup_commands"])
     assert f"ray[default,tune]=={RAY_VERSION}" in setup and "ray-wheels" not in text
-    rendered = vm_config.render(section(f"backend.provider={name}"), True, "token", RAY_VERSION)
+    rendered = vm_config.render(section(f"backend.provider={name}"), True, "token", RAY_VERSION, token_file="~/.ray/auth_token")
     # what rayflow renders today: the same commands and packages; the starting points pin the
     # versions of the machine they were written on, which a newer release of a dependency (a
     # new filelock here) moves on from, so only Ray's own pin must match

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rayflow.auth import NODE_TOKEN_MODES
 from rayflow.backends import backend_for
 from rayflow.backends.vm import user_file
 from rayflow.backends.vm.commands import pin_command
@@ -96,8 +97,9 @@ def test_rays_provider_defaults_render_validate_and_round_trip(provider, tmp_pat
     assert config["file_mounts"]["~/.ray/auth_token"] == str(token) and SECRET not in yaml.safe_dump(config)
     starts = [c for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"] if "ray start" in c]
     assert len(starts) == 2 and all(c.startswith("export RAY_AUTH_MODE=token; ") for c in starts)
-    assert "--dashboard-host=0.0.0.0" in starts[0]
-    assert config["setup_commands"] == doc["setup_commands"]  # the file's own setup (local's: none) is kept, with a note
+    assert "--dashboard-host=127.0.0.1" in starts[0]  # the head's loopback, reached through an SSH tunnel
+    # the file's own setup (local's: none) is kept, with a note, after the line that makes the synced token private
+    assert config["setup_commands"] == [NODE_TOKEN_MODES, *doc["setup_commands"]]
     again = write(tmp_path, yaml.safe_dump(config, sort_keys=False), "again.yaml")
     assert from_file(again) == config  # idempotent: rayflow's additions applied twice are the same
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import Field, ValidationInfo, model_validator
 
+from rayflow.auth import is_loopback
 from rayflow.schema.kinds import (RAY_MIN_OBJECT_STORE, Boolean, KeyedError, Number, OneOf, OptionalText, Text,
                                   kind)
 from rayflow.schema.root import DeviceKind, Part, Section
@@ -119,6 +120,22 @@ def _cluster_name(value: Any) -> str:
     return value
 
 
+# Any cluster name, wherever it comes from (backend.cluster_name, a user's cluster YAML,
+# backend.overrides): it names the cluster's state file (rayflow.backends.vm.state), Ray's
+# `/tmp/ray/cluster-NAME.state` and cloud tags, so no `/`, `..` or other character a path or a
+# tag would take apart. Letters, digits, `-` and `_`, 1-63 of them, starting and ending with a
+# letter or digit (the names in Ray's examples: `default`, `minimal`, `gpu-docker`).
+CLUSTER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
+
+
+def cluster_name_problem(value: Any) -> str | None:
+    """Why `value` cannot be a cluster's name, or None."""
+    if isinstance(value, str) and CLUSTER_NAME.fullmatch(value):
+        return None
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return f"{shown} is not a cluster name: use 1-63 letters, digits, '-' and '_', starting and ending with a letter or digit"
+
+
 def _hosts(value: Any) -> list:
     if not isinstance(value, list) or not all(isinstance(ip, str) and ip.strip() for ip in value):
         raise ValueError(f"must be a list of host names or addresses; got {value!r}")
@@ -142,6 +159,8 @@ def _file_path(value: Any) -> str:
 def _overrides(value: Any) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"must be a mapping (deep-merged into the rendered cluster config); got {value!r}")
+    if "cluster_name" in value and cluster_name_problem(value["cluster_name"]):
+        raise ValueError(f"cluster_name: {cluster_name_problem(value['cluster_name'])}")
     return value
 
 
@@ -203,8 +222,8 @@ class Vm(Section):
     num_cpus_head_node: Whole(0) = Field(description="the head's Ray CPUs (0: trials go to the workers; the head runs the autoscaler and the driver)")
     num_gpus_head_node: Whole(0) = Field(description="the head's Ray GPUs")
     head_instance_type: OptionalText = Field(description="aws/gcp; null: m5.large (aws), n1-standard-2 (gcp)")
-    dashboard_host: OptionalText = Field(description="null: 0.0.0.0 with `ray_auth_mode=token` (it asks for the token), else 127.0.0.1; "
-                                                     "an exposed address needs `ray_auth_mode=token`")
+    dashboard_host: OptionalText = Field(description="null: 127.0.0.1 on the head (rayflow reaches it through an SSH tunnel, as "
+                                                     "`ray dashboard` does); an address beyond loopback needs `ray_auth_mode=token`")
     worker: NodeTypes = Field(description="the worker node types")
     region: OptionalText = Field(description="aws/gcp; null: us-west-2 (aws), us-west1 (gcp), or the zone's region")
     availability_zone: OptionalText = Field(description="aws/gcp, inside the region; aws: null lets Ray choose (or `us-west-2a,us-west-2b`); "
@@ -278,7 +297,8 @@ class Vm(Section):
 
 
 def _dashboard_rule(host: str | None, auth_mode: str) -> None:
-    if host not in (None, "127.0.0.1", "localhost") and auth_mode != "token":
+    # rayflow.auth.refuse_auth_off's rule, as a key error of this section
+    if host is not None and not is_loopback(host) and auth_mode != "token":
         raise KeyedError("dashboard_host", f"is {host!r} but ray_auth_mode={auth_mode}: the dashboard (and its job API) would "
                                            "answer anyone who reaches it; use ray_auth_mode=token or leave it null (127.0.0.1)")
 

@@ -10,15 +10,17 @@ Nothing started, no cloud credentials read.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import Mapping
 
 from omegaconf import DictConfig
 
+from rayflow.auth import is_loopback, refuse_auth_off, warn_auth_off
 from rayflow.backends.vm.defaults import gcp_zone, plain_section, with_defaults
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
-from rayflow.schema.vm import Vm
+from rayflow.schema.vm import Vm, cluster_name_problem
 
 # What only the user can fill in, per provider.
 USER_KEYS = {"gcp": ("project_id",), "local": ("head_ip", "worker_ips", "ssh_user", "ssh_private_key")}
@@ -82,3 +84,58 @@ def require_filled(section: DictConfig | Mapping) -> None:
     if keys:
         provider = with_defaults(section).get("provider")
         raise ConfigError(keys[0], f"must be filled in before provider={provider} can start (see backends/vm/{provider}.yaml); still unset: {', '.join(keys)}")
+
+
+# --- the document rayflow writes: its name and the head's exposure ------------------------
+
+_HOST_FLAG = re.compile(r"--dashboard-host(?:=|\s+)(\S+)")
+_AUTH_MODE = re.compile(r"\bRAY_AUTH_MODE=([^;\s]*)")
+
+
+def check_cluster_name(doc: Mapping, section: Mapping) -> str:
+    """The written document's cluster_name (Ray's `default` where it has none), refused in one
+    line naming where it came from: backend.overrides, the user's file, or backend.cluster_name."""
+    name = doc.get("cluster_name", "default")
+    problem = cluster_name_problem(name)
+    if problem:
+        if "cluster_name" in (section.get("overrides") or {}):
+            raise ConfigError("backend.overrides.cluster_name", problem)
+        if section.get("cluster_yaml"):
+            raise ConfigError("backend.cluster_yaml", f"{section['cluster_yaml']}: cluster_name: {problem}")
+        raise ConfigError("backend.cluster_name", problem)
+    return name
+
+
+def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
+    """The head's dashboard beyond loopback without token auth, however the document came to say
+    so (backend.overrides or the user's file putting back `--dashboard-host=0.0.0.0`, or dropping
+    `export RAY_AUTH_MODE=token` before the head's `ray start`): refused in one line naming the key
+    (rayflow.auth.refuse_auth_off); a host only the head's shell knows (`$VAR`) is a warning.
+    fake_multinode: rayflow starts the head itself, on 127.0.0.1."""
+    if (doc.get("provider") or {}).get("type") == "fake_multinode":
+        return
+    overrides = section.get("overrides") or {}
+    if "head_start_ray_commands" in overrides:
+        key, where = "backend.overrides.head_start_ray_commands", "backend.overrides"
+    elif section.get("cluster_yaml"):
+        key, where = "backend.cluster_yaml", f"{section['cluster_yaml']}"
+    else:
+        key, where = "backend.dashboard_host", "the rendered cluster config"
+    for command in doc.get("head_start_ray_commands") or []:
+        if not (isinstance(command, str) and "ray start" in command and "--head" in command):
+            continue
+        found = _HOST_FLAG.search(command)
+        host = found.group(1).strip("'\"") if found else "127.0.0.1"  # Ray's own default: localhost
+        modes = _AUTH_MODE.findall(command.split("ray start")[0])
+        mode = modes[-1] if modes else None  # no export: the head runs with Ray's default, auth off
+        if any(c in host for c in "$`("):
+            warn_auth_off(auth_mode if mode == "token" else "disabled",
+                          f"the head's --dashboard-host is {host} ({where}), which only the head's shell knows")
+            continue
+        if is_loopback(host):
+            continue
+        exposure = f"the head's dashboard on {host} ({where}: head_start_ray_commands)"
+        if auth_mode != "token":
+            refuse_auth_off(auth_mode, key, exposure)
+        if mode != "token":
+            refuse_auth_off("disabled", key, f"{exposure}, its `ray start` without `export RAY_AUTH_MODE=token;` before it")

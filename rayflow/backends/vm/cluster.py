@@ -5,14 +5,19 @@ on this machine: rayflow starts the head itself (`RAY_FAKE_CLUSTER=1 ray start -
 an autoscaling config it writes completely) in a temp dir of its own, and stops exactly the
 processes that name it. `local` (SSH hosts), `aws` and `gcp` go through Ray's SDK
 (`create_or_update_cluster`, `teardown_cluster`), the library behind `ray up`/`ray down`.
-The run itself is submitted to the head (rayflow.remote); nothing connects this driver.
+The run itself is submitted to the head (rayflow.remote); nothing connects this driver. A
+head on another machine is reached through an SSH tunnel to its loopback (vm.tunnel).
 With `backend.cluster_yaml` the user's own cluster YAML is the cluster (vm.user_file,
 vm.user_additions), started the same way by its provider.
+
+Clusters have owners (vm.state): a run tears down only the cluster it started and did not keep;
+it joins a cluster of its name only when that cluster was kept and no live run holds it, and is
+refused in one line otherwise. The SDK providers never run `ray up` over a live cluster this run
+did not start, and join a kept one with `no_restart=True`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -22,14 +27,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import yaml
 
 from rayflow.auth import auth_token, ensure_token, token_path
 from rayflow.backends.base import ClusterBackend
-from rayflow.backends.vm import user_file
-from rayflow.backends.vm.checks import check, check_tools, placeholder_note, require_filled
+from rayflow.backends.vm import state, tunnel, user_file
+from rayflow.backends.vm.checks import check, check_cluster_name, check_exposure, check_tools, placeholder_note, require_filled
+from rayflow.backends.vm.defaults import with_defaults
 from rayflow.backends.vm.commands import dashboard_port, head_args, launch_note, launcher_env
 from rayflow.backends.vm.config import render
 from rayflow.backends.vm.user_additions import render_file
@@ -41,6 +48,7 @@ from rayflow.processes import (
     stop_processes_mentioning,
 )
 from rayflow.progress import phase
+from rayflow.redaction import mask_text
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -99,10 +107,12 @@ class VMCluster(ClusterBackend):
 
     def check(self) -> None:
         check(self.section, self.gpu(), self.auth_mode)
-        if self.cluster_yaml:
-            self.cluster_config()  # the file loaded, with rayflow's additions, checked as `ray up` would
-            if self.provider != "fake_multinode":
-                check_tools(self.provider, "backend.cluster_yaml")
+        config = self.cluster_config()  # a file: loaded, with rayflow's additions, checked as `ray up` would
+        section = with_defaults(self.section)
+        check_cluster_name(config, section)  # wherever it came from, before it names a file
+        check_exposure(config, section, self.auth_mode)  # the head's dashboard beyond loopback without auth
+        if self.cluster_yaml and self.provider != "fake_multinode":
+            check_tools(self.provider, "backend.cluster_yaml")
 
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
         """The head and max_worker_nodes workers of the type the run uses, where sizes are set."""
@@ -146,53 +156,57 @@ class VMCluster(ClusterBackend):
         """What stops the cluster if this process dies before it can (printed on every error path)."""
         if not getattr(self, "_temp_dir", None):
             return None  # nothing started yet
-        if self.provider == "fake_multinode":
-            return f"python -m rayflow.teardown {self._temp_dir}"
-        return f"python -m rayflow.teardown {self._config_file}"
+        return f"python -m rayflow.teardown {self._stop_path()}"
+
+    def _stop_path(self) -> str:
+        return self._temp_dir if self.provider == "fake_multinode" else self._config_file
 
     def start(self) -> str:
+        self._run_id = uuid.uuid4().hex  # this run, as the owner or holder of a cluster's name (vm.state)
+        self._name = self._cluster_name()
         if self.auth_mode == "token":
             ensure_token()  # one token for this client, the head and every worker
         if self.provider == "fake_multinode":
             return self._start_fake()
         return self._start_with_sdk()
 
+    def _cluster_name(self) -> str:
+        return check_cluster_name(self.cluster_config(), with_defaults(self.section))
+
+    def _kept_note(self) -> None:
+        print(f"[rayflow] vm: cluster {self._name} is kept running (backend.keep_cluster=true); a later run that names it "
+              f"joins it; stop it with: python -m rayflow.teardown {mask_text(self._stop_path())}", flush=True)
+
     # --- fake_multinode: the head on this machine, worker nodes started by its autoscaler ----
 
-    def _cluster_name(self) -> str:
-        return str(self.cluster_config().get("cluster_name") or "default") if self.cluster_yaml else str(self.section.cluster_name)
-
-    def _state_file(self) -> Path:
-        return Path.home() / ".cache" / "rayflow" / "vm" / f"{self._cluster_name()}.json"
-
-    def _reuse_fake(self) -> str | None:
-        """The dashboard URL of a running fake cluster of this cluster_name (kept by an earlier run)."""
+    def _join_fake(self, kept: dict) -> str:
+        """The dashboard URL of the kept fake cluster this run now holds (it never stops it)."""
+        self._temp_dir, url = kept["temp_dir"], kept["url"]
         try:
-            state = json.loads(self._state_file().read_text())
-        except (OSError, ValueError):
-            return None
-        if not pids_mentioning(state["temp_dir"]):
-            return None
-        self._temp_dir = state["temp_dir"]
-        try:
-            wait_for_dashboard(state["url"], 10, "backend=vm")
+            wait_for_dashboard(url, 10, "backend=vm")
         except ClusterError:
-            return None
-        print(f"[rayflow] vm: reusing the running cluster {self._cluster_name()} ({self._temp_dir})", flush=True)
-        return state["url"]
+            raise ClusterError(f"backend=vm: the kept cluster {self._name} does not answer at {url}: stop it with "
+                               f"python -m rayflow.teardown {self._temp_dir}") from None
+        print(f"[rayflow] vm: joining the kept cluster {self._name} ({mask_text(self._temp_dir)}); it keeps running after this run", flush=True)
+        return url
 
     def _register_fake_teardown(self) -> None:
-        if self.owns_cluster:  # keep_cluster=true leaves it for a later run (resume=true) to reuse
-            self.on_stop("forget the fake cluster's state", self._state_file().unlink, missing_ok=True)
+        if self.owns_cluster:  # keep_cluster=true leaves it for a later run that names it to join
             self.on_stop("remove the fake cluster's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
             self.on_stop("kill what is left of the fake cluster", kill_processes_mentioning, self._temp_dir)
             self.on_stop("stop the fake cluster's processes", stop_processes_mentioning, self._temp_dir)
 
     def _start_fake(self) -> str:
-        url = self._reuse_fake()
-        if url:
-            self._register_fake_teardown()
-            return url
+        # A cluster rayflow starts here is its own temp dir: one not kept is this run's alone and
+        # needs no record; a kept one is recorded, so a later run that names it can join it.
+        def running(kept: dict | None) -> bool:
+            return bool(kept and kept.get("temp_dir") and pids_mentioning(kept["temp_dir"]))
+
+        kept = state.claim(self._name, self._run_id, "fake_multinode", not self.owns_cluster, running,
+                           record_new=not self.owns_cluster)
+        self.on_stop("let go of the cluster's name", state.release, self._name, self._run_id)
+        if kept:
+            return self._join_fake(kept)
         self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")  # short: Ray's socket paths stay < 108 chars
         self._register_fake_teardown()
         import ray._private.services as services
@@ -220,12 +234,13 @@ class VMCluster(ClusterBackend):
                 subprocess.run(command, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             except subprocess.CalledProcessError as err:
                 last = (err.stderr or "").strip().splitlines()[-1:] or [f"exit code {err.returncode}"]
-                raise ClusterError(f"backend=vm: ray start --head failed: {last[0]}") from None
+                raise ClusterError(f"backend=vm: ray start --head failed: {mask_text(last[0])}") from None
         url = f"http://127.0.0.1:{dashboard}"
         with phase(f"waiting for the head's dashboard at {url}", "vm"):
             wait_for_dashboard(url, timeout, "backend=vm")
-        self._state_file().parent.mkdir(parents=True, exist_ok=True)
-        self._state_file().write_text(json.dumps({"temp_dir": self._temp_dir, "url": url}))
+        if not self.owns_cluster:
+            state.update(self._name, self._run_id, temp_dir=self._temp_dir, url=url, stop=self._temp_dir)
+            self._kept_note()
         return url
 
     # --- local, aws, gcp: Ray's cluster launcher ---------------------------------------------
@@ -236,28 +251,64 @@ class VMCluster(ClusterBackend):
 
         if not self.cluster_yaml:
             require_filled(self.section)
-        self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
-        self.on_stop("remove the cluster config's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
         config = self.cluster_config()
-        name = str(config.get("cluster_name") or "default")
-        self._config_file = os.path.join(self._temp_dir, f"{name}.yaml")
-        Path(self._config_file).write_text(yaml.safe_dump(config))
-        if self.owns_cluster:  # registered first: a `ray up` that failed halfway is torn down too
-            if self.provider == "local":
-                self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
-            self.on_stop(f"tear down cluster {name}", sdk.teardown_cluster, self._config_file)
+        name = self._name
+        # Cloud and host clusters are found by name (tags, Ray's cluster-NAME.state): one is
+        # joined only when a run of this user kept it and none holds it, else refused.
+        kept = state.claim(name, self._run_id, self.provider, not self.owns_cluster, lambda _: _head_running(config))
+        self.on_stop("let go of the cluster's name", state.release, name, self._run_id)
+        if kept:  # its config stays where the run that kept it wrote it (its teardown command names it)
+            self._temp_dir = os.path.dirname(kept["stop"])
+            self._config_file = kept["stop"]
+            Path(self._config_file).write_text(yaml.safe_dump(config))
+        else:
+            self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
+            self._config_file = os.path.join(self._temp_dir, f"{name}.yaml")
+            Path(self._config_file).write_text(yaml.safe_dump(config))
+            if self.owns_cluster:  # registered first: a `ray up` that failed halfway is torn down too
+                self.on_stop("remove the cluster config's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
+                if self.provider == "local":
+                    self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
+                self.on_stop(f"tear down cluster {name}", sdk.teardown_cluster, self._config_file)
+            else:
+                state.update(name, self._run_id, stop=self._config_file)
         env = launcher_env(self.section, self.auth_mode, _token_file(), provider=self.provider)  # v1 for local (ray#59905)
-        with scoped_env(env), phase(f"creating or updating cluster {name} (provider {self.provider}, as `ray up`)", "vm"):
-            try:
-                sdk.create_or_update_cluster(self._config_file, no_restart=False, restart_only=False, no_config_cache=True)
+        what = f"joining the kept cluster {name} (as `ray up --no-restart`)" if kept else f"creating cluster {name} (provider {self.provider}, as `ray up`)"
+        with scoped_env(env), phase(what, "vm"):
+            try:  # never restarts Ray on a running cluster: one this run did not start is only ever a kept one it joins
+                sdk.create_or_update_cluster(self._config_file, no_restart=bool(kept), restart_only=False, no_config_cache=True)
             except click.ClickException as err:  # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
-                raise ClusterError(f"backend=vm provider={self.provider}: `ray up` failed: {err.format_message() or 'see its output above'}") from None
-        head_ip = sdk.get_head_node_ip(self._config_file)
-        url = f"http://{head_ip}:{dashboard_port(config)}"
-        with phase(f"waiting for the head's dashboard at {url}", "vm"):
-            wait_for_dashboard(url, float(self.section.start_timeout_s), f"backend=vm provider={self.provider}")
-        return url
+                raise ClusterError(f"backend=vm provider={self.provider}: `ray up` failed: {mask_text(err.format_message() or 'see its output above')}") from None
+        if not self.owns_cluster:
+            self._kept_note()
+        return self._tunnel(config, sdk.get_head_node_ip(self._config_file))
 
+    def _tunnel(self, config: dict, head_ip: str) -> str:
+        """The head's dashboard through an SSH tunnel to its loopback (vm.tunnel), stopped with the run."""
+        proc, url = tunnel.open_tunnel(tunnel.ssh_auth(config), head_ip, dashboard_port(config))
+        self.on_stop("close the SSH tunnel to the head's dashboard", tunnel.close_tunnel, proc)
+        deadline = time.monotonic() + float(self.section.start_timeout_s)
+        with phase(f"waiting for the head's dashboard through an SSH tunnel to {head_ip} ({url})", "vm"):
+            while True:
+                failed = tunnel.tunnel_failed(proc)
+                if failed:
+                    raise failed
+                try:
+                    wait_for_dashboard(url, 2, f"backend=vm provider={self.provider}")
+                    return url
+                except ClusterError:
+                    if time.monotonic() > deadline:
+                        raise
+
+
+def _head_running(config: dict) -> bool:
+    """Whether the provider knows a live head of this cluster's name (Ray's own view: cloud tags,
+    the local provider's cluster-NAME.state)."""
+    from ray.autoscaler._private.providers import _get_node_provider
+    from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
+
+    provider = _get_node_provider(config["provider"], config["cluster_name"])
+    return bool(provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
 
 
 def stop_local_workers(config: dict) -> None:

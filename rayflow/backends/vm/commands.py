@@ -16,6 +16,7 @@ from typing import Mapping
 
 from omegaconf import DictConfig
 
+from rayflow.auth import NODE_TOKEN_MODES
 from rayflow.backends.vm.defaults import placeholder, with_defaults
 from rayflow.dependencies import runtime_requirements
 from rayflow.schema.vm import CLOUDS
@@ -32,9 +33,9 @@ def _auth_env(auth_mode: str) -> str:
 def dashboard_host(b: Mapping, auth_mode: str) -> str:
     if b.get("dashboard_host"):
         return str(b["dashboard_host"])
-    # Reachable from other machines only where it asks for the token; else `ray dashboard`
-    # (an SSH tunnel) reaches it on the head's loopback.
-    return "0.0.0.0" if auth_mode == "token" else "127.0.0.1"
+    # The head's loopback only: rayflow reaches it through an SSH tunnel, as `ray dashboard`
+    # does, so the token never crosses the network in clear (vm.tunnel).
+    return "127.0.0.1"
 
 
 def head_start_args(section: DictConfig | Mapping) -> list[str]:
@@ -69,6 +70,17 @@ def start_commands(b: dict, gpu: bool, auth_mode: str) -> tuple[list[str], list[
     else:  # cloud: resources reach `ray start` from the node type (RAY_OVERRIDE_RESOURCES)
         prefix = f"{env} ulimit -n 65536;"
     return (["ray stop", f"{prefix} {' '.join(head)}"], ["ray stop", f"{prefix} {' '.join(worker)}"])
+
+
+def private_token_setup(doc: dict) -> dict:
+    """With the token mounted (`file_mounts`), NODE_TOKEN_MODES first of every node's setup, once
+    however often applied: Ray's launcher syncs the mounts before the setup commands, and rsync
+    keeps this machine's mode and leaves `~/.ray` 0755. Applied last, so overrides keep it too."""
+    mounts = doc.get("file_mounts")
+    if isinstance(mounts, Mapping) and "~/.ray/auth_token" in mounts:
+        rest = [c for c in doc.get("setup_commands") or [] if c != NODE_TOKEN_MODES]
+        doc["setup_commands"] = [NODE_TOKEN_MODES, *rest]
+    return doc
 
 
 def pin_command(ray_version: str) -> str:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from rayflow.backends.vm.checks import (
     placeholders,
 )
-from rayflow.backends.vm.commands import launcher_env, setup_commands, start_commands
+from rayflow.backends.vm.commands import launcher_env, private_token_setup, setup_commands, start_commands
 from rayflow.backends.vm.defaults import (
     DEFAULT_GCP_ACCELERATOR,
     DEFAULT_INSTANCE,
@@ -163,7 +163,7 @@ def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version
         "node_types": {kind: WORKER_TYPES[kind] for kind in kinds} if provider != "local" else {},
         "placeholders": placeholders(b),
     }}
-    return merge_overrides(config, b.get("overrides") or {})
+    return private_token_setup(merge_overrides(config, b.get("overrides") or {}))
 
 
 # --- Ray's validation -----------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from rayflow.backends.vm import user_file
-from rayflow.backends.vm.commands import dashboard_host, launcher_env, pin_command, setup_commands
+from rayflow.backends.vm.commands import dashboard_host, launcher_env, pin_command, private_token_setup, setup_commands
 from rayflow.backends.vm.defaults import with_defaults
 from rayflow.config import merge_overrides
 from rayflow.schema.vm import shipped_defaults
@@ -158,13 +158,14 @@ def render_file(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_ve
         "node_types": chosen,
         "placeholders": [],
     }}
-    doc = merge_overrides(doc, b.get("overrides") or {})
+    doc = private_token_setup(merge_overrides(doc, b.get("overrides") or {}))
     user_file.check_final(doc, path, kind)
 
     added = []
     if kind != "fake_multinode":
         if auth_mode == "token":
-            added.append(f"the token file mounted as {TOKEN_MOUNT}" if token_file else "the token file mounted as ~/.ray/auth_token (at start)")
+            added.append((f"the token file mounted as {TOKEN_MOUNT}" if token_file else "the token file mounted as ~/.ray/auth_token (at start)")
+                         + " and made private on every node (first of setup_commands)")
         added += [f"`export RAY_AUTH_MODE={auth_mode};` before every `ray start`", f"--dashboard-host={dashboard_host(b, auth_mode)} on the head"]
     if "setup_commands" not in raw and kind != "fake_multinode":
         added.append(f"setup_commands pinning ray {ray_version} ({'checked' if kind == 'local' else 'with its runtime dependencies'})")

@@ -25,6 +25,7 @@ import yaml
 
 from rayflow.errors import ConfigError
 from rayflow.redaction import REDACTED
+from rayflow.schema.vm import cluster_name_problem
 
 KEY = "backend.cluster_yaml"
 LAUNCHED = ("fake_multinode", "local", "aws", "gcp", "azure")  # what rayflow starts from a user's file
@@ -91,6 +92,8 @@ def check_raw(doc: Mapping, path: str) -> str:
     for key, replacement in LEGACY.items():
         if key in doc and doc[key] not in (None, {}, []) and not (key == "min_workers" and _is_local(doc)):
             raise refuse(path, key, f"is a key of outdated (Ray 1) cluster files; use {replacement}")
+    if "cluster_name" in doc and cluster_name_problem(doc["cluster_name"]):  # it names files (state, Ray's /tmp/ray/cluster-NAME.*)
+        raise refuse(path, "cluster_name", cluster_name_problem(doc["cluster_name"]))
     kind = provider_type(doc, path)
     if kind not in LAUNCHED:
         why = NOT_LAUNCHED.get(kind) or "rayflow starts aws, gcp, azure, local and fake_multinode clusters from a file"
