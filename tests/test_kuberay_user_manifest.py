@@ -25,8 +25,6 @@ from tests.test_kuberay_schema import CRD_DIR, needs_crd_dir
 REFUSED_SAMPLES = {
     "ray-cluster-agc-gatewayapi.yaml": "holds no RayCluster or RayJob document (found: Gateway/",
     "ray-cluster-alb-ingress.yaml": "holds no RayCluster or RayJob document (found: Ingress/",
-    "ray-cluster.kubernetes.auth-manual.yaml": "RayCluster/ray-cluster-with-k8s-auth: Kubernetes token auth (enableK8sTokenAuth) is not supported",
-    "ray-cluster.kubernetes.auth.yaml": "RayCluster/ray-cluster-with-k8s-auth: Kubernetes token auth (enableK8sTokenAuth) is not supported",
     "ray-cluster.tpu-v4-multihost.yaml": "holds the placeholder ${grafana_host}: fill it in",
     "ray-cluster.tpu-v4-singlehost.yaml": "holds the placeholder ${grafana_host}: fill it in",
     "ray-job.use-existing-raycluster.yaml": "has no spec.rayClusterSpec (it runs on an existing RayCluster)",

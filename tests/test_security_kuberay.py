@@ -363,3 +363,67 @@ def test_the_cli_refuses_auth_off_with_a_loadbalancer_in_one_line_and_starts_not
     assert out.returncode == 2, out.stderr[-2000:]
     [line] = [l for l in out.stderr.splitlines() if l.strip()]
     assert line.startswith("rayflow: error: backend.service_type: a head service of type LoadBalancer") and "Traceback" not in out.stderr
+
+
+# --- Kubernetes RBAC token auth (KubeRay 1.6+, Ray >= 2.55) --------------------------------------
+
+K8S_AUTH = ["+backend.overrides.spec.authOptions.enableK8sTokenAuth=true"]
+
+
+def test_kubernetes_token_auth_renders_and_checks():
+    from rayflow.errors import ConfigError
+
+    b = backend_for_check(*K8S_AUTH)
+    b.check()
+    assert b.manifest()["spec"]["authOptions"] == {"mode": "token", "enableK8sTokenAuth": True}
+    with pytest.raises(ConfigError, match=r"needs Ray >= 2.55.0 on the cluster, got 2.53.0") as old:
+        check(*K8S_AUTH, "backend.ray_version=2.53.0")
+    assert old.value.key == "backend.overrides"
+    with pytest.raises(ConfigError, match="needs Ray's token auth on"):
+        check(*K8S_AUTH, "+backend.overrides.spec.authOptions.mode=disabled")
+
+
+def backend_for_check(*overrides: str):
+    from rayflow.backends import backend_for
+    from rayflow.composition import compose_config
+
+    return backend_for(compose_config("backend=kuberay", *overrides))
+
+
+def test_with_kubernetes_token_auth_the_jobs_client_sends_the_users_kubernetes_credential(kube_world):
+    """The emulator accepts the manifest (its CRD schema), the operator brings up the head, and every
+    Jobs API request reaches the dashboard with the kubeconfig's bearer token as X-Ray-Authorization:
+    no Ray token, no Secret read."""
+    from ray.job_submission import JobSubmissionClient
+
+    emulator, upstream = kube_world
+    with backend(emulator, *K8S_AUTH) as b:
+        applied = emulator.get("rayclusters", "default", "rayflow")
+        assert applied["spec"]["authOptions"] == {"mode": "token", "enableK8sTokenAuth": True}
+        assert "Authorization" not in b.job_headers()
+        client = JobSubmissionClient(b.address, headers=b.job_headers())
+        assert client.list_jobs() == []
+    to_dashboard = [headers for _, path, headers in upstream.seen if "/api/" in path]
+    assert to_dashboard and all(h.get("X-Ray-Authorization") == f"Bearer {emulator.token}" for h in to_dashboard)
+    assert not [r for r in emulator.requests if "/secrets/" in r.path], "no Ray token is read with Kubernetes token auth"
+
+
+def test_kubernetes_token_auth_without_a_bearer_token_is_one_line():
+    from types import SimpleNamespace
+
+    from rayflow.errors import ClusterError
+
+    b = backend_for_check(*K8S_AUTH)
+    b._manifest, b._kind, b._object_name = b.manifest(), "RayCluster", "rayflow"
+    b.kube = SimpleNamespace(auth_headers=dict)  # a client certificate: nothing to pass on
+    with pytest.raises(ClusterError, match="hold no bearer token .a client certificate cannot be passed on"):
+        b._relay("rayflow")
+
+
+def test_the_relay_sends_the_kubernetes_credential_in_place_of_any_ray_token(relayed):
+    relay, upstream = relayed
+    relay.ray_credentials = lambda: {"X-Ray-Authorization": f"Bearer {K8S_TOKEN}"}
+    headers = {**relay.client_headers(), "Authorization": "Bearer ray", "x-ray-authorization": "Bearer forged"}
+    assert raw_request(relay, "GET", "/api/version", headers) == 200
+    [(_, _, seen)] = upstream.seen
+    assert [v for k, v in seen.items() if k.lower() == "x-ray-authorization"] == [f"Bearer {K8S_TOKEN}"]

@@ -23,6 +23,7 @@ from rayflow.schema import validate_section
 from rayflow.schema.kuberay import DNS_1035, MAX_NAME, Kuberay, image_ray_version
 
 TOKEN_AUTH_MIN_RAY = (2, 52, 0)  # ValidateRayClusterSpec: authOptions.mode token needs Ray 2.52.0
+K8S_TOKEN_AUTH_MIN_RAY = (2, 55, 0)  # Ray delegates token checks to Kubernetes (TokenReview) from 2.55.0
 START_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
 
 
@@ -75,6 +76,19 @@ def effective_auth(manifest: Mapping) -> str:
     """The Ray auth mode the cluster runs with: token when the manifest configures it, else disabled."""
     auth = user_layers.auth_of(km.cluster_of(manifest))
     return "token" if auth is not None and auth["mode"] == "token" else "disabled"
+
+
+def refuse_bad_k8s_auth(manifest: Mapping, key: str, ray_version: str | None = None) -> None:
+    """Kubernetes token auth (authOptions.enableK8sTokenAuth or RAY_ENABLE_K8S_TOKEN_AUTH): Ray's
+    token auth must be on (mode token) and the cluster's Ray >= 2.55.0, else no client gets in."""
+    auth = user_layers.auth_of(km.cluster_of(manifest))
+    if auth is None or not auth["k8s"]:
+        return
+    if auth["mode"] != "token":
+        raise ConfigError(key, f"Kubernetes token auth (enableK8sTokenAuth) needs Ray's token auth on (authOptions.mode: token), got mode {auth['mode']!r}")
+    version = km.cluster_of(manifest).get("rayVersion") or ray_version
+    if (_version(version) or (0,)) < K8S_TOKEN_AUTH_MIN_RAY:
+        raise ConfigError(key, f"Kubernetes token auth (enableK8sTokenAuth) needs Ray >= 2.55.0 on the cluster, got {version or 'no rayVersion'}")
 
 
 def refuse_exposed_auth_off(manifest: Mapping, without_overrides: Mapping, own_key) -> None:
@@ -200,6 +214,7 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version:
         key = (config_key(path) or "backend") if (path, message) in own else "backend.overrides"
         raise ConfigError(key, f"{path}: {message} (the KubeRay operator refuses it)")
     refuse_exposed_auth_off(manifest, rendered, lambda path: "backend.service_type" if path.endswith(".serviceType") else "backend")
+    refuse_bad_k8s_auth(manifest, "backend.overrides", ray_version)
 
 
 def _schema_errors(manifest: Mapping, rendered: Mapping) -> list[tuple[str, str]]:
@@ -245,3 +260,4 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
     service_type_set = "service_type" in user_layers.set_keys(b)
     refuse_exposed_auth_off(manifest, plain, lambda path: "backend.service_type" if service_type_set and path.endswith(".serviceType")
                             else "backend.manifest")
+    refuse_bad_k8s_auth(manifest, "backend.manifest")

@@ -221,19 +221,39 @@ class KubeRayCluster(ClusterBackend):
         from rayflow.backends.kuberay.relay import DashboardRelay, ssl_context
 
         service = f"{cluster}-head-svc"  # KubeRay's name for the head service
+        ray_credentials = None
+        if self._k8s_auth():
+            self._k8s_credentials()  # no bearer token: refused before the relay starts
+            ray_credentials = self._k8s_credentials
         if self._access() == "service":
-            return DashboardRelay(f"http://{service}.{self._namespace}.svc:{DASHBOARD_PORT}", dict)
+            return DashboardRelay(f"http://{service}.{self._namespace}.svc:{DASHBOARD_PORT}", dict, ray_credentials=ray_credentials)
         return DashboardRelay(self.kube.service_proxy_url(service, "dashboard"), self.kube.auth_headers,
-                              ssl_context(self.kube.configuration))
+                              ssl_context(self.kube.configuration), ray_credentials=ray_credentials)
 
     def _token_secret(self, cluster: str) -> tuple[str, str] | None:
         """(Secret, key) of the Ray token the applied cluster requires, or None (no token auth):
         what KubeRay generates for authOptions.mode token (named after the cluster, or
         authOptions.secretName), or the Secret a head's RAY_AUTH_TOKEN reads in a user's manifest."""
         auth = user_layers.auth_of(kuberay_manifest.cluster_of(self._manifest))
-        if auth is None or auth["mode"] != "token":
+        if auth is None or auth["mode"] != "token" or auth["k8s"]:  # Kubernetes token auth: no Ray token, no Secret
             return None
         return auth["secret"] or cluster, auth["key"]
+
+    def _k8s_auth(self) -> bool:
+        """The cluster delegates Ray's token check to Kubernetes (enableK8sTokenAuth): the dashboard
+        takes this client's own Kubernetes bearer token (TokenReview, RBAC verb ray:write)."""
+        auth = user_layers.auth_of(kuberay_manifest.cluster_of(self._manifest))
+        return auth is not None and auth["mode"] == "token" and auth["k8s"]
+
+    def _k8s_credentials(self) -> dict[str, str]:
+        """This client's Kubernetes bearer token as Ray's header, fetched per request (exec plugins
+        refresh it). Without one (a client certificate) the dashboard cannot be reached: one line."""
+        token = {k.lower(): v for k, v in self.kube.auth_headers().items()}.get("authorization")
+        if not token:
+            raise ClusterError(f"{self._cluster_name()} uses Kubernetes token auth (enableK8sTokenAuth), but these Kubernetes "
+                               "credentials hold no bearer token (a client certificate cannot be passed on to Ray's dashboard): "
+                               "use a kubeconfig user with a token or an exec plugin (backend.kubeconfig, backend.context)")
+        return {"X-Ray-Authorization": token}
 
     def _read_token(self, cluster: str, deadline: float) -> str:
         secret, key = self._token_secret(cluster)

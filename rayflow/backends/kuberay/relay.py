@@ -83,9 +83,13 @@ def ssl_context(configuration) -> ssl.SSLContext | bool | None:
 
 
 class DashboardRelay:
-    def __init__(self, upstream: str, upstream_headers: Callable[[], dict[str, str]], tls=None):
+    def __init__(self, upstream: str, upstream_headers: Callable[[], dict[str, str]], tls=None,
+                 ray_credentials: Callable[[], dict[str, str]] | None = None):
         self.upstream = upstream.rstrip("/")
         self.upstream_headers = upstream_headers  # the API server's credentials, per request
+        # Kubernetes token auth: the dashboard's credential is this client's Kubernetes token
+        # (X-Ray-Authorization), per request; it replaces whatever the Jobs client sent.
+        self.ray_credentials = ray_credentials
         self.tls = tls
         self.secret = secrets.token_urlsafe(32)  # what only the process that started the relay holds
         self.url: str | None = None
@@ -139,6 +143,9 @@ class DashboardRelay:
         ray_auth = headers.pop("Authorization", None) or headers.pop("authorization", None)
         if ray_auth:  # the Ray token: the API server would consume Authorization
             headers["X-Ray-Authorization"] = ray_auth
+        if self.ray_credentials is not None:
+            headers = {k: v for k, v in headers.items() if k.lower() != "x-ray-authorization"}
+            headers.update(self.ray_credentials())
         headers.update(self.upstream_headers())
         return headers
 

@@ -7,7 +7,8 @@ typed on the command line from the default 2, so a key set to its default value 
 manifest's field alone (documented in docs/backends/kuberay.md). Always added, each in a note:
 the labels (app.kubernetes.io/managed-by: rayflow; rayflow.io/run at start), metadata.namespace
 where the manifest has none, token auth (authOptions.mode: token) where the manifest configures
-no auth and ray_auth_mode=token. A RayJob is run in InteractiveMode (rayflow submits the run and
+no auth and ray_auth_mode=token. Kubernetes token auth (enableK8sTokenAuth, KubeRay 1.6+ with
+Ray >= 2.55) is kept, and rayflow then authenticates with the user's Kubernetes credentials. A RayJob is run in InteractiveMode (rayflow submits the run and
 writes its id into spec.jobId): the fields of KubeRay's own submitter are dropped, in a note.
 """
 
@@ -130,8 +131,8 @@ def render(user: UserManifest, b: Mapping, gpu: bool, auth_mode: str, labels: Ma
     notes.append(f"backend.manifest: labels {', '.join(f'{k}={v}' for k, v in km.MANAGED_BY.items())} and rayflow.io/run=<run id> added")
     auth = auth_of(cluster)
     if auth is not None and auth["k8s"]:
-        raise refuse(path, f"{what}: Kubernetes token auth (enableK8sTokenAuth) is not supported: rayflow authenticates "
-                           "to the dashboard with the Ray token from a Secret; use authOptions.mode: token")
+        notes.append("backend.manifest: Kubernetes token auth (enableK8sTokenAuth): rayflow authenticates to the dashboard "
+                     "with your Kubernetes credentials (the kubeconfig's bearer token), which need RBAC verb ray:write on rayclusters")
     if auth is None and auth_mode == "token":
         cluster["authOptions"] = {"mode": "token"}
         where = "spec.rayClusterSpec" if m["kind"] == "RayJob" else "spec"
