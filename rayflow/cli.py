@@ -11,6 +11,7 @@ job runs, so --help stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -26,7 +27,7 @@ from rayflow.errors import (
     RunFailed,
     RunInterrupted,
 )
-from rayflow.redaction import mask_text
+from rayflow.redaction import mask_text, redact
 
 # Exit codes (docs: "Exit codes"): 0 done, 1 the run failed, 2 bad input (nothing
 # started), 128 + N stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
@@ -34,8 +35,85 @@ EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
 
 def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> None:
-    print(f"rayflow: error: {mask_text(str(err))}", file=sys.stderr)
+    print(f"rayflow: error: {masked_message(err)}", file=sys.stderr)
     sys.exit(code)
+
+
+def masked_message(err: Exception) -> str:
+    """The error's one line with the secrets it echoes masked (a ConfigError quotes the input:
+    Hydra's parse error holds the whole override). A ConfigError's key stays as it is."""
+    text = str(err)
+    key = getattr(err, "key", None)
+    if isinstance(err, ConfigError) and text.startswith(f"{key}: "):
+        return f"{key}: {mask_text(text[len(key) + 2:])}"
+    return mask_text(text)
+
+
+class MaskedStream:
+    """A text stream that masks secrets in what is written to it, write by write (so nothing is
+    held back): stderr for the whole command (errors, warnings, a bug's traceback), stdout for
+    what Hydra and argparse print. A run's stdout is left alone: a dry run prints the very
+    document the engine takes, already redacted structurally."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(mask_text(text))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def masked(name: str):
+    """sys.stdout or sys.stderr replaced by a MaskedStream while the block runs."""
+    stream = getattr(sys, name)
+    setattr(sys, name, MaskedStream(stream))
+    try:
+        yield
+    finally:
+        setattr(sys, name, stream)
+
+
+def redact_in_place(node, plain, masked) -> None:
+    """Write into an OmegaConf node the leaves that `redact` changed (plain: the node as a
+    container, unresolved; masked: its redacted copy). In place, so Hydra's own structure, flags
+    and interpolations stay: `--resolve` then resolves against the masked values."""
+    from omegaconf import flag_override
+
+    keys = plain.keys() if isinstance(plain, dict) else range(len(plain))
+    with flag_override(node, ["struct", "readonly"], [False, False]):
+        for key in keys:
+            if plain[key] == masked[key]:
+                continue
+            if isinstance(plain[key], (dict, list)) and type(masked[key]) is type(plain[key]):
+                redact_in_place(node._get_node(key), plain[key], masked[key])
+            else:
+                node[key] = masked[key]
+
+
+@contextlib.contextmanager
+def hydra_shows_redacted():
+    """Hydra's --cfg, --help and --info print the composed config (and --cfg hydra the override
+    strings): each config Hydra composes here has its secrets masked before it is printed."""
+    from hydra._internal.hydra import Hydra
+    from omegaconf import OmegaConf
+
+    compose = Hydra.compose_config
+
+    def redacted(self, *args, **kwargs):
+        cfg = compose(self, *args, **kwargs)
+        plain = OmegaConf.to_container(cfg, resolve=False)
+        redact_in_place(cfg, plain, redact(plain))
+        return cfg
+
+    Hydra.compose_config = redacted
+    try:
+        yield
+    finally:
+        Hydra.compose_config = compose
 
 
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)
@@ -50,11 +128,18 @@ def _log_like_hydra() -> None:
 
 
 def main() -> None:
+    with masked("stderr"):
+        _main()
+
+
+def _main() -> None:
     from hydra._internal.utils import get_args_parser
 
-    args = get_args_parser().parse_args(sys.argv[1:])
+    with masked("stdout"):  # argparse's usage error quotes the arguments
+        args = get_args_parser().parse_args(sys.argv[1:])
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
-        _informational()
+        with masked("stdout"), hydra_shows_redacted():
+            _informational()
         return
     try:
         jobs = preflight(args.overrides, args.multirun)
