@@ -427,3 +427,29 @@ def test_the_relay_sends_the_kubernetes_credential_in_place_of_any_ray_token(rel
     assert raw_request(relay, "GET", "/api/version", headers) == 200
     [(_, _, seen)] = upstream.seen
     assert [v for k, v in seen.items() if k.lower() == "x-ray-authorization"] == [f"Bearer {K8S_TOKEN}"]
+
+
+# --- literal secrets in a manifest ----------------------------------------------------------------
+
+PLANTED = "hunter2-planted-in-the-manifest"
+WITH_SECRETS = TEAM_CLUSTER.replace("serviceType: LoadBalancer", "serviceType: ClusterIP").replace(
+    "env: [{name: RAY_AUTH_MODE, value: disabled}]",
+    f"env: [{{name: AWS_SECRET_ACCESS_KEY, value: {PLANTED}}}, {{name: REGION, value: eu-west-1}}, "
+    "{name: DB_PASSWORD, valueFrom: {secretKeyRef: {name: db, key: password}}}]")
+
+
+def test_a_dry_run_keeps_the_manifest_on_stdout_and_names_the_secret_alternative_on_stderr(rayflow, tmp_path):
+    import yaml
+
+    path = tmp_path / "team.yaml"
+    path.write_text(WITH_SECRETS)
+    out = rayflow.run("backend=kuberay", f"backend.manifest={path}", "dry_run=true", "tracking=none", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    [document] = list(yaml.safe_load_all(out.stdout))  # exactly the one object kubectl takes
+    assert document["kind"] == "RayCluster" and document["metadata"]["name"] == "team-ray"
+    env = {e["name"]: e for e in document["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["REGION"]["value"] == "eu-west-1" and env["DB_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "db"
+    assert PLANTED not in out.stdout + out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "is a literal value" in line]
+    assert len(warnings) == 1, out.stderr  # DB_PASSWORD comes from a Secret already
+    assert "env[AWS_SECRET_ACCESS_KEY]" in warnings[0] and "valueFrom.secretKeyRef" in warnings[0]

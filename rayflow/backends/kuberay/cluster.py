@@ -26,6 +26,7 @@ from rayflow.backends.kuberay import user_layers, user_manifest
 from rayflow.backends.kuberay.wait import wait_for_head
 from rayflow.errors import ClusterError, ConfigError
 from rayflow.progress import phase
+from rayflow.redaction import mask_text
 
 DASHBOARD_PORT = 8265  # the head container's port named `dashboard`
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -90,8 +91,11 @@ class KubeRayCluster(ClusterBackend):
         return f"kubectl delete {manifest['kind'].lower()} {metadata['name']} -n {metadata['namespace']}"
 
     def notes(self) -> list[str]:
-        """What rayflow changed in or added to the user's manifest, and the documents it leaves."""
-        return self._user_render({})[1] if self.user_manifest() else []
+        """What rayflow changed in or added to the user's manifest, the documents it leaves, and a
+        warning for each literal secret the manifest holds (with the Secret alternative). Masked:
+        a note may quote a value."""
+        notes = self._user_render({})[1] if self.user_manifest() else []
+        return [mask_text(note) for note in notes] + kuberay_manifest.secret_notes(self.manifest())
 
     # --- the seam (rayflow.remote): what the submitted job needs from this backend -----------------
 
@@ -127,9 +131,8 @@ class KubeRayCluster(ClusterBackend):
         from rayflow.backends.kuberay.kube import Kube
 
         s = self.section
-        if self.user_manifest():  # what rayflow adds to the user's file, and what it leaves to them
-            for note in self.notes():
-                print(f"[rayflow] kuberay: {note}", file=sys.stderr, flush=True)
+        for note in self.notes():  # what rayflow adds to the user's file, what it leaves to them, literal secrets
+            print(f"[rayflow] kuberay: {note}", file=sys.stderr, flush=True)
         self._run_id = uuid.uuid4().hex[:12]  # this run's objects carry it; teardown deletes only those
         labels = {RUN_LABEL: self._run_id, **({KEPT_LABEL: "true"} if s.keep_cluster else {})}
         manifest = self.manifest(labels)

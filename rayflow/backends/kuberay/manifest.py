@@ -186,3 +186,35 @@ def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version
 def cluster_of(manifest: Mapping) -> Mapping:
     spec = manifest.get("spec") or {}
     return (spec.get("rayClusterSpec") or {}) if manifest.get("kind") == "RayJob" else spec
+
+
+def literal_secrets(value: Any, path: str = "") -> list[tuple[str, str]]:
+    """(path, variable) of each `env` item anywhere in the manifest whose name says it is secret
+    (rayflow.redaction.is_secret_name) and whose value is written in it: the object stored in the
+    API server would hold it in clear for anyone who may read it. valueFrom items are fine."""
+    from rayflow.redaction import is_secret_name
+
+    out: list[tuple[str, str]] = []
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key == "env" and isinstance(child, list):
+                out += [(f"{where}[{item['name']}]", str(item["name"])) for item in child
+                        if isinstance(item, Mapping) and isinstance(item.get("name"), str) and is_secret_name(item["name"])
+                        and item.get("value") not in (None, "")]
+            out += literal_secrets(child, where)
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            name = child.get("name") or child.get("groupName") if isinstance(child, Mapping) else None
+            out += literal_secrets(child, f"{path}[{name if isinstance(name, str) else index}]")
+    return out
+
+
+def secret_notes(manifest: Mapping) -> list[str]:
+    """One warning per literal secret of literal_secrets, naming the Kubernetes Secret alternative."""
+    kind, meta = manifest.get("kind"), manifest.get("metadata") or {}
+    return [f"warning: {where}: {name} is a literal value in the {kind} (masked in rayflow's output, but stored in clear "
+            f"in the object, readable by whoever may read {kind}s in namespace {meta.get('namespace')}): keep it in a "
+            f"Kubernetes Secret (kubectl create secret generic NAME --from-literal={name}=...) and refer to it "
+            f"with valueFrom.secretKeyRef in place of value"
+            for where, name in literal_secrets(manifest)]

@@ -29,6 +29,8 @@ import threading
 from typing import Callable
 from urllib.parse import unquote
 
+from rayflow.redaction import mask_text
+
 # Connection-level headers a proxy must not forward (RFC 9110 7.6.1), and those aiohttp sets itself.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "host", "content-length", "content-encoding"}
@@ -180,7 +182,7 @@ class DashboardRelay:
             upstream_response = await self._session.request(request.method, target, headers=self._headers(request),
                                                             data=body, allow_redirects=False)
         except (ClientError, OSError) as err:  # the API server is unreachable: what a gateway says
-            return web.Response(status=502, text=f"rayflow relay: {type(err).__name__}: {err}")
+            return web.Response(status=502, text=mask_text(f"rayflow relay: {type(err).__name__}: {err}"))
         async with upstream_response as upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():
