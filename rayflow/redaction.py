@@ -284,3 +284,31 @@ def drop_redacted(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: drop_redacted(v) for k, v in value.items() if not _holds_redacted(v)}
     return value
+
+
+def masked_paths(value: Any, path: tuple[str, ...] = ()) -> list[str]:
+    """The dotted key paths whose values redact() masks (whole or in part) in a document."""
+    return _changed(value, redact(value), path)
+
+
+def _changed(plain: Any, masked: Any, path: tuple[str, ...]) -> list[str]:
+    if plain == masked:
+        return []
+    if isinstance(plain, Mapping) and isinstance(masked, Mapping):
+        return [p for k in plain for p in _changed(plain[k], masked.get(k), (*path, str(k)))]
+    if isinstance(plain, (list, tuple)) and isinstance(masked, list) and len(plain) == len(masked):
+        return [p for i, (a, b) in enumerate(zip(plain, masked)) for p in _changed(a, b, (*path, str(i)))]
+    return [".".join(path)]
+
+
+def literal_secrets_note(document: Any) -> list[str]:
+    """A dry run's note (stderr) when the document it prints holds secrets in clear: the printout
+    masks them, so stdout is still the document less those values, and says where they belong."""
+    paths = masked_paths(document)
+    if not paths:
+        return []
+    shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    return [f"dry run: the document holds {len(paths)} secret value(s) in clear, masked ({REDACTED}) in this "
+            f"printout: {shown}. Keep secrets out of it: let the nodes read them from their environment or a "
+            "file at start (`export NAME=$(cat ~/.secrets/NAME)` in a setup command, an environment variable "
+            "set where Ray starts) or, on KubeRay, a Kubernetes Secret (env valueFrom.secretKeyRef)"]

@@ -28,7 +28,7 @@ from rayflow.node_usage import NodePeak
 from rayflow.placement import PlacementWatch, copies_at_once
 from rayflow.process_state import reset_termination, scoped_env, termination_exit_code
 from rayflow.progress import plain_ray_logs
-from rayflow.redaction import drop_redacted, redact
+from rayflow.redaction import drop_redacted, literal_secrets_note, redact
 from rayflow.result import RESULT_MARKER, RunResult, result_line, returned_result, without_result_line
 from rayflow.shared_cluster import SharedCluster, cluster_key
 from rayflow.tracking import Tracker, git_commit, is_local_store
@@ -232,7 +232,7 @@ def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> Ru
     backend, spec = cluster.backend, cluster.spec  # the jobs of a cluster share its backend config
     if cfg.dry_run:
         sys.stdout.write(spec)
-        notes = backend.notes()
+        notes = backend.notes() + (literal_secrets_note(yaml.safe_load(backend.render())) if backend.name != "kuberay" else [])
         if cfg.tracking.enabled and not _local_files_ok(backend) and is_local_store(cfg.tracking.uri):
             notes.append("tracking.uri: a real run needs a tracking server (http(s)://, databricks): the cluster's nodes do not share this machine's files")
         for note in notes:
