@@ -4,9 +4,11 @@ as a Ray Job.
 rayflow renders the manifest (kuberay.manifest; with backend.manifest=PATH the user's own file,
 kuberay.user_manifest and kuberay.user_layers), validates it strictly against KubeRay's CRD and
 the operator's own rules before anything is applied (kuberay.checks), asks the API server for a
-server-side dry run, applies it with the official `kubernetes` client (server-side apply), waits
+server-side dry run, creates it with the official `kubernetes` client (a create, never an
+overwrite: each run labels what it creates with its own run id and deletes only that), waits
 for the head (kuberay.wait), reaches
-the dashboard through the API server's service proxy (kuberay.relay) and submits the run
+the dashboard through the API server's service proxy (kuberay.relay: answering only this
+process, relaying only the Jobs API) and submits the run
 through the seam backend=vm uses (rayflow.remote). `kubernetes` is imported inside the methods.
 """
 
