@@ -87,7 +87,10 @@ class KubeRayCluster(ClusterBackend):
         return yaml.safe_dump(self.manifest(), sort_keys=False)
 
     def teardown_command(self) -> str | None:
-        """What deletes the cluster if this process dies before it can (printed on every error path)."""
+        """What deletes the cluster if this process dies before it can (printed on every error path);
+        None for one this run does not delete (kept, or joined)."""
+        if not self.owns_cluster or getattr(self, "_joined", False):
+            return None
         manifest = getattr(self, "_manifest", None) or self.manifest()  # what start() applied, once it has
         metadata = manifest["metadata"]
         return f"kubectl delete {manifest['kind'].lower()} {metadata['name']} -n {metadata['namespace']}"
@@ -202,7 +205,7 @@ class KubeRayCluster(ClusterBackend):
             why = "was kept by an earlier rayflow run" if rayflows else "exists and rayflow did not make it"
             raise ConfigError("backend.keep_cluster", f"{where} {why}: to run on it as it is, set backend.keep_cluster=true "
                                                       f"(rayflow then leaves it running); else choose another backend.cluster_name")
-        self._manifest = existing  # its auth decides how the dashboard is reached
+        self._manifest, self._joined = existing, True  # its auth decides how the dashboard is reached
         print(f"[rayflow] kuberay: reusing the existing {where} as it is (delete it to apply a changed spec); "
               + ("it was kept by an earlier run and stays running" if rayflows else "rayflow did not make it and leaves it running"),
               flush=True)
