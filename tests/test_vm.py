@@ -138,25 +138,49 @@ def test_sigterm_while_the_head_starts_leaves_nothing(rayflow):
     assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the half-started head was left"
 
 
-def test_a_wrong_token_is_one_line(tmp_path):
-    """The head asks for the token; a client holding another one gets one line, not a traceback.
-    The client is a process of its own: Ray caches the token a process read first."""
+def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_token_is_one_line(tmp_path):
+    """Clusters have owners, on one real cluster: while a run holds its (kept) cluster, a second
+    run of the same name is refused in one line before it starts anything; once the first ended,
+    a later run that names it joins it and leaves it running; `python -m rayflow.teardown` stops it.
+    The head asks for the token too: a client holding another one gets one line, not a traceback
+    (a process of its own: Ray caches the token a process read first)."""
     import os
     import subprocess
     import sys
 
     from rayflow.backends import backend_for
+    from rayflow.backends.vm import state
+    from rayflow.backends.vm.cluster import wait_for_dashboard
     from rayflow.composition import compose_config
 
+    before = ray_daemon_pids()
     client = ("import sys\nfrom rayflow.remote import JobError, run_as_job\n"
               "try:\n    run_as_job(sys.argv[1], ['python', '-c', 'print(1)'], {})\n"
               "except JobError as err:\n    print('JOBERROR', err)\n")
-    with backend_for(compose_config(*FAKE, "ray_auth_mode=token")) as backend:
-        out = subprocess.run([sys.executable, "-c", client, backend.address], capture_output=True, text=True, timeout=120,
+    owned = [*FAKE, "backend.cluster_name=rf-owned", "ray_auth_mode=token"]
+    with backend_for(compose_config(*owned, "backend.keep_cluster=true")) as first:
+        out = subprocess.run([sys.executable, "-c", client, first.address], capture_output=True, text=True, timeout=120,
                              env=dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="not-the-cluster-token"), cwd=tmp_path)
+        second = subprocess.run([sys.executable, "-m", "rayflow", *owned, "tracking=none", "data.synthetic=true",
+                                 f"data.root={tmp_path / 'data'}", f"storage_path={tmp_path}"], capture_output=True, text=True,
+                                timeout=120, cwd=tmp_path)
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert second.stderr.strip().splitlines()[-1].startswith("rayflow: error: backend.cluster_name: a cluster named 'rf-owned' is in use")
+        assert "starting a fake_multinode head" not in second.stdout + second.stderr
+        wait_for_dashboard(first.address, 5, "the first run's cluster")  # left intact
+        kept = first.teardown_command()
     lines = [line for line in out.stdout.splitlines() if line.startswith("JOBERROR ")]
     assert len(lines) == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert lines[0].startswith("JOBERROR the Jobs API at http://127.0.0.1:") and "not-the-cluster-token" not in lines[0]
+    try:
+        wait_for_dashboard(first.address, 5, "the kept cluster")  # kept: the first run left it running
+        with backend_for(compose_config(*owned)) as joined:  # names it: joins it, and never stops it
+            assert joined.address == first.address
+        wait_for_dashboard(first.address, 5, "the joined cluster")
+        assert state.read("rf-owned")["kept"] and state.read("rf-owned")["holder"] is None
+    finally:
+        subprocess.run([sys.executable, "-m", "rayflow.teardown", kept.rsplit(" ", 1)[-1]], check=True, timeout=120)
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60) and state.read("rf-owned") is None
 
 
 # hydra/launcher=rayflow on fake_multinode: the sweep goes to the head as a Ray Job. A cluster name of
