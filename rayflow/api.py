@@ -28,7 +28,8 @@ def compose(*overrides: str) -> DictConfig:
     """The config `python -m rayflow OVERRIDES` composes, for inspection (nothing is checked)."""
     from rayflow.composition import compose_config, config_errors
 
-    return config_errors(lambda: compose_config(*map(str, overrides)))
+    with _masked_errors():
+        return config_errors(lambda: compose_config(*map(str, overrides)))
 
 
 def dry_run(*overrides: str) -> str:
@@ -38,7 +39,8 @@ def dry_run(*overrides: str) -> str:
     from rayflow.session import spec_text
 
     cfg = compose(*overrides, "dry_run=true")
-    return config_errors(lambda: spec_text(check_config(cfg)))
+    with _masked_errors():
+        return config_errors(lambda: spec_text(check_config(cfg)))
 
 
 def run(*overrides: str, multirun: bool = False, **workload_keys: Any) -> RunResult | list[RunResult]:
@@ -59,7 +61,8 @@ def run(*overrides: str, multirun: bool = False, **workload_keys: Any) -> RunRes
 
     _not_connected_to_ray()
     given = [*map(str, overrides), *(_workload_override(k, v) for k, v in workload_keys.items())]
-    jobs = preflight(given, multirun)  # every job's checks before the first starts
+    with _masked_errors():
+        jobs = preflight(given, multirun)  # every job's checks before the first starts
     if any(job.cfg.dry_run for job in jobs):
         raise ConfigError("dry_run", "use rayflow.dry_run(...) for the spec; run() runs the job")
     with _process_state_restored():
@@ -73,6 +76,19 @@ def run(*overrides: str, multirun: bool = False, **workload_keys: Any) -> RunRes
         if result is not None:
             result.runner = run
     return results if multirun else results[0]
+
+
+@contextlib.contextmanager
+def _masked_errors():
+    """A ConfigError quotes the input (Hydra's parse error holds the whole override): its message
+    is masked, in place (same exception, same key), before a notebook shows it."""
+    from rayflow.redaction import masked_message
+
+    try:
+        yield
+    except ConfigError as err:
+        err.args = (masked_message(err),)
+        raise
 
 
 def _workload_override(key: str, value: Any) -> str:

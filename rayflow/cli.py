@@ -27,7 +27,7 @@ from rayflow.errors import (
     RunFailed,
     RunInterrupted,
 )
-from rayflow.redaction import mask_text, redact
+from rayflow.redaction import mask_text, masked_message, redact
 
 # Exit codes (docs: "Exit codes"): 0 done, 1 the run failed, 2 bad input (nothing
 # started), 128 + N stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
@@ -37,16 +37,6 @@ EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> None:
     print(f"rayflow: error: {masked_message(err)}", file=sys.stderr)
     sys.exit(code)
-
-
-def masked_message(err: Exception) -> str:
-    """The error's one line with the secrets it echoes masked (a ConfigError quotes the input:
-    Hydra's parse error holds the whole override). A ConfigError's key stays as it is."""
-    text = str(err)
-    key = getattr(err, "key", None)
-    if isinstance(err, ConfigError) and text.startswith(f"{key}: "):
-        return f"{key}: {mask_text(text[len(key) + 2:])}"
-    return mask_text(text)
 
 
 class MaskedStream:

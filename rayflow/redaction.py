@@ -174,6 +174,15 @@ _USERINFO = re.compile(r"(?<![a-zA-Z0-9+.\-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*
 _QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[^=&#;?\s]+)=)(?P<value>[^&#\s]*)")
 
 
+def masked_message(err: BaseException) -> str:
+    """An error's message with the secrets it echoes masked (Hydra's parse error quotes the whole
+    override). A ConfigError's key stays as it is: `backend.api_token: must be ...`."""
+    text, key = str(err), getattr(err, "key", None)
+    if isinstance(key, str) and text.startswith(f"{key}: "):
+        return f"{key}: {mask_text(text[len(key) + 2:])}"
+    return mask_text(text)
+
+
 def _masked(value: str) -> str:
     quote = value[0] if value[:1] in ("'", '"') and len(value) > 1 and value[-1] == value[0] else ""
     return f"{quote}{REDACTED}{quote}"

@@ -35,3 +35,12 @@ def assert_nowhere(secrets: list[str], texts: list[str], folders: list[Path]) ->
         for secret in secrets:
             assert secret.encode() not in data, f"{secret} in {path}"
     return read
+
+
+# Secrets that no key name gives away: beside a secret name, after a secret flag, inside a
+# setup command (rayflow/redaction.py masks them by their structure).
+STRUCTURAL_VM_SECRETS = {
+    "+backend.overrides.setup_commands=['export WANDB_API_KEY=PLANTED-export', 'run --db-password PLANTED-flag']": ["PLANTED-export", "PLANTED-flag"],
+    "+backend.overrides.provider.env=[{name:AWS_SECRET_ACCESS_KEY,value:PLANTED-env-pair}]": ["PLANTED-env-pair"],
+    "+backend.overrides.head_start_ray_commands=['ray start --head', 'curl -H \"Authorization: Bearer PLANTED-bearer-token\" h']": ["PLANTED-bearer-token"],
+}
