@@ -37,14 +37,19 @@ def is_own(proc: psutil.Process) -> bool:
 
 def _names_path(path: str):
     """A test for a command-line argument naming `path` itself or a path inside it, alone or as
-    an option's value (`--temp-dir=P`, `--session-dir=P/session_...`): not `P2` or `Pfoo`."""
-    pattern = re.compile(re.escape(path.rstrip("/")) + r"(?=$|[/\s'\",;:])")
+    an option's value (`--temp-dir=P`, `--session-dir=P/session_...`): not `P2`, `Pfoo` or
+    `/elsewhere/P`. A relative `path` is taken from the working directory, as a path argument is."""
+    path = os.path.abspath(path)
+    pattern = re.compile(r"(?<![^\s'\"=,;:])" + re.escape(path) + r"(?=$|[/\s'\",;:])")
     return lambda arg: pattern.search(arg) is not None
 
 
 def processes_mentioning(text: str, pgid: int | None = None) -> list[psutil.Process]:
     """This user's processes (not this one) whose command line names the path `text`; with
-    `pgid` (the process group the caller started the cluster in), only that group's."""
+    `pgid`, only that process group's: start `ray start --head` with `start_new_session=True`
+    and pass its pid, since Ray's daemons and workers stay in the group of the process that
+    started them (unless RAY_process_group_cleanup_enabled gives each worker its own; the raylet
+    still stops those)."""
     names = _names_path(text)
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):

@@ -99,3 +99,15 @@ def test_concurrent_trials_download_once(tmp_path, archive_server):
     assert all(p.returncode == 0 for p in procs)
     assert len(set(outputs)) == 1 and outputs[0].endswith(data.BATCH_DIR)
     assert len(hits) == 1
+
+
+def test_batches_pickled_by_python2_numpy_still_load(tmp_path):
+    """The official archive's batches (Python 2's cPickle, numpy 1's `numpy.core` paths, str
+    keys read as bytes) pass the loader's allow-list of what a CIFAR batch holds."""
+    batch = {b"batch_label": b"training batch 1 of 5", b"labels": [3, 7],
+             b"data": np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072), b"filenames": [b"a.png", b"b.png"]}
+    old = pickle.dumps(batch, protocol=2).replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+    assert b"numpy.core.multiarray" in old
+    (tmp_path / "data_batch_1").write_bytes(old)
+    images, labels = data.read_batches(tmp_path, ["data_batch_1"])
+    assert images.shape == (2, 3, 32, 32) and labels.tolist() == [3, 7]
