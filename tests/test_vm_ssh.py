@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rayflow.testing.processes import wait_until
 from tests.harness.ssh_hosts import SshHosts, unavailable_reason
@@ -155,6 +156,9 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shar
     dry = subprocess.run([*common, "dry_run=true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr
     assert "rayflow adds" in dry.stderr and "RAY_UP_enable_autoscaler_v2=0" in dry.stderr
+    # the head's dashboard on its loopback only: nothing reaches HEAD:8265 over the network
+    head_start = [c for c in yaml.safe_load(dry.stdout)["head_start_ray_commands"] if "--head" in c]
+    assert head_start and all("--dashboard-host=127.0.0.1" in c for c in head_start)
     started = time.monotonic()
     # as a notebook runs it: rayflow.run(...) returns the RunResult the job on the head sent back
     python_call = ("import json, sys, rayflow\nr = rayflow.run(*sys.argv[1:])\n"
@@ -168,6 +172,9 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shar
     print(f"\nray up (a hand-written file) -> job -> ray down over SSH: {time.monotonic() - started:.1f} s")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
+    # submitted through the SSH tunnel's local end, never to the head's address in clear
+    assert f"through an SSH tunnel to {head} (http://127.0.0.1:" in out.stdout + out.stderr
+    assert f"{head}:8265" not in out.stdout + out.stderr
     [line] = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     result = json.loads(line.split(" ", 1)[1])
     assert result["type"] == "RunResult" and result["trials"] == 1 and "val_accuracy" in result["best_metrics"], result
