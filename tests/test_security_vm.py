@@ -22,11 +22,20 @@ from rayflow.errors import ConfigError
 
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
-    """A HOME of the test's own: the state folder (~/.cache/rayflow/vm) and ~/.ray are its."""
+    """A HOME of the test's own: the state folder (~/.cache/rayflow/vm) and ~/.ray are its. A
+    backend's start exports RAY_AUTH_MODE for this process: put back afterwards."""
+    from rayflow.process_state import reread_ray_config
+
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    return home
+    mode = os.environ.get("RAY_AUTH_MODE")
+    yield home
+    if mode is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = mode
+    reread_ray_config()
 
 
 @pytest.fixture
