@@ -92,6 +92,9 @@ def test_autoscales_up_to_max_and_back_down_after_idle_with_credentials_on_worke
     (["backend.hybrid=true", "backend.num_cpus_head_node=1"], "backend.num_cpus_head_node"),
     (["backend.hybrid=true"], "backend.max_worker_nodes"),
     (["backend.autoscale_upscaling_speed=0.5"], "backend.autoscale_upscaling_speed"),
+    # Ray on Spark's dashboard listens on all interfaces, its GCS and client ports on the driver's address
+    (["ray_auth_mode=disabled"], "ray_auth_mode"),
+    (["ray_auth_mode=disabled", "+backend.head_node_options.include_dashboard=false"], "ray_auth_mode"),
 ])
 def test_bad_spark_input_names_the_key_and_starts_nothing(overrides, key):
     from rayflow.composition import preflight
