@@ -148,6 +148,23 @@ def test_sdk_providers_never_run_ray_up_over_a_live_cluster_this_run_did_not_sta
     assert state.read("shared")["holder"] is None and config_file.is_file()
 
 
+def test_a_kept_sdk_cluster_joined_without_a_recorded_config_is_never_torn_down(tmp_path, monkeypatch):
+    from ray.autoscaler import sdk
+
+    from rayflow.backends.vm import cluster
+
+    calls = []
+    monkeypatch.setattr(cluster, "_head_running", lambda config: True)
+    monkeypatch.setattr(sdk, "create_or_update_cluster", lambda *a, **k: calls.append(("up", k["no_restart"])))
+    monkeypatch.setattr(sdk, "teardown_cluster", lambda *a, **k: calls.append(("down",)))
+    monkeypatch.setattr(sdk, "get_head_node_ip", lambda path: "10.99.0.11")
+    monkeypatch.setattr(cluster.VMCluster, "_tunnel", lambda self, config, ip: "http://127.0.0.1:9")
+    write_state("kept", provider="local", kept=True, holder=None)  # its run died before it recorded its config
+    with backend_for(compose_config(*local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=kept"))):
+        pass
+    assert calls == [("up", True)] and state.read("kept")["stop"].endswith("kept.yaml")
+
+
 def test_a_new_sdk_cluster_is_recorded_while_it_starts_and_forgotten_after_its_teardown(tmp_path, monkeypatch):
     from ray.autoscaler import sdk
 

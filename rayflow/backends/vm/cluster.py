@@ -181,13 +181,16 @@ class VMCluster(ClusterBackend):
 
     def _join_fake(self, kept: dict) -> str:
         """The dashboard URL of the kept fake cluster this run now holds (it never stops it)."""
-        self._temp_dir, url = kept["temp_dir"], kept["url"]
+        self._temp_dir, url = kept["temp_dir"], kept.get("url")
         try:
+            if not url:  # the run that kept it died before its head answered
+                raise ClusterError("no dashboard recorded")
             wait_for_dashboard(url, 10, "backend=vm")
         except ClusterError:
             raise ClusterError(f"backend=vm: the kept cluster {self._name} does not answer at {url}: stop it with "
                                f"python -m rayflow.teardown {self._temp_dir}") from None
         print(f"[rayflow] vm: joining the kept cluster {self._name} ({mask_text(self._temp_dir)}); it keeps running after this run", flush=True)
+        self._kept_note()
         return url
 
     def _register_fake_teardown(self) -> None:
@@ -257,7 +260,7 @@ class VMCluster(ClusterBackend):
         # joined only when a run of this user kept it and none holds it, else refused.
         kept = state.claim(name, self._run_id, self.provider, not self.owns_cluster, lambda _: _head_running(config))
         self.on_stop("let go of the cluster's name", state.release, name, self._run_id)
-        if kept:  # its config stays where the run that kept it wrote it (its teardown command names it)
+        if kept and kept.get("stop"):  # its config stays where the run that kept it wrote it (its teardown command names it)
             self._temp_dir = os.path.dirname(kept["stop"])
             self._config_file = kept["stop"]
             Path(self._config_file).write_text(yaml.safe_dump(config))
@@ -265,12 +268,12 @@ class VMCluster(ClusterBackend):
             self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
             self._config_file = os.path.join(self._temp_dir, f"{name}.yaml")
             Path(self._config_file).write_text(yaml.safe_dump(config))
-            if self.owns_cluster:  # registered first: a `ray up` that failed halfway is torn down too
+            if self.owns_cluster and not kept:  # registered first: a `ray up` that failed halfway is torn down too
                 self.on_stop("remove the cluster config's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
                 if self.provider == "local":
                     self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
                 self.on_stop(f"tear down cluster {name}", sdk.teardown_cluster, self._config_file)
-            else:
+            else:  # kept, or joined without a config recorded: the teardown command names this file
                 state.update(name, self._run_id, stop=self._config_file)
         env = launcher_env(self.section, self.auth_mode, _token_file(), provider=self.provider)  # v1 for local (ray#59905)
         what = f"joining the kept cluster {name} (as `ray up --no-restart`)" if kept else f"creating cluster {name} (provider {self.provider}, as `ray up`)"
@@ -279,7 +282,7 @@ class VMCluster(ClusterBackend):
                 sdk.create_or_update_cluster(self._config_file, no_restart=bool(kept), restart_only=False, no_config_cache=True)
             except click.ClickException as err:  # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
                 raise ClusterError(f"backend=vm provider={self.provider}: `ray up` failed: {mask_text(err.format_message() or 'see its output above')}") from None
-        if not self.owns_cluster:
+        if kept or not self.owns_cluster:
             self._kept_note()
         return self._tunnel(config, sdk.get_head_node_ip(self._config_file))
 
