@@ -150,6 +150,16 @@ BAD_INPUT = [
     (["storage_path=/proc/x"], "storage_path"),
     (["data.root=/proc/x"], "data.root"),
     (["experiment_name=../../escape"], "experiment_name"),
+    # issue 30: every value bounded (tests/test_security_state.py walks the schema for it): a
+    # timeout that overflows C's, a name longer than a folder's, a size that allocates until the
+    # machine dies, a port beyond 65535, a typo added to a preset with `+`
+    (["tracking.timeout_s=1e300"], "tracking.timeout_s"),
+    (["backend=attach", "backend.connect_timeout_s=1e300"], "backend.connect_timeout_s"),
+    (["experiment_name=" + "e" * 300], "experiment_name"),
+    (["storage_path=/tmp/" + "s" * 300], "storage_path"),
+    (["data.synthetic_train_size=1000000000000"], "data.synthetic_train_size"),
+    (["backend.dashboard_port=70000"], "backend.dashboard_port"),
+    (["+workload.num_sample=5"], "workload.num_sample"),
 ]
 
 

@@ -10,6 +10,8 @@ between keys, with messages a user can act on, which pydantic's validators give 
 
 from __future__ import annotations
 
+import difflib
+import typing
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,6 +22,11 @@ from rayflow.schema.root import Compute, Data, Mlflow, NoTracking, Root, Section
 from rayflow.schema.workloads import WORKLOADS
 
 GROUPS = ("backend", "workload", "compute", "tracking")
+# The parts whose every key is declared: a key Hydra lets in with `+` (`+workload.num_sample=5`,
+# a typo on a preset) is refused as unknown, as Hydra refuses one without `+`. The backend and
+# tracking sections stay open: what a user adds there is passed on on purpose (a `spark_conf`
+# entry, a tracking credential that must stay masked).
+CLOSED = ("", "data", "compute", "workload")
 
 
 def section_models(cfg: dict) -> dict[str, type[Section]]:
@@ -44,6 +51,8 @@ def validate(cfg: DictConfig, local_paths: bool = True) -> None:
     assert isinstance(data, dict)
     for where, model in section_models(data).items():
         section = {k: v for k, v in data.items() if k not in (*GROUPS, "data")} if where == "" else data.get(where, {})
+        if where in CLOSED and isinstance(section, dict):
+            unknown_key(where, model, section)
         validate_section(where, model, section, data, local_paths)
 
 
@@ -57,6 +66,29 @@ def validate_section(where: str, model: type[Section], section: Any, cfg: dict, 
         model.model_validate(section, context={"cfg": cfg, "local_paths": local_paths})
     except ValidationError as err:
         raise _one_line(where, err) from None
+
+
+def _section_model(annotation: Any) -> Any:
+    """The model of a nested section key (`Model`, or `Model | None`), or None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, Section):
+            return candidate
+    return None
+
+
+def unknown_key(where: str, model: type[Section], section: dict) -> None:
+    """Raise ConfigError for the first key of `section` (and of its nested sections) that `model`
+    does not declare, with the declared key it is closest to."""
+    for key, value in section.items():
+        field = model.model_fields.get(str(key))
+        name = f"{where}.{key}" if where else str(key)
+        if field is None:
+            close = difflib.get_close_matches(str(key), list(model.model_fields), n=1, cutoff=0.6)
+            hint = f"; did you mean {name.rsplit('.', 1)[0] + '.' if where else ''}{close[0]}?" if close else ""
+            raise ConfigError(name, f"unknown config key{hint}")
+        nested = _section_model(field.annotation)
+        if nested is not None and isinstance(value, dict):
+            unknown_key(name, nested, value)
 
 
 def _one_line(where: str, err: Any) -> ConfigError:

@@ -7,7 +7,8 @@ rules on backend.overrides) stays with the backend's `check()`."""
 
 from pydantic import Field, model_validator
 
-from rayflow.schema.kinds import RAY_MIN_OBJECT_STORE, Boolean, Integer, KeyedError, Mapping, Number, OptionalText, Text
+from rayflow.schema.kinds import (RAY_MIN_OBJECT_STORE, SECONDS_MAX, Boolean, Bytes, Integer, KeyedError, Mapping, Number,
+                                  OptionalText, Port, Seconds, Text)
 from rayflow.schema.kuberay import Kuberay
 from rayflow.schema.root import Section
 from rayflow.schema.vm import Vm
@@ -17,11 +18,11 @@ class Local(Section):
     name: Text = Field(description="`local`: a Ray cluster on this machine (`ray.init`), stopped when the command ends")
     num_cpus: Integer(1, optional=True) = Field(description="what `ray.init` gets (null: every core of this machine)")
     num_gpus: Number(allow_zero=True, optional=True) = Field(description="GPUs for `ray.init` (null: every GPU Ray detects)")
-    object_store_memory: Integer(RAY_MIN_OBJECT_STORE, optional=True) = Field(description="bytes (null: Ray's default, 30% of memory)")
+    object_store_memory: Bytes(RAY_MIN_OBJECT_STORE, optional=True) = Field(description="bytes (null: Ray's default, 30% of memory)")
     include_dashboard: Boolean = Field(description="the Ray dashboard; it serves Ray's state API, which Ray Train's clean-up of "
                                                    "stopped runs needs (`workload=ddp workload.tune=true` refuses to run without it)")
     dashboard_host: Text = Field(description="where the dashboard listens: loopback unless you say otherwise")
-    dashboard_port: Integer(1, optional=True) = Field(description="null: 8265 or the next free port")
+    dashboard_port: Port(optional=True) = Field(description="null: 8265 or the next free port")
     preload_worker_imports: Boolean = Field(
         description="the idle worker processes Ray starts with the cluster (one per CPU) import what the workload's trials "
                     "import first (`ppo`: torch and RLlib, about 0.45 GB each), and as many as one trial has processes are "
@@ -31,7 +32,7 @@ class Local(Section):
 class Attach(Section):
     name: Text = Field(description="`attach`: a running cluster, never stopped by rayflow")
     address: Text = Field(description="`ray://HOST:PORT`, `HOST:PORT` or `auto` (default `$RAY_ADDRESS`, else `auto`)")
-    connect_timeout_s: Number() = Field(description="how long the address may take to answer")
+    connect_timeout_s: Seconds() = Field(description="how long the address may take to answer")
 
 
 class Spark(Section):
@@ -48,17 +49,17 @@ class Spark(Section):
     num_gpus_worker_node: Integer(0, optional=True) = Field(description="per Ray worker node, set with `num_cpus_worker_node`")
     num_cpus_head_node: Integer(0, optional=True) = Field(description="null: 0 (the head runs no tasks) outside global mode")
     num_gpus_head_node: Integer(0, optional=True) = Field(description="GPUs of the head node")
-    memory_worker_node: Integer(1, optional=True) = Field(description="bytes of heap per Ray worker node")
-    memory_head_node: Integer(1, optional=True) = Field(description="bytes of heap of the head node")
-    object_store_memory_worker_node: Integer(1, optional=True) = Field(description="bytes of object store per Ray worker node")
-    object_store_memory_head_node: Integer(1, optional=True) = Field(description="bytes of object store of the head node")
+    memory_worker_node: Bytes(optional=True) = Field(description="bytes of heap per Ray worker node")
+    memory_head_node: Bytes(optional=True) = Field(description="bytes of heap of the head node")
+    object_store_memory_worker_node: Bytes(optional=True) = Field(description="bytes of object store per Ray worker node")
+    object_store_memory_head_node: Bytes(optional=True) = Field(description="bytes of object store of the head node")
     head_node_options: Mapping = Field(description="extra `ray start` options of the head, e.g. `{include_dashboard: false}`")
     worker_node_options: Mapping = Field(description="extra `ray start` options of the worker nodes")
     ray_temp_root_dir: OptionalText = Field(description="Ray's temp root on the Spark nodes")
     strict_mode: Boolean = Field(description="true: refuse to start on too small Spark workers")
     collect_log_to_path: OptionalText = Field(description="copy the Ray nodes' logs here at shutdown (e.g. `/dbfs/ray-logs`); tagged on the MLflow parent run")
     autoscale_upscaling_speed: Number() = Field(description="Ray's `upscaling_speed` (>= 1.0)")
-    autoscale_idle_timeout_minutes: Number(allow_zero=True) = Field(description="an idle Ray worker node is given back to Spark after this long")
+    autoscale_idle_timeout_minutes: Number(allow_zero=True, at_most=SECONDS_MAX / 60) = Field(description="an idle Ray worker node is given back to Spark after this long")
 
     @model_validator(mode="after")
     def _rules(self) -> "Spark":

@@ -42,20 +42,36 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _integer(minimum: int) -> Callable[[Any], int]:
+# Every number a key takes has an upper bound (tests/test_security_state.py walks the schema for
+# it): a value beyond any real use is a typo or an attack, and left through it overflows a C
+# timeout (OverflowError), allocates until the machine dies, or waits forever. A key with a
+# tighter limit of its own says so; these are the defaults.
+COUNT_MAX = 1_000_000  # trials, workers, epochs, replicas, batch sizes: more is no real run
+NUMBER_MAX = 1e6  # rates, factors, CPUs per trial
+BYTES_MAX = 2**50  # 1 PiB: more memory than any node has
+SECONDS_MAX = 86_400  # one day: a timeout longer than that is a hang, not a wait
+TIME_BUDGET_MAX = 30 * 86_400  # a whole search's own time budget: a month
+PORT_MIN, PORT_MAX = 1024, 65535  # ports rayflow binds: below 1024 needs root
+NAME_MAX = 255  # bytes of one file or folder name (Linux's NAME_MAX)
+PATH_MAX = 3072  # bytes of a folder path: room left under Linux's 4096 for the experiment's and trials' folders
+
+
+def _integer(minimum: int, maximum: int) -> Callable[[Any], int]:
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"must be an integer >= {minimum}, got {value!r}")
+        if value > maximum:
+            raise ValueError(f"must be at most {maximum}, got {value!r}")
         return value
     return check
 
 
-def _number(allow_zero: bool, at_most: float | None = None) -> Callable[[Any], float]:
+def _number(allow_zero: bool, at_most: float) -> Callable[[Any], float]:
     def check(value: Any) -> float:
         if not _is_number(value) or value < 0 or (value == 0 and not allow_zero):
             raise ValueError(f"must be a number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-        if at_most is not None and value > at_most:
-            raise ValueError(f"must be in (0, {at_most:g}]; got {value}")
+        if value > at_most:
+            raise ValueError(f"must be at most {at_most:g}, got {value!r}")
         return float(value)
     return check
 
@@ -86,11 +102,30 @@ def _text(value: Any) -> str:
     return value
 
 
-def _folder_name(value: Any) -> str:
-    text = _text(value) if isinstance(value, str) else str(value)
-    if text in (".", "..") or "/" in text or os.sep in text or "\0" in text or not text.strip():
-        raise ValueError(f"must be a name used as one folder (no '/', not '.' or '..'); got {value!r}")
-    return text
+def _folder_name(max_bytes: int) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        text = _text(value) if isinstance(value, str) else str(value)
+        if text in (".", "..") or "/" in text or os.sep in text or "\0" in text or not text.strip():
+            raise ValueError(f"must be a name used as one folder (no '/', not '.' or '..'); got {value!r}")
+        if len(text.encode("utf-8", "surrogateescape")) > max_bytes:
+            raise ValueError(f"must be at most {max_bytes} bytes (a folder's name), got {len(text.encode('utf-8', 'surrogateescape'))}")
+        return text
+    return check
+
+
+def path_length_error(value: str) -> str | None:
+    """Why `value` is no path this machine's filesystems take (a name over NAME_MAX bytes, the
+    whole over PATH_MAX, a NUL), or None: checked before anything touches the path, which would
+    fail with `File name too long` once Ray runs."""
+    raw = value.encode("utf-8", "surrogateescape")
+    if b"\0" in raw:
+        return "must not contain a NUL character"
+    if len(raw) > PATH_MAX:
+        return f"must be at most {PATH_MAX} bytes (a path), got {len(raw)}"
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return f"has a name of {len(longest)} bytes; a file or folder name is at most {NAME_MAX}"
+    return None
 
 
 RAY_MIN_OBJECT_STORE = 78643200  # Ray's floor for object_store_memory (bytes)
@@ -106,6 +141,9 @@ def writable_dir_error(value: Any) -> str | None:
         return f"must be a directory path, got {value!r}"
     if "://" in value:  # s3://, gs://: storage Tune writes through pyarrow; checked where used
         return None
+    too_long = path_length_error(value) or path_length_error(str(Path(value).expanduser().absolute()))
+    if too_long:
+        return f"{value[:80]}{'...' if len(value) > 80 else ''} {too_long}"
     path = Path(value).expanduser()
     path = path if path.is_absolute() else Path.cwd() / path
     if any(path == v or v in path.parents for v in _VIRTUAL):
@@ -129,16 +167,36 @@ def _writable_dir(value: Any, info: ValidationInfo) -> str:
             raise ValueError(error)
     elif not isinstance(value, str) or not value.strip():
         raise ValueError(f"must be a directory path, got {value!r}")
+    elif "://" not in value and path_length_error(value):
+        raise ValueError(path_length_error(value))
     return value
 
 
-def Integer(minimum: int = 1, optional: bool = False) -> Any:
-    return kind(f"integer >= {minimum}", _integer(minimum), optional)
+def Integer(minimum: int = 1, maximum: int = COUNT_MAX, optional: bool = False) -> Any:
+    return kind(f"integer in [{minimum}, {maximum}]", _integer(minimum, maximum), optional)
 
 
-def Number(allow_zero: bool = False, at_most: float | None = None, optional: bool = False) -> Any:
-    words = f"number in (0, {at_most:g}]" if at_most is not None else f"number {'>= 0' if allow_zero else '> 0'}"
-    return kind(words, _number(allow_zero, at_most), optional)
+def Number(allow_zero: bool = False, at_most: float = NUMBER_MAX, optional: bool = False) -> Any:
+    return kind(f"number in {'[' if allow_zero else '('}0, {at_most:g}]", _number(allow_zero, at_most), optional)
+
+
+def Seconds(at_most: float = SECONDS_MAX, optional: bool = False) -> Any:
+    """A timeout or a time budget: > 0, finite, at most `at_most` (a day unless the key says)."""
+    return kind(f"seconds in (0, {at_most:g}]", _number(False, at_most), optional)
+
+
+def Bytes(minimum: int = 1, optional: bool = False) -> Any:
+    """Memory in bytes, up to BYTES_MAX (1 PiB)."""
+    return kind(f"bytes in [{minimum}, 2**50]", _integer(minimum, BYTES_MAX), optional)
+
+
+def Port(minimum: int = PORT_MIN, optional: bool = False) -> Any:
+    """A TCP port: up to 65535; from 1024 for one rayflow binds (below needs root)."""
+    return kind(f"port in [{minimum}, {PORT_MAX}]", _integer(minimum, PORT_MAX), optional)
+
+
+def FolderName(max_bytes: int = NAME_MAX) -> Any:
+    return kind(f"a name used as one folder (at most {max_bytes} bytes)", _folder_name(max_bytes))
 
 
 def OneOf(*choices: Any, optional: bool = False) -> Any:
@@ -149,7 +207,6 @@ Boolean = kind("true or false", _boolean)
 Fraction = kind("number between 0 and 1 (exclusive)", _fraction)
 Text = kind("string", _text)
 OptionalText = kind("string", _text, optional=True)
-FolderName = kind("a name used as one folder", _folder_name)
 WritableDir = Annotated[Any, BeforeValidator(_writable_dir), Kind("a directory that must be creatable and writable")]
 Anything = Annotated[Any, Kind("any value")]
 Mapping = Annotated[dict, Kind("a mapping")]

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from pydantic import Field, model_validator
 
-from rayflow.schema.kinds import Boolean, Integer, KeyedError, Number, OneOf, OptionalText, Text, kind
+from rayflow.schema.kinds import BYTES_MAX, Boolean, Integer, KeyedError, Number, OneOf, OptionalText, Text, kind
 from rayflow.schema.root import DeviceKind, Part, Section
 
 # MaxRayClusterNameLength and MaxRayJobNameLength (= 53 - 6) of KubeRay's utils/constant.go.
@@ -80,6 +80,8 @@ def _quantity(value: Any) -> Any:
     amount = parse_quantity(value)
     if amount is None or amount <= 0:
         raise ValueError(f"must be a Kubernetes quantity > 0 (e.g. 500m, 2, 4Gi, 512Mi: no spaces); got {value!r}")
+    if amount > BYTES_MAX:  # every number is bounded (rayflow.schema.kinds)
+        raise ValueError(f"must be at most 1Pi, got {value!r}")
     return value
 
 

@@ -4,9 +4,11 @@ backend's own model (rayflow.schema.backends) once they are merged over its defa
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field
 
-from rayflow.schema.kinds import Integer, KeyedError, Mapping, Number, OneOf, OptionalText
+from rayflow.schema.kinds import NUMBER_MAX, Bytes, Integer, KeyedError, Mapping, Number, OneOf, OptionalText, Seconds
 from rayflow.schema.root import Part, RayAuthModeKind, Section
 
 
@@ -14,7 +16,7 @@ class JobResources(Part):
     cpu: Number(allow_zero=True) = Field(description="CPUs a job reserves (Ray's `num_cpus`)")
     gpu: Number(allow_zero=True) = Field(description="GPUs a job reserves (Ray's `num_gpus`); any job above 0 renders the "
                                                      "backend's GPU workers, as `compute=gpu` does")
-    memory: Integer(1, optional=True) = Field(description="bytes of Ray's `memory` resource a job reserves (null: none)")
+    memory: Bytes(optional=True) = Field(description="bytes of Ray's `memory` resource a job reserves (null: none)")
     custom: Mapping = Field(description="custom Ray resources a job reserves, `{name: amount}` (the nodes must declare them)")
 
     @classmethod
@@ -23,8 +25,10 @@ class JobResources(Part):
             if key not in cls.model_fields:
                 raise KeyedError(str(key), f"not a resource key; choose from {', '.join(cls.model_fields)}")
         for name, amount in (value.get("custom") or {}).items():
-            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount < 0:
                 raise KeyedError(f"custom.{name}", f"must be a number >= 0, got {amount!r}")
+            if amount > NUMBER_MAX:
+                raise KeyedError(f"custom.{name}", f"must be at most {NUMBER_MAX:g}, got {amount!r}")
 
 
 class Launcher(Section):
@@ -39,6 +43,6 @@ class Launcher(Section):
     on_failure: OneOf("continue", "stop") = Field(
         description="`continue`: a failing job is its own JobReturn and the others still run; `stop`: jobs not "
                     "started yet are not started (their JobReturns say so)")
-    schedule_timeout_s: Number() = Field(
+    schedule_timeout_s: Seconds() = Field(
         description="a job no node can hold, pending this long while the cluster does not grow, fails the sweep")
 

@@ -3,14 +3,19 @@
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rayflow.schema.kinds import (Boolean, FolderName, Fraction, Integer, Number, OneOf, OptionalText, Text,
-                                  WritableDir, kind)
+from rayflow.schema.kinds import (NAME_MAX, Boolean, FolderName, Fraction, Integer, Number, OneOf, OptionalText,
+                                  Seconds, Text, WritableDir, kind, path_length_error)
 
 
 def _resume(value: Any) -> Any:
-    if isinstance(value, bool) or (isinstance(value, str) and value.strip()):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip():
+        error = path_length_error(value)
+        if error:
+            raise ValueError(f"an experiment path {error}")
         return value
     raise ValueError(f"must be true, false or an experiment path; got {value!r}")
 
@@ -22,6 +27,10 @@ def _nonblank_uri(value: Any) -> str:
 
 
 SEED_MAX = 2**32 - 1  # numpy's seeds
+# An experiment folder that exists already gets a suffix (`-1`, `-2`, ...: rayflow.tuning), which
+# must still fit one folder name.
+EXPERIMENT_NAME_MAX = NAME_MAX - 15
+SYNTHETIC_MAX = 100_000  # images of 3 KB each: 300 MB, twice CIFAR-10's own training set
 
 ResumeKind = kind("true, false or an experiment folder", _resume)
 RayAuthModeKind = OneOf("token", "disabled")
@@ -61,20 +70,15 @@ class Root(Section):
                     "the first run, give its `tracking.uri`, or `tracking=none`)")
     storage_path: WritableDir = Field(description="Tune's experiment state and checkpoints (`s3://`, `gs://` too); "
                                                   "on a cluster sharing this machine's files it must be creatable and writable here")
-    experiment_name: FolderName = Field(description="the experiment folder under `storage_path` (default `<workload>-<date>-<time>`)")
-    seed: Integer(0) = Field(description=f"data split and synthetic data (0 to {SEED_MAX})")
-    schedule_timeout_s: Number() = Field(description="how long a trial, Train worker or env runner that no node of the running "
+    experiment_name: FolderName(EXPERIMENT_NAME_MAX) = Field(
+        description="the experiment folder under `storage_path` (default `<workload>-<date>-<time>`); one that exists "
+                    "already, or is being made by another run, gets a suffix `-1`, `-2`, ...")
+    seed: Integer(0, SEED_MAX) = Field(description="data split and synthetic data (numpy's seeds)")
+    schedule_timeout_s: Seconds() = Field(description="how long a trial, Train worker or env runner that no node of the running "
                                                      "cluster can hold may stay pending, while the cluster does not grow, before "
                                                      "the run fails")
     ray_auth_mode: RayAuthModeKind = Field(description="Ray token auth for every cluster rayflow starts or joins, "
                                                                   "exported as `RAY_AUTH_MODE` (default `$RAY_AUTH_MODE`, else `token`)")
-
-    @field_validator("seed")
-    @classmethod
-    def _seed_fits_numpy(cls, value: int) -> int:
-        if value > SEED_MAX:
-            raise ValueError(f"must be at most {SEED_MAX} (numpy's seeds), got {value}")
-        return value
 
 
 class Data(Section):
@@ -83,10 +87,10 @@ class Data(Section):
     url: Text = Field(description="the archive's address: point at a mirror of the same file")
     md5: Text = Field(description="the archive's md5")
     synthetic: Boolean = Field(description="write and use a small CIFAR-format set with a learnable signal")
-    synthetic_train_size: Integer(10) = Field(description="images in the synthetic data batches")
-    synthetic_test_size: Integer(1) = Field(description="images in the synthetic test batch")
+    synthetic_train_size: Integer(10, SYNTHETIC_MAX) = Field(description="images in the synthetic data batches (3 KB each)")
+    synthetic_test_size: Integer(1, SYNTHETIC_MAX) = Field(description="images in the synthetic test batch")
     val_fraction: Fraction = Field(description="share of the training batches held out for `val_loss`")
-    timeout_s: Number() = Field(description="the download may stall this long (each connect and read), and a trial waits "
+    timeout_s: Seconds() = Field(description="the download may stall this long (each connect and read), and a trial waits "
                                             "this long for another's download of the same set")
 
 
@@ -102,7 +106,7 @@ class Mlflow(Section):
         description="the MLflow store, relative to where you run (default `$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db`)")
     experiment: Text = Field(description="the MLflow experiment (default: the workload's name)")
     log_best_checkpoint: Boolean = Field(description="copy the best trial's checkpoint into the parent run")
-    timeout_s: Number() = Field(description="how long the tracking server (`http(s)://`) or database may take to answer the preflight check")
+    timeout_s: Seconds() = Field(description="how long the tracking server (`http(s)://`) or database may take to answer the preflight check")
 
 
 class NoTracking(Section):

@@ -3,11 +3,13 @@
 cluster (`working_dir`, `excludes`, `py_modules`, `pip`)."""
 
 
+import math
 from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from rayflow.schema.kinds import Boolean, Integer, KeyedError, Number, OneOf, OptionalText, Text, kind
+from rayflow.schema.kinds import (NUMBER_MAX, TIME_BUDGET_MAX, Boolean, Bytes, Integer, KeyedError, Number, OneOf,
+                                  OptionalText, Seconds, Text, kind)
 from rayflow.schema.root import Section
 from rayflow.schema.search_space import check_space, scheduler_spec, search_alg_spec
 
@@ -48,8 +50,9 @@ def _custom_resources(value: Any) -> dict | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in value.items()):
-        raise ValueError(f"must be a mapping of Ray resource names to amounts > 0, or null; got {value!r}")
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and 0 < v <= NUMBER_MAX for k, v in value.items()):
+        raise ValueError(f"must be a mapping of Ray resource names to amounts in (0, {NUMBER_MAX:g}], or null; got {value!r}")
     if {"CPU", "GPU", "memory"} & set(value):
         raise ValueError("CPU, GPU and memory have keys of their own (cpu, gpu, memory)")
     return value
@@ -84,7 +87,7 @@ class Shipped(Section):
 class UserResources(Section):
     cpu: Number() = Field(description="CPUs each one reserves")
     gpu: Number(allow_zero=True, optional=True) = Field(description="GPUs each one reserves (> 0 needs `compute=gpu` or `auto`)")
-    memory: Integer(1, optional=True) = Field(description="bytes of Ray's memory resource reserved (null: none)")
+    memory: Bytes(optional=True) = Field(description="bytes of Ray's memory resource reserved (null: none)")
     custom: CustomResources = Field(description="custom Ray resources each one reserves, e.g. `{accelerator_x: 1}`")
 
 
@@ -117,13 +120,13 @@ class Tune(Shipped):
     config: MappingOrNull = Field(description="fixed values every trial's config gets (`search_space` wins on a clash)")
     metric: Text = Field(description="the reported key the scheduler, the search algorithm and \"best trial\" optimise")
     mode: ModeKind = Field(description="`min` or `max` of the metric")
-    num_samples: Integer() = Field(description="trials sampled from `search_space` (each `grid_search` point this often)")
+    num_samples: Integer(1, 100_000) = Field(description="trials sampled from `search_space` (each `grid_search` point this often)")
     scheduler: NameOrMapping = Field(description="null (fifo), `asha`, `hyperband`, `median_stopping`, `pbt`, `pb2`, or "
                                                  "`{name: asha, <Tune's parameters>}`")
     search_alg: NameOrMapping = Field(description="null (random), `optuna`, `hyperopt`, or `{name: optuna, max_concurrent: 4, <parameters>}`")
     max_concurrent_trials: Integer(1, optional=True) = Field(description="at most this many trials at once (null: as many as fit)")
     stop: MappingOrNull = Field(description="Tune's stop mapping, e.g. `{training_iteration: 20}`")
-    time_budget_s: Number(optional=True) = Field(description="the whole search stops after this many seconds")
+    time_budget_s: Seconds(TIME_BUDGET_MAX, optional=True) = Field(description="the whole search stops after this many seconds")
     resources_per_trial: UserResources = Field(description="what each trial reserves")
     max_failures: Integer(0) = Field(description="restarts of a failed trial from its last checkpoint")
     checkpoint: Checkpointing = Field(description="which checkpoints each trial keeps")

@@ -19,7 +19,7 @@ import yaml
 from pydantic import Field, ValidationInfo, model_validator
 
 from rayflow.auth import is_loopback
-from rayflow.schema.kinds import (RAY_MIN_OBJECT_STORE, Boolean, KeyedError, Number, OneOf, OptionalText, Text,
+from rayflow.schema.kinds import (BYTES_MAX, RAY_MIN_OBJECT_STORE, Boolean, KeyedError, Number, OneOf, OptionalText, Text,
                                   kind)
 from rayflow.schema.root import DeviceKind, Part, Section
 
@@ -110,8 +110,10 @@ def Whole(minimum: int, optional: bool = False) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             why = " (Ray's cluster config takes whole CPUs, GPUs and bytes)" if isinstance(value, float) else ""
             raise ValueError(f"must be a whole number >= {minimum}{' or null' if optional else ''}{why}; got {value!r}")
+        if value > BYTES_MAX:  # every number is bounded (rayflow.schema.kinds)
+            raise ValueError(f"must be at most 2**50, got {value!r}")
         return value
-    return kind(f"whole number >= {minimum}", check, optional)
+    return kind(f"whole number in [{minimum}, 2**50]", check, optional)
 
 
 def _cluster_name(value: Any) -> str:

@@ -4,11 +4,12 @@ Rules that need more than the workload's own section (a GPU request against `com
 against the backend's dashboard) read the whole config from the validation context."""
 
 
+import math
 from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from rayflow.schema.kinds import Anything, Boolean, Integer, KeyedError, Number, OneOf, Text, kind
+from rayflow.schema.kinds import NUMBER_MAX, Anything, Boolean, Bytes, Integer, KeyedError, Number, OneOf, Text, kind
 from rayflow.schema.root import Section
 from rayflow.schema.user_workloads import USER_WORKLOADS, ModuleFunction, Shipped
 
@@ -23,34 +24,48 @@ def _gpu_fits_compute(gpu: float | None, key: str, info: ValidationInfo) -> None
         raise KeyedError(key, f"is {gpu:g} but compute=cpu; use compute=gpu")
 
 
-def _finite(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"must be a number, got {value!r}")
-    return value
+RETURN_MAX = 1e12  # an episode return to stop at: any real one is smaller
+TRIALS_MAX = 100_000  # trials of one search (each one a Tune object, a folder and an MLflow run)
+WIDTH_MAX = 8192  # a hidden layer's width: fc(l1, l2) at 8192 x 8192 is 256 MB of weights
+BATCH_MAX = 65_536  # samples in one batch
+GRID_MAX = 1000  # values of a grid (one trial each)
+
+
+def _finite(limit: float) -> Any:
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"must be a number, got {value!r}")
+        if abs(value) > limit:
+            raise ValueError(f"must be between {-limit:g} and {limit:g}, got {value!r}")
+        return value
+    return check
 
 
 def _positive_numbers_or_null(value: Any) -> list | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value):
-        raise ValueError(f"must be null or a non-empty list of numbers > 0; got {value!r}")
+    if not isinstance(value, list) or not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                           and math.isfinite(v) and 0 < v <= NUMBER_MAX for v in value):
+        raise ValueError(f"must be null or a non-empty list of numbers in (0, {NUMBER_MAX:g}]; got {value!r}")
+    if len(value) > GRID_MAX:
+        raise ValueError(f"must hold at most {GRID_MAX} values (one trial each), got {len(value)}")
     return value
 
 
-AnyNumber = kind("number", _finite)
+AnyNumber = kind(f"number in [{-NUMBER_MAX:g}, {NUMBER_MAX:g}]", _finite(NUMBER_MAX))
 MetricKind = OneOf("val_loss", "val_accuracy")
 ModeKind = OneOf("min", "max")
 ModelKind = OneOf("cnn", "resnet")
 LrScheduleKind = OneOf("cosine", "step", "constant")
-EpisodeReturnMeanKind = kind("number", _finite, optional=True)
-LrGridKind = kind("null or a list of numbers > 0", _positive_numbers_or_null)
+EpisodeReturnMeanKind = kind(f"number in [{-RETURN_MAX:g}, {RETURN_MAX:g}]", _finite(RETURN_MAX), optional=True)
+LrGridKind = kind(f"null or a list of at most {GRID_MAX} numbers in (0, {NUMBER_MAX:g}]", _positive_numbers_or_null)
 ActivationKind = OneOf("relu", "tanh", "swish", "linear")
 
 
 class Resources(Section):
     cpu: Number() = Field(description="CPUs each one reserves")
     gpu: Number(allow_zero=True, optional=True) = Field(description="GPUs each one reserves (from `compute`; > 0 needs `compute=gpu` or `auto`)")
-    memory: Integer(1, optional=True) = Field(description="bytes of Ray's memory resource reserved (null: none)")
+    memory: Bytes(optional=True) = Field(description="bytes of Ray's memory resource reserved (null: none)")
 
 
 class Bounds(Section):
@@ -69,20 +84,27 @@ class LogBounds(Bounds):
     max: Number() = Field(description="upper bound")
 
 
-def _positive_ints(value: Any) -> list:
-    if not isinstance(value, list) or not value or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in value):
-        raise ValueError(f"must be a non-empty list of positive integers; got {value}")
-    return value
+class Widths(Bounds):
+    min: Number(at_most=WIDTH_MAX) = Field(description="lower bound")
+    max: Number(at_most=WIDTH_MAX) = Field(description="upper bound")
 
 
-PositiveInts = kind("a non-empty list of integers >= 1", _positive_ints)
+def PositiveInts(maximum: int, most: int = 64) -> Any:
+    """A non-empty list of at most `most` integers in [1, maximum] (layer sizes, batch sizes)."""
+    def check(value: Any) -> list:
+        if not isinstance(value, list) or not value or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in value):
+            raise ValueError(f"must be a non-empty list of positive integers; got {value}")
+        if max(value) > maximum or len(value) > most:
+            raise ValueError(f"must be at most {most} integers of at most {maximum}; got {value}")
+        return value
+    return kind(f"a non-empty list of at most {most} integers in [1, {maximum}]", check)
 
 
 class CifarSpace(Section):
-    l1: Bounds = Field(description="powers of two in [min, max]")
-    l2: Bounds = Field(description="powers of two in [min, max]")
+    l1: Widths = Field(description="powers of two in [min, max]")
+    l2: Widths = Field(description="powers of two in [min, max]")
     lr: LogBounds = Field(description="log-uniform in [min, max]")
-    batch_size: PositiveInts = Field(description="a choice")
+    batch_size: PositiveInts(BATCH_MAX) = Field(description="a choice")
     momentum: Number(allow_zero=True) = Field(description="SGD momentum, fixed")
 
     @model_validator(mode="after")
@@ -103,7 +125,7 @@ class Cifar(Shipped):
     name: Text = Field(description="`cifar`: Ray Tune + ASHA over the CIFAR10 CNN")
     kind: OneOf("tune") = Field(description="a preset of `workload=tune`")
     trainable: ModuleFunction = Field(description="the trainable: rayflow's CIFAR function, `train_cifar(config, data, max_epochs, want_gpu)`")
-    num_samples: Integer() = Field(description="trials sampled from the search space")
+    num_samples: Integer(1, TRIALS_MAX) = Field(description="trials sampled from the search space")
     max_epochs: Integer() = Field(description="epochs per trial (ASHA's `max_t`)")
     metric: MetricKind = Field(description="what ASHA and \"best trial\" optimise")
     mode: ModeKind = Field(description="`min` or `max` of the metric")
@@ -128,7 +150,7 @@ class DdpCheckpoint(Section):
 
 
 class DdpSweep(Section):
-    num_samples: Integer() = Field(description="trials of the sweep (`workload.tune=true`)")
+    num_samples: Integer(1, TRIALS_MAX) = Field(description="trials of the sweep (`workload.tune=true`)")
     lr: LogBounds = Field(description="log-uniform lr range")
     grace_period: Integer() = Field(description="epochs before ASHA may stop a trial")
     reduction_factor: Integer(2) = Field(description="ASHA's reduction factor")
@@ -142,7 +164,7 @@ class Ddp(Shipped):
     num_workers: Integer() = Field(description="Ray Train workers, one model replica each")
     resources_per_worker: Resources = Field(description="what each worker reserves")
     epochs: Integer() = Field(description="epochs")
-    batch_size: Integer() = Field(description="per worker: a step sees `num_workers × batch_size` samples")
+    batch_size: Integer(1, BATCH_MAX) = Field(description="per worker: a step sees `num_workers × batch_size` samples")
     lr: Number() = Field(description="peak learning rate of SGD with momentum")
     momentum: Number(allow_zero=True) = Field(description="SGD momentum")
     weight_decay: Number(allow_zero=True) = Field(description="SGD weight decay")
@@ -173,8 +195,8 @@ class Ddp(Shipped):
 
 class PpoStop(Section):
     episode_return_mean: EpisodeReturnMeanKind = Field(description="stop at this mean episode return")
-    env_steps: Integer(1, optional=True) = Field(description="stop after this many env steps")
-    iterations: Integer(1, optional=True) = Field(description="stop after this many iterations")
+    env_steps: Integer(1, 10**12, optional=True) = Field(description="stop after this many env steps")
+    iterations: Integer(1, 10**9, optional=True) = Field(description="stop after this many iterations")
 
     @model_validator(mode="after")
     def _one_set(self) -> "PpoStop":
@@ -196,7 +218,7 @@ class Ppo(Shipped):
     minibatch_size: Integer() = Field(description="SGD minibatch within an iteration (<= `train_batch_size`)")
     num_epochs: Integer() = Field(description="passes over each train batch")
     vf_loss_coeff: Number(allow_zero=True) = Field(description="value-function loss coefficient")
-    hidden: PositiveInts = Field(description="fully connected layer sizes of the RLModule's network")
+    hidden: PositiveInts(WIDTH_MAX) = Field(description="fully connected layer sizes of the RLModule's network")
     activation: ActivationKind = Field(description="the network's activation")
     vf_share_layers: Boolean = Field(description="policy and value function share the hidden layers")
     stop: PpoStop = Field(description="a trial stops at the first it reaches (null: no limit)")
