@@ -114,13 +114,16 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def refuse_auth_off(auth_mode: str | None, key: str, exposure: str) -> None:
+LOOPBACK_FIX = "keep token auth (ray_auth_mode=token) or keep the dashboard on 127.0.0.1"
+
+
+def refuse_auth_off(auth_mode: str | None, key: str, exposure: str, fix: str = LOOPBACK_FIX) -> None:
     """The one rule for `ray_auth_mode=disabled`: refused in one line naming `key` (the setting
-    that exposes a dashboard or client port beyond loopback, described by `exposure`)."""
+    that exposes a dashboard or client port beyond loopback, described by `exposure`); `fix`
+    says what the user can do instead."""
     if str(auth_mode or "token") == "disabled":
         raise ConfigError(key, f"{exposure} with ray_auth_mode=disabled: anyone who reaches it can run code on the "
-                               "cluster through Ray's Jobs API (CVE-2023-48022); keep token auth (ray_auth_mode=token) "
-                               "or keep the dashboard on 127.0.0.1 (docs/security.md)")
+                               f"cluster through Ray's Jobs API (CVE-2023-48022); {fix} (docs/security.md)")
 
 
 def warn_auth_off(auth_mode: str | None, what: str) -> None:

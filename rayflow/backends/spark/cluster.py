@@ -64,7 +64,8 @@ class SparkCluster(ClusterBackend):
         # worker nodes must reach: turning the dashboard off would leave those open. So auth off
         # is refused whatever the dashboard (docs/backends/spark.md).
         refuse_auth_off(self.auth_mode, "ray_auth_mode", "Ray on Spark's dashboard (all interfaces) and its GCS and "
-                                                         "Ray client ports (the Spark driver's address)")
+                                                         "Ray client ports (the Spark driver's address)",
+                        fix="keep token auth (ray_auth_mode=token): Ray on Spark has no setting that keeps them on loopback")
         if b.hybrid:
             self._check_hybrid()
         if active_session() is None:
