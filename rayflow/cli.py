@@ -118,8 +118,16 @@ def _log_like_hydra() -> None:
 
 
 def main() -> None:
+    sys.excepthook = masked_traceback  # printed after main() returns, past masked("stderr")
     with masked("stderr"):
         _main()
+
+
+def masked_traceback(kind, value, tb) -> None:
+    """A bug's traceback (or Hydra's, with HYDRA_FULL_ERROR=1) with the secrets it quotes masked."""
+    import traceback
+
+    sys.stderr.write(mask_text("".join(traceback.format_exception(kind, value, tb))))
 
 
 def _main() -> None:

@@ -14,6 +14,8 @@ from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
 LOCAL_SECRETS = {
     "data.url='https://alice:PLANTED-url-password@mirror.invalid/c.tgz?token=PLANTED-url-token'": ["PLANTED-url-password", "PLANTED-url-token"],
     "+backend.api_token=PLANTED-backend-token": ["PLANTED-backend-token"],
+    # no key name gives it away: a secret inside a command (rayflow/redaction.py, by structure)
+    "+backend.setup_line='export WANDB_API_KEY=PLANTED-export'": ["PLANTED-export"],
 }
 def ray_sessions_since(start: float) -> list[Path]:
     root = Path(tempfile.gettempdir()) / "ray"
@@ -30,6 +32,7 @@ def test_a_local_run_prints_and_stores_no_planted_secret(rayflow):
     client, parents, _ = rayflow.mlflow("cifar")
     assert parents[0].data.params["backend.api_token"] == "***"
     assert "alice:***@mirror.invalid" in parents[0].data.params["data.url"]
+    assert parents[0].data.params["backend.setup_line"] == "export WANDB_API_KEY=***"
     read = assert_nowhere(secrets, [out.stdout, out.stderr], [rayflow.workdir, *sessions])
     assert read > 10  # the store, its artifacts (config.yaml, spec, checkpoint) and Ray's logs
 

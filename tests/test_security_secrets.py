@@ -6,6 +6,7 @@ and repr(RunResult). None starts Ray."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,9 @@ from rayflow.redaction import REDACTED
 from tests.harness.secrets import STRUCTURAL_VM_SECRETS, assert_nowhere, planted
 
 
-def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def cli(tmp_path: Path, *args: str, full_error: str = "0") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rayflow", *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env={**__import__("os").environ, "HYDRA_FULL_ERROR": "0"})
+                          text=True, timeout=120, env={**os.environ, "HYDRA_FULL_ERROR": full_error})
 
 
 def test_hydras_parse_error_masks_the_override_it_quotes(tmp_path):
@@ -30,7 +31,11 @@ def test_hydras_parse_error_masks_the_override_it_quotes(tmp_path):
     assert url.returncode == 2
     argparse = cli(tmp_path, "--info", "tracking.uri=http://u:PLANTED-argparse@h/x")  # not a choice of --info
     assert argparse.returncode == 2 and "u:***@h/x" in argparse.stderr
-    assert_nowhere(["PLANTED"], [out.stdout, out.stderr, url.stdout, url.stderr, argparse.stdout, argparse.stderr], [])
+    # Hydra's own traceback, asked for (HYDRA_FULL_ERROR=1) where Hydra answers: --cfg
+    traceback = cli(tmp_path, "--cfg", "job", "+backend.api_token=PLANTED-traceback]", full_error="1")
+    assert traceback.returncode == 1 and "OverrideParseException" in traceback.stderr and "api_token=***]" in traceback.stderr
+    assert_nowhere(["PLANTED"], [out.stdout, out.stderr, url.stdout, url.stderr, argparse.stdout, argparse.stderr,
+                                 traceback.stdout, traceback.stderr], [])
 
 
 SECRETS = ["+backend.api_token=PLANTED-key", "tracking.uri=http://u:PLANTED-url@h/x",
