@@ -7,11 +7,19 @@ on the head through the Jobs API. So the results table, the MLflow runs, the che
 decides the outcome from the job's status, never from the log stream ending, then fetches the
 job's whole driver log (JobOutcome.log) while the head is still there. Ctrl-C and SIGTERM stop
 the job before the cluster is torn down.
+
+Nothing of the run's own goes on the job's command line, which `ps` on the head, the Jobs API
+(JobInfo.entrypoint) and the dashboard show: the entrypoint is the fixed `python -m
+rayflow.job_entry`, and the overrides (a tracking URI with its password among them) travel as a
+file, `request.json` in a package of their own shipped with the job (`REQUEST_PACKAGE`, read on
+the head by `read_request`). What the job streams back is masked (rayflow.redaction.mask_text).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 import sys
 import tempfile
@@ -33,6 +41,8 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 UNREACHABLE_S = 30.0  # a head busy enough to drop connections answers again well within this
 # Keys that describe the cluster this side started: the job joins it instead.
 LOCAL_ONLY_PREFIXES = ("backend", "+backend", "++backend", "~backend", "hydra", "dry_run")
+# The job's own package (py_modules) holding its request: the overrides it runs with.
+REQUEST_PACKAGE, REQUEST_FILE = "rayflow_job_request", "request.json"
 
 
 def job_overrides(task_overrides: list[str], absolute: dict[str, str]) -> list[str]:
@@ -46,6 +56,32 @@ def job_overrides(task_overrides: list[str], absolute: dict[str, str]) -> list[s
     kept = [o for o in task_overrides if not local_only(o)]
     kept = [o for o in kept if o.split("=", 1)[0].lstrip("+~") not in absolute]
     return ["backend=attach", *kept, *(f"{k}={v}" for k, v in absolute.items())]
+
+
+def job_entrypoint(python: str) -> list[str]:
+    """A submitted run's command line: the same for every run, so it shows nothing of the run
+    (its overrides go in its request: `stage_request`)."""
+    return [python, "-m", "rayflow.job_entry"]
+
+
+def stage_request(folder: Path, request: dict) -> Path:
+    """`request` as `REQUEST_PACKAGE/request.json` under `folder` (private to this user while it
+    is staged), a package for the job's py_modules: importable on every node of the job."""
+    package = folder / REQUEST_PACKAGE
+    package.mkdir(mode=0o700)
+    (package / "__init__.py").write_text('"""The request of one submitted rayflow job (request.json)."""\n')
+    fd = os.open(package / REQUEST_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(request, out)
+    return package
+
+
+def read_request() -> dict:
+    """On the head: the request this job was submitted with (stage_request)."""
+    import importlib
+
+    package = importlib.import_module(REQUEST_PACKAGE)
+    return json.loads((Path(package.__file__).parent / REQUEST_FILE).read_text())
 
 
 def stage_package(folder: Path) -> Path:
@@ -76,11 +112,16 @@ class _LogStream(threading.Thread):
         self.lines: list[str] = []
 
     def _write(self, text: str) -> None:
-        lines = text.splitlines(keepends=True)
-        shown = [line for line in lines if not (self.hidden and line.startswith(self.hidden))]
-        sys.stdout.write("".join(shown))
+        # "\n" only: a task's line with \u2028 or \x85 in it is one line, shown as it is (masked)
+        *complete, tail = text.split("\n")
+        shown = [mask_text(line) for line in complete if not (self.hidden and line.startswith(self.hidden))]
+        out = "".join(line + "\n" for line in shown)
+        if tail and not (self.hidden and tail.startswith(self.hidden)):  # the log's end, without its newline
+            shown.append(mask_text(tail))
+            out += shown[-1]
+        sys.stdout.write(out)
         sys.stdout.flush()
-        self.lines = (self.lines + [line.rstrip("\n") for line in shown])[-200:]
+        self.lines = (self.lines + shown)[-200:]
 
     def run(self) -> None:
         async def follow() -> None:
@@ -111,16 +152,26 @@ class JobOutcome:
     streamed: list[str] = field(default_factory=list)  # the last lines this terminal was shown
 
 
+def submission(entrypoint: list[str], env: dict[str, str], package: Path, runtime_env: dict | None,
+               request: Path | None = None) -> dict:
+    """The Jobs API's submit_job arguments: the entrypoint as one command line, the runtime_env
+    (`env` as its env_vars, rayflow's package and the request's before the caller's py_modules)."""
+    import shlex
+
+    modules = [str(package), *([str(request)] if request is not None else []), *(runtime_env or {}).get("py_modules", [])]
+    return {"entrypoint": shlex.join(entrypoint), "runtime_env": {**(runtime_env or {}), "env_vars": env, "py_modules": modules},
+            "metadata": {"submitted_by": "rayflow"}}
+
+
 def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], stop_timeout_s: float = 60,
                agent_timeout_s: float = 120, headers: dict[str, str] | None = None, runtime_env: dict | None = None,
-               on_submitted=None, hidden: str | None = None) -> JobOutcome:
+               on_submitted=None, hidden: str | None = None, request: dict | None = None) -> JobOutcome:
     """Submit rayflow to the cluster, stream its logs, wait for a terminal status, fetch its
     whole log. Ctrl-C or SIGTERM stops the job, then re-raises. Lines of the log that start
     with `hidden` are not streamed to this terminal (they stay in JobOutcome.log).
     `headers` go with every request (a token the backend holds), `runtime_env` is merged into
-    the job's, and `on_submitted(job_id)` is called once the job exists (a RayJob tracks it)."""
-    import shlex
-
+    the job's, `request` goes with the job as a file (stage_request: never on its command line),
+    and `on_submitted(job_id)` is called once the job exists (a RayJob tracks it)."""
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
@@ -131,15 +182,11 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
         raise JobError(f"the Jobs API at {shown} refused this client: {_first_line(err)}") from None
     with tempfile.TemporaryDirectory(prefix="rayflow-job-") as tmp:
         package = stage_package(Path(tmp))
+        staged = stage_request(Path(tmp), request) if request is not None else None
         deadline = time.monotonic() + agent_timeout_s
         while True:
             try:
-                job_id = client.submit_job(
-                    entrypoint=shlex.join(entrypoint),
-                    runtime_env={**(runtime_env or {}), "env_vars": env,  # the caller's py_modules after rayflow's
-                                 "py_modules": [str(package), *(runtime_env or {}).get("py_modules", [])]},
-                    metadata={"submitted_by": "rayflow"},
-                )
+                job_id = client.submit_job(**submission(entrypoint, env, package, runtime_env, staged))
                 break
             except AuthenticationError as err:
                 raise JobError(f"the Jobs API at {shown} refused the job: {_first_line(err)}") from None

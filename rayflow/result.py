@@ -4,10 +4,12 @@ The CLI prints the same summary as a table; a notebook gets the numbers, the MLf
 the experiment folder as values, the trials as a pandas DataFrame, and `.resume()`.
 
 A run submitted to a cluster (vm, kuberay) is rayflow itself on the head: its job ends by
-printing one line, `RESULT_MARKER` + JSON (`result_line`), the last thing it knows of its
-RunResult. This side reads that line from the job's log before the cluster goes
-(`returned_result`), so a submitted run returns the same RunResult as a local one; its summary
-is a `ReturnedSummary` and its trials come as rows (the experiment folder is on the head).
+printing one line, `RESULT_MARKER` + a MAC + JSON (`result_line`, rayflow.result_channel: signed
+with the key of this one submission), the last thing it knows of its RunResult. This side reads
+that line from the log of a job that SUCCEEDED before the cluster goes (`returned_result`), so a
+submitted run returns the same RunResult as a local one; its summary is a `ReturnedSummary` and
+its trials come as rows (the experiment folder is on the head). A line without a valid MAC is
+ignored; nothing in the line is ever run as code.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from rayflow import result_channel
+from rayflow.redaction import mask_text
 
 # The line a submitted job ends with (never streamed to the user's terminal; rayflow.remote).
 RESULT_MARKER = "[rayflow-result] "
@@ -107,7 +112,7 @@ class RunResult:
         lines.append(f"experiment: {self.experiment_dir}")
         if self.mlflow_run_id:
             lines.append(f"MLflow: experiment {self.mlflow_experiment!r}, parent run {self.mlflow_run_id} ({self.tracking_uri})")
-        return "\n".join(lines)
+        return mask_text("\n".join(lines))  # the tracking URI's password, a secret in a config value shown
 
 
 @dataclass
@@ -156,7 +161,9 @@ def _finite(value: Any) -> Any:
 
 
 def result_line(result: RunResult, status: str) -> str:
-    """The line a submitted job ends with: what this side needs to rebuild `result`."""
+    """The line a submitted job ends with: what this side needs to rebuild `result`, signed with
+    the key this job's driver took at its start (result_channel.take_key). A process that holds
+    no key (not a job rayflow submitted) says so instead: nothing would believe the line."""
     rows = None
     if result.summary is not None and Path(result.experiment_dir).is_dir():
         try:
@@ -169,17 +176,18 @@ def result_line(result: RunResult, status: str) -> str:
             "summary": asdict(ReturnedSummary.of(result.summary)) if result.summary is not None else None,
             "trials": rows}
     text = json.dumps(data, default=_plain)  # numpy and paths as plain values first, then NaN as null
-    return RESULT_MARKER + json.dumps(_finite(json.loads(text)), allow_nan=False)
+    line = result_channel.signed_line(RESULT_MARKER, _finite(json.loads(text)))
+    return line if line is not None else "[rayflow] no result key in this job's environment: no result line"
 
 
-def returned_result(log: str, base: RunResult) -> tuple[RunResult, str | None]:
+def returned_result(log: str, base: RunResult, key: bytes) -> tuple[RunResult, str | None]:
     """`base` (this side's workload, overrides, config and tracking) completed from the result
-    line in a submitted job's `log`, and the status the job gave it (None: the job ended before
-    it could say, e.g. a traceback before the run began)."""
-    lines = [line for line in log.splitlines() if line.startswith(RESULT_MARKER)]
-    if not lines:
+    line in a submitted job's `log` that `key` verifies, and the status the job gave it (None:
+    the job ended before it could say, e.g. a traceback before the run began). Call it only for
+    a job that SUCCEEDED (rayflow.result_channel)."""
+    data = result_channel.read(log, RESULT_MARKER, key)
+    if not isinstance(data, dict):
         return base, None
-    data = json.loads(lines[-1][len(RESULT_MARKER):])
     base.experiment_dir = Path(data["experiment_dir"])
     base.mlflow_experiment_id, base.mlflow_run_id = data["mlflow_experiment_id"], data["mlflow_run_id"]
     base.summary = ReturnedSummary(**data["summary"]) if data["summary"] is not None else None
@@ -187,5 +195,16 @@ def returned_result(log: str, base: RunResult) -> tuple[RunResult, str | None]:
     return base, data["status"]
 
 
+def returned_mlflow_run(log: str, key: bytes) -> tuple[str | None, str | None]:
+    """A FAILED job's parent MLflow run (experiment id, run id) from its signed result line, and
+    nothing else of it: where this side stores the job's log, so a failed job keeps one parent
+    run. The failed job's result itself is not returned."""
+    data = result_channel.read(log, RESULT_MARKER, key)
+    if not isinstance(data, dict):
+        return None, None
+    ids = data.get("mlflow_experiment_id"), data.get("mlflow_run_id")
+    return (ids[0], ids[1]) if all(v is None or isinstance(v, str) for v in ids) else (None, None)
+
+
 def without_result_line(log: str) -> str:
-    return "".join(line for line in log.splitlines(keepends=True) if not line.startswith(RESULT_MARKER))
+    return result_channel.without(log, RESULT_MARKER)

@@ -32,7 +32,7 @@ from rayflow.redaction import drop_redacted, literal_secrets_note, redact
 from rayflow.result import RESULT_MARKER, RunResult, result_line, returned_result, without_result_line
 from rayflow.shared_cluster import SharedCluster, cluster_key
 from rayflow.tracking import Tracker, git_commit, is_local_store
-from rayflow.tuning import experiment_dir, read_state, write_state
+from rayflow.tuning import claimed_experiment, experiment_dir, read_state, write_state
 from rayflow.workloads import workload_for
 
 # Config a resumed experiment keeps from its first run, whatever the resume command says.
@@ -136,9 +136,13 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
     """Start (or reuse) the cluster, run this same command on it as a Ray Job (`backend=attach`
     there), and end with the job's outcome. The job writes MLflow, checkpoints and the table, and
     ends with its result line (rayflow.result), read here into the RunResult this returns. The
-    job's driver log goes into the parent MLflow run (job/driver.log) before the cluster goes."""
+    job's driver log goes into the parent MLflow run (job/driver.log) before the cluster goes.
+    The job's command line is fixed: its overrides go as its request (rayflow.remote), the key
+    that signs its result line by environment (rayflow.result_channel)."""
     from rayflow.job_files import job_files, merge_runtime_env
-    from rayflow.remote import FORWARDED_ENV, job_overrides, run_as_job
+    from rayflow.remote import FORWARDED_ENV, job_entrypoint, job_overrides, run_as_job
+    from rayflow.result import returned_mlflow_run
+    from rayflow.result_channel import KEY_ENV, new_key
 
     backend = cluster.backend
     tracker = Tracker(cfg)
@@ -149,16 +153,18 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
     if tracker.enabled:
         absolute["tracking.uri"] = tracker.absolute_uri
     python = sys.executable if backend.shares_filesystem else "python"  # fake nodes run this venv
-    entrypoint = [python, "-m", "rayflow", *job_overrides(overrides, absolute)]
-    env = {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: backend.name, SUBMITTED_SPEC: cluster.spec,
+    request = {"overrides": job_overrides(overrides, absolute)}
+    key = new_key()  # this submission's: only this process and the job's driver hold it
+    env = {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: backend.name, SUBMITTED_SPEC: cluster.spec, KEY_ENV: key,
            **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}}
     try:
         backend, started = cluster.acquire()
         env[SUBMITTED_METRICS] = json.dumps(backend.metrics() if started else {})
         # the user's files go with the job (their size was checked by check_config); pip lists add up
         runtime_env = merge_runtime_env(backend.job_runtime_env(), job_files(cfg, in_place=backend.shares_filesystem))
-        outcome = run_as_job(backend.address, entrypoint, env, headers=backend.job_headers(),
-                             runtime_env=runtime_env, on_submitted=backend.job_submitted, hidden=RESULT_MARKER)
+        outcome = run_as_job(backend.address, job_entrypoint(python), env, headers=backend.job_headers(),
+                             runtime_env=runtime_env, on_submitted=backend.job_submitted, hidden=RESULT_MARKER,
+                             request=request)
     except (KeyboardInterrupt, SystemExit):
         code = termination_exit_code()
         if code:
@@ -175,13 +181,19 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
         raise
     base = RunResult(str(cfg.workload.name), None, experiment_dir(cfg), tuple(overrides), redact(to_container(cfg)),
                      tracker.absolute_uri if tracker.enabled else None, tracker.experiment or None)
-    result, said = returned_result(outcome.log, base)
+    # a failed job's log gives no result (its last lines are shown instead): only where its MLflow
+    # parent run is, from its signed line, so its log goes there rather than into a second one
+    succeeded = outcome.status == "SUCCEEDED"
+    if succeeded:
+        result, _ = returned_result(outcome.log, base, bytes.fromhex(key))
+    else:
+        result = base
+        result.mlflow_experiment_id, result.mlflow_run_id = returned_mlflow_run(outcome.log, bytes.fromhex(key))
     log = without_result_line(outcome.log)
     where = _keep_driver_log(cfg, cluster.spec, tracker, result, log, outcome.job_id)
-    if outcome.status != "SUCCEEDED":
+    if not succeeded:
         print_last_lines(log, outcome.job_id, where)
-        raise RunFailed(f"the job on backend={backend.name} ended {outcome.status}" + (f": {outcome.error}" if outcome.error else ""),
-                        result if said else None)
+        raise RunFailed(f"the job on backend={backend.name} ended {outcome.status}" + (f": {outcome.error}" if outcome.error else ""))
     if result.summary is not None and result.summary.table().strip():
         first = result.summary.table().strip().splitlines()[0]
         if not any(line.strip() == first for line in outcome.streamed):  # the stream missed the job's table
@@ -195,26 +207,41 @@ LAST_LINES = 25  # of a failed job's log, printed after it
 
 def _keep_driver_log(cfg: DictConfig, spec: str, tracker: Tracker, result: RunResult, log: str, job_id: str) -> str | None:
     """The job's driver log into its parent MLflow run (one made here, FAILED, when the job ended
-    before it made its own), so it can be read once the cluster is gone. Returns where it went."""
+    before it made its own), so it can be read once the cluster is gone. Returns where it went.
+    The log is stored masked. A tracking server that went away while the job ran costs the
+    stored log and one warning line, never the run's outcome or its result."""
+    from mlflow.exceptions import MlflowException
+    from requests.exceptions import RequestException
+
+    from rayflow.redaction import mask_text
+
     if not tracker.enabled:
         return None
     run_id = result.mlflow_run_id
-    if run_id is None:  # the job failed before its run began (an import, its own preflight)
-        tracker.start(cfg, spec, tags={"backend": cfg.backend.name, "workload": cfg.workload.name, "job_id": job_id})
-        tracker.end("FAILED")
-        run_id = result.mlflow_run_id = tracker.run_id
-        result.mlflow_experiment_id = tracker.experiment_id
-    tracker.client.log_text(run_id, log, JOB_LOG)
+    try:
+        if run_id is None:  # the job failed before its run began (an import, its own preflight)
+            tracker.start(cfg, spec, tags={"backend": cfg.backend.name, "workload": cfg.workload.name, "job_id": job_id})
+            tracker.end("FAILED")
+            run_id = result.mlflow_run_id = tracker.run_id
+            result.mlflow_experiment_id = tracker.experiment_id
+        tracker.client.log_text(run_id, mask_text(log), JOB_LOG)
+    except (MlflowException, RequestException, OSError) as err:
+        print(f"rayflow: warning: the job's log was not stored in MLflow ({mask_text(tracker.absolute_uri)}): "
+              f"{type(err).__name__}: {mask_text(str(err).strip().splitlines()[0] if str(err).strip() else '')}",
+              file=sys.stderr, flush=True)
+        return None
     return f"MLflow run {run_id}, {JOB_LOG}"
 
 
 def print_last_lines(log: str, job_id: str, where: str | None = None) -> None:
-    """The last lines of a failed job's log on stderr (with where the whole log is, when kept)."""
-    lines = log.rstrip("\n").splitlines()[-LAST_LINES:]
+    """The last lines of a failed job's log on stderr (with where the whole log is, when kept), masked."""
+    from rayflow.redaction import mask_text
+
+    lines = log.rstrip("\n").split("\n")[-LAST_LINES:]  # "\n" only, as the channel reads it
     whole = f"; the whole log: {where}" if where else ""
     print(f"[rayflow] the last {len(lines)} lines of job {job_id}{whole}:", file=sys.stderr)
     for line in lines:
-        print(f"  | {line}", file=sys.stderr)
+        print(f"  | {mask_text(line)}", file=sys.stderr)
     sys.stderr.flush()
 
 
@@ -240,8 +267,13 @@ def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> Ru
         return None
     if backend.submits_jobs:
         return run_submitted(cfg, cluster, overrides)
+    with claimed_experiment(cfg) as path:  # made (new) and locked while this job runs
+        return _run_here(cfg, overrides, cluster, path)
 
-    path = experiment_dir(cfg)
+
+def _run_here(cfg: DictConfig, overrides: list[str], cluster: SharedCluster, path: Path) -> RunResult:
+    """run_job's own run in this process, in the experiment folder `path` that it holds."""
+    backend, spec = cluster.backend, cluster.spec
     resuming = cfg.resume is not False
     if resuming:  # what trials run is the experiment's, not the resume command line's
         saved = read_state(path).get("config", {})

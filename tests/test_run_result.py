@@ -1,5 +1,6 @@
 """A submitted run's RunResult travels back as the job's last log line (rayflow.result): what
-this side rebuilds from it, and what the user's terminal is not shown."""
+this side rebuilds from it, and what the user's terminal is not shown. (A forged, pickled or
+smuggled line: tests/test_security_results.py.)"""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from rayflow import result_channel
 from rayflow.result import RESULT_MARKER, ReturnedSummary, RunResult, result_line, returned_result, without_result_line
 
 
@@ -21,12 +24,24 @@ def _job_side(tmp_path: Path) -> RunResult:
                      trial_rows=[{"trial_id": "a", "loss": np.float32(0.25), "done": True}, {"trial_id": "b", "loss": math.inf}])
 
 
-def test_the_result_line_rebuilds_the_run_result_on_the_submitting_side(tmp_path):
+KEY = bytes(range(32))
+
+
+@pytest.fixture
+def job_key(monkeypatch):
+    """This process as a submitted job's driver: it took the submission's key at its start."""
+    monkeypatch.setenv(result_channel.KEY_ENV, KEY.hex())
+    result_channel.take_key()
+    yield KEY
+    monkeypatch.setattr(result_channel, "_taken", None)
+
+
+def test_the_result_line_rebuilds_the_run_result_on_the_submitting_side(tmp_path, job_key):
     line = result_line(_job_side(tmp_path), "FAILED")
     assert line.startswith(RESULT_MARKER) and "\n" not in line
     log = f"job output\n{line}\nmore output\n"
     mine = RunResult("tune", None, Path("/here"), ("backend=vm",), {"backend": {"name": "vm"}}, "sqlite:////x/mlflow.db", "tune")
-    result, status = returned_result(log, mine)
+    result, status = returned_result(log, mine, job_key)
     assert status == "FAILED" and result is mine and result.overrides == ("backend=vm",)  # this side's command line
     assert result.experiment_dir == tmp_path / "exp"  # the job's folder (on the head)
     assert (result.mlflow_experiment_id, result.mlflow_run_id) == ("7", "run-1")
@@ -39,5 +54,5 @@ def test_the_result_line_rebuilds_the_run_result_on_the_submitting_side(tmp_path
 
 def test_a_job_that_said_nothing_leaves_the_result_as_this_side_knows_it():
     mine = RunResult("tune", None, Path("/here"))
-    assert returned_result("Traceback (most recent call last):\n  ...\nImportError: x\n", mine) == (mine, None)
+    assert returned_result("Traceback (most recent call last):\n  ...\nImportError: x\n", mine, KEY) == (mine, None)
     assert mine.summary is None and mine.best_metrics == {}

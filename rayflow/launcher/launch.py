@@ -23,6 +23,8 @@ from rayflow.redaction import mask_text
 
 log = logging.getLogger(__name__)
 
+# Where a job's files written outside its output folder (hydra.job.chdir=false) come back: inside it.
+CWD_FOLDER = "cwd"
 # Clusters kept running between launches inside keep_clusters(): cluster key -> (its scope, the cluster)
 _kept: dict[str, tuple[contextlib.ExitStack, Any]] | None = None
 
@@ -119,7 +121,7 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    print(mask_text(line), file=sys.stderr, flush=True)  # a job's error may quote a secret
 
 
 def _local_output_dir(config: DictConfig, cwd: str) -> str:
@@ -155,8 +157,10 @@ def _job_return(job: HydraJob, done: Finished, local_dir: str, cwd: str):
     if done.files is None:  # ran in place: its outputs are where Hydra put them
         return ret
     unpack(done.files, local_dir)
-    if done.cwd_files:  # written in its working directory (hydra.job.chdir=false): this one
-        unpack(done.cwd_files, cwd)
+    # written in its working directory (hydra.job.chdir=false): under its own folder, never into this
+    # process's directory, where a node's files could replace the user's
+    if done.cwd_files and unpack(done.cwd_files, os.path.join(local_dir, CWD_FOLDER)):
+        _say(f"[rayflow] {job.what}: what it wrote in its working directory is in {os.path.join(local_dir, CWD_FOLDER)}")
     for item in done.left_out:
         _say(f"[rayflow] {job.what}: left on the node, over the {SYNC_LIMIT // 2**20} MiB a job brings back: {item}")
     hydra = ret.hydra_cfg.hydra  # this machine's paths (Hydra marks these nodes read-only)

@@ -1,6 +1,7 @@
 """`python -m rayflow.launcher.on_head BUNDLE`: a submitted sweep's driver, as a Ray Job on the head.
-It joins the cluster the job runs on, runs the bundle's jobs (rayflow.launcher.jobs.run_batch), and
-ends with one line for the launching side (rayflow.launcher.submit.result_line)."""
+It takes the result key out of its environment before the bundle (the app's code) is loaded, joins
+the cluster the job runs on, runs the bundle's jobs (rayflow.launcher.jobs.run_batch), and ends
+with one signed line for the launching side (rayflow.launcher.submit.result_line)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    from rayflow.result_channel import take_key
+
+    take_key()  # before any of the app's code is unpickled
     import cloudpickle
     import ray
 
     from rayflow.launcher.jobs import run_batch
     from rayflow.launcher.submit import result_line
+    from rayflow.redaction import mask_text
 
-    bundle = cloudpickle.loads(Path(argv[0]).read_bytes())
+    bundle = cloudpickle.loads(Path(argv[0]).read_bytes())  # what the launching process sent
     ray.init()  # the job's own cluster (RAY_ADDRESS)
     finished = run_batch(bundle.shared, bundle.jobs, bundle.max_concurrent, bundle.on_failure,
-                         bundle.schedule_timeout_s, say=lambda line: print(line, flush=True))
+                         bundle.schedule_timeout_s, say=lambda line: print(mask_text(line), flush=True))
     print(result_line(finished), flush=True)
     return 0
 

@@ -1,0 +1,29 @@
+"""`python -m rayflow.job_entry`: a submitted run's driver on the head (rayflow.remote).
+
+The command line is the same for every run (`ps`, JobInfo.entrypoint and the dashboard show it):
+the run's overrides come from the request shipped with the job (rayflow.remote.read_request).
+Before anything of the user's is imported, the driver takes the result key out of its
+environment (rayflow.result_channel.take_key), then runs rayflow's CLI on the overrides as
+`python -m rayflow OVERRIDES` would (sys.argv is this process's own copy; the OS's command line
+stays the fixed one).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    from rayflow.remote import read_request
+    from rayflow.result_channel import take_key
+
+    take_key()
+    request = read_request()
+    sys.argv = [sys.argv[0], *request["overrides"]]
+    from rayflow.cli import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()
