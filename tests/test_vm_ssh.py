@@ -123,6 +123,11 @@ def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(hosts, shared_dir, mlfl
     assert len(runs) == 3
     token = (Path(env["HOME"]) / ".ray" / "auth_token").read_text().strip()
     assert token and token not in out.stdout + out.stderr  # the token travelled by file, never printed
+    for ip in hosts.ips:  # and is private on every node (rsync made ~/.ray 0755; Ray writes 0644)
+        modes = hosts.ssh(ip, "stat -c %a ~/.ray ~/.ray/auth_token", timeout=20)
+        assert modes.stdout.split() == ["700", "600"], (ip, modes.stdout, modes.stderr)
+    # submitted through the SSH tunnel's local end, never to the head's address in clear
+    assert f"through an SSH tunnel to {head} (http://127.0.0.1:" in out.stdout + out.stderr
 
 
 # A cluster YAML as a user writes it for `ray up` (Ray's local example, filled in), not rayflow's:
