@@ -232,9 +232,30 @@ def test_overrides_that_drop_the_auth_export_beside_an_exposed_dashboard_are_ref
 
 
 def test_a_dashboard_host_only_the_head_knows_is_a_warning(tmp_path, capsys):
-    hidden = "{head_start_ray_commands: ['ray start --head --dashboard-host=$MY_HOST']}"
-    backend_for(compose_config(*local_hosts(tmp_path, "ray_auth_mode=disabled", f"+backend.overrides={hidden}"))).check()
+    hidden = "{head_start_ray_commands: ['ray start --head --dashboard-host=$MY_HOST']}"  # and no RAY_AUTH_MODE export
+    backend_for(compose_config(*local_hosts(tmp_path, "ray_auth_mode=token", f"+backend.overrides={hidden}"))).check()
     assert "rayflow: warning: ray_auth_mode=disabled and the head's --dashboard-host is $MY_HOST" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("provider", ["local", "aws", "gcp"])
+def test_auth_off_on_a_head_that_other_machines_reach_is_refused(provider, tmp_path):
+    """Ray Client and the GCS listen on a remote head's node address whatever the dashboard does."""
+    extra = {"local": local_hosts(tmp_path), "aws": ["backend=vm", "backend.provider=aws"],
+             "gcp": ["backend=vm", "backend.provider=gcp", "backend.project_id=p-123456"]}[provider]
+    with pytest.raises(ConfigError) as err:
+        backend_for(compose_config(*extra, "ray_auth_mode=disabled")).check()
+    assert err.value.key == "backend.provider" and f"provider={provider}: the head's Ray Client server" in str(err.value)
+    backend_for(compose_config(*extra, "ray_auth_mode=token")).check()  # token auth: fine
+    backend_for(compose_config("backend=vm", "ray_auth_mode=disabled")).check()  # fake_multinode: all on loopback
+
+
+def test_auth_off_with_a_users_file_for_hosts_is_refused_naming_the_file(tmp_path):
+    from tests.test_vm_user_file import RAY_DEFAULTS
+
+    cfg = compose_config("backend=vm", f"backend.cluster_yaml={RAY_DEFAULTS.joinpath('aws', 'defaults.yaml')}", "ray_auth_mode=disabled")
+    with pytest.raises(ConfigError, match="provider=aws: the head's Ray Client server") as err:
+        backend_for(cfg).check()
+    assert err.value.key == "backend.cluster_yaml"
 
 
 def test_the_head_dashboard_stays_on_loopback_and_the_token_is_made_private_on_every_node(tmp_path):

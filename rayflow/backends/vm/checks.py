@@ -139,3 +139,9 @@ def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
             refuse_auth_off(auth_mode, key, exposure)
         if mode != "token":
             refuse_auth_off("disabled", key, f"{exposure}, its `ray start` without `export RAY_AUTH_MODE=token;` before it")
+    # Whatever the dashboard does, a head on another machine serves Ray Client (port 10001) and
+    # the GCS on its node address, for the other nodes to reach: beyond loopback by design.
+    provider = (doc.get("provider") or {}).get("type")
+    refuse_auth_off(auth_mode, "backend.cluster_yaml" if section.get("cluster_yaml") else "backend.provider",
+                    f"provider={provider}: the head's Ray Client server (port 10001) and GCS on its node address, "
+                    "which the other nodes reach over the network,")
