@@ -48,14 +48,15 @@ _DESCRIPTORS = {"mode", "type", "kind", "method", "scheme", "user", "username", 
                 "enabled", "enable", "disabled", "required", "provider", "providers", "url", "uri",
                 "endpoint", "host", "port", "arn", "ttl", "timeout", "expiry", "expires", "expiration",
                 "length", "len", "size", "count", "limit", "format", "algorithm", "version", "prefix",
-                "rotation", "command"}
+                "rotation", "command", "check", "checking"}
 # Words before a secret word that make it a count or a non-secret kind of key or token:
 # max_tokens, num_keys, pad_token, public_key, primary_key, sort_key.
 _COUNTS = {"max", "min", "num", "n", "count", "number", "total", "limit"}
 _NOT_KEY = {"public", "primary", "foreign", "sort", "partition", "hash", "cache", "dict", "group", "join",
             "label", "input", "output", "image", "text", "target", "metric", "feature", "column", "row",
             "index", "lookup", "shard", "routing", "idempotency", "object", "dedup", "unique", "composite",
-            "map", "config", "param", "state", "result", "batch", "sample", "sorting", "grouping", "full"}
+            "map", "config", "param", "state", "result", "batch", "sample", "sorting", "grouping", "full",
+            "host"}
 _NOT_TOKEN = {"pad", "bos", "eos", "unk", "sep", "cls", "mask", "special", "stop", "start", "end", "extra",
               "additional", "new", "input", "output", "prompt", "completion", "vocab", "image", "text"}
 # A parent key that is secret only for its own value: Ray's `auth:` section holds ssh_user and
@@ -171,7 +172,7 @@ _PAIR = re.compile(r"(?<![\w\-])(?P<lead>[\"']?(?:name|key)[\"']?[ \t]*[:=][ \t]
 # scheme://userinfo@ : a password (user:pass@) or a bare token (token@) before the host
 _USERINFO = re.compile(r"(?<![a-zA-Z0-9+.\-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<info>[^/@\s?#]+)@")
 # ?name=value, &name=value, #name=value where the name is secret-like (percent-encoded names too)
-_QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[^=&#;?\s]+)=)(?P<value>[^&#\s]*)")
+_QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[^=&#;?\s]+)=)(?P<value>[^&#\s\"'`)\]}<>]*)")
 
 
 def masked_message(err: BaseException) -> str:
@@ -183,6 +184,13 @@ def masked_message(err: BaseException) -> str:
     return mask_text(text)
 
 
+def _placeholder(value: str) -> bool:
+    """A value a message shows in place of the user's own (`key=value`, `TOKEN=<your token>`,
+    `CREDENTIALS=/path/to/key.json`), or a file's path in the home folder (`ssh_private_key=~/.ssh/id`)."""
+    lowered = value.lower()
+    return lowered in _PLACEHOLDERS or lowered.startswith(("<", "~/")) or "path/to/" in lowered
+
+
 def _masked(value: str) -> str:
     quote = value[0] if value[:1] in ("'", '"') and len(value) > 1 and value[-1] == value[0] else ""
     return f"{quote}{REDACTED}{quote}"
@@ -192,9 +200,15 @@ def _named(match: re.Match) -> str:
     """The match with its value masked when its name is secret."""
     value = match.group("value")
     word = name_word(match.group("name").lstrip("-"))
-    if not _masks(word, value.strip("'\"")) or value.strip("'\"").lower() in _PLACEHOLDERS:
+    if not _masks(word, value.strip("'\"")) or _placeholder(value.strip("'\"")):
         return match.group(0)
     return match.group(0)[: match.start("value") - match.start()] + _masked(value)
+
+
+def _labelled(match: re.Match) -> str:
+    """_named, but a bare `key: ...` line is a label in YAML (tolerations, metadata items,
+    secretKeyRef), not a secret."""
+    return match.group(0) if match.group("name").lower() == "key" else _named(match)
 
 
 def _userinfo(match: re.Match) -> str:
@@ -225,7 +239,7 @@ def mask_text(text: str) -> str:
         text = _EQUALS.sub(_named, text)
     if ":" in text:
         text = _QUOTED.sub(_named, text)
-        text = _COLON.sub(_named, text)
+        text = _COLON.sub(_labelled, text)
     if "-" in text:
         text = _FLAG.sub(_named, text)
     return text
@@ -244,12 +258,17 @@ def _is_secret_flag(item: Any) -> bool:
 
 
 def _pair(value: Mapping) -> tuple[Any, Any] | None:
-    """(the label's key, the value's key) of a name/value pair: Kubernetes env `{name, value}`,
-    AWS tags `{Key, Value}`. The label is a name (`Key: db_password` is shown); the value is a
-    secret when the label names one."""
+    """(the label's key, the value's key or None) of a labelled entry: Kubernetes env
+    `{name, value}`, AWS tags `{Key, Value}`, GCP metadata items, tolerations and selector terms
+    `{key, operator, ...}`. The label is a name (`Key: db_password`, `key: nvidia.com/gpu` are
+    shown); the value is a secret when the label names one."""
     keys = {str(k).lower(): k for k in value}
     label = keys.get("name", keys.get("key"))
-    return (label, keys["value"]) if label is not None and "value" in keys else None
+    if label is None:
+        return None
+    if "value" in keys:
+        return label, keys["value"]
+    return (label, None) if {"operator", "effect", "values"} & set(keys) else None
 
 
 def redact(value: Any, path: tuple[str, ...] = ()) -> Any:
@@ -264,7 +283,7 @@ def redact(value: Any, path: tuple[str, ...] = ()) -> Any:
         name = value[label]
         secret = isinstance(name, str) and is_secret_name(name)
         return {k: (mask_text(v) if k == label and isinstance(v, str)
-                    else REDACTED if k == inner and secret and _masks("value", v)
+                    else REDACTED if inner is not None and k == inner and secret and _masks("value", v)
                     else redact(v, (*path, str(k)))) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         items = [redact(v, path) for v in value]

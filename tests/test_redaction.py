@@ -25,7 +25,7 @@ NOT_SECRET_NAMES = [
     "monkey", "tokenizer", "keyboard", "keyboard_layout", "path", "pattern", "patience", "author", "authority",
     "passes", "num_passes", "bypass", "compass", "hockey", "num_samples", "metric",
     "max_tokens", "max_new_tokens", "num_keys", "total_tokens", "pad_token", "eos_token", "public_key",
-    "primary_key", "sort_key", "full_key",
+    "primary_key", "sort_key", "full_key", "host_key", "StrictHostKeyChecking",
     "ray_auth_mode", "RAY_AUTH_MODE", "authOptions.mode", "auth.ssh_user", "fs.azure.account.auth.type",
     "spark.hadoop.fs.s3a.aws.credentials.provider", "secretName", "password_file", "token_url", "RAY_AUTH_TOKEN_PATH",
     "KeyName", "secretKeyRef", "spark.authenticate",
@@ -69,6 +69,10 @@ TEXTS = [
     ("backend.api_token: must be a string", "backend.api_token: must be a string"),
     ("${oc.env:RAY_AUTH_MODE,token} token=${X} export T=$V auth: {}", "${oc.env:RAY_AUTH_MODE,token} token=${X} export T=$V auth: {}"),
     ("Usage: rayflow [key=value ...]", "Usage: rayflow [key=value ...]"),
+    ("export GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json; TOKEN=<your token>", "export GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json; TOKEN=<your token>"),
+    ("ssh -o StrictHostKeyChecking=no head", "ssh -o StrictHostKeyChecking=no head"),
+    ("backend.ssh_private_key=~/.ssh/id_ed25519 see `?token=***`).", "backend.ssh_private_key=~/.ssh/id_ed25519 see `?token=***`)."),
+    ("tolerations:\n- key: nvidia.com/gpu\n  operator: Exists", "tolerations:\n- key: nvidia.com/gpu\n  operator: Exists"),
     ("sqlite:///mlflow.db", "sqlite:///mlflow.db"),
 ]
 
@@ -83,6 +87,7 @@ def test_values_beside_secret_names_are_masked():
     doc = {"env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "s1"}, {"name": "RAY_AUTH_MODE", "value": "token"},
                    {"name": "T", "valueFrom": {"secretKeyRef": {"name": "my-secret", "key": "password"}}}],
            "Tags": [{"Key": "db_password", "Value": "s2"}],
+           "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}], "api": {"key": "s5"},
            "args": ["--db-password", "s3", "--port", "1", "--token", "--verbose"],
            "setup_commands": ["export WANDB_API_KEY=s4"],
            "auth": {"ssh_user": "ubuntu", "ssh_private_key": "~/.ssh/k.pem", "ssh_proxy_command": "nc %h %p"},
@@ -92,6 +97,7 @@ def test_values_beside_secret_names_are_masked():
     assert masked["env"] == [{"name": "AWS_SECRET_ACCESS_KEY", "value": REDACTED}, {"name": "RAY_AUTH_MODE", "value": "token"},
                              doc["env"][2]]  # a reference to a Kubernetes Secret is kept: the manifest still works
     assert masked["Tags"] == [{"Key": "db_password", "Value": REDACTED}]
+    assert masked["tolerations"] == doc["tolerations"] and masked["api"] == {"key": REDACTED}  # a label; a bare key
     assert masked["args"] == ["--db-password", REDACTED, "--port", "1", "--token", "--verbose"]
     assert masked["setup_commands"] == ["export WANDB_API_KEY=***"]
     assert masked["auth"] == doc["auth"] and masked["file_mounts"] == doc["file_mounts"]  # paths: a dry run stays usable
