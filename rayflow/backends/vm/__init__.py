@@ -1,6 +1,8 @@
 """backend=vm: Ray's cluster launcher. `cluster` (VMCluster: `ray up`, or a fake_multinode head,
 then the run submitted as a Ray Job), `config` (the `backend:` section -> the cluster YAML),
-`checks` (its keys, before anything starts), `commands` (what runs on the nodes) and `defaults`
-(the providers' defaults rayflow fills in); `user_file` (backend.cluster_yaml: the user's own
-cluster YAML, read and checked as `ray up` would) and `user_additions` (what rayflow applies over
-it)."""
+`checks` (its keys, the written document's cluster name and the head's exposure, before anything
+starts), `commands` (what runs on the nodes) and `defaults` (the providers' defaults rayflow fills
+in); `user_file` (backend.cluster_yaml: the user's own cluster YAML, read and checked as `ray up`
+would) and `user_additions` (what rayflow applies over it); `state` (clusters have owners: this
+user's record of which run started, kept and holds each cluster name) and `tunnel` (a remote
+head's dashboard through SSH)."""
