@@ -10,6 +10,7 @@ cluster, which `ray down` leaves running). The cluster's record in this user's s
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -24,6 +25,12 @@ def main(argv: list[str]) -> int:
 
     if path.is_dir():
         from rayflow.processes import stop_processes_mentioning
+
+        # only what rayflow made: its processes are stopped and the folder removed
+        if not (path.name.startswith("rf-vm-") and (path / "autoscaling.yaml").is_file() and path.stat().st_uid == os.getuid()):
+            print(f"rayflow.teardown: {path} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its "
+                  "autoscaling.yaml): nothing stopped", file=sys.stderr)
+            return 2
 
         stop_processes_mentioning(str(path))
         shutil.rmtree(path, ignore_errors=True)

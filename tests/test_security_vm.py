@@ -286,3 +286,13 @@ def test_a_tunnel_that_fails_is_one_line():
     err = tunnel.tunnel_failed(proc)
     assert str(err) == "backend=vm: the SSH tunnel to the head's dashboard failed: ssh: connect to host 10.0.0.5 port 22: No route to host"
     tunnel.close_tunnel(proc)
+
+
+def test_teardown_stops_only_a_folder_rayflow_made(tmp_path):
+    """`python -m rayflow.teardown PATH` removes the folder: never one that is not a fake cluster's."""
+    folder = tmp_path / "precious"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    out = subprocess.run([sys.executable, "-m", "rayflow.teardown", str(folder)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and (folder / "keep.txt").is_file()
+    assert out.stderr.strip() == f"rayflow.teardown: {folder} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its autoscaling.yaml): nothing stopped"
