@@ -52,6 +52,10 @@ class MaskedStream:
         self.stream.write(mask_text(text))
         return len(text)
 
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
 

@@ -177,10 +177,11 @@ _QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[^=&#;?\s]+)=)(?P<value>[^&#\s\"'`
 
 def masked_message(err: BaseException) -> str:
     """An error's message with the secrets it echoes masked (Hydra's parse error quotes the whole
-    override). A ConfigError's key stays as it is: `backend.api_token: must be ...`."""
+    override). A ConfigError's key is masked on its own, so the message after it stays a message:
+    `backend.api_token: must be ...`."""
     text, key = str(err), getattr(err, "key", None)
     if isinstance(key, str) and text.startswith(f"{key}: "):
-        return f"{key}: {mask_text(text[len(key) + 2:])}"
+        return f"{mask_text(key)}: {mask_text(text[len(key) + 2:])}"
     return mask_text(text)
 
 
