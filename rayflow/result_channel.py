@@ -71,7 +71,8 @@ def signed_line(marker: str, data: Any, key: bytes | None = None) -> str | None:
     key = key if key is not None else _taken
     if key is None:
         return None
-    payload = json.dumps(data, ensure_ascii=True)  # ASCII: no character splits the line
+    payload = json.dumps(data, ensure_ascii=True, default=repr)  # ASCII: no character splits the line;
+    # what JSON cannot hold (bytes in a config, an object) goes as its repr string
     return f"{marker}{_mac(key, marker, payload)} {payload}"
 
 
