@@ -32,7 +32,7 @@ from rayflow.redaction import drop_redacted, literal_secrets_note, redact
 from rayflow.result import RESULT_MARKER, RunResult, result_line, returned_result, without_result_line
 from rayflow.shared_cluster import SharedCluster, cluster_key
 from rayflow.tracking import Tracker, git_commit, is_local_store
-from rayflow.tuning import experiment_dir, read_state, write_state
+from rayflow.tuning import claimed_experiment, experiment_dir, read_state, write_state
 from rayflow.workloads import workload_for
 
 # Config a resumed experiment keeps from its first run, whatever the resume command says.
@@ -267,8 +267,13 @@ def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> Ru
         return None
     if backend.submits_jobs:
         return run_submitted(cfg, cluster, overrides)
+    with claimed_experiment(cfg) as path:  # made (new) and locked while this job runs
+        return _run_here(cfg, overrides, cluster, path)
 
-    path = experiment_dir(cfg)
+
+def _run_here(cfg: DictConfig, overrides: list[str], cluster: SharedCluster, path: Path) -> RunResult:
+    """run_job's own run in this process, in the experiment folder `path` that it holds."""
+    backend, spec = cluster.backend, cluster.spec
     resuming = cfg.resume is not False
     if resuming:  # what trials run is the experiment's, not the resume command line's
         saved = read_state(path).get("config", {})

@@ -24,7 +24,7 @@ import yaml
 
 from rayflow.config import flatten, safe_yaml, to_container
 from rayflow.errors import ConfigError
-from rayflow.mlflow_runs import MAX_PARAM_CHARS, mlflow_client
+from rayflow.mlflow_runs import MAX_PARAM_CHARS, mlflow_client, tracking_errors, warn_tracking
 from rayflow.process_state import scoped_env
 from rayflow.redaction import mask_text, redact
 
@@ -135,7 +135,12 @@ def git_commit() -> str | None:
 
 
 class Tracker:
-    """The invocation's parent run. Every method is a no-op when tracking is off."""
+    """The invocation's parent run. Every method is a no-op when tracking is off.
+
+    `start` raises what the store raises: nothing of the run has happened yet. Every call after
+    it goes through `write`: a store that fails or went away meanwhile costs one warning line,
+    and the calls after it are skipped, so the run's own outcome, exit code and result line
+    stand (the preflight vouched for the store; what it does later is not the run's doing)."""
 
     def __init__(self, cfg):
         self.enabled = bool(cfg.tracking.enabled)
@@ -144,6 +149,7 @@ class Tracker:
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self._client = None
+        self.failed = False  # the store failed after the start: nothing more is written
 
     @property
     def client(self):
@@ -177,31 +183,40 @@ class Tracker:
         for i in range(0, len(params), 100):  # log_batch takes at most 100 params
             client.log_batch(self.run_id, params=params[i : i + 100])
 
+    def write(self, what: str, call) -> None:
+        """`call(client, run_id)` into the parent run once it started: a store that fails is one
+        warning line (`rayflow: warning: MLflow <what>: ...`) and ends tracking for this run."""
+        if not self.run_id or self.failed:
+            return
+        try:
+            call(self.client, self.run_id)
+        except tracking_errors() as err:
+            self.failed = True
+            warn_tracking(f"{what} (the run goes on; nothing more is logged to {mask_text(self.uri)})", err)
+
     def set_tags(self, tags: dict[str, Any]) -> None:
-        if self.run_id:
-            client = self.client
+        def tag(client, run_id):
             for key, value in redact(tags).items():
-                client.set_tag(self.run_id, key, str(value))
+                client.set_tag(run_id, key, str(value))
+        self.write("tags", tag)
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
-        if self.run_id:
-            client = self.client
+        def log(client, run_id):
             for key, value in metrics.items():
                 if value is not None:
-                    client.log_metric(self.run_id, key, float(value))
+                    client.log_metric(run_id, key, float(value))
+        self.write("metrics", log)
 
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
-        if self.run_id:
-            self.client.log_artifacts(self.run_id, local_dir, artifact_path)
+        self.write(f"artifacts {artifact_path}", lambda client, run_id: client.log_artifacts(run_id, local_dir, artifact_path))
 
     def end(self, status: str) -> None:
-        if self.run_id:
-            self.client.set_terminated(self.run_id, status)
+        self.write(f"ending the run as {status}", lambda client, run_id: client.set_terminated(run_id, status))
 
     def trial_callback(self, metric_names, max_t: int | None, param_keys=None, time_attr: str = "epoch"):
         """The Tune callback mirroring each trial into a nested run (None with tracking off).
         `metric_names`: MLflow name -> result key, or None for every number a trial reports."""
-        if not self.run_id:
+        if not self.run_id or self.failed:
             return None
         from rayflow.trial_runs import TrialRuns  # imports ray.tune
 

@@ -7,7 +7,9 @@ The MLflow calls run in order on one writer thread, not in Tune's driver loop: a
 trainable's `tune.report` waits until the driver has taken its result and asked for the next,
 so every millisecond a callback spends writing (SQLite: ~8 ms per result, ~20 ms per trial
 start and end) was added to every report and to every trial's start. A write that fails
-raises in the driver loop at the next callback, as it did when it ran there.
+because the tracking store failed or went away is one warning line at the next callback, and
+the trials are mirrored no further: the experiment goes on, its outcome its own (any other
+error, a bug, raises there).
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from typing import NamedTuple
 
 from ray.tune import Callback
 
-from rayflow.errors import RunFailed
-
+from rayflow.mlflow_runs import tracking_errors, warn_tracking
 from rayflow.plots_data import TUNE_AUTO_KEYS, lookup
 
 FLUSH_TIMEOUT_S = 300.0  # queued writes left at the end of the experiment (a slow tracking server)
@@ -60,31 +61,46 @@ class TrialRuns(Callback):
         self._tagged: set[str] = set()
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
+        self.failed = False  # the store failed: nothing more is written
 
     def __getstate__(self):
         self.flush()  # the trial -> run map is whole when Tune saves the experiment
         return self.__dict__ | {"_client": None, "_tagged": set(), "_writer": None, "_pending": []}
 
+    def _give_up(self, err: BaseException) -> None:
+        self.failed = True
+        for future in self._pending:
+            future.cancel()
+        self._pending = []
+        warn_tracking("trial runs (the experiment goes on; its trials are no longer mirrored into MLflow)", err)
+
     def _write(self, call, *args, **kwargs) -> None:
         """Queue one MLflow call behind the ones before it; first raise any that failed."""
         self._raise_failed()
+        if self.failed:
+            return
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayflow-mlflow-writer")
         self._pending.append(self._writer.submit(call, *args, **kwargs))
 
     def _raise_failed(self) -> None:
-        """Drop the finished writes; a failed one raises its own error here."""
-        done = [f for f in self._pending if f.done()]
+        """Drop the finished writes; one the store failed gives tracking up (one warning), any
+        other error raises here."""
+        done = [f for f in self._pending if f.done() and not f.cancelled()]
         self._pending = [f for f in self._pending if not f.done()]
         for future in done:
-            future.result()
+            try:
+                future.result()
+            except tracking_errors() as err:
+                self._give_up(err)
+                return
 
     def flush(self) -> None:
         """Wait for every queued write, at most FLUSH_TIMEOUT_S for all of them."""
         _, late = wait(self._pending, timeout=FLUSH_TIMEOUT_S)
         if late:
-            raise RunFailed(f"the MLflow tracking store {self.uri} took over {FLUSH_TIMEOUT_S:g} s "
-                            f"for {len(late)} queued trial result(s)")
+            self._give_up(TimeoutError(f"the tracking store {self.uri} took over {FLUSH_TIMEOUT_S:g} s "
+                                       f"for {len(late)} queued trial result(s)"))
         self._raise_failed()
 
     @property
@@ -161,10 +177,13 @@ class TrialRuns(Callback):
     def on_experiment_end(self, trials, **info):
         self.flush()
         for trial in trials:  # Ctrl-C: trials Tune will resume stay visibly unfinished
-            if trial.status not in ("TERMINATED", "ERROR") and trial.trial_id in self.runs:
-                self.client.set_terminated(self.runs[trial.trial_id], "KILLED")
+            if trial.status not in ("TERMINATED", "ERROR") and trial.trial_id in self.runs and not self.failed:
+                try:
+                    self.client.set_terminated(self.runs[trial.trial_id], "KILLED")
+                except tracking_errors() as err:
+                    self._give_up(err)
         if self._writer is not None:
-            self._writer.shutdown()
+            self._writer.shutdown(wait=not self.failed, cancel_futures=self.failed)
             self._writer = None
 
     def get_state(self):

@@ -107,3 +107,198 @@ def test_the_launcher_bounds_its_custom_resources():
         JobResources.model_validate({"custom": {"x": 1e300}})
     with pytest.raises(ValidationError, match="must be a number"):
         JobResources.model_validate({"custom": {"x": math.inf}})
+
+
+# -- experiment folders: made atomically, locked while their run lasts, resumed only when free --
+
+def _cfg(tmp_path, *overrides: str):
+    from rayflow.composition import compose_config
+
+    return compose_config(f"storage_path={tmp_path / 'results'}", "tracking=none", *overrides)
+
+
+def _experiment(tmp_path, name: str, workload: str = "cifar"):
+    import json
+
+    from rayflow.tuning import STATE_FILE
+
+    path = tmp_path / "results" / name
+    path.mkdir(parents=True)
+    (path / STATE_FILE).write_text(json.dumps({"config": {"workload": {"name": workload}}}))
+    return path
+
+
+def _held(path):
+    """The experiment's lock, as a run in another process holds it (flock: per open file)."""
+    from filelock import FileLock
+
+    from rayflow.tuning import LOCK_FILE
+
+    lock = FileLock(str(path / LOCK_FILE))
+    lock.acquire(timeout=0)
+    return lock
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
+    """Eight runs claim the same experiment_name at once: eight folders, each made by os.mkdir
+    (no exist_ok), the later ones suffixed; a folder its run left empty goes again."""
+    from concurrent.futures import ThreadPoolExecutor
+    from contextlib import ExitStack
+    from threading import Barrier
+
+    from rayflow.tuning import claimed_experiment
+
+    cfg = _cfg(tmp_path, "experiment_name=same-second")
+    barrier, stack = Barrier(8), ExitStack()
+
+    def claim(_):
+        barrier.wait()
+        return stack.enter_context(claimed_experiment(cfg))
+
+    with stack:
+        with ThreadPoolExecutor(8) as pool:
+            paths = list(pool.map(claim, range(8)))
+        assert len(set(paths)) == 8 and all(p.is_dir() for p in paths)
+        assert {p.name for p in paths} == {"same-second", *(f"same-second-{n}" for n in range(1, 8))}
+    assert not (tmp_path / "results" / "same-second").exists()  # nothing was written in them
+
+
+def test_resume_of_a_running_experiment_is_refused_naming_resume(tmp_path):
+    from rayflow.errors import ConfigError
+    from rayflow.tuning import experiment_dir
+
+    path = _experiment(tmp_path, "cifar-running")
+    lock = _held(path)
+    with pytest.raises(ConfigError) as err:
+        experiment_dir(_cfg(tmp_path, f"resume={path}"))
+    assert err.value.key == "resume" and "is running now" in str(err.value)
+    lock.release()
+    assert experiment_dir(_cfg(tmp_path, f"resume={path}")) == path  # its run ended: resumable again
+
+
+def test_resume_true_passes_running_experiments_by(tmp_path):
+    import os
+
+    from rayflow.errors import ConfigError
+    from rayflow.tuning import STATE_FILE, experiment_dir
+
+    older, newer = _experiment(tmp_path, "cifar-older"), _experiment(tmp_path, "cifar-newer")
+    os.utime(older / STATE_FILE, (1, 1))
+    lock = _held(newer)
+    assert experiment_dir(_cfg(tmp_path, "resume=true")) == older
+    other = _held(older)
+    with pytest.raises(ConfigError, match="is running now"):
+        experiment_dir(_cfg(tmp_path, "resume=true"))
+    lock.release(), other.release()
+
+
+def test_resume_of_another_workloads_experiment_is_refused_naming_resume(tmp_path):
+    from rayflow.errors import ConfigError
+    from rayflow.tuning import experiment_dir
+
+    path = _experiment(tmp_path, "ddp-run", workload="ddp")
+    with pytest.raises(ConfigError) as err:
+        experiment_dir(_cfg(tmp_path, f"resume={path}"))
+    assert err.value.key == "resume" and "workload=ddp" in str(err.value)
+    # resume=true looks at this workload's experiments only, whatever their folder is called
+    _experiment(tmp_path, "cifar-but-ddp", workload="ddp")
+    with pytest.raises(ConfigError, match="no cifar experiment"):
+        experiment_dir(_cfg(tmp_path, "resume=true"))
+
+
+def test_the_cli_refuses_to_resume_a_running_experiment_in_one_line(tmp_path, data_root):
+    """What a user sees: one line naming `resume`, exit 2, nothing started (no Ray, no store)."""
+    from rayflow.testing.processes import ray_daemon_pids
+    from tests.harness.cli import Rayflow
+
+    runner = Rayflow(tmp_path, data_root)
+    path = _experiment(tmp_path, "cifar-busy")  # tmp_path / results: not the runner's storage
+    lock = _held(path)
+    before = ray_daemon_pids()
+    try:
+        out = runner.run(f"resume={path}", timeout=120)
+    finally:
+        lock.release()
+    assert out.returncode == 2, out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"rayflow: error: resume: {path} is running now"), line
+    assert ray_daemon_pids() == before and not runner.db.exists()
+
+
+# -- a tracking store that goes away after the run started: one warning, the outcome stands --
+
+KILLS_THE_SERVER = '''
+import os, signal, time
+from ray import tune
+
+
+def objective(config):
+    for step in range(3):
+        if step == 1:  # the run's tracking has started (its parent run, this trial's run): the server goes
+            try:
+                os.killpg(int(config["server_pgid"]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            time.sleep(1)
+        tune.report({"loss": 1.0 / (step + 1)})
+'''
+
+
+@pytest.fixture
+def doomed_mlflow_server(tmp_path):
+    """A real `mlflow server` on a free loopback port, in a process group of its own (its
+    workers go with it): yields (URI, process group id)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from rayflow.testing.processes import wait_until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = tmp_path / "mlflow-server"
+    folder.mkdir()
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
+                             "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
+                            stdout=open(folder / "mlflow.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def up() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    try:
+        assert wait_until(up, timeout=60), (folder / "mlflow.log").read_text()[-2000:]
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+
+def test_a_tracking_server_stopped_mid_run_is_one_warning_and_the_outcome_stands(rayflow, doomed_mlflow_server):
+    """The MLflow server dies while the trial runs (after the parent run and the trial's run were
+    made): the run still ends as it would, exit 0 with its results table, and the failure is one
+    warning line per writer (`rayflow: warning: MLflow ...`), no traceback."""
+    uri, pgid = doomed_mlflow_server
+    (rayflow.workdir / "kills_server.py").write_text(KILLS_THE_SERVER)
+    rayflow.env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"  # the default 3 only waits longer
+    out = rayflow.run("workload=tune", "workload.trainable=kills_server:objective", "workload.metric=loss",
+                      "workload.mode=min", f"workload.config={{server_pgid: {pgid}}}", "backend.num_cpus=1",
+                      f"tracking.uri={uri}", timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "== rayflow results ==" in out.stdout and "trials: 1 (0 errored)" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("rayflow: warning: MLflow ")]
+    assert warnings, out.stderr[-3000:]
+    # one for the trials' writer, one for the parent run: each gives up after its first failure
+    assert len(warnings) <= 2 and any("trial runs" in w for w in warnings) and any("the run goes on" in w for w in warnings), warnings
