@@ -302,3 +302,26 @@ def test_a_tracking_server_stopped_mid_run_is_one_warning_and_the_outcome_stands
     assert warnings, out.stderr[-3000:]
     # one for the trials' writer, one for the parent run: each gives up after its first failure
     assert len(warnings) <= 2 and any("trial runs" in w for w in warnings) and any("the run goes on" in w for w in warnings), warnings
+
+
+def test_a_tracker_whose_store_went_away_warns_once_and_raises_nothing(monkeypatch, capsys):
+    """Every call after the start: one warning line for the first failure, the rest skipped
+    (each would wait out MLflow's retries again); a bug in a call is no tracking failure."""
+    from omegaconf import OmegaConf
+
+    from rayflow.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    tracker = Tracker(OmegaConf.create({"tracking": {"enabled": True, "uri": "http://user:pw@127.0.0.1:1", "experiment": "x"}}))
+    tracker.run_id = "0" * 32  # as start() leaves it
+    tracker.set_tags({"device": "cpu"})
+    tracker.log_metrics({"best_loss": 0.5})
+    tracker.end("FINISHED")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rayflow: warning: MLflow tags (the run goes on"), lines
+    assert "pw@" not in lines[0] and tracker.failed
+    bug = Tracker(OmegaConf.create({"tracking": {"enabled": True, "uri": "sqlite:///x.db", "experiment": "x"}}))
+    bug.run_id, bug._client = "0" * 32, object()
+    with pytest.raises(ZeroDivisionError):  # not the store's failure: a bug keeps its traceback
+        bug.write("x", lambda client, run_id: 1 / 0)
