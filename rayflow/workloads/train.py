@@ -117,7 +117,7 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
         # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
         if termination_exit_code():
             if run_id:
-                tracker.client.set_terminated(run_id, "KILLED")
+                tracker.write("the Train run's end", lambda client, _: client.set_terminated(run_id, "KILLED"))
             raise
         result, interrupted = Result.from_path(str(path)), True
     summary = summarize_result(result, train, errored, interrupted)
@@ -125,11 +125,14 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
     name = ((result.metrics or {}) if result else {}).get("device_name")  # what the workers reported
     if name:
         tracker.set_tags({"device_name": name})
-    if run_id:
-        if name:
-            tracker.client.set_tag(run_id, "device_name", name)
+    if run_id:  # after the run: a tracking store that failed meanwhile is a warning (Tracker.write)
         status = "KILLED" if summary.interrupted else "FAILED" if errored else "FINISHED"
-        tracker.client.set_terminated(run_id, status)
+
+        def end(client, _):
+            if name:
+                client.set_tag(run_id, "device_name", name)
+            client.set_terminated(run_id, status)
+        tracker.write("the Train run's end", end)
     return summary
 
 
