@@ -95,14 +95,34 @@ def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(hosts, shared_dir, mlfl
     env = hosts.launcher_env()  # its own HOME: a token made for this cluster, not the machine's
     env.pop("MLFLOW_TRACKING_URI", None)
     started = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "rayflow", "backend=vm", "backend.provider=local", f"backend.head_ip={head}",
-         f"backend.worker_ips=[{worker}]", f"backend.ssh_user={hosts.user}", f"backend.ssh_private_key={hosts.key_path}",
-         "backend.min_worker_nodes=1", "backend.max_worker_nodes=1", "backend.worker.cpu.num_cpus=1",
-         "backend.cluster_name=rayflow-ssh-test", "ray_auth_mode=token", f"tracking.uri={mlflow_server}",
+    cluster = [sys.executable, "-m", "rayflow", "backend=vm", "backend.provider=local", f"backend.head_ip={head}",
+               f"backend.worker_ips=[{worker}]", f"backend.ssh_user={hosts.user}", f"backend.ssh_private_key={hosts.key_path}",
+               "backend.min_worker_nodes=1", "backend.max_worker_nodes=1", "backend.worker.cpu.num_cpus=1",
+               "backend.cluster_name=rayflow-ssh-test", "ray_auth_mode=token"]
+    logs = tmp_path / "run.out", tmp_path / "run.err"
+    proc = subprocess.Popen(
+        [*cluster, f"tracking.uri={mlflow_server}",
          f"storage_path={shared_dir / 'ray_results'}", f"data.root={shared_dir / 'data'}", "data.synthetic=true",
          "data.synthetic_train_size=1000", "data.synthetic_test_size=100", "workload.num_samples=2", "workload.max_epochs=1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        cwd=tmp_path, env=env, stdout=open(logs[0], "w"), stderr=open(logs[1], "w"), text=True)
+    try:
+        assert wait_until(lambda: "submitted job" in logs[0].read_text() or proc.poll() is not None, timeout=600), logs[1].read_text()[-3000:]
+        # Clusters have owners: while this run holds the cluster, a second run of the same name is
+        # refused before it runs anything: by this user's record (the same HOME), and without one
+        # (another HOME, as another user or machine) because the provider sees a live head of the name
+        for home, why in ((env["HOME"], "in use by another run of yours"), (str(tmp_path / "another-home"), "running (local) that no run of yours kept")):
+            second = subprocess.run([*cluster, "tracking=none", "data.synthetic=true"], cwd=tmp_path, env={**env, "HOME": home},
+                                    capture_output=True, text=True, timeout=300)
+            last = second.stderr.strip().splitlines()[-1:]
+            assert second.returncode == 2 and last[0].startswith("rayflow: error: backend.cluster_name: a cluster named "
+                                                                 f"'rayflow-ssh-test' is {why}"), second.stdout[-2000:] + second.stderr[-2000:]
+            assert "creating cluster" not in second.stdout + second.stderr
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=300)
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, logs[0].read_text(), logs[1].read_text())
     print(f"\nray up -> job -> ray down over SSH: {time.monotonic() - started:.1f} s")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
