@@ -1,7 +1,8 @@
 """backend=vm provider=local for real: Ray's cluster launcher (`ray up` through Ray's SDK) over
 SSH to two hosts that are network namespaces on this machine (tests/ssh_hosts.py), the run
-submitted to the head as a Ray Job, tracking into a real `mlflow server` on the bridge address,
-token auth on. The head runs no trials (0 CPUs): they must land on the worker host. Afterwards
+submitted to the head as a Ray Job through an SSH tunnel to the head's loopback-only dashboard,
+tracking into a real `mlflow server` on the bridge address, token auth on (the token private on
+every node), a second run of the same cluster name refused while the first holds it. The head runs no trials (0 CPUs): they must land on the worker host. Afterwards
 no Ray process is alive in any host; SshHosts then removes every namespace, link and process.
 The same hosts (made once for the module) then take a cluster YAML written by hand, as a user
 writes one for `ray up`, through backend.cluster_yaml.
