@@ -140,6 +140,12 @@ def test_apply_run_as_a_job_and_delete(ray_head, rayflow, emulator, mlflow_serve
     # the Jobs API was reached through the API server's service proxy
     proxied = [r.path for r in emulator.requests if "/services/rayflow-head-svc:dashboard/proxy/api/jobs" in r.path]
     assert proxied
+    # the job's command line (ps on the head, JobInfo.entrypoint, the dashboard) is fixed: no override, no URI
+    from ray.job_submission import JobSubmissionClient
+
+    jobs = JobSubmissionClient(ray_head.dashboard_url, headers={"Authorization": f"Bearer {ray_head.token}"}).list_jobs()
+    entrypoints = [j.entrypoint for j in jobs if (j.metadata or {}).get("submitted_by") == "rayflow"]
+    assert entrypoints and all(e.endswith("-m rayflow.job_entry") and "=" not in e for e in entrypoints), entrypoints
     assert wait_until(lambda: _gone(emulator), timeout=10)
     # MLflow: the parent run records the manifest and what the cluster cost
     from mlflow.tracking import MlflowClient
