@@ -160,6 +160,18 @@ BAD_INPUT = [
     (["data.synthetic_train_size=1000000000000"], "data.synthetic_train_size"),
     (["backend.dashboard_port=70000"], "backend.dashboard_port"),
     (["+workload.num_sample=5"], "workload.num_sample"),
+    # issue 30: one rule for auth off beside a port beyond loopback, on every backend and from
+    # every source (keys, overrides); cluster names validated before they name a file
+    (["backend.dashboard_host=0.0.0.0", "ray_auth_mode=disabled"], "backend.dashboard_host"),
+    (["backend=spark", "ray_auth_mode=disabled"], "ray_auth_mode"),
+    (["backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=LoadBalancer"], "backend.service_type"),
+    (["backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=NodePort"], "backend.service_type"),
+    (["backend=kuberay", "ray_auth_mode=disabled", "+backend.overrides.spec.headGroupSpec.enableIngress=true"], "backend.overrides"),
+    (["backend=kuberay", "+backend.overrides.spec.authOptions.enableK8sTokenAuth=true", "backend.ray_version=2.53.0"], "backend.overrides"),
+    (["backend=vm", "backend.provider=aws", "ray_auth_mode=disabled"], "backend.provider"),
+    (["backend=vm", "backend.provider=aws", "ray_auth_mode=disabled",
+      "+backend.overrides={head_start_ray_commands: ['ray start --head --dashboard-host=0.0.0.0']}"], "backend.overrides.head_start_ray_commands"),
+    (["backend=vm", "+backend.overrides={cluster_name: ../../x}"], "backend.overrides"),
 ]
 
 
