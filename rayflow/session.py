@@ -79,7 +79,7 @@ def _parent_tags(cfg: DictConfig, path: Path) -> dict:
         "ray_version": ray.__version__,
         "torch_version": torch.__version__,
         "synthetic": str(bool(cfg.data.synthetic)).lower(),
-        "git_commit": git_commit(),
+        "git_commit": git_commit(cfg.workload.get("trainable")),
         "experiment_dir": str(path),
     }
 

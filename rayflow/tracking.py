@@ -10,6 +10,7 @@ Secret-named keys are masked before anything is written.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import os
 import socket
 import subprocess
@@ -33,6 +34,12 @@ from rayflow.redaction import mask_text, redact
 STORE_SCHEMES = {"", "file", "http", "https", "databricks", "databricks-uc", "uc",
                  "sqlite", "postgresql", "mysql", "mssql"}
 DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+# Made a training experiment where MLflow 3 lets a client say so (its UI's experiment kinds:
+# `custom_model_development` opens on the runs, not on the GenAI overview); older MLflow keeps
+# the tag as any other.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
 
 
 def _plugin_schemes() -> set[str]:
@@ -120,17 +127,48 @@ def _probe_server(uri: str, shown: str, timeout: float) -> None:
         raise ConfigError("tracking.uri", f"no MLflow server answers at {shown} ({mask_text(reason)}; waited up to {timeout:g} s, tracking.timeout_s)") from None
 
 
-def git_commit() -> str | None:
-    """The commit of the checkout rayflow runs from (or the working directory's)."""
-    for where in (Path(__file__).resolve().parent, Path.cwd()):
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        if out.returncode == 0:
-            return out.stdout.strip()
+def launch_dir() -> Path:
+    """The folder the user ran rayflow from: Hydra's `hydra.runtime.cwd` under the CLI (a job a
+    launcher runs may sit in a scratch folder), else this process's working directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.cwd)
+    return Path.cwd()
+
+
+def _module_dir(trainable: str | None) -> Path | None:
+    """The folder of the file of a `module:function` trainable's module, unless it is rayflow's
+    own (a built-in workload's trainable: rayflow's commit is not the user's project's)."""
+    module = str(trainable or "").partition(":")[0].strip()
+    if not module or module.split(".")[0] == "rayflow":
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    # What find_spec raises for a module that is not there or a broken parent package: no
+    # commit to tag (the run itself reports a trainable it cannot import).
+    except (ImportError, ValueError):
+        return None
+    origin = spec.origin if spec else None
+    return Path(origin).resolve().parent if origin and os.path.isfile(origin) else None
+
+
+def _head(folder: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):  # no git, or one that hangs
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def git_commit(trainable: str | None = None) -> str | None:
+    """The commit of the user's project: of the git checkout holding the folder rayflow runs from,
+    else of the one holding the trainable's module file; None when neither is in one. Never
+    rayflow's own checkout (where an editable install's code lies) unless the user runs from it."""
+    for where in (launch_dir(), _module_dir(trainable)):
+        commit = _head(where) if where is not None else None
+        if commit:
+            return commit
     return None
 
 
@@ -162,13 +200,15 @@ class Tracker:
             return
         client = self.client
         found = client.get_experiment_by_name(self.experiment)
-        self.experiment_id = found.experiment_id if found else client.create_experiment(self.experiment)
+        self.experiment_id = found.experiment_id if found else client.create_experiment(self.experiment, tags=EXPERIMENT_TAGS)
         if resume_run_id:
             self.run_id = resume_run_id
             client.update_run(resume_run_id, status="RUNNING")
             client.set_tag(resume_run_id, "resumed", "true")
             return
         all_tags = {"mlflow.runName": str(cfg.experiment_name), **{k: str(v) for k, v in tags.items() if v is not None}}
+        if "git_commit" in all_tags:  # the UI's "Source" column reads MLflow's own tag
+            all_tags[GIT_COMMIT_TAG] = all_tags["git_commit"]
         self.run_id = client.create_run(self.experiment_id, tags=redact(all_tags)).info.run_id
         self.log_params(to_container(cfg))
         client.log_text(self.run_id, safe_yaml(cfg), "config.yaml")
@@ -230,13 +270,18 @@ class Tracker:
             uri = "sqlite:///" + os.path.abspath(uri[len("sqlite:///") :])
         return uri
 
+    def runs_route(self) -> str:
+        """The UI's route (MLflow's hash router) to the experiment's training runs: MLflow 3
+        otherwise opens on its GenAI overview, where a Tune user's runs are not."""
+        return f"/#/experiments/{self.experiment_id}/runs" if self.experiment_id else "/"
+
     def ui_hint(self) -> str:
         if not self.enabled:
             return "tracking is off (tracking=none)"
         uri = mask_text(self.absolute_uri)
         if uri.startswith(("http://", "https://")):
-            return f"{uri}   (the tracking server's UI)"
-        return f"mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)"
+            return f"{uri.rstrip('/')}{self.runs_route()}   (the tracking server's UI)"
+        return f"mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000{self.runs_route()})"
 
 
 def missing_run(cfg, run_id: str) -> str | None:
