@@ -31,7 +31,7 @@ def test_the_readme_is_short_and_its_links_exist():
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
     local = [link for link in links if "://" not in link]
     assert local and all((REPO / link).exists() for link in local), [l for l in local if not (REPO / l).exists()]
-    assert "bash scripts/setup.sh && .venv/bin/python -m pytest" in text  # the test command .ci/run runs
+    assert "bash scripts/setup.sh --test && .venv/bin/python -m pytest" in text  # the test command .ci/run runs
 
 
 def _nav_pages(node) -> list[str]:
