@@ -109,6 +109,9 @@ class Phase:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._live = False  # our line is on the screen, unfinished (the next redraw overwrites it)
+        self._at_line_start = True  # what others printed meanwhile ended its line
+        self._guard: _LineGuard | None = None
 
     def status(self, detail: str | Callable[[], str] | None) -> None:
         self.detail = detail
@@ -139,14 +142,30 @@ class Phase:
 
     def _draw(self, text: str, end: str = "") -> None:
         with self._lock:
+            # Over our own line (or an empty one); after another's unfinished line, below it.
+            start = "\r\033[K" if self._live or self._at_line_start else "\n"
             try:
-                self.stream.write("\r\033[K" + text + end)
+                self.stream.write(start + text + end)
                 self.stream.flush()
             except (ValueError, OSError):  # the terminal went away: progress is not worth an error
                 pass
+            self._live, self._at_line_start = not end, True
+
+    def _make_room(self, text: str) -> None:
+        """Another's output is about to reach the terminal (Tune's boxes, a trial's prints): our
+        unfinished line is cleared first, so that theirs starts at the line's start; the ticker
+        draws ours again under it, once their line has ended."""
+        if self._live:
+            try:
+                self.stream.write("\r\033[K")
+            except (ValueError, OSError):
+                pass
+            self._live = False
+        if text:
+            self._at_line_start = text.endswith("\n")
 
     def redraw(self) -> None:
-        if self.tty and not self._stop.is_set():
+        if self.tty and not self._stop.is_set() and self._at_line_start:
             try:
                 head, tail = self.live()
             except Exception:  # a status callable that fails must not end the run
@@ -161,6 +180,7 @@ class Phase:
     def __enter__(self) -> "Phase":
         self.started = time.monotonic()
         if self.tty:
+            self._guard = _LineGuard(self)
             self._draw(_fit(f"{self.prefix}{self.what}...", "", _width(self.stream)))
             self._ticker = threading.Thread(target=self._tick, name="rayflow-progress", daemon=True)
             self._ticker.start()
@@ -171,10 +191,55 @@ class Phase:
         if self._ticker is not None:
             self._ticker.join(timeout=5)
         line = self.end_line(error)
+        if self._guard is not None:
+            self._guard.remove()
+            self._guard = None
         if self.tty:
             self._draw(line, "\n")
         else:
             print(line, file=self.stream, flush=True)
+
+
+class _GuardedStream:
+    """sys.stdout or sys.stderr while a phase's line is live on the terminal: what is written
+    through it first clears that line (Phase._make_room)."""
+
+    def __init__(self, stream: TextIO, phase: Phase):
+        self._stream, self._phase, self.active = stream, phase, True
+
+    def write(self, text: str) -> int:
+        if not self.active:
+            return self._stream.write(text)
+        with self._phase._lock:
+            self._phase._make_room(text)
+            return self._stream.write(text)
+
+    def __getattr__(self, name: str):  # flush, isatty, fileno, encoding
+        return getattr(self._stream, name)
+
+
+class _LineGuard:
+    """While a phase's line is live on a terminal: sys.stdout, sys.stderr and the streams of
+    Ray's log handlers (which hold the stderr of their set-up) go through _GuardedStream."""
+
+    def __init__(self, phase: Phase):
+        self.streams = {name: _GuardedStream(getattr(sys, name), phase) for name in ("stdout", "stderr")}
+        for name, guarded in self.streams.items():
+            setattr(sys, name, guarded)
+        guards = {id(g._stream): g for g in self.streams.values()}
+        self.handlers = [(h, h.stream, guards[id(h.stream)]) for h in logging.getLogger("ray").handlers
+                         if id(getattr(h, "stream", None)) in guards]
+        for handler, _, guarded in self.handlers:
+            handler.stream = guarded
+
+    def remove(self) -> None:
+        for name, guarded in self.streams.items():
+            guarded.active = False  # a stream someone kept a reference to passes text through
+            if getattr(sys, name) is guarded:  # else another swapped it since: theirs to put back
+                setattr(sys, name, guarded._stream)
+        for handler, original, guarded in self.handlers:
+            if handler.stream is guarded:
+                handler.stream = original
 
 
 def phase(what: str, backend: str, stream: TextIO | None = None, **kwargs) -> Phase:
@@ -256,7 +321,8 @@ class Transfer(Phase):
         return super().end_line(error)
 
 
-__all__ = ["Phase", "Transfer", "format_duration", "format_rate", "format_size", "interactive", "note", "phase", "time_left"]
+__all__ = ["Phase", "Transfer", "format_duration", "format_rate", "format_size", "interactive", "level", "note", "phase",
+           "plain_ray_logs", "settle_ray_logs", "time_left", "tune_verbose", "autoscaler_line", "autoscaler_lines"]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -309,3 +375,102 @@ def plain_ray_logs(stream: TextIO | None = None):
         sys.stdout, sys.stderr = saved
         for handler in handlers:
             handler.removeFilter(plain)
+
+
+# --- how much a run prints (the root key `verbose`) ----------------------------------------------
+
+QUIET, CLUSTER, TUNE_TABLES, TUNE_RESULTS = 0, 1, 2, 3  # what each level adds: rayflow.schema.root
+
+
+def level(value) -> int:
+    """The `verbose` key as a level: false is 0 (quiet), true is 2 (Tune's tables), an int itself."""
+    if isinstance(value, bool):
+        return TUNE_TABLES if value else QUIET
+    return int(value or 0)
+
+
+def tune_verbose(value) -> int:
+    """Tune's own `verbose` for rayflow's level: 0 (silent) below 2, then Tune's 1 (status
+    tables, trial start and end boxes) and 2 (a box per reported result)."""
+    return max(0, level(value) - 1)
+
+
+# --- Ray's worker logs before the results --------------------------------------------------------
+
+LOGS_QUIET_S = 0.5  # no worker log line for this long: what the trials printed has arrived
+LOGS_WAIT_MAX_S = 3.0  # a worker that keeps printing does not hold the results back longer
+
+
+def settle_ray_logs(quiet_s: float = LOGS_QUIET_S, max_s: float = LOGS_WAIT_MAX_S) -> None:
+    """Print what Ray still owes the driver's terminal before rayflow prints the results: the
+    worker log lines on their way (waiting, at most max_s, until none has arrived for quiet_s),
+    and the lines its deduplicator holds back (`[repeated 9x across cluster]`), which Ray itself
+    prints only at ray.shutdown, below the results block. Nothing when this process is not
+    connected to Ray (a submitted run's job prints them in its own log, before its results)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    from ray._private import ray_logging, worker
+
+    arrived = [time.monotonic()]
+    name = "rayflow_settle_logs"
+    ray_logging.global_worker_stdstream_dispatcher.add_handler(name, lambda data: arrived.__setitem__(0, time.monotonic()))
+    deadline = time.monotonic() + max_s
+    try:
+        while time.monotonic() < deadline and time.monotonic() - arrived[0] < quiet_s:
+            time.sleep(0.05)
+    finally:
+        ray_logging.global_worker_stdstream_dispatcher.remove_handler(name)
+    _flush_deduplicated(ray_logging, worker)
+
+
+def _flush_deduplicated(ray_logging, worker) -> None:
+    """What ray.shutdown prints of the deduplicators (ray._private.worker.disconnect), now, under
+    the dispatcher's lock: the log thread prints nothing meanwhile."""
+    lock = getattr(ray_logging.global_worker_stdstream_dispatcher, "_lock", None) or contextlib.nullcontext()
+    ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker)
+    with lock:
+        for leftover in ray_logging.stdout_deduplicator.flush():
+            worker.print_worker_logs(leftover, sys.stdout, ignore_prefix)
+        for leftover in ray_logging.stderr_deduplicator.flush():
+            worker.print_worker_logs(leftover, sys.stderr, ignore_prefix)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+
+
+# --- the autoscaler's lines in a run's output ----------------------------------------------------
+
+_AUTOSCALER = re.compile(r"^\(autoscaler \+[^)]*\) (.*)$")
+# Ray's event lines (autoscaler v1 and v2): "Adding 1 node(s) of type ray.worker.cpu.",
+# "Removing 2 nodes of type ray.worker.cpu (idle).", "Restarting 1 nodes of type x (lost contact with raylet)."
+_SCALE = re.compile(r"^(Adding|Removing|Restarting) (\d+) nodes?(?:\(s\))? of type (\S+?)\.?(?: \(([^)]*)\))?\.?$")
+_SIGNS = {"Adding": "+", "Removing": "-", "Restarting": "restarting "}
+
+
+def autoscaler_line(line: str) -> str | None:
+    """A line of a run's output as `verbose=0` shows it: not the autoscaler's, as it is; a scale
+    event, one line (`[rayflow] autoscaler: +1 worker (ray.worker.cpu)`); an error or a warning
+    of the autoscaler's (an infeasible request), as it is: it says why a run waits; the rest
+    (`Resized to 8 CPUs.`, Ray's tip on `ray status`), None: left out."""
+    match = _AUTOSCALER.match(_ANSI.sub("", line).rstrip("\r\n"))
+    if match is None:
+        return line
+    text = match.group(1)
+    scale = _SCALE.match(text)
+    if scale:
+        verb, count, node_type, why = scale.groups()
+        n = int(count)
+        kind = node_type.removeprefix("rayflow_worker_")  # rayflow's vm types: rayflow_worker_cpu, _gpu
+        detail = ", ".join(filter(None, (kind, why)))
+        return f"[rayflow] autoscaler: {_SIGNS[verb]}{n} worker{'s' if n != 1 else ''} ({detail})"
+    if text.startswith(("Error:", "Warning:", "No available node types")):
+        return line
+    return None
+
+
+def autoscaler_lines(lines, verbose=0) -> list[str]:
+    """The lines of a run's output with the autoscaler's summarised (autoscaler_line), unless
+    `verbose` (the root key) asks for its own lines."""
+    if level(verbose) >= CLUSTER:
+        return list(lines)
+    return [shown for shown in map(autoscaler_line, lines) if shown is not None]

@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 
 from rayflow.errors import ClusterError, JobError
+from rayflow.progress import autoscaler_lines
 from rayflow.redaction import mask_text
 
 # What the job's driver must see as this side does: MLflow's and Databricks' credentials
@@ -104,16 +105,18 @@ def stage_package(folder: Path) -> Path:
 
 class _LogStream(threading.Thread):
     """Follows a job's logs (the Jobs API's websocket) onto this terminal, whole lines at a time,
-    leaving out the lines that start with `hidden` (what the job says to this side, not to the user)."""
+    leaving out the lines that start with `hidden` (what the job says to this side, not to the user),
+    and with the autoscaler's lines summarised unless `verbose` asks for them (progress.autoscaler_lines)."""
 
-    def __init__(self, client, job_id: str, hidden: str | None = None):
+    def __init__(self, client, job_id: str, hidden: str | None = None, verbose: int | bool = 0):
         super().__init__(name="rayflow-job-logs", daemon=True)
-        self.client, self.job_id, self.hidden = client, job_id, hidden
+        self.client, self.job_id, self.hidden, self.verbose = client, job_id, hidden, verbose
         self.lines: list[str] = []
 
     def _write(self, text: str) -> None:
         # "\n" only: a task's line with \u2028 or \x85 in it is one line, shown as it is (masked)
         *complete, tail = text.split("\n")
+        complete = autoscaler_lines(complete, self.verbose)
         shown = [mask_text(line) for line in complete if not (self.hidden and line.startswith(self.hidden))]
         out = "".join(line + "\n" for line in shown)
         if tail and not (self.hidden and tail.startswith(self.hidden)):  # the log's end, without its newline
@@ -165,13 +168,15 @@ def submission(entrypoint: list[str], env: dict[str, str], package: Path, runtim
 
 def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], stop_timeout_s: float = 60,
                agent_timeout_s: float = 120, headers: dict[str, str] | None = None, runtime_env: dict | None = None,
-               on_submitted=None, hidden: str | None = None, request: dict | None = None) -> JobOutcome:
+               on_submitted=None, hidden: str | None = None, request: dict | None = None,
+               verbose: int | bool = 0) -> JobOutcome:
     """Submit rayflow to the cluster, stream its logs, wait for a terminal status, fetch its
     whole log. Ctrl-C or SIGTERM stops the job, then re-raises. Lines of the log that start
     with `hidden` are not streamed to this terminal (they stay in JobOutcome.log).
     `headers` go with every request (a token the backend holds), `runtime_env` is merged into
     the job's, `request` goes with the job as a file (stage_request: never on its command line),
-    and `on_submitted(job_id)` is called once the job exists (a RayJob tracks it)."""
+    `on_submitted(job_id)` is called once the job exists (a RayJob tracks it), and `verbose` (the
+    root key) says whether the autoscaler's lines are streamed as they are or summarised."""
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
@@ -197,7 +202,7 @@ def run_as_job(dashboard_url: str, entrypoint: list[str], env: dict[str, str], s
                     raise JobError(f"the head at {shown} ran no job agent within {agent_timeout_s:g} s") from None
                 time.sleep(2.0)
     print(f"[rayflow] submitted job {job_id}; dashboard: {mask_text(dashboard_url)}/#/jobs/{job_id}", flush=True)
-    stream = _LogStream(client, job_id, hidden)
+    stream = _LogStream(client, job_id, hidden, verbose)
     if on_submitted is not None:
         try:
             on_submitted(job_id)

@@ -27,7 +27,7 @@ from rayflow.errors import ConfigError, RunFailed, RunInterrupted, Terminated
 from rayflow.node_usage import NodePeak
 from rayflow.placement import PlacementWatch, copies_at_once
 from rayflow.process_state import reset_termination, scoped_env, termination_exit_code
-from rayflow.progress import plain_ray_logs
+from rayflow.progress import plain_ray_logs, settle_ray_logs
 from rayflow.redaction import drop_redacted, literal_secrets_note, redact
 from rayflow.result import RESULT_MARKER, RunResult, result_line, returned_result, without_result_line
 from rayflow.shared_cluster import SharedCluster, cluster_key
@@ -90,6 +90,7 @@ def _report(cfg: DictConfig, tracker: Tracker, summary, path: Path, peak: NodePe
     tracker.log_metrics({**summary.parent_metrics(), **peak.metrics()})
     if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
         tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
+    settle_ray_logs()  # Ray's held-back worker lines above the results, not below them
     print(summary.table(), flush=True)
     _plots(cfg, tracker, path, workload)
     print(f"experiment: {path}   (continue it with resume={path})")
@@ -164,7 +165,7 @@ def run_submitted(cfg: DictConfig, cluster: SharedCluster, overrides: list[str])
         runtime_env = merge_runtime_env(backend.job_runtime_env(), job_files(cfg, in_place=backend.shares_filesystem))
         outcome = run_as_job(backend.address, job_entrypoint(python), env, headers=backend.job_headers(),
                              runtime_env=runtime_env, on_submitted=backend.job_submitted, hidden=RESULT_MARKER,
-                             request=request)
+                             request=request, verbose=cfg.get("verbose", 0))
     except (KeyboardInterrupt, SystemExit):
         code = termination_exit_code()
         if code:

@@ -20,6 +20,15 @@ def _resume(value: Any) -> Any:
     raise ValueError(f"must be true, false or an experiment path; got {value!r}")
 
 
+VERBOSE_MAX = 3
+
+
+def _verbose(value: Any) -> int | bool:
+    if isinstance(value, bool) or (isinstance(value, int) and 0 <= value <= VERBOSE_MAX):
+        return value
+    raise ValueError(f"must be an integer from 0 to {VERBOSE_MAX}, true or false; got {value!r}")
+
+
 def _nonblank_uri(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError("must not be empty (use tracking=none to turn tracking off)")
@@ -36,6 +45,7 @@ ResumeKind = kind("true, false or an experiment folder", _resume)
 RayAuthModeKind = OneOf("token", "disabled")
 DeviceKind = OneOf("cpu", "cuda", "auto")
 UriKind = kind("an MLflow tracking URI", _nonblank_uri)
+VerboseKind = kind(f"0 to {VERBOSE_MAX}, true or false", _verbose)
 
 
 class Section(BaseModel):
@@ -77,6 +87,11 @@ class Root(Section):
     schedule_timeout_s: Seconds() = Field(description="how long a trial, Train worker or env runner that no node of the running "
                                                      "cluster can hold may stay pending, while the cluster does not grow, before "
                                                      "the run fails")
+    verbose: VerboseKind = Field(
+        description="what a run prints besides rayflow's own lines and the results: `0` (`false`, the default) nothing "
+                    "more, the autoscaler's lines summarised as one line per scale event; `1` the autoscaler's own lines; "
+                    "`2` (`true`) also Ray Tune's trial status tables and start/end boxes; `3` also Tune's box of every "
+                    "reported result")
     ray_auth_mode: RayAuthModeKind = Field(description="Ray token auth for every cluster rayflow starts or joins, "
                                                                   "exported as `RAY_AUTH_MODE` (default `$RAY_AUTH_MODE`, else `token`)")
 

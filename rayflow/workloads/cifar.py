@@ -254,6 +254,7 @@ def job(cfg, ctx):
     from ray import tune
 
     from rayflow import user_code
+    from rayflow.progress import tune_verbose
     from rayflow.tuning import TuneJob
     from rayflow.workloads.tune import resources
     from rayflow.workloads.tune_parts import make_scheduler
@@ -276,6 +277,7 @@ def job(cfg, ctx):
         max_t=int(w.max_epochs),
         scheduler_label="ASHA",
         shown_metrics=("val_accuracy", "val_loss"),
+        verbose=tune_verbose(cfg.get("verbose")),  # Tune's tables only when `verbose` asks
     )
 
 

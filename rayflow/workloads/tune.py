@@ -16,6 +16,7 @@ from pathlib import Path
 from rayflow import user_code
 from rayflow.config import to_container
 from rayflow.placement import Bundle, section_bundle
+from rayflow.progress import tune_verbose
 from rayflow.tuning import TuneJob, TuneSummary, run_tune, summarize
 
 KIND = "tune"
@@ -137,6 +138,7 @@ def job(cfg, fn, callbacks=()) -> TuneJob:
         max_t=max_t,
         scheduler_label=SCHEDULER_LABELS.get(name),
         shown_metrics=(metric,),
+        verbose=tune_verbose(cfg.get("verbose")),
     )
 
 
