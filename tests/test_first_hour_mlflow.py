@@ -100,3 +100,44 @@ def test_server_hint_opens_the_runs(tmp_path):
     tracker.experiment_id = "7"
     hint = tracker.ui_hint()
     assert "/#/experiments/7/runs" in hint and "s3cret" not in hint
+
+
+# -- issue 31 item 7: the vm dry run names its provider, and its note says what the file holds --
+
+
+def _dry(rayflow, home: Path, *overrides: str):
+    """A vm dry run (starts nothing) with a token file of its own under `home`."""
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("not-a-real-token-0123456789\n")
+    rayflow.env.update(HOME=str(home))
+    rayflow.env.pop("RAY_AUTH_TOKEN", None)
+    rayflow.env.pop("RAY_AUTH_TOKEN_PATH", None)
+    out = rayflow.run("backend=vm", "dry_run=true", "tracking=none", *overrides, base=False)
+    assert out.returncode == 0, out.stderr
+    return out, [line for line in out.stderr.splitlines() if line.startswith("rayflow: dry run:")]
+
+
+def test_default_vm_dry_run_says_it_is_no_ray_up_file(rayflow, tmp_path):
+    import yaml
+
+    out, notes = _dry(rayflow, tmp_path / "home")
+    assert yaml.safe_load(out.stdout)["provider"]["type"] == "fake_multinode"
+    note = notes[-1]
+    assert "provider: fake_multinode (started by rayflow on this machine; not a file for ray up" in note
+    assert "ray start --head --autoscaling-config=cluster.yaml" in note and "ray up" not in note.split("not a file for ray up")[1]
+
+
+def test_aws_vm_dry_run_is_a_ray_up_file_and_its_note_matches_it(rayflow, tmp_path):
+    import yaml
+
+    out, notes = _dry(rayflow, tmp_path / "home", "backend.provider=aws")
+    config = yaml.safe_load(out.stdout)
+    assert config["provider"]["type"] == "aws"
+    note = notes[-1]
+    assert note.startswith("rayflow: dry run: provider: aws (a file for ray up); to start it yourself: ")
+    assert "ray up cluster.yaml" in note
+    # The file mounts the token file by its real path, and the note says so (the old note claimed
+    # the path was masked while the printout showed it); the token's value is in neither.
+    assert config["file_mounts"]["~/.ray/auth_token"] == str(tmp_path / "home" / ".ray" / "auth_token")
+    assert "token file by its path" in note and "mask" not in note
+    assert "not-a-real-token" not in out.stdout + out.stderr

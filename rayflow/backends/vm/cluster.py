@@ -142,7 +142,8 @@ class VMCluster(ClusterBackend):
         return render(self.section, self.gpu(), self.auth_mode, ray.__version__, python, _token_file(), gcs_address)
 
     def render(self) -> str:
-        """Exactly the cluster YAML a start writes (what a dry run prints): `ray up` takes it."""
+        """Exactly the cluster YAML a start writes (what a dry run prints): `ray up` takes it, except
+        fake_multinode's, which the `ray start --head` that rayflow runs here takes."""
         return yaml.safe_dump(self.cluster_config(), sort_keys=False)
 
     def notes(self) -> list[str]:
@@ -150,7 +151,8 @@ class VMCluster(ClusterBackend):
         notes = list(getattr(self, "_file_notes", [])) if self.cluster_yaml else [n for n in [placeholder_note(self.section)] if n]
         provider = config["provider"]["type"]
         head = head_args(config) if provider == "fake_multinode" else []
-        return [*notes, launch_note(provider, launcher_env(self.section, self.auth_mode, _token_file(), provider=provider), head)]
+        mounted = "~/.ray/auth_token" in (config.get("file_mounts") or {})
+        return [*notes, launch_note(provider, launcher_env(self.section, self.auth_mode, _token_file(), provider=provider), head, mounted)]
 
     def teardown_command(self) -> str | None:
         """What stops the cluster if this process dies before it can (printed on every error path)."""

@@ -128,14 +128,18 @@ def launcher_env(section: DictConfig | Mapping, auth_mode: str, token_file: str 
     return env
 
 
-def launch_note(provider: str, env: Mapping[str, str], head_args: list[str]) -> str:
-    """The one line a dry run prints on how to start the printed cluster YAML without rayflow."""
+def launch_note(provider: str, env: Mapping[str, str], head_args: list[str], token_mounted: bool = False) -> str:
+    """The one line a dry run prints on its provider and how to start the printed cluster YAML
+    without rayflow. token_mounted: the file's `file_mounts` names this machine's token file."""
     prefix = " ".join(f"{k}={v}" for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH")
     if provider == "fake_multinode":  # `ray up` would run prepare_config, which needs an example.yaml the wheel lacks
-        return (f"rayflow: dry run: to start this file yourself: {prefix} ray start --head --autoscaling-config=cluster.yaml "
-                f"{' '.join(head_args)} --dashboard-host=127.0.0.1 (a fake_multinode head starts here, not with ray up)")
-    return (f"rayflow: dry run: to start this file yourself: {prefix} ray up cluster.yaml; the printout masks the token file's "
-            "path under file_mounts (~/.ray/auth_token here) and auth.ssh_private_key: put them back first")
+        return (f"rayflow: dry run: provider: fake_multinode (started by rayflow on this machine; not a file for ray up: "
+                f"try backend.provider=aws, gcp or local); to start it yourself: {prefix} ray start --head "
+                f"--autoscaling-config=cluster.yaml {' '.join(head_args)} --dashboard-host=127.0.0.1")
+    # File paths are no secrets: the token file's and auth.ssh_private_key print as they are, so
+    # `ray up` on this machine finds them; the token's value never enters the document.
+    mounted = "; file_mounts names this machine's token file by its path (the token is not in the file)" if token_mounted else ""
+    return f"rayflow: dry run: provider: {provider} (a file for ray up); to start it yourself: {prefix} ray up cluster.yaml{mounted}"
 
 
 def head_args(config: dict) -> list[str]:
