@@ -3,7 +3,10 @@ so a resumed run draws the whole history).
 
 Ray Tune keeps a folder per trial with `params.json` (the trial's config) and `result.json`
 (one JSON line per report; reopened for appending when a trial is restored, so it holds every
-report since the trial first started). A single Ray Train run writes no per-epoch file of its
+report since the trial first started). Whether a trial finished is not in result.json: a trial whose
+function returns is marked done in Tune's memory only (its last logged report says done=false);
+Tune's experiment state (`experiment_state-<time>.json`, written at the end of fit() before the
+trials are stopped) keeps each trial's status. A single Ray Train run writes no per-epoch file of its
 own: rayflow.workloads.ddp.EpochLog, a Train callback on its controller (which Ray
 places on the driver's node), appends rank 0's reports to EPOCHS_FILE in the run's folder.
 """
@@ -11,10 +14,12 @@ places on the driver's node), appends rank 0's reports to EPOCHS_FILE in the run
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TUNE_RESULT, TUNE_PARAMS = "result.json", "params.json"
+TUNE_STATE_GLOB = "experiment_state-*.json"  # one per invocation that ran fit(); the newest is the latest
 EPOCHS_FILE = "rayflow_epochs.jsonl"  # next to rayflow.json, in a Train run's folder
 # What Tune adds to every result by itself: not what a trial reports, so neither a "best" line of
 # the results table, a metric of a trial's MLflow run, nor a column of RunResult.trials.
@@ -73,20 +78,55 @@ def series(rows: list[dict], x: str, y: str) -> list[tuple[float, float]]:
     return sorted(points.items())
 
 
+# Tune's trial statuses (ray.tune.experiment.Trial): TERMINATED (finished, or stopped by the
+# scheduler or a stop rule), ERROR; anything else is a trial the run left unfinished.
+FINISHED, ERRORED = "TERMINATED", "ERROR"
+
+
 @dataclass
 class Trial:
     trial_id: str
     params: dict
     rows: list[dict] = field(default_factory=list)
+    status: str | None = None  # from Tune's experiment state; None where it holds none
 
     @property
     def done(self) -> bool:
-        """Tune marks a trial's last report done=true when it ends (finished or stopped by the scheduler)."""
+        """The trial finished (ran to its end or was stopped by the scheduler); not one that
+        errored or that an interrupt left unfinished. Without Tune's state (an old folder), the
+        last report's done flag."""
+        if self.status is not None:
+            return self.status == FINISHED
         return bool(self.rows and self.rows[-1].get("done"))
+
+    @property
+    def errored(self) -> bool:
+        return self.status == ERRORED
+
+
+def trial_statuses(experiment_dir: Path) -> dict[str, str]:
+    """Trial id -> status, from the newest experiment state Tune wrote in the folder ({} if none)."""
+    states = sorted(Path(experiment_dir).glob(TUNE_STATE_GLOB))  # names end in a sortable time
+    if not states:
+        return {}
+    try:
+        entries = json.loads(states[-1].read_text()).get("trial_data", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    statuses = {}
+    for entry in entries:  # [the trial's JSON, its runtime metadata's JSON]
+        try:
+            trial = json.loads(entry[0])
+        except (ValueError, TypeError, IndexError, KeyError):
+            continue
+        if isinstance(trial, dict) and trial.get("trial_id") and isinstance(trial.get("status"), str):
+            statuses[str(trial["trial_id"])] = trial["status"]
+    return statuses
 
 
 def tune_trials(experiment_dir: Path) -> list[Trial]:
     """Every trial folder of a Tune experiment (sorted by trial id), with its reports so far."""
+    statuses = trial_statuses(experiment_dir)
     trials = []
     for folder in sorted(p for p in Path(experiment_dir).iterdir() if (p / TUNE_PARAMS).is_file()):
         try:
@@ -95,8 +135,16 @@ def tune_trials(experiment_dir: Path) -> list[Trial]:
             params = {}
         rows = read_lines(folder / TUNE_RESULT)
         ids = [r["trial_id"] for r in rows if r.get("trial_id")]
-        trials.append(Trial(str(ids[-1]) if ids else folder.name, params if isinstance(params, dict) else {}, rows))
+        trial_id = str(ids[-1]) if ids else _folder_trial_id(folder.name) or folder.name
+        trials.append(Trial(trial_id, params if isinstance(params, dict) else {}, rows, statuses.get(trial_id)))
     return sorted(trials, key=lambda t: t.trial_id)
+
+
+def _folder_trial_id(name: str) -> str | None:
+    """The trial id in a trial folder's name (`<trainable>_<id>_<index>_<tag>`), for a trial
+    that never reported (no trial_id in its result.json)."""
+    match = re.search(r"_([0-9a-f]{5}_\d{5})_", name)
+    return match.group(1) if match else None
 
 
 def train_epochs(experiment_dir: Path) -> list[dict]:

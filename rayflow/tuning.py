@@ -186,16 +186,22 @@ def _first_result_wait():
             self._phase = phase("waiting for the first trial's first result (its process starts and imports the trainable's modules)", "tune")
             self._phase.__enter__()
 
-        def _close(self):
+        def _close(self, instead: str | None = None):
+            """End the line: `... done` on a first result, else what ended the wait instead."""
             if self._phase is not None:
+                if instead:
+                    self._phase.done(instead)
                 self._phase.__exit__(None, None, None)
                 self._phase = None
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             self._close()
 
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._close(f"no first result: trial {trial.trial_id} errored")
+
         def on_experiment_end(self, trials, **info):
-            self._close()
+            self._close("no trial reported a result")
 
     return FirstResult()
 
@@ -312,6 +318,18 @@ def fit_watching_interrupts(tuner):
         signal.signal(signal.SIGINT, previous)
 
 
+def no_success_line(trials: int, errored: int, error: str | None, interrupted: bool, metric: str = "") -> str:
+    """The one line of a run with no best trial: why (every trial errored, with the first error;
+    the interrupt; no report of the metric), in place of empty best-of headings."""
+    what = f"reported {metric}" if metric else "reported a result"
+    if errored:
+        first = f"; the first error: {error}" if error else ""
+        return f"no trial succeeded: {errored} of {trials} errored{first}"
+    if interrupted:
+        return f"no trial {what} before the interrupt ({trials} trials; resume continues them)"
+    return f"no trial {what} ({trials} trials)"
+
+
 @dataclass
 class TuneSummary:
     """The outcome of a Tune experiment, whatever the trainable (rayflow.workloads.Summary)."""
@@ -343,8 +361,11 @@ class TuneSummary:
 
     def table(self) -> str:
         width = max(len(str(k)) for k in self.best_config) if self.best_config else 0
-        lines = ["", "== rayflow results ==", "best config:"]
-        lines += [f"  {k:<{width}} = {v}" for k, v in self.best_config.items()]
+        lines = ["", "== rayflow results =="]
+        if not self.best_metrics:  # no trial reported the metric: no best trial, nothing under a heading
+            return "\n".join([*lines, no_success_line(self.trials, self.errored, self.error, self.interrupted, self.metric)])
+        if self.best_config:
+            lines += ["best config:", *(f"  {k:<{width}} = {v}" for k, v in self.best_config.items())]
         for name in self.shown_metrics or (self.metric,):
             value = self.best_metrics.get(name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):

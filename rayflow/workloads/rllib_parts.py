@@ -96,6 +96,10 @@ class RLlibSummary:
 
     def table(self) -> str:
         lines = ["", f"== rayflow results (RLlib {self.algorithm}) =="]
+        if self.best_return is None:  # no trial reported a return: no best to show
+            from rayflow.tuning import no_success_line
+
+            return "\n".join([*lines, no_success_line(self.trials, self.errored, self.error, self.interrupted, "a return")])
         lines += [f"best {k}: {v}" for k, v in self.best_config.items()]
         if self.best_return is not None:
             lines.append(f"best episode_return_mean {self.best_return:.1f} after {self.steps_at_best} env steps")
