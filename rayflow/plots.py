@@ -51,16 +51,25 @@ def styles(trials: list[Trial]) -> dict[str, tuple[str, str]]:
 
 
 def dodges(curves: dict[str, list[tuple[float, float]]], width: float = 0.24) -> dict[str, float]:
-    """trial id -> an x offset: trials whose curves share a point with another's are set side by
-    side across `width` (of an x unit), so one does not hide the other; the rest stay put."""
-    owners: dict[tuple[float, float], set[str]] = {}
+    """trial id -> an x offset: trials whose curves come near another's (a point at the same x,
+    within 2% of the plot's height) are set side by side across `width` (of an x unit), so one
+    does not hide the other; the rest stay put."""
+    ys = [y for points in curves.values() for _, y in points]
+    near = (max(ys) - min(ys)) / 50 if ys else 0.0
+    at: dict[float, list[tuple[float, str]]] = {}
     for trial_id, points in curves.items():
         for x, y in points:
-            owners.setdefault((x, round(y, 9)), set()).add(trial_id)
-    shared = sorted({t for ids in owners.values() if len(ids) > 1 for t in ids})
+            at.setdefault(x, []).append((y, trial_id))
+    shared = set()
+    for column in at.values():
+        column.sort()
+        for (y0, a), (y1, b) in zip(column, column[1:]):
+            if a != b and y1 - y0 <= near:
+                shared |= {a, b}
     if len(shared) < 2:
         return {}
-    return {t: width * (k / (len(shared) - 1) - 0.5) for k, t in enumerate(shared)}
+    ordered = sorted(shared)
+    return {t: width * (k / (len(ordered) - 1) - 0.5) for k, t in enumerate(ordered)}
 
 
 def run_state(trials: list[Trial]) -> str:
