@@ -20,7 +20,7 @@ from rayflow.errors import ConfigError
 from rayflow.job_files import check_upload
 from rayflow.placement import check_fits
 from rayflow.tracking import check_uri, missing_run
-from rayflow.tuning import experiment_dir, read_state
+from rayflow.tuning import experiment_dir, read_state, resumed_folder
 from rayflow.user_code import is_given
 from rayflow.workloads import workload_for
 
@@ -199,13 +199,139 @@ def _check_resumed_run(cfg: DictConfig) -> None:
                                     "resume from the directory of the first run or give its tracking.uri (or tracking=none)")
 
 
+# -- resume: the experiment's own config, with the command line's keys on top --
+
+GROUPS = ("backend", "workload", "compute", "tracking")  # the defaults list's choices
+# What an experiment's state records of its config, and a resume restores: the sections of the
+# trials (workload, data, seed, compute) and of where they ran (backend, tracking). The root's
+# other keys (storage_path, schedule_timeout_s, ...) are the resume command's own.
+RESUMED_KEYS = ("workload", "data", "seed", "compute", "backend", "tracking")
+# Keys that shape what the trials run: Tuner.restore and Ray Train keep the experiment's own, so
+# a different value on the resume command line is refused rather than silently ignored.
+FIXED_KEYS = ("workload", "seed", "compute", "data.synthetic", "data.synthetic_train_size",
+              "data.synthetic_test_size", "data.val_fraction", "data.md5")
+# ... but for the workload's shipping keys: where the job's files come from may change.
+CHANGEABLE_KEYS = ("workload.working_dir", "workload.excludes", "workload.py_modules", "workload.pip")
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def group_choices(overrides: list[str]) -> dict[str, str]:
+    """The defaults-list choices a command line makes (`workload=tune`), and its
+    hydra.searchpath (the user's own options): what an experiment's state records to compose
+    its config again on resume."""
+    return {_key(o): o.split("=", 1)[1] for o in overrides
+            if "=" in o and (_key(o) in GROUPS or _key(o) == "hydra.searchpath")}
+
+
+def _within(key: str, keys: tuple[str, ...] | set[str]) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in keys)
+
+
+def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
+    """A resume's overrides and config: the experiment's group choices and every key its state
+    recorded, with the keys the command line gives on top. A key that shapes the trials and
+    differs from the experiment's is refused, naming it; a secret the state holds masked comes
+    from the command line or the environment (its interpolation), or is refused. `resume` becomes
+    the folder, so every later look-up finds this same experiment."""
+    from omegaconf import open_dict
+
+    path = resumed_folder(cfg)
+    state = read_state(path)
+    saved = state.get("config", {})
+    choices = state.get("choices") or {}
+    if not choices and isinstance(saved.get("workload"), dict) and saved["workload"].get("name"):
+        choices = {"workload": str(saved["workload"]["name"])}  # an experiment of an older rayflow
+    given = group_choices(point)
+    for group, choice in choices.items():
+        if group in ("workload", "compute") and given.get(group, choice) != choice:
+            raise ConfigError(group, f"cannot change on resume: {path} ran {group}={choice} (leave it out, "
+                                     "or leave out resume= to start a new experiment)")
+    point = [f"{g}={c}" for g, c in choices.items() if g not in given] + [o for o in point if _key(o) != "resume"]
+    point.append(f"resume={path}")
+    cfg = compose_config(*point)
+    keys = {_key(o) for o in point if "=" in o or o.startswith("~")} - set(GROUPS)
+    same_groups = {g for g in GROUPS if group_choices(point).get(g) == choices.get(g)}
+    with open_dict(cfg):
+        for section in RESUMED_KEYS:
+            if section not in saved or (section in GROUPS and section not in same_groups):
+                continue
+            if isinstance(saved[section], dict):  # key by key: a mapping in it is the experiment's whole
+                for key, value in saved[section].items():
+                    _restore(cfg, f"{section}.{key}", value, keys)
+            else:
+                _restore(cfg, section, saved[section], keys)
+    for key in sorted(keys):
+        _check_unchanged(cfg, key, saved, path)
+    return point, cfg
+
+
+def _restore(cfg: DictConfig, key: str, value, given: set[str]) -> None:
+    """The saved `value` of `key` into cfg, but for the keys the command line gives."""
+    from omegaconf import OmegaConf
+
+    from rayflow.redaction import REDACTED
+
+    if key in given:
+        return
+    if isinstance(value, dict) and any(g.startswith(key + ".") for g in given):
+        for k, v in value.items():
+            _restore(cfg, f"{key}.{k}", v, given)
+        return
+    if isinstance(value, dict) and _holds(value, REDACTED):
+        for k, v in value.items():  # down to the masked leaves, which keep the value given now
+            _restore(cfg, f"{key}.{k}", v, given)
+        return
+    if value == REDACTED or (isinstance(value, str) and REDACTED in value):
+        absent = object()
+        now = OmegaConf.select(cfg, key, default=absent, throw_on_missing=False)
+        if now in (None, "", absent) or (isinstance(now, str) and REDACTED in now):
+            given = f"+{key}=..." if now is absent else f"{key}=..."  # a key the run added, or one of rayflow's
+            raise ConfigError(key, "its value was masked in the experiment's saved state: give it again on the "
+                                   f"command line ({given}) or in the environment it reads")
+        return
+    OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+
+
+def _holds(value, marker: str) -> bool:
+    if isinstance(value, dict):
+        return any(_holds(v, marker) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds(v, marker) for v in value)
+    return isinstance(value, str) and marker in value
+
+
+def _check_unchanged(cfg: DictConfig, key: str, saved: dict, path) -> None:
+    """A key of the resume command line that shapes the trials must keep the experiment's value."""
+    from omegaconf import OmegaConf
+
+    from rayflow.config import to_container
+
+    if not _within(key, FIXED_KEYS) or _within(key, CHANGEABLE_KEYS):
+        return
+    node: object = saved
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return  # the experiment did not record it: nothing to compare with
+        node = node[part]
+    now = to_container(OmegaConf.select(cfg, key, default=None))
+    if now != node:
+        raise ConfigError(key, f"cannot change on resume: {path} ran with {node!r} (leave it out, "
+                               "or leave out resume= to start a new experiment)")
+
+
 def preflight(overrides: list[str], multirun: bool = False) -> list[Job]:
     """Compose and check every job of the command line before any starts: bad input anywhere in
-    a sweep is one ConfigError naming the key, with nothing started."""
+    a sweep is one ConfigError naming the key, with nothing started. A resume composes the
+    experiment's own config (resumed)."""
     points = config_errors(lambda: sweep_points(list(overrides), multirun))
     jobs = []
     for point in points:
         cfg = config_errors(lambda: compose_config(*point))
+        if cfg.resume is not False:
+            point, cfg = config_errors(lambda: resumed(point, cfg))
         config_errors(lambda: check_config(cfg))
         jobs.append(Job(point, cfg))
     return jobs

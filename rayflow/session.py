@@ -20,7 +20,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from rayflow.backends import ClusterBackend
-from rayflow.composition import Job, _local_files_ok, check_config
+from rayflow.composition import RESUMED_KEYS, Job, _local_files_ok, check_config, group_choices
 from rayflow.config import to_container
 from rayflow.data import DataSpec, prepare
 from rayflow.errors import ConfigError, RunFailed, RunInterrupted, Terminated
@@ -34,10 +34,6 @@ from rayflow.shared_cluster import SharedCluster, cluster_key
 from rayflow.tracking import Tracker, git_commit, is_local_store
 from rayflow.tuning import claimed_experiment, experiment_dir, read_state, write_state
 from rayflow.workloads import workload_for
-
-# Config a resumed experiment keeps from its first run, whatever the resume command says.
-RESUMED_KEYS = ("workload", "data", "seed", "compute")
-
 
 @dataclass
 class RunContext:
@@ -275,11 +271,7 @@ def run_job(cfg: DictConfig, overrides: list[str], cluster: SharedCluster) -> Ru
 def _run_here(cfg: DictConfig, overrides: list[str], cluster: SharedCluster, path: Path) -> RunResult:
     """run_job's own run in this process, in the experiment folder `path` that it holds."""
     backend, spec = cluster.backend, cluster.spec
-    resuming = cfg.resume is not False
-    if resuming:  # what trials run is the experiment's, not the resume command line's
-        saved = read_state(path).get("config", {})
-        for key, value in saved.items():  # masked secrets keep the value given now
-            OmegaConf.update(cfg, key, drop_redacted(value), merge=True)
+    resuming = cfg.resume is not False  # its config is the experiment's (composition.resumed)
     workload = workload_for(cfg.workload)
     data = DataSpec.from_config(cfg.data, seed=int(cfg.seed))
     uses_data = workload.USES_DATA  # the presets cifar and ddp; the user's code brings its own
@@ -306,7 +298,9 @@ def _run_here(cfg: DictConfig, overrides: list[str], cluster: SharedCluster, pat
                 tracker.log_metrics(json.loads(os.environ[SUBMITTED_METRICS]))
             elif started:
                 tracker.log_metrics(backend.metrics())
-            state = {"mlflow_run_id": tracker.run_id, "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
+            # what a resume composes again (composition.resumed): the choices and the keys, masked
+            state = {"mlflow_run_id": tracker.run_id, "choices": group_choices(list(overrides)),
+                     "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
             write_state(path, {**read_state(path), **redact(state)})  # keeps what the workload saved (resume)
             hint = f"lower {', '.join(keys)} or use a cluster with bigger nodes"
             with NodePeak() as peak, PlacementWatch(float(cfg.schedule_timeout_s), hint) as watch:

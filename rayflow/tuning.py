@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -86,12 +87,22 @@ def experiment_dir(cfg) -> Path:
             raise ConfigError("resume", f"every {name} experiment under {storage} is running now (resume=true passes running ones by); "
                                         "give resume=PATH once its run has ended")
         return max(idle, key=lambda p: (p / STATE_FILE).stat().st_mtime)
-    path = Path(str(resume)).expanduser().resolve()
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError("resume", f"{path} is not a rayflow experiment folder (no {STATE_FILE})")
+    path = resumed_folder(cfg)
     saved = _workload_of(path)
     if saved not in (None, name):  # its config would be merged into another workload's keys
         raise ConfigError("resume", f"{path} is an experiment of workload {saved}, not {name}; resume it with workload={saved}")
+    return path
+
+
+def resumed_folder(cfg) -> Path:
+    """The experiment `resume` names, whatever its workload (the resume composes its config
+    from it: rayflow.composition.resumed): a rayflow experiment folder that no run holds now.
+    resume=true: the latest of the workload the command line composes to (experiment_dir)."""
+    if cfg.resume is True:
+        return experiment_dir(cfg)
+    path = Path(str(cfg.resume)).expanduser().resolve()
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError("resume", f"{path} is not a rayflow experiment folder (no {STATE_FILE})")
     if is_running(path):
         raise ConfigError("resume", f"{path} is running now (another run holds {path / LOCK_FILE}); resume it once that run has ended")
     return path
@@ -228,6 +239,7 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
         tuner = tune.Tuner.restore(
             str(path), trainable, resume_unfinished=True, resume_errored=True, param_space=job.param_space
         )
+        note_restarts(tuner.get_results())
     else:
         tuner = tune.Tuner(
             trainable,
@@ -266,8 +278,38 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
     env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
     if job.max_pending_trials and "TUNE_MAX_PENDING_TRIALS_PG" not in os.environ:  # the user's own setting wins
         env["TUNE_MAX_PENDING_TRIALS_PG"] = str(max(1, job.max_pending_trials))
-    with _trials_in_prestarted_workers(), scoped_env(env):
+    with _trials_in_prestarted_workers(), scoped_env(env), _without_rays_resume_hint():
         return fit_watching_interrupts(tuner)
+
+
+def note_restarts(results) -> None:
+    """One line, on resume, for the unfinished trials that saved no checkpoint (a trainable that
+    checkpoints nothing): Tune runs them again from their first iteration, not from where they stopped."""
+    fresh = [r for r in results if r.checkpoint is None and (r.error is not None or not (r.metrics or {}).get("done"))]
+    if fresh:
+        print(f"[rayflow] resume: {len(fresh)} unfinished trial(s) saved no checkpoint (the trainable saves none): "
+              "they restart from the start", flush=True)
+
+
+# What Tune logs (ray.tune.tune) when a run is interrupted: its own `Tuner.restore(...)` call.
+# rayflow prints the one instruction that works for its runs, `python -m rayflow resume=PATH`.
+RAY_RESUME_HINTS = ("Resume experiment with:", "Resume training with:")
+
+
+class _NoResumeHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(hint in record.getMessage() for hint in RAY_RESUME_HINTS)
+
+
+@contextlib.contextmanager
+def _without_rays_resume_hint():
+    """Ray Tune's resume instruction left out of its log while the run lasts."""
+    logger, hint = logging.getLogger("ray.tune.tune"), _NoResumeHint()
+    logger.addFilter(hint)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hint)
 
 
 def _result_files() -> list:

@@ -103,6 +103,9 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
         write_state(path, {**state, "train_run_id": run_id})
     if run_id:
         tracker.client.update_run(run_id, status="RUNNING")
+    if ctx.resume and not any(path.glob("checkpoint_*")):  # Ray Train's own, in the run's folder
+        print("[rayflow] resume: the Train run saved no checkpoint (its train_loop reports none): it restarts from the start",
+              flush=True)
     mlflow = {"uri": tracker.absolute_uri, "run_id": run_id} if run_id else None
     fit = trainer(train, name=path.name, storage=str(path.parent), callbacks=[ReportLog(str(path / EPOCHS_FILE), mlflow)])
     errored = interrupted = False
