@@ -254,6 +254,8 @@ def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
     cfg = compose_config(*point)
     keys = {_key(o) for o in point if "=" in o or o.startswith("~")} - set(GROUPS)
     same_groups = {g for g in GROUPS if group_choices(point).get(g) == choices.get(g)}
+    for key in sorted(keys):  # first: a resume that changes the trials is refused, whatever else it lacks
+        _check_unchanged(cfg, key, saved, path)
     with open_dict(cfg):
         for section in RESUMED_KEYS:
             if section not in saved or (section in GROUPS and section not in same_groups):
@@ -263,8 +265,6 @@ def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
                     _restore(cfg, f"{section}.{key}", value, keys)
             else:
                 _restore(cfg, section, saved[section], keys)
-    for key in sorted(keys):
-        _check_unchanged(cfg, key, saved, path)
     return point, cfg
 
 

@@ -1,0 +1,187 @@
+"""The resume command rayflow prints, run verbatim, continues the experiment: for a Tune function,
+a Train loop and an RLlib algorithm of the user's (each failing on purpose on its first run, from
+a project folder outside the repository, as examples/ projects run) and for the CIFAR preset cut
+by Ctrl-C. One instruction is printed, rayflow's; a trainable that saves no checkpoint is said to
+restart its unfinished trials from the start. A resume that would change what the trials run is
+refused in one line naming the key."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import subprocess
+import sys
+
+from rayflow.testing.processes import wait_until
+
+# The user's project: each entry point fails while FAIL (a file next to it) exists.
+FLAKY = '''
+from pathlib import Path
+
+FAIL = Path({marker!r})
+
+
+def objective(config):
+    from ray import tune
+
+    if FAIL.exists():
+        raise RuntimeError("failing on purpose")
+    for i in range(2):
+        tune.report({{"loss": config["lr"] / (i + 1)}})
+
+
+def train_loop(config):
+    from ray import train
+
+    if FAIL.exists():
+        raise RuntimeError("failing on purpose")
+    train.report({{"loss": 1.0}})
+
+
+try:
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+except ImportError:  # only the RLlib test's env needs it
+    CartPoleEnv = object
+
+
+class FlakyCartPole(CartPoleEnv):
+    def __init__(self, config=None):
+        if FAIL.exists():
+            raise RuntimeError("failing on purpose")
+        super().__init__()
+'''
+
+TUNE = ["workload=tune", "workload.trainable=flaky:objective", "workload.metric=loss", "workload.mode=min",
+        "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}}", "backend.num_cpus=1"]
+TRAIN = ["workload=train", "workload.train_loop=flaky:train_loop", "workload.num_workers=1", "backend.num_cpus=1"]
+RLLIB = ["workload=rllib", "workload.algorithm=PPO", "workload.env=flaky:FlakyCartPole",
+         "workload.config={env_runners: {num_env_runners: 0}, "
+         "training: {train_batch_size_per_learner: 64, minibatch_size: 32, num_epochs: 1}}",
+         "workload.stop={training_iteration: 1}", "workload.checkpoint_every=1", "backend.num_cpus=1"]
+CONTINUE = re.compile(r"Continue with: (python -m rayflow \S+)")
+NO_CHECKPOINT = "saved no checkpoint"
+
+
+def _project(rayflow):
+    marker = rayflow.workdir / "FAIL"
+    marker.touch()
+    (rayflow.workdir / "flaky.py").write_text(FLAKY.format(marker=str(marker)))
+    return marker
+
+
+def _printed_resume(out: str) -> str:
+    """The one resume instruction of a run's output: rayflow's, never Ray's Tuner.restore(...)."""
+    assert "Tuner.restore" not in out and ".restore(" not in out, out[-3000:]
+    commands = set(CONTINUE.findall(out))
+    assert len(commands) == 1, out[-3000:]
+    return commands.pop()
+
+
+def _run_verbatim(rayflow, command: str) -> subprocess.CompletedProcess:
+    """`command` as a user pastes it, in the folder they ran the first command from."""
+    argv = [sys.executable if word == "python" else word for word in shlex.split(command)]
+    return subprocess.run(argv, cwd=rayflow.workdir, env=rayflow.env, capture_output=True, text=True, timeout=400)
+
+
+def _fails_then_resumes(rayflow, args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
+    marker = _project(rayflow)
+    first = rayflow.run(*args, timeout=400)
+    assert first.returncode == 1, first.stdout[-2000:] + first.stderr[-3000:]
+    command = _printed_resume(first.stdout + first.stderr)
+    marker.unlink()  # the user fixed their code
+    out = _run_verbatim(rayflow, command)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "Continue with" not in out.stderr + out.stdout, out.stderr[-3000:]
+    return out, command
+
+
+def test_the_printed_resume_of_a_tune_function_runs_verbatim(rayflow):
+    out, command = _fails_then_resumes(rayflow, TUNE)
+    assert "== rayflow results ==" in out.stdout and "best loss" in out.stdout, out.stdout[-2000:]
+    # the function saves no checkpoint: its errored trial runs again from the start, and says so
+    [line] = [line for line in out.stdout.splitlines() if NO_CHECKPOINT in line]
+    assert "1 unfinished trial(s)" in line and "restart from the start" in line, line
+    client, parents, children = rayflow.mlflow("tune")
+    [parent] = parents  # the same parent run, continued
+    assert parent.info.status == "FINISHED" and parent.data.tags.get("resumed") == "true"
+
+    # what the trials run cannot change on resume: one line naming the key, nothing started
+    refused = _run_verbatim(rayflow, f"{command} workload.metric=accuracy")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("rayflow: error: workload.metric: cannot change on resume: ") and "'loss'" in line, line
+
+
+def test_the_printed_resume_of_a_train_loop_runs_verbatim(rayflow):
+    out, _ = _fails_then_resumes(rayflow, TRAIN)
+    assert "== rayflow results (Ray Train) ==" in out.stdout, out.stdout[-2000:]
+
+
+def test_the_printed_resume_of_an_rllib_algorithm_runs_verbatim(rayflow):
+    out, _ = _fails_then_resumes(rayflow, RLLIB)
+    assert "== rayflow results" in out.stdout, out.stdout[-2000:]
+
+
+def test_the_printed_resume_of_cifar_after_ctrl_c_runs_verbatim(rayflow):
+    args = ["workload.num_samples=1", "workload.max_epochs=6", "backend.num_cpus=1", "data.synthetic_train_size=4000",
+            "workload.search_space.batch_size=[32]"]
+    proc, log = rayflow.start(*args)
+    checkpointed = wait_until(lambda: any(rayflow.storage.glob("*/train_cifar_*/checkpoint_*")), timeout=180, interval=0.1)
+    assert checkpointed, log.read_text()[-3000:]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    command = _printed_resume(log.read_text())
+    out = _run_verbatim(rayflow, command)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "trials: 1" in out.stdout and NO_CHECKPOINT not in out.stdout, out.stdout[-2000:]
+
+
+# -- what a resume composes, without Ray: the experiment's state as a run writes it --
+
+def _saved_experiment(tmp_path, *overrides: str):
+    import json
+
+    from rayflow.composition import RESUMED_KEYS, compose_config, group_choices
+    from rayflow.config import to_container
+    from rayflow.redaction import redact
+    from rayflow.tuning import STATE_FILE
+
+    cfg = compose_config(*overrides)
+    path = tmp_path / "tune-1"
+    path.mkdir()
+    state = {"mlflow_run_id": None, "choices": group_choices(list(overrides)),
+             "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
+    (path / STATE_FILE).write_text(json.dumps(redact(state)))
+    return path, to_container(cfg)
+
+
+def test_a_resume_composes_the_experiments_workload_and_keys(tmp_path):
+    from rayflow.composition import compose_config, resumed
+    from rayflow.config import to_container
+
+    path, first = _saved_experiment(tmp_path, *TUNE[:-1], "workload.stop={training_iteration: 3}", "backend=attach",
+                                    "backend.address=127.0.0.1:6379")
+    point, cfg = resumed([f"resume={path}", "tracking=none"], compose_config(f"resume={path}", "tracking=none"))
+    assert to_container(cfg.workload) == first["workload"] and to_container(cfg.backend) == first["backend"]
+    assert cfg.tracking.enabled is False  # the command line's own choice goes on top
+    assert "workload=tune" in point and "backend=attach" in point and point[-1] == f"resume={path}"
+
+
+def test_a_resume_refuses_in_one_line_what_would_change_the_trials(tmp_path):
+    import pytest
+
+    from rayflow.composition import preflight
+    from rayflow.errors import ConfigError
+
+    path, _ = _saved_experiment(tmp_path, *TUNE, "+backend.api_token=s3cr3t")
+    for given, key in ((["workload.metric=accuracy"], "workload.metric"), (["workload=cifar"], "workload"),
+                       (["seed=7"], "seed"), (["+backend.api_token=s3cr3t", "workload.num_samples=4"], "workload.num_samples")):
+        with pytest.raises(ConfigError) as err:
+            preflight([f"resume={path}", *given])
+        assert err.value.key == key and "cannot change on resume" in str(err.value), str(err.value)
+    # the token was saved masked: it must come again, and the refusal says how
+    with pytest.raises(ConfigError) as err:
+        preflight([f"resume={path}"])
+    assert err.value.key == "backend.api_token" and "+backend.api_token=..." in str(err.value)
+    assert "s3cr3t" not in (path / "rayflow.json").read_text()
