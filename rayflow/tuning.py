@@ -239,7 +239,7 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
         tuner = tune.Tuner.restore(
             str(path), trainable, resume_unfinished=True, resume_errored=True, param_space=job.param_space
         )
-        note_restarts(tuner.get_results())
+        note_restarts(path)
     else:
         tuner = tune.Tuner(
             trainable,
@@ -282,10 +282,13 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
         return fit_watching_interrupts(tuner)
 
 
-def note_restarts(results) -> None:
+def note_restarts(path: Path) -> None:
     """One line, on resume, for the unfinished trials that saved no checkpoint (a trainable that
     checkpoints nothing): Tune runs them again from their first iteration, not from where they stopped."""
-    fresh = [r for r in results if r.checkpoint is None and (r.error is not None or not (r.metrics or {}).get("done"))]
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(str(path)).trials  # the state Tuner.restore continues
+    fresh = [t for t in trials if t.status != "TERMINATED" and t.checkpoint is None]
     if fresh:
         print(f"[rayflow] resume: {len(fresh)} unfinished trial(s) saved no checkpoint (the trainable saves none): "
               "they restart from the start", flush=True)
