@@ -48,6 +48,11 @@ def test_rayflow_runs_from_the_folder_holding_the_checkout(tmp_path):
             assert out.returncode == 0, (folder, args, out.stderr[-2000:])
             assert shown in out.stdout, (folder, args, out.stdout[-2000:])
         assert set(os.listdir(folder)) == before, folder  # a dry run writes nothing where it is run
+    # hydra/launcher=rayflow: Hydra lists the plugin's folder, which the install provides (no link of setup's own)
+    code = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
+            "print([c.__name__ for c in Plugins.instance().discover(Launcher)])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert "RayflowLauncher" in out.stdout, out.stderr[-2000:]
 
 
 def _readme_commands() -> list[str]:
