@@ -36,16 +36,15 @@ torch_version=${TORCH_VERSION:-2.13.0}
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   pip_install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$torch_version"
 fi
-# Editable in setuptools' strict mode: the venv gets a tree of links to this checkout's files laid
-# out as the wheel lays them out (conf/ as rayflow/conf, backends/ as rayflow/cluster_defs,
-# hydra_plugins/ as a real folder Hydra lists). The default mode's import hook comes after
-# Python's own search, so from the folder holding a checkout named rayflow that folder was
-# imported as an empty `rayflow` namespace package; a link tree is found first. Edits show at
-# once; a file added or removed shows after this script runs again.
 if $tests; then extras=test; else extras=spark,rllib,kuberay; fi
-pip_install -e ".[$extras]" --config-settings editable_mode=strict
-# What earlier versions of this script added for Hydra to list the plugin, which the link tree now holds.
-rm -rf .venv/rayflow-hydra-plugins "$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/rayflow-hydra-plugins.pth"
+pip_install -e ".[$extras]"
+# Hydra finds plugins by listing the folders of the hydra_plugins namespace package, which an
+# editable install's import hook does not have: hydra/launcher=rayflow is listed from a folder that
+# holds only hydra_plugins/ (a link to this checkout's), put on the venv's path. (A wheel installs
+# it into site-packages and needs none of this.)
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+mkdir -p .venv/rayflow-hydra-plugins && ln -sfn "$PWD/hydra_plugins" .venv/rayflow-hydra-plugins/hydra_plugins
+echo "$PWD/.venv/rayflow-hydra-plugins" > "$site/rayflow-hydra-plugins.pth"
 
 apt_install() {  # apt_install WHAT-NEEDS-THEM PACKAGE...: as root with apt-get, else one line saying what to install
   local why=$1; shift
