@@ -1,0 +1,140 @@
+"""Quiet by default (`verbose`): a small run prints rayflow's lines and the results block, no Tune
+status tables (they come back with verbose=2), and nothing of Ray's after the results; rayflow's
+live line on a terminal never shares a line with another's output; the autoscaler's lines on a
+submitted run are one line per scale event."""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+import time
+
+import pytest
+
+from rayflow import progress
+from rayflow.progress import autoscaler_line, autoscaler_lines, level, tune_verbose
+
+# Lines Tune's own output prints (ray.tune.experimental.output): its status table and its boxes.
+TUNE_TABLE = re.compile(r"^(Trial status:|Current time:|│|╭|╰|Trial \S+ (started|completed|finished))")
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows for `text`: \\r goes back to the line's start, ESC[K clears to
+    its end, other characters overwrite."""
+    lines, line, col = [], [], 0
+    i = 0
+    while i < len(text):
+        if text.startswith("\033[K", i):
+            del line[col:]
+            i += 3
+            continue
+        ch = text[i]
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            lines.append("".join(line))
+            line, col = [], 0
+        else:
+            line[col:col + 1] = [ch]
+            col += 1
+        i += 1
+    return lines + (["".join(line)] if line else [])
+
+
+# --- the key ------------------------------------------------------------------------------------
+
+
+def test_verbose_levels_map_onto_tunes_own():
+    assert [level(v) for v in (False, True, 0, 1, 2, 3, None)] == [0, 2, 0, 1, 2, 3, 0]
+    # rayflow's 0 and 1 keep Tune silent; 2 is Tune's default (tables, start and end boxes); 3 every result
+    assert [tune_verbose(v) for v in (False, 0, 1, 2, True, 3)] == [0, 0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("value", ["4", "-1", "loud", "2.5"])
+def test_a_verbose_out_of_range_is_one_line_naming_the_key(value):
+    from rayflow.composition import check_config, compose_config
+    from rayflow.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        check_config(compose_config(f"verbose={value}", "dry_run=true"))
+    assert caught.value.key == "verbose" and "from 0 to 3, true or false" in str(caught.value)
+
+
+def test_the_default_is_quiet(default_config):
+    assert default_config.verbose == 0
+
+
+# --- a live line on a terminal and another's output ---------------------------------------------
+
+
+def test_a_line_printed_while_a_phase_ticks_starts_a_line_of_its_own(monkeypatch):
+    term = FakeTerminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    with progress.phase("waiting for the first result", "tune", stream=term, tick_after_s=0, tick_every_s=0.01):
+        time.sleep(0.05)  # the live line is drawn, and redrawn
+        print("╭── Trial a config ──╮")  # Tune's box, as verbose=2 prints it
+        print("│ lr   0.01          │")
+        time.sleep(0.05)  # the ticker draws the live line again, under the box
+    shown = screen(term.getvalue())
+    assert "╭── Trial a config ──╮" in shown and "│ lr   0.01          │" in shown, shown
+    assert re.fullmatch(r"\[rayflow\] tune: waiting for the first result\.\.\. done in \d+\.\d s", shown[-1]), shown
+    assert sys.stdout is term  # put back
+
+
+def test_an_unfinished_line_of_anothers_is_not_wiped(monkeypatch):
+    term = FakeTerminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    with progress.phase("waiting", "tune", stream=term, tick_after_s=0, tick_every_s=0.01):
+        sys.stdout.write("downloading 10%")
+        time.sleep(0.05)  # no redraw over it
+    shown = screen(term.getvalue())
+    assert shown[0] == "downloading 10%" and shown[-1].startswith("[rayflow] tune: waiting... done in"), shown
+
+
+# --- the autoscaler ------------------------------------------------------------------------------
+
+# What a small vm run's job log showed of the autoscaler (Ray 2.x, autoscaler v1 and v2).
+AUTOSCALER_LOG = """\
+(autoscaler +2s) Tip: use `ray status` to view detailed cluster status. To disable these messages, set RAY_SCHEDULER_EVENTS=0.
+(autoscaler +2s) Adding 1 node(s) of type rayflow_worker_cpu.
+(autoscaler +3s) Resized to 4 CPUs.
+(pid=4711) epoch 1 loss 0.8
+(autoscaler +9s) Error: No available node types can fulfill resource request {'CPU': 64.0}. Add suitable node types to this cluster to resolve this issue.
+(autoscaler +1m4s) Adding 2 node(s) of type rayflow_worker_gpu.
+(autoscaler +1m5s) Resized to 8 CPUs, 2 GPUs.
+(autoscaler +3m) Removing 2 nodes of type rayflow_worker_cpu (idle).
+(autoscaler +3m) Resized to 4 CPUs.
+\x1b[36m(autoscaler +3m1s)\x1b[0m Restarting 1 nodes of type rayflow_worker_gpu (lost contact with raylet).
+""".splitlines()
+
+
+def test_the_autoscalers_lines_are_one_line_per_scale_event():
+    assert autoscaler_lines(AUTOSCALER_LOG) == [
+        "[rayflow] autoscaler: +1 worker (cpu)",
+        "(pid=4711) epoch 1 loss 0.8",  # not the autoscaler's: as it is
+        AUTOSCALER_LOG[4],  # why a run waits: as it is
+        "[rayflow] autoscaler: +2 workers (gpu)",
+        "[rayflow] autoscaler: -2 workers (cpu, idle)",
+        "[rayflow] autoscaler: restarting 1 worker (gpu, lost contact with raylet)",
+    ]
+
+
+def test_verbose_shows_the_autoscalers_own_lines():
+    assert autoscaler_lines(AUTOSCALER_LOG, verbose=1) == AUTOSCALER_LOG
+    assert autoscaler_line("(autoscaler +1s) Adding 3 node(s) of type ray.worker.default.") == \
+        "[rayflow] autoscaler: +3 workers (ray.worker.default)"
+
+
+def test_a_submitted_runs_streamed_log_summarises_the_autoscaler(monkeypatch):
+    from rayflow.remote import _LogStream
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    _LogStream(None, "job")._write("\n".join(AUTOSCALER_LOG[:4]) + "\n")
+    assert out.getvalue().splitlines() == ["[rayflow] autoscaler: +1 worker (cpu)", "(pid=4711) epoch 1 loss 0.8"]
