@@ -88,9 +88,22 @@ def demand(cfg) -> list[Bundle]:
     return [Bundle("a Train worker", resources, keys, count=int(w.num_workers), count_key="workload.num_workers")]
 
 
+# Ray Train's own record of a run's checkpoints (ray.train.v2 CHECKPOINT_MANAGER_SNAPSHOT_FILENAME),
+# which Result.from_path reads.
+TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"
+
+
+def _saved_result(path: Path):
+    """What the stopped Train run saved (ray.train.Result), or None: a run that failed before its
+    first checkpoint leaves Ray Train no checkpoint snapshot to read a Result from."""
+    from ray.train import Result
+
+    return Result.from_path(str(path)) if (path / TRAIN_SNAPSHOT).exists() else None
+
+
 def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
     """One Ray Train run in the experiment folder; rank 0's reports go to a nested MLflow run."""
-    from ray.train import Result, TrainingFailedError
+    from ray.train import TrainingFailedError
 
     from rayflow.errors import first_error_line
 
@@ -114,7 +127,7 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
         result = fit.fit()
     except TrainingFailedError as err:
         print(f"rayflow: Ray Train failed: {err}", file=sys.stderr, flush=True)
-        result, errored, error = Result.from_path(str(path)), True, first_error_line(err)
+        result, errored, error = _saved_result(path), True, first_error_line(err)
     except (KeyboardInterrupt, SystemExit):
         # Ctrl-C: Ray Train's own SIGINT handler aborts the run and exits through ray.get
         # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
@@ -122,7 +135,7 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
             if run_id:
                 tracker.write("the Train run's end", lambda client, _: client.set_terminated(run_id, "KILLED"))
             raise
-        result, interrupted = Result.from_path(str(path)), True
+        result, interrupted = _saved_result(path), True
     summary = summarize_result(result, train, errored, interrupted)
     summary.error = error
     name = ((result.metrics or {}) if result else {}).get("device_name")  # what the workers reported
