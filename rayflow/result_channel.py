@@ -76,6 +76,22 @@ def signed_line(marker: str, data: Any, key: bytes | None = None) -> str | None:
     return f"{marker}{_mac(key, marker, payload)} {payload}"
 
 
+def emit(line: str) -> None:
+    """Print `line` on a line of its own, in one write to the log: Ray's log thread in the same
+    driver prints its workers' lines meanwhile (`(task pid=...) ...`), and print() writes the text
+    and its newline apart, so a line of theirs could land in the middle or at the end of it."""
+    data = ("\n" + line + "\n").encode("utf-8")
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a notebook's stream): one write()
+        sys.stdout.write(data.decode("utf-8"))
+        sys.stdout.flush()
+        return
+    while data:
+        data = data[os.write(fd, data):]
+
+
 def lines(log: str) -> list[str]:
     """The log's lines as a terminal shows them: split on "\\n" only (a trailing "\\r" dropped)."""
     return [line[:-1] if line.endswith("\r") else line for line in log.split("\n")]
@@ -90,6 +106,7 @@ def read(log: str, marker: str, key: bytes) -> Any | None:
         if not line.startswith(marker):
             continue
         mac, _, payload = line[len(marker):].partition(" ")
+        payload = _json_prefix(payload)  # what another writer may have put after it is not part of it
         if hmac.compare_digest(mac.encode("ascii", "replace"), _mac(key, marker, payload).encode("ascii")):
             found = payload
         else:
@@ -98,6 +115,14 @@ def read(log: str, marker: str, key: bytes) -> Any | None:
         print(f"rayflow: warning: ignored {forged} line(s) of the job's log that start with {marker.strip()!r} "
               "but were not signed by this submission", file=sys.stderr, flush=True)
     return json.loads(found) if found is not None else None
+
+
+def _json_prefix(payload: str) -> str:
+    """The JSON document `payload` starts with (the whole text when it is not JSON)."""
+    try:
+        return payload[:json.JSONDecoder().raw_decode(payload)[1]]
+    except ValueError:
+        return payload
 
 
 def without(log: str, marker: str) -> str:

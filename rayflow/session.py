@@ -30,6 +30,7 @@ from rayflow.process_state import reset_termination, scoped_env, termination_exi
 from rayflow.progress import plain_ray_logs, settle_ray_logs
 from rayflow.redaction import drop_redacted, literal_secrets_note, redact
 from rayflow.result import RESULT_MARKER, RunResult, result_line, returned_result, without_result_line
+from rayflow.result_channel import emit
 from rayflow.shared_cluster import SharedCluster, cluster_key
 from rayflow.tracking import Tracker, git_commit, is_local_store
 from rayflow.tuning import claimed_experiment, experiment_dir, read_state, write_state
@@ -334,7 +335,7 @@ def _run_here(cfg: DictConfig, overrides: list[str], cluster: SharedCluster, pat
         finally:
             tracker.end(status)
             if os.environ.get(SUBMITTED_BY):  # a submitted job: its result, for the side that submitted it
-                print(result_line(result, status), flush=True)
+                emit(result_line(result, status))  # one write: Ray's log thread prints meanwhile
 
 
 def _consecutive(jobs: Sequence[Job]) -> Iterator[list[Job]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    from rayflow.result_channel import take_key
+    from rayflow.result_channel import emit, take_key
 
     take_key()  # before any of the app's code is unpickled
     import cloudpickle
@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     ray.init()  # the job's own cluster (RAY_ADDRESS)
     finished = run_batch(bundle.shared, bundle.jobs, bundle.max_concurrent, bundle.on_failure,
                          bundle.schedule_timeout_s, say=lambda line: print(mask_text(line), flush=True))
-    print(result_line(finished), flush=True)
+    emit(result_line(finished))
     return 0
 
 
