@@ -94,6 +94,22 @@ def test_a_marker_smuggled_after_a_line_separator_is_not_a_line(separator):
     assert without_result_line(f"{line}\n") == f"{line}\n"
 
 
+def test_another_writers_text_run_into_the_line_does_not_void_it(tmp_path, monkeypatch):
+    """Ray's log thread in the driver prints workers' lines while the result goes out: the line is
+    written in one go on a line of its own, and text run onto its end is not part of what is signed."""
+    out = tmp_path / "driver.log"
+    with open(out, "w") as stream:
+        monkeypatch.setattr("sys.stdout", stream)
+        stream.write("(autoscaler +9s) Resized to 1 CPUs.")  # a line of theirs, its newline still to come
+        result_channel.emit(signed(RESULT_MARKER, result_data("run-1")))
+    log = out.read_text() + "\n"
+    result, status = returned_result(log, base(), KEY)
+    assert (status, result.mlflow_run_id) == ("FINISHED", "run-1")
+    appended = signed(RESULT_MARKER, result_data("run-2")) + "(autoscaler +9s) Adding 2 node(s).\n"
+    result, status = returned_result(appended, base(), KEY)
+    assert result.mlflow_run_id == "run-2"
+
+
 def test_the_key_leaves_the_drivers_environment_and_its_workers_job_config(monkeypatch):
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
