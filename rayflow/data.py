@@ -42,9 +42,9 @@ NUM_CLASSES = 10
 # The synthetic set's difficulty (grey levels of uint8 pixels). With these the seed CNN at lr 0.01
 # goes from about 0.3 to 0.6 validation accuracy over 3 epochs and levels off near 0.8; bump
 # SYNTHETIC_VERSION when any of them, or the generator, changes.
-SYNTHETIC_VERSION = 2
-SYNTHETIC_PAIR_AMPLITUDE = 60.0   # the pattern two classes share
-SYNTHETIC_CLASS_AMPLITUDE = 20.0  # the pattern of one class alone
+SYNTHETIC_VERSION = 3
+SYNTHETIC_PAIR_AMPLITUDE = 100.0  # the pattern two classes share
+SYNTHETIC_CLASS_AMPLITUDE = 40.0  # the pattern of one class alone
 SYNTHETIC_CLUTTER_SD = 50.0       # per-image 8x8 clutter: makes classes overlap
 SYNTHETIC_PIXEL_SD = 30.0         # per-pixel noise
 SYNTHETIC_LABEL_NOISE = 0.1       # share of labels drawn at random
@@ -237,7 +237,7 @@ def load_batch(path: Path) -> dict:
         with open(path, "rb") as f:
             batch = BatchUnpickler(f, encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
-        raise DataError(f"data.root: {path} is not a CIFAR-10 batch ({err}); not loaded: remove it or point data.root elsewhere") from None
+        raise DataError(f"data.root: {path} is not a CIFAR-10 batch ({type(err).__name__}: {err}); not loaded: remove it or point data.root elsewhere") from None
     if not isinstance(batch, dict) or not {b"data", b"labels"} <= set(batch):
         raise DataError(f"data.root: {path} is not a CIFAR-10 batch (no data and labels); not loaded: remove it or point data.root elsewhere")
     return batch
