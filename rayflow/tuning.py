@@ -276,6 +276,8 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
     # starts, every run). rayflow's results go to MLflow: only the files Tune's ResultGrid and
     # resume read are kept (_result_files), and the driver imports no torch for them.
     env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+    if job.verbose == 0:  # Tune's new output prints its experiment box even when silent; its legacy one, nothing
+        env["RAY_AIR_NEW_OUTPUT"] = "0"
     if job.max_pending_trials and "TUNE_MAX_PENDING_TRIALS_PG" not in os.environ:  # the user's own setting wins
         env["TUNE_MAX_PENDING_TRIALS_PG"] = str(max(1, job.max_pending_trials))
     with _trials_in_prestarted_workers(), scoped_env(env), _without_rays_resume_hint():

@@ -138,3 +138,68 @@ def test_a_submitted_runs_streamed_log_summarises_the_autoscaler(monkeypatch):
     monkeypatch.setattr(sys, "stdout", out)
     _LogStream(None, "job")._write("\n".join(AUTOSCALER_LOG[:4]) + "\n")
     assert out.getvalue().splitlines() == ["[rayflow] autoscaler: +1 worker (cpu)", "(pid=4711) epoch 1 loss 0.8"]
+
+
+# --- a small run, as a user runs it (one run for the default's assertions) -----------------------
+
+
+def _after_results(lines: list[str]) -> list[str]:
+    [start] = [i for i, line in enumerate(lines) if line.startswith("== rayflow results")]
+    return lines[start:]
+
+
+@pytest.fixture(scope="module")
+def quiet_run(tmp_path_factory, data_root) -> list[str]:
+    """The lines of a small default run, stdout and stderr together in the order they came."""
+    from tests.harness.cli import Rayflow
+
+    cli = Rayflow(tmp_path_factory.mktemp("quiet"), data_root)
+    cli.env.pop("RAY_DEDUP_LOGS", None)  # Ray's default: its held-back `[repeated Nx]` lines are what this checks
+    proc, log = cli.start("workload.num_samples=2", "workload.max_epochs=1", "tracking=none")
+    try:
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text[-5000:]
+    return text.splitlines()
+
+
+def test_a_small_run_prints_no_tune_tables_and_nothing_of_rays_after_its_results(quiet_run):
+    shown = "\n".join(quiet_run)
+    assert not [line for line in quiet_run if TUNE_TABLE.match(line)], shown
+    after = _after_results(quiet_run)
+    assert not [line for line in after if "repeated" in line or "(pid=" in line or line.startswith("(")], shown
+    assert len(quiet_run) <= 40, shown
+
+
+def test_verbose_2_brings_tunes_tables_back(rayflow):
+    out = rayflow.run("workload.num_samples=2", "workload.max_epochs=1", "tracking=none", "verbose=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert [line for line in out.stdout.splitlines() if TUNE_TABLE.match(line)], out.stdout
+
+
+def test_a_notebook_cell_gets_a_few_lines_for_four_trials(rayflow, tmp_path, monkeypatch):
+    """rayflow.run in a real kernel (nbclient), as test_notebook runs one: Tune's notebook
+    tables (about 100 lines for 4 trials) are off; what is left is rayflow's own lines and the
+    results block."""
+    nb_helpers = pytest.importorskip("tests.test_notebook")
+    nbformat = nb_helpers.nbformat
+    jupyter_path = tmp_path / "jupyter"
+    nb_helpers.kernel_spec(jupyter_path)
+    monkeypatch.setenv("JUPYTER_PATH", str(jupyter_path))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": nb_helpers.KERNEL_NAME, "display_name": "rayflow test", "language": "python"}
+    args = [*rayflow.base, "workload.num_samples=4", "workload.max_epochs=1", "tracking=none"]
+    nb.cells.append(nbformat.v4.new_code_cell("import rayflow", metadata={"rayflow_timeout_s": 60}))
+    nb.cells.append(nbformat.v4.new_code_cell(f"result = rayflow.run(*{args!r})", metadata={"rayflow_timeout_s": 300}))
+    env = {**nb_helpers.kernel_env(rayflow.env), "IPYTHONDIR": str(tmp_path / "ipython")}
+    env.pop("RAY_DEDUP_LOGS", None)
+    nb, _ = nb_helpers.execute(nb, rayflow.workdir, env)
+    lines = [line for line in nb_helpers.outputs_text(nb.cells[1]).splitlines() if line.strip()]
+    assert not [line for line in lines if TUNE_TABLE.match(line) or "Trial status" in line], lines
+    assert len(lines) <= 30, "\n".join(lines)
+    tables = [o for o in nb.cells[1].outputs  # Tune's HTML tables in a kernel
+              if o.output_type == "display_data" and o.data.get("text/html", "").strip()]
+    assert not tables, tables[:2]
