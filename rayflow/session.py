@@ -28,7 +28,7 @@ from rayflow.node_usage import NodePeak
 from rayflow.placement import PlacementWatch, copies_at_once
 from rayflow.process_state import reset_termination, scoped_env, termination_exit_code
 from rayflow.progress import plain_ray_logs, settle_ray_logs
-from rayflow.redaction import drop_redacted, literal_secrets_note, redact
+from rayflow.redaction import literal_secrets_note, redact
 from rayflow.result import RESULT_MARKER, RunResult, result_line, returned_result, without_result_line
 from rayflow.result_channel import emit
 from rayflow.shared_cluster import SharedCluster, cluster_key
