@@ -38,13 +38,17 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 if $tests; then extras=test; else extras=spark,rllib,kuberay; fi
 pip_install -e ".[$extras]"
-# Hydra finds plugins by listing the folders of the hydra_plugins namespace package, which an
-# editable install's import hook does not have: hydra/launcher=rayflow is listed from a folder that
-# holds only hydra_plugins/ (a link to this checkout's), put on the venv's path. (A wheel installs
-# it into site-packages and needs none of this.)
+# The editable install maps rayflow's modules (conf/ and backends/ ship as rayflow.conf and
+# rayflow.cluster_defs) with an import hook that Python asks only after its own path search. Run
+# from the folder that holds the clone (`cd ~ && python -m rayflow` with the clone in ~/rayflow),
+# that search finds the clone's folder as a namespace package `rayflow`, whose backends/ (the
+# cluster files) shadows rayflow.backends. With the checkout itself on the path, as compat mode
+# puts it, the search finds the real package (a regular package wins over namespace folders) and
+# the hook still maps rayflow.conf; and Hydra, which lists the folders of the hydra_plugins
+# namespace package, finds hydra/launcher=rayflow there. (A wheel needs none of this.)
 site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-mkdir -p .venv/rayflow-hydra-plugins && ln -sfn "$PWD/hydra_plugins" .venv/rayflow-hydra-plugins/hydra_plugins
-echo "$PWD/.venv/rayflow-hydra-plugins" > "$site/rayflow-hydra-plugins.pth"
+rm -rf .venv/rayflow-hydra-plugins "$site/rayflow-hydra-plugins.pth"  # what earlier versions made
+echo "$PWD" > "$site/rayflow-checkout.pth"
 
 apt_install() {  # apt_install WHAT-NEEDS-THEM PACKAGE...: as root with apt-get, else one line saying what to install
   local why=$1; shift

@@ -37,6 +37,18 @@ def test_hydra_lists_the_launcher_from_outside_the_checkout(tmp_path):
     assert "RayflowLauncher" in out.stdout, out.stderr[-2000:]
 
 
+def test_rayflow_runs_from_the_folder_that_holds_its_clone(tmp_path):
+    """`cd ~ && python -m rayflow` with the clone in ~/rayflow: the clone's folder is no namespace
+    package shadowing the real one (ImportError: cannot import name 'ClusterBackend' before)."""
+    (tmp_path / "rayflow").symlink_to(REPO, target_is_directory=True)  # a clone named as users name it
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for args in (["--help"], ["dry_run=true", "data.synthetic=true"]):
+        out = subprocess.run([sys.executable, "-m", "rayflow", *args], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stdout.startswith("backend: local"), out.stdout[:500]  # the dry run's document
+
+
 def _readme_commands() -> list[str]:
     text = (REPO / "README.md").read_text()
     block = re.search(r"## Two commands\n.*?```bash\n(.*?)```", text, re.S).group(1)
