@@ -186,7 +186,8 @@ def run(cfg, ctx):
     if not sweep:
         return run_training(train, ctx, {**train.config, "num_workers": train.num_workers})
     keys = OmegaConf.create({"workload": {**sweep, "resources_per_trial": {"cpu": 1}, "max_failures": 0,
-                                          "reuse_actors": False, "num_samples": sweep.get("num_samples", 1)}})
+                                          "reuse_actors": False, "num_samples": sweep.get("num_samples", 1)},
+                            "verbose": cfg.get("verbose")})  # Tune's tables only when `verbose` asks
     return tune_kind.run_job(sweep_job(train, ctx, tune_kind.job(keys, train_trial)), ctx)
 
 
