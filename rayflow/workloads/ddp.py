@@ -81,7 +81,7 @@ def sweep(cfg, ctx, train: TrainJob):
     keys = OmegaConf.create({"workload": {
         "search_space": {"lr": {"loguniform": [float(w.sweep.lr.min), float(w.sweep.lr.max)]}},
         "metric": SWEEP_METRIC, "mode": SWEEP_MODE, "num_samples": int(w.sweep.num_samples),
-        "scheduler": scheduler_keys(w), "resources_per_trial": {"cpu": 1}, "max_failures": 0, "reuse_actors": False}},
+        "scheduler": scheduler_keys(w), "resources_per_trial": {"cpu": 1}, "max_failures": 0, "reuse_actors": False},
         "verbose": cfg.get("verbose")})  # Tune's tables only when `verbose` asks
     searched = tune_kind.job(keys, train_trial)
     searched.shown_metrics = ("val_accuracy", "val_loss")
