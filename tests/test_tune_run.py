@@ -109,12 +109,14 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     done, running = found
     finished_before = {t.name: _progress(t) for t in done}
 
-    # From another directory the relative sqlite:///mlflow.db is another store, which does not hold
-    # the experiment's parent run: refused in one line, nothing started, no store made there.
+    # A resume brings the experiment's own store back; a store named on the command line goes on
+    # top: from another directory the relative sqlite:///mlflow.db is another store, which does not
+    # hold the experiment's parent run: refused in one line, nothing started, no store made there.
     elsewhere = rayflow.workdir / "elsewhere"
     elsewhere.mkdir()
     daemons = ray_daemon_pids()
-    wrong = subprocess.run(rayflow.argv(*args, "resume=true"), cwd=elsewhere, env=rayflow.env, capture_output=True, text=True, timeout=120)
+    wrong = subprocess.run(rayflow.argv(*args, "resume=true", "tracking.uri=sqlite:///mlflow.db"), cwd=elsewhere,
+                           env=rayflow.env, capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 2, wrong.stderr[-2000:]
     [line] = wrong.stderr.strip().splitlines()
     assert line.startswith("rayflow: error: resume: the experiment's MLflow parent run ") and "does not exist here" in line, line
