@@ -238,7 +238,7 @@ def load_batch(path: Path) -> dict:
         with open(path, "rb") as f:
             batch = BatchUnpickler(f, encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
-        raise DataError(f"data.root: {path} is not a CIFAR-10 batch ({type(err).__name__}: {err}); not loaded: remove it or point data.root elsewhere") from None
+        raise DataError(f"data.root: {path} is not a CIFAR-10 batch pickle ({type(err).__name__}: {err}); not loaded: remove it or point data.root elsewhere") from None
     if not isinstance(batch, dict) or not {b"data", b"labels"} <= set(batch):
         raise DataError(f"data.root: {path} is not a CIFAR-10 batch (no data and labels); not loaded: remove it or point data.root elsewhere")
     return batch

@@ -370,7 +370,7 @@ def test_a_planted_pickle_in_data_root_runs_nothing_and_is_refused_in_one_line(t
     for name in TRAIN_FILES + [TEST_FILE]:
         (spec.batch_dir / name).write_bytes(pickle.dumps(good, protocol=2))
     (spec.batch_dir / TRAIN_FILES[2]).write_bytes(pickle.dumps({b"data": _Planted(marker), b"labels": []}))
-    with pytest.raises(DataError, match=rf"^data.root: .*{TRAIN_FILES[2]} is not a CIFAR-10 batch \(UnpicklingError: it names posix.system, "
+    with pytest.raises(DataError, match=rf"^data.root: .*{TRAIN_FILES[2]} is not a CIFAR-10 batch pickle \(UnpicklingError: it names posix.system, "
                                         "which a CIFAR-10 batch never holds\\); not loaded") as err:
         load_split(spec)
     assert "\n" not in str(err.value)

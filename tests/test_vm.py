@@ -6,7 +6,6 @@ Slow: a head takes ~12 s and each scale-up ~14 s on 2 cores.
 
 from __future__ import annotations
 
-import re
 
 import signal
 
@@ -202,5 +201,7 @@ class TestHydraLauncherOnVM(KeptCluster, LauncherTestSuite):
 def test_a_hydra_app_outside_the_repository_sweeps_on_vm(tmp_path):
     # no worker to begin with, and none on the head: the jobs' demand makes Ray's autoscaler add them
     out = sweep_comes_home(tmp_path / "app", [*LAUNCHER, "hydra.launcher.min_worker_nodes=0", "hydra.launcher.max_worker_nodes=2"])
-    # the autoscaler's own lines, summarised unless verbose (rayflow.progress.autoscaler_lines)
-    assert re.search(r"\[rayflow\] autoscaler: \+\d+ workers? \(cpu\)", out.stdout + out.stderr), out.stdout[-3000:]
+    # The head has no CPU and no worker runs at first: the jobs finishing is the autoscaler adding
+    # workers. (Its event lines, summarised unless verbose, reach the job's log only at times
+    # before the job ends: they are not asserted.)
+    assert out.returncode == 0
