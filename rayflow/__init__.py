@@ -6,12 +6,12 @@ Importing rayflow loads Hydra's config layer only; ray, torch and mlflow load wh
 
 __version__ = "0.1.0"
 
-from rayflow.api import compose, dry_run, run  # noqa: E402
-from rayflow.errors import (  # noqa: E402
-    ConfigError,  # noqa: E402
+from rayflow.api import compose, dry_run, run
+from rayflow.errors import (
+    ConfigError,
     RunFailed,
     RunInterrupted,
 )
-from rayflow.result import RunResult  # noqa: E402
+from rayflow.results.run_result import RunResult
 
 __all__ = ["ConfigError", "RunFailed", "RunInterrupted", "RunResult", "compose", "dry_run", "run"]

@@ -21,12 +21,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rayflow.errors import ConfigError, RunFailed, RunInterrupted
-from rayflow.result import RunResult
+from rayflow.results.run_result import RunResult
 
 
 def compose(*overrides: str) -> DictConfig:
     """The config `python -m rayflow OVERRIDES` composes, for inspection (nothing is checked)."""
-    from rayflow.composition import compose_config, config_errors
+    from rayflow.orchestrator.compose import compose_config, config_errors
 
     with _masked_errors():
         return config_errors(lambda: compose_config(*map(str, overrides)))
@@ -35,15 +35,19 @@ def compose(*overrides: str) -> DictConfig:
 def dry_run(*overrides: str) -> str:
     """The cluster spec (YAML, secrets masked) that `run(*overrides)` would start or join, after
     the full preflight. Starts nothing."""
-    from rayflow.composition import check_config, config_errors
-    from rayflow.session import spec_text
+    from rayflow.orchestrator.cluster import spec_text
+    from rayflow.orchestrator.compose import config_errors
+    from rayflow.orchestrator.preflight import plan_job
 
     cfg = compose(*overrides, "dry_run=true")
     with _masked_errors():
-        return config_errors(lambda: spec_text(check_config(cfg)))
+        plan = config_errors(lambda: plan_job(cfg, list(overrides)))
+    return spec_text(plan.backend, plan.preload)
 
 
-def run(*overrides: str, multirun: bool = False, **workload_keys: Any) -> RunResult | list[RunResult]:
+def run(
+    *overrides: str, multirun: bool = False, **workload_keys: Any
+) -> RunResult | list[RunResult]:
     """Run the job `python -m rayflow OVERRIDES` runs (`-m OVERRIDES` with multirun=True: one
     job per point of the sweep, every point, consecutive jobs sharing one cluster; a list of
     results) in this process.
@@ -56,8 +60,8 @@ def run(*overrides: str, multirun: bool = False, **workload_keys: Any) -> RunRes
     and RunInterrupted (a KeyboardInterrupt) on Ctrl-C or a kernel interrupt, after tearing
     down what it started; the experiment stays resumable (`err.result.resume()`).
     """
-    from rayflow.composition import preflight
-    from rayflow.session import run_jobs
+    from rayflow.orchestrator.preflight import preflight
+    from rayflow.orchestrator.session import run_jobs
 
     _not_connected_to_ray()
     given = [*map(str, overrides), *(_workload_override(k, v) for k, v in workload_keys.items())]
@@ -82,7 +86,7 @@ def run(*overrides: str, multirun: bool = False, **workload_keys: Any) -> RunRes
 def _masked_errors():
     """A ConfigError quotes the input (Hydra's parse error holds the whole override): its message
     is masked, in place (same exception, same key), before a notebook shows it."""
-    from rayflow.redaction import masked_message
+    from rayflow.security.redaction import masked_message
 
     try:
         yield
@@ -93,8 +97,8 @@ def _masked_errors():
 
 def _workload_override(key: str, value: Any) -> str:
     """`workload.<key>=<value>` in Hydra's override grammar; a function or class is registered
-    (rayflow.user_code) under the `module:name` the config then holds."""
-    from rayflow.user_code import give
+    (rayflow.workloads.user_code) under the `module:name` the config then holds."""
+    from rayflow.workloads.user_code import give
 
     if callable(value):  # quoted: a nested function's name holds "<locals>"
         return f"workload.{key}={_hydra_value(give(value), key)}"
@@ -118,23 +122,33 @@ def _hydra_value(value: Any, key: str) -> str:
     if isinstance(value, dict):
         for k in value:
             if not isinstance(k, str) or not _BARE_KEY.fullmatch(k):
-                raise ConfigError(key, f"a key {k!r} of this mapping is not a plain name (letters, digits, _ and -)")
+                raise ConfigError(
+                    key,
+                    f"a key {k!r} of this mapping is not a plain name (letters, digits, _ and -)",
+                )
         return "{" + ", ".join(f"{k}: {_hydra_value(v, key)}" for k, v in value.items()) + "}"
-    raise ConfigError(key, f"a {type(value).__name__} is not a config value (numbers, strings, lists and mappings are)")
+    raise ConfigError(
+        key,
+        f"a {type(value).__name__} is not a config value (numbers, strings, lists and mappings are)",
+    )
 
 
 def _not_connected_to_ray() -> None:
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        raise ConfigError("backend", "this Python process is already connected to Ray (ray.init); rayflow "
-                          "connects and disconnects itself: call ray.shutdown() first (a cluster it "
-                          "joined keeps running; run on it with backend=attach backend.address=...)")
+        raise ConfigError(
+            "backend",
+            "this Python process is already connected to Ray (ray.init); rayflow "
+            "connects and disconnects itself: call ray.shutdown() first (a cluster it "
+            "joined keeps running; run on it with backend=attach backend.address=...)",
+        )
 
 
 @contextlib.contextmanager
 def _process_state_restored():
     """Put back what a job changes in the process, however it ends (a notebook kernel lives on)."""
-    from rayflow.process_state import TERMINATING, reread_ray_config, reset_termination
+    from rayflow.runtime.environment import reread_ray_config
+    from rayflow.runtime.signals import TERMINATING, reset_termination
 
     env = dict(os.environ)
     main = threading.current_thread() is threading.main_thread()
@@ -144,7 +158,9 @@ def _process_state_restored():
         yield
     finally:
         ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():  # a backend's teardown left the driver connected
+        if (
+            ray is not None and ray.is_initialized()
+        ):  # a backend's teardown left the driver connected
             ray.shutdown()
         changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
         for key in changed:

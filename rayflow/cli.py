@@ -1,6 +1,6 @@
 """`python -m rayflow` / `rayflow`: Hydra's command line, a preflight, then the jobs.
 
-The preflight (rayflow.composition) composes the config of every job the command line asks for
+The preflight (rayflow.orchestrator.compose) composes the config of every job the command line asks for
 (each point of a `-m` sweep) and runs every check before any job starts, so bad input gets one
 line naming the key, exit code 2, and nothing started. The jobs then run in order through
 session.run_jobs, which starts each cluster once for the consecutive jobs that share it.
@@ -18,7 +18,6 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from rayflow.composition import CONFIG_MODULE, CONFIG_NAME, preflight
 from rayflow.errors import (
     ClusterError,
     ConfigError,
@@ -27,7 +26,8 @@ from rayflow.errors import (
     RunFailed,
     RunInterrupted,
 )
-from rayflow.redaction import mask_text, masked_message, redact
+from rayflow.orchestrator.compose import CONFIG_MODULE, CONFIG_NAME
+from rayflow.security.redaction import mask_text, masked_message, redact
 
 # Exit codes (docs: "Exit codes"): 0 done, 1 the run failed, 2 bad input (nothing
 # started), 128 + N stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
@@ -118,7 +118,9 @@ def _informational(cfg: DictConfig) -> None:
 
 def _log_like_hydra() -> None:
     # What @hydra.main's default job logging did for a run: INFO and above on the console.
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+    )
 
 
 def main() -> None:
@@ -143,12 +145,14 @@ def _main() -> None:
         with masked("stdout"), hydra_shows_redacted():
             _informational()
         return
+    from rayflow.orchestrator.preflight import preflight
+
     try:
         jobs = preflight(args.overrides, args.multirun)
     except ConfigError as err:
         fail(err)
     _log_like_hydra()
-    from rayflow.session import run_jobs
+    from rayflow.orchestrator.session import run_jobs
 
     try:
         run_jobs(jobs)

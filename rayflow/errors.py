@@ -75,5 +75,13 @@ def first_error_line(error: BaseException | str | None) -> str | None:
     return lines[-1] if lines else type(error).__name__
 
 
-__all__ = ["ClusterError", "ConfigError", "DataError", "JobError", "RunFailed", "RunInterrupted",
-           "Terminated", "first_error_line"]
+__all__ = [
+    "ClusterError",
+    "ConfigError",
+    "DataError",
+    "JobError",
+    "RunFailed",
+    "RunInterrupted",
+    "Terminated",
+    "first_error_line",
+]

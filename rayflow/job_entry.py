@@ -1,9 +1,9 @@
-"""`python -m rayflow.job_entry`: a submitted run's driver on the head (rayflow.remote).
+"""`python -m rayflow.job_entry`: a submitted run's driver on the head (rayflow.orchestrator.submission).
 
 The command line is the same for every run (`ps`, JobInfo.entrypoint and the dashboard show it):
-the run's overrides come from the request shipped with the job (rayflow.remote.read_request).
+the run's overrides come from the request shipped with the job (rayflow.orchestrator.submission.read_request).
 Before anything of the user's is imported, the driver takes the result key out of its
-environment (rayflow.result_channel.take_key), then runs rayflow's CLI on the overrides as
+environment (rayflow.security.result_channel.take_key), then runs rayflow's CLI on the overrides as
 `python -m rayflow OVERRIDES` would (sys.argv is this process's own copy; the OS's command line
 stays the fixed one).
 """
@@ -14,8 +14,8 @@ import sys
 
 
 def main() -> None:
-    from rayflow.remote import read_request
-    from rayflow.result_channel import take_key
+    from rayflow.orchestrator.submission import read_request
+    from rayflow.security.result_channel import take_key
 
     take_key()
     request = read_request()

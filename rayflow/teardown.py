@@ -24,12 +24,19 @@ def main(argv: list[str]) -> int:
     from rayflow.backends.vm.state import forget
 
     if path.is_dir():
-        from rayflow.processes import stop_processes_mentioning
+        from rayflow.runtime.processes import stop_processes_mentioning
 
         # only what rayflow made: its processes are stopped and the folder removed
-        if not (path.name.startswith("rf-vm-") and (path / "autoscaling.yaml").is_file() and path.stat().st_uid == os.getuid()):
-            print(f"rayflow.teardown: {path} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its "
-                  "autoscaling.yaml): nothing stopped", file=sys.stderr)
+        if not (
+            path.name.startswith("rf-vm-")
+            and (path / "autoscaling.yaml").is_file()
+            and path.stat().st_uid == os.getuid()
+        ):
+            print(
+                f"rayflow.teardown: {path} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its "
+                "autoscaling.yaml): nothing stopped",
+                file=sys.stderr,
+            )
             return 2
 
         stop_processes_mentioning(str(path))

@@ -85,7 +85,7 @@ def mlflow_trial_runs(storage: Path):
     """rayflow's trial callback, writing into a parent run of a fresh SQLite store."""
     from mlflow.tracking import MlflowClient
 
-    from rayflow.trial_runs import TrialRuns
+    from rayflow.tracking.trial_runs import TrialRuns
 
     uri = f"sqlite:///{storage / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -99,16 +99,21 @@ def tune_overhead(args) -> dict:
     from ray import tune
 
     from rayflow.backends.local import LocalCluster
-    from rayflow.composition import compose_config
-    from rayflow.placement import copies_at_once
-    from rayflow.tuning import fit_watching_interrupts, run_tune
-    from rayflow.user_code import give
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.runtime.placement import copies_at_once
     from rayflow.workloads import tune as tune_kind
+    from rayflow.workloads.tune_runner import fit_watching_interrupts, run_tune
+    from rayflow.workloads.user_code import give
 
     trainable = sleep_trainable(args.trial_seconds, args.reports)
     param_space = {"i": tune.grid_search(list(range(args.trials)))}
-    cfg = compose_config("workload=tune", f'workload.trainable="{give(trainable)}"', "workload.metric=score",
-                         "workload.mode=max", f"workload.search_space={{i: {{grid_search: {list(range(args.trials))}}}}}")
+    cfg = compose_config(
+        "workload=tune",
+        f'workload.trainable="{give(trainable)}"',
+        "workload.metric=score",
+        "workload.mode=max",
+        f"workload.search_space={{i: {{grid_search: {list(range(args.trials))}}}}}",
+    )
     ideal = args.trials * args.trial_seconds / SLOTS
 
     # Both return whether Ctrl-C stopped Tune early; fit_watching_interrupts only swaps a
@@ -123,7 +128,9 @@ def tune_overhead(args) -> dict:
         # built from them (rayflow.workloads.tune.job) and run by run_tune, as a run does.
         tuned = tune_kind.job(cfg, trainable, callbacks=callbacks)
         tuned.verbose = 0
-        tuned.max_pending_trials = slots  # as run_job sets it from the run's cluster (RunContext.trial_slots)
+        tuned.max_pending_trials = (
+            slots  # as run_job sets it from the run's cluster (RunContext.trial_slots)
+        )
         return run_tune(tuned, storage / "rayflow-bench")[1]
 
     def plain_run(storage: Path, _: None) -> bool:
@@ -139,8 +146,10 @@ def tune_overhead(args) -> dict:
         # The cluster backend=local starts for this job: its idle workers prestarted with the
         # workload's imports (Tune's function-trainable wrapper; a notebook's function travels
         # pickled), as `python -m rayflow workload=tune` gets them.
-        backend = LocalCluster(compose_config(f"backend.num_cpus={SLOTS}", "backend.include_dashboard=false").backend,
-                               auth_mode=os.environ["RAY_AUTH_MODE"])
+        backend = LocalCluster(
+            compose_config(f"backend.num_cpus={SLOTS}", "backend.include_dashboard=false").backend,
+            auth_mode=os.environ["RAY_AUTH_MODE"],
+        )
         backend.preload_worker_imports(tune_kind.worker_imports(cfg), processes=SLOTS)
         return backend
 
@@ -160,7 +169,10 @@ def tune_overhead(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="rayflow-bench-"))
     walls: dict[str, list[float]] = {"rayflow": [], "plain": []}
     starts: dict[str, list[float]] = {"rayflow": [], "plain": []}
-    paths = (("rayflow", rayflow_cluster, rayflow_setup, rayflow_run), ("plain", plain_cluster, lambda s: None, plain_run))
+    paths = (
+        ("rayflow", rayflow_cluster, rayflow_setup, rayflow_run),
+        ("plain", plain_cluster, lambda s: None, plain_run),
+    )
     try:
         # Alternate A and B so drift (other load on the machine, warm caches) hits
         # both alike instead of all of one side.
@@ -178,8 +190,10 @@ def tune_overhead(args) -> dict:
                     walls[name].append(time.perf_counter() - start)
                 if interrupted:  # a cut-short run's wall time means nothing
                     raise SystemExit(130)
-                log(f"repeat {rep + 1}/{args.repeats} {name}: {walls[name][-1]:.2f} s (ideal {ideal:.2f} s; "
-                    f"cluster start {starts[name][-1]:.1f} s)")
+                log(
+                    f"repeat {rep + 1}/{args.repeats} {name}: {walls[name][-1]:.2f} s (ideal {ideal:.2f} s; "
+                    f"cluster start {starts[name][-1]:.1f} s)"
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -205,9 +219,15 @@ def tune_overhead_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, default=16)
     p.add_argument("--trial-seconds", type=float, default=2.0, help="time each trial sleeps in all")
     p.add_argument("--reports", type=int, default=4, help="tune.report calls per trial")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each path; the median is reported")
-    p.add_argument("--no-tracking", dest="tracking", action="store_false",
-                   help="leave out the MLflow trial callback on rayflow's side")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs of each path; the median is reported"
+    )
+    p.add_argument(
+        "--no-tracking",
+        dest="tracking",
+        action="store_false",
+        help="leave out the MLflow trial callback on rayflow's side",
+    )
 
 
 def spark_cluster(args) -> dict:
@@ -217,10 +237,14 @@ def spark_cluster(args) -> dict:
 
     from rayflow.backends import backend_for
     from rayflow.backends.spark.cluster import stop_session_and_jvm
-    from rayflow.composition import compose_config
+    from rayflow.orchestrator.compose import compose_config
 
-    overrides = ["backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=2",
-                 f"backend.autoscale_idle_timeout_minutes={args.idle_minutes}"]
+    overrides = [
+        "backend=spark",
+        "backend.min_worker_nodes=1",
+        "backend.max_worker_nodes=2",
+        f"backend.autoscale_idle_timeout_minutes={args.idle_minutes}",
+    ]
     cfg = compose_config(*overrides)
 
     def rayflow_path():
@@ -247,6 +271,7 @@ def spark_cluster(args) -> dict:
             ray.shutdown()
             shutdown_ray_cluster()
             stop_session_and_jvm(spark)
+
         return ready, stop
 
     def scaling() -> tuple[float, float]:
@@ -280,43 +305,83 @@ def spark_cluster(args) -> dict:
             finally:
                 stop()
             figures.setdefault(name, []).append((ready, up, down))
-            log(f"repeat {rep + 1}/{args.repeats} {name}: ready {ready:.1f} s, scale-up {up:.1f} s, scale-down {down:.1f} s")
+            log(
+                f"repeat {rep + 1}/{args.repeats} {name}: ready {ready:.1f} s, scale-up {up:.1f} s, scale-down {down:.1f} s"
+            )
 
-    med = {name: [statistics.median(v[i] for v in runs) for i in range(3)] for name, runs in figures.items()}
+    med = {
+        name: [statistics.median(v[i] for v in runs) for i in range(3)]
+        for name, runs in figures.items()
+    }
     return {
         "name": "spark-cluster",
         "ratio": round(med["rayflow"][0] / med["plain"][0], 4),
-        "ready_s": round(med["rayflow"][0], 2), "plain_ready_s": round(med["plain"][0], 2),
-        "scale_up_s": round(med["rayflow"][1], 2), "plain_scale_up_s": round(med["plain"][1], 2),
-        "scale_down_s": round(med["rayflow"][2], 2), "plain_scale_down_s": round(med["plain"][2], 2),
-        "idle_timeout_s": args.idle_minutes * 60, "master": str(cfg.backend.master), "repeats": args.repeats,
+        "ready_s": round(med["rayflow"][0], 2),
+        "plain_ready_s": round(med["plain"][0], 2),
+        "scale_up_s": round(med["rayflow"][1], 2),
+        "plain_scale_up_s": round(med["plain"][1], 2),
+        "scale_down_s": round(med["rayflow"][2], 2),
+        "plain_scale_down_s": round(med["plain"][2], 2),
+        "idle_timeout_s": args.idle_minutes * 60,
+        "master": str(cfg.backend.master),
+        "repeats": args.repeats,
     }
 
 
 def spark_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-minutes", type=float, default=0.1, help="autoscale_idle_timeout_minutes")
-    p.add_argument("--task-seconds", type=float, default=40, help="length of the two tasks that force a scale-up")
+    p.add_argument(
+        "--task-seconds",
+        type=float,
+        default=40,
+        help="length of the two tasks that force a scale-up",
+    )
     p.add_argument("--repeats", type=int, default=1)
 
 
 # name -> (function returning the result dict, function adding its options, help).
 # A new benchmark is one more entry here (longer ones live in a bench_*.py next to this file).
 BENCHMARKS = {
-    "data-pipeline": (bench_data.data_pipeline, bench_data.data_pipeline_args,
-                      "seconds per CIFAR10 epoch: rayflow's in-memory tensors against the seed's torchvision DataLoader"),
-    "cifar-search": (bench_data.cifar_search, bench_data.cifar_search_args,
-                     "wall seconds of the whole workload=cifar search (8 trials x 10 epochs) on GPU or CPU"),
-    "ppo": (bench_ppo.ppo, bench_ppo.ppo_args,
-            "wall seconds and env steps to return 450 on CartPole: workload=ppo against RLlib alone"),
-    "ddp-overhead": (bench_ddp.ddp_overhead, bench_ddp.ddp_overhead_args,
-                     "step time of rayflow's Ray Train path against raw torch.distributed DDP, 2 CPU workers"),
-    "tune-overhead": (tune_overhead, tune_overhead_args, "rayflow's run_tune against a plain Tuner"),
-    "vm-cluster": (bench_vm.vm_cluster, bench_vm.vm_cluster_args,
-                   "backend=vm on fake_multinode: head ready, scale-up/down, what submitting the run as a Ray Job adds"),
-    "hydra-launcher": (bench_launcher.hydra_launcher, bench_launcher.hydra_launcher_args,
-                       "a Hydra app's sweep: hydra/launcher=rayflow on local against Hydra's basic launcher"),
-    "spark-cluster": (spark_cluster, spark_cluster_args,
-                      "Ray on Spark via rayflow against plain setup_ray_cluster: ready, scale-up, scale-down"),
+    "data-pipeline": (
+        bench_data.data_pipeline,
+        bench_data.data_pipeline_args,
+        "seconds per CIFAR10 epoch: rayflow's in-memory tensors against the seed's torchvision DataLoader",
+    ),
+    "cifar-search": (
+        bench_data.cifar_search,
+        bench_data.cifar_search_args,
+        "wall seconds of the whole workload=cifar search (8 trials x 10 epochs) on GPU or CPU",
+    ),
+    "ppo": (
+        bench_ppo.ppo,
+        bench_ppo.ppo_args,
+        "wall seconds and env steps to return 450 on CartPole: workload=ppo against RLlib alone",
+    ),
+    "ddp-overhead": (
+        bench_ddp.ddp_overhead,
+        bench_ddp.ddp_overhead_args,
+        "step time of rayflow's Ray Train path against raw torch.distributed DDP, 2 CPU workers",
+    ),
+    "tune-overhead": (
+        tune_overhead,
+        tune_overhead_args,
+        "rayflow's run_tune against a plain Tuner",
+    ),
+    "vm-cluster": (
+        bench_vm.vm_cluster,
+        bench_vm.vm_cluster_args,
+        "backend=vm on fake_multinode: head ready, scale-up/down, what submitting the run as a Ray Job adds",
+    ),
+    "hydra-launcher": (
+        bench_launcher.hydra_launcher,
+        bench_launcher.hydra_launcher_args,
+        "a Hydra app's sweep: hydra/launcher=rayflow on local against Hydra's basic launcher",
+    ),
+    "spark-cluster": (
+        spark_cluster,
+        spark_cluster_args,
+        "Ray on Spark via rayflow against plain setup_ray_cluster: ready, scale-up, scale-down",
+    ),
 }
 
 

@@ -23,8 +23,15 @@ SLOTS = 2
 
 def _sweep(app: Path, launcher: list[str], jobs: int, seconds: float) -> float:
     env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
-    argv = [sys.executable, "my_app.py", "-m", *launcher, f"hold_s={seconds}", "seed=" + ",".join(map(str, range(jobs))),
-            f"hydra.sweep.dir={tempfile.mkdtemp(prefix='sweep-', dir=app)}"]
+    argv = [
+        sys.executable,
+        "my_app.py",
+        "-m",
+        *launcher,
+        f"hold_s={seconds}",
+        "seed=" + ",".join(map(str, range(jobs))),
+        f"hydra.sweep.dir={tempfile.mkdtemp(prefix='sweep-', dir=app)}",
+    ]
     started = time.monotonic()
     out = subprocess.run(argv, cwd=app, env=env, stdout=sys.stderr, stderr=sys.stderr, timeout=900)
     wall = time.monotonic() - started
@@ -38,16 +45,36 @@ def hydra_launcher(args) -> dict:
         app = Path(shutil.copytree(REPO / "examples" / "hydra-app", Path(tmp) / "app"))
         rayflow, basic = [], []
         for _ in range(args.repeats):
-            rayflow.append(_sweep(app, ["hydra/launcher=rayflow", f"hydra.launcher.num_cpus={SLOTS}"], args.jobs, args.job_seconds))
+            rayflow.append(
+                _sweep(
+                    app,
+                    ["hydra/launcher=rayflow", f"hydra.launcher.num_cpus={SLOTS}"],
+                    args.jobs,
+                    args.job_seconds,
+                )
+            )
             basic.append(_sweep(app, ["hydra/launcher=basic"], args.jobs, args.job_seconds))
     ideal = args.jobs * args.job_seconds / SLOTS
     wall, plain = statistics.median(rayflow), statistics.median(basic)
-    return {"benchmark": "hydra-launcher", "jobs": args.jobs, "job_seconds": args.job_seconds, "slots": SLOTS,
-            "repeats": args.repeats, "wall_s": round(wall, 2), "ideal_s": ideal, "ratio": round(wall / ideal, 3),
-            "basic_wall_s": round(plain, 2), "speedup": round(plain / wall, 2)}
+    return {
+        "benchmark": "hydra-launcher",
+        "jobs": args.jobs,
+        "job_seconds": args.job_seconds,
+        "slots": SLOTS,
+        "repeats": args.repeats,
+        "wall_s": round(wall, 2),
+        "ideal_s": ideal,
+        "ratio": round(wall / ideal, 3),
+        "basic_wall_s": round(plain, 2),
+        "speedup": round(plain / wall, 2),
+    }
 
 
 def hydra_launcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=8)
-    p.add_argument("--job-seconds", type=float, default=4.0, help="how long each job holds (the app's hold_s)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each launcher; the median is reported")
+    p.add_argument(
+        "--job-seconds", type=float, default=4.0, help="how long each job holds (the app's hold_s)"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs of each launcher; the median is reported"
+    )

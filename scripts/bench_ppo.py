@@ -2,7 +2,7 @@
 
 rayflow's side is the ppo workload as the CLI runs it (its PPOConfig through Ray Tune, the
 per-iteration MLflow trial runs, checkpoints every 5 iterations and at the end); the plain
-side is the same PPOConfig (rayflow.workloads.ppo.algo_config) built and trained directly
+side is the same PPOConfig (rayflow.workloads.presets.ppo.algo_config) built and trained directly
 with RLlib's Algorithm.train() until the return reaches the goal. Sides alternate, with the
 same seed. Each run gets a new local cluster, started the way `python -m rayflow
 workload=ppo` starts it (backend=local, 2 CPUs, its idle workers importing the workload's
@@ -29,30 +29,39 @@ def log(msg: str) -> None:
 def cluster(cfg):
     """A new local cluster, configured by the CLI's preflight as `python -m rayflow workload=ppo
     backend.num_cpus=2` configures it (with --no-warm: backend.preload_worker_imports=false)."""
-    from rayflow.session import check_config
+    from rayflow.orchestrator.cluster import running
+    from rayflow.orchestrator.preflight import plan_job
 
-    return check_config(cfg)
+    plan = plan_job(cfg, [])
+    return running(plan.backend, plan.preload)
 
 
 def overrides(args) -> list[str]:
-    return ["workload=ppo", "backend.num_cpus=2", f"backend.preload_worker_imports={str(args.warm).lower()}"]
+    return [
+        "workload=ppo",
+        "backend.num_cpus=2",
+        f"backend.preload_worker_imports={str(args.warm).lower()}",
+    ]
 
 
 def rayflow_side(folder: Path, args) -> tuple[float, int, float]:
     """(wall s, env steps, return) of workload=ppo through rayflow's Tune path, MLflow on."""
-    from rayflow.composition import compose_config
-    from rayflow.data import DataSpec
-    from rayflow.session import RunContext
-    from rayflow.tracking import Tracker
-    from rayflow.tuning import experiment_dir
-    from rayflow.workloads import ppo
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.results.experiment import experiment_dir
+    from rayflow.tracking.tracker import Tracker
+    from rayflow.workloads import RunContext
+    from rayflow.workloads.presets import ppo
 
-    cfg = compose_config(*overrides(args), f"storage_path={folder}",
-                         f"tracking.uri=sqlite:///{folder}/mlflow.db",
-                         f"workload.stop.episode_return_mean={args.goal}", f"workload.stop.env_steps={args.max_steps}")
+    cfg = compose_config(
+        *overrides(args),
+        f"storage_path={folder}",
+        f"tracking.uri=sqlite:///{folder}/mlflow.db",
+        f"workload.stop.episode_return_mean={args.goal}",
+        f"workload.stop.env_steps={args.max_steps}",
+    )
     tracker = Tracker(cfg)
     tracker.start(cfg, "", tags={"workload": "ppo"})  # the store and parent run exist before timing
-    context = RunContext(tracker, DataSpec.from_config(cfg.data), experiment_dir(cfg), resume=False)
+    context = RunContext(tracker, experiment_dir(cfg), resume=False)
     with cluster(cfg):
         start = time.perf_counter()
         summary = ppo.run(cfg, context)
@@ -63,8 +72,8 @@ def rayflow_side(folder: Path, args) -> tuple[float, int, float]:
 
 def plain_side(folder: Path, args) -> tuple[float, int, float]:
     """The same PPOConfig, driven by RLlib alone, on the same kind of cluster."""
-    from rayflow.composition import compose_config
-    from rayflow.workloads.ppo import algo_config
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.workloads.presets.ppo import algo_config
 
     cfg = compose_config(*overrides(args), "tracking=none")
     config = algo_config(cfg, gpu=False)
@@ -98,23 +107,41 @@ def ppo(args) -> dict:
                 folder.mkdir()
                 runs[name].append(side(folder, args))
                 wall, steps, value = runs[name][-1]
-                log(f"repeat {rep + 1}/{args.repeats} {name}: return {value:.1f} after {steps} env steps, {wall:.1f} s")
+                log(
+                    f"repeat {rep + 1}/{args.repeats} {name}: return {value:.1f} after {steps} env steps, {wall:.1f} s"
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = statistics.median(r[0] for r in runs["rayflow"])
     plain = statistics.median(r[0] for r in runs["plain"])
     return {
-        "name": "ppo", "ratio": round(wall / plain, 4), "wall_s": round(wall, 2), "plain_wall_s": round(plain, 2),
+        "name": "ppo",
+        "ratio": round(wall / plain, 4),
+        "wall_s": round(wall, 2),
+        "plain_wall_s": round(plain, 2),
         "env_steps": statistics.median(r[1] for r in runs["rayflow"]),
         "plain_env_steps": statistics.median(r[1] for r in runs["plain"]),
         "reached": all(r[2] >= args.goal for side in runs.values() for r in side),
-        "warm_workers": args.warm, "runs": runs, "goal": args.goal, "env": "CartPole-v1", "repeats": args.repeats, "ray_version": ray.__version__,
+        "warm_workers": args.warm,
+        "runs": runs,
+        "goal": args.goal,
+        "env": "CartPole-v1",
+        "repeats": args.repeats,
+        "ray_version": ray.__version__,
     }
 
 
 def ppo_args(p) -> None:
-    p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating; medians compared")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="runs of each side, alternating; medians compared"
+    )
     p.add_argument("--goal", type=float, default=450.0, help="episode_return_mean to reach")
-    p.add_argument("--max-steps", type=int, default=300_000, help="give up after this many env steps")
-    p.add_argument("--no-warm", dest="warm", action="store_false",
-                   help="both sides without backend.preload_worker_imports (what it saves)")
+    p.add_argument(
+        "--max-steps", type=int, default=300_000, help="give up after this many env steps"
+    )
+    p.add_argument(
+        "--no-warm",
+        dest="warm",
+        action="store_false",
+        help="both sides without backend.preload_worker_imports (what it saves)",
+    )

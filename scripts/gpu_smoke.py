@@ -25,9 +25,25 @@ import time
 from pathlib import Path
 
 WORKLOADS = {
-    "cifar": ["workload=cifar", "workload.num_samples=2", "workload.max_epochs=1", "workload.resources_per_trial.gpu=0.5"],
-    "ddp": ["workload=ddp", "workload.num_workers=1", "workload.epochs=1", "workload.amp=true", "workload.model=resnet"],
-    "ppo": ["workload=ppo", "workload.stop.iterations=3", "workload.train_batch_size=1000", "workload.checkpoint_every=1"],
+    "cifar": [
+        "workload=cifar",
+        "workload.num_samples=2",
+        "workload.max_epochs=1",
+        "workload.resources_per_trial.gpu=0.5",
+    ],
+    "ddp": [
+        "workload=ddp",
+        "workload.num_workers=1",
+        "workload.epochs=1",
+        "workload.amp=true",
+        "workload.model=resnet",
+    ],
+    "ppo": [
+        "workload=ppo",
+        "workload.stop.iterations=3",
+        "workload.train_batch_size=1000",
+        "workload.checkpoint_every=1",
+    ],
 }
 COMPUTE, DEVICE = "compute=gpu", "cuda"  # what every run asks for, and the parent's device tag then
 CHECKPOINTS = {
@@ -48,13 +64,17 @@ def preflight() -> str:
     except Exception as err:  # noqa: BLE001 - any failure to import torch means no GPU run
         raise Refused(f"torch does not import ({type(err).__name__}: {err})") from None
     if not torch.cuda.is_available():
-        raise Refused(f"no CUDA device: torch {torch.__version__} sees none "
-                      f"(CUDA build: {torch.version.cuda or 'no'}); run it on a machine with an NVIDIA GPU")
+        raise Refused(
+            f"no CUDA device: torch {torch.__version__} sees none "
+            f"(CUDA build: {torch.version.cuda or 'no'}); run it on a machine with an NVIDIA GPU"
+        )
     for module in ("rayflow", "ray", "mlflow", "hydra"):
         try:
             __import__(module)
         except Exception as err:  # noqa: BLE001
-            raise Refused(f"rayflow is not installed with its dependencies here ({type(err).__name__}: {err})") from None
+            raise Refused(
+                f"rayflow is not installed with its dependencies here ({type(err).__name__}: {err})"
+            ) from None
     return torch.cuda.get_device_name(0)
 
 
@@ -87,7 +107,9 @@ def check(name: str, folder: Path, gpu: str, proc) -> list[str]:
     if parent.data.tags.get("device") != DEVICE:
         problems.append(f"parent tag device={parent.data.tags.get('device')!r}")
     if gpu not in parent.data.tags.get("device_name", ""):
-        problems.append(f"parent tag device_name={parent.data.tags.get('device_name')!r} lacks {gpu!r}")
+        problems.append(
+            f"parent tag device_name={parent.data.tags.get('device_name')!r} lacks {gpu!r}"
+        )
     expected = {"cifar": 2, "ddp": 1, "ppo": 1}[name]
     if len(nested) != expected:
         problems.append(f"{len(nested)} nested runs, expected {expected}")
@@ -97,7 +119,9 @@ def check(name: str, folder: Path, gpu: str, proc) -> list[str]:
         if run.info.status != "FINISHED":
             problems.append(f"{label}: {run.info.status}")
         if gpu not in run.data.tags.get("device_name", ""):
-            problems.append(f"{label}: device_name={run.data.tags.get('device_name')!r} lacks {gpu!r}")
+            problems.append(
+                f"{label}: device_name={run.data.tags.get('device_name')!r} lacks {gpu!r}"
+            )
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, metric))
         want = [1, 2, 3] if name == "ppo" else [1]
         if steps != want:
@@ -109,21 +133,32 @@ def check(name: str, folder: Path, gpu: str, proc) -> list[str]:
             problems.append("the two trials did not overlap in time (not sharing the GPU)")
     saved = sorted((folder / "ray_results").glob(CHECKPOINTS[name]))
     if len(saved) < expected:
-        problems.append(f"{len(saved)} checkpoints ({CHECKPOINTS[name]}), expected at least {expected}")
+        problems.append(
+            f"{len(saved)} checkpoints ({CHECKPOINTS[name]}), expected at least {expected}"
+        )
     return problems
 
 
 def seen(name: str, folder: Path) -> str:
     saved = len(list((folder / "ray_results").glob(CHECKPOINTS[name])))
-    return {"cifar": f"2 trials sharing 1 GPU, {saved} checkpoints",
-            "ddp": f"1 NCCL worker, AMP, {saved} checkpoint(s)",
-            "ppo": f"3 iterations, GPU learner, {saved} checkpoints"}[name]
+    return {
+        "cifar": f"2 trials sharing 1 GPU, {saved} checkpoints",
+        "ddp": f"1 NCCL worker, AMP, {saved} checkpoint(s)",
+        "ppo": f"3 iterations, GPU learner, {saved} checkpoints",
+    }[name]
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/gpu_smoke.sh", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default="cifar,ddp,ppo", help="comma-separated, from cifar, ddp, ppo")
-    parser.add_argument("--workdir", help="keep the runs (storage, MLflow stores, logs) here; default: a temporary folder, removed when all pass")
+    parser = argparse.ArgumentParser(
+        prog="scripts/gpu_smoke.sh", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--workloads", default="cifar,ddp,ppo", help="comma-separated, from cifar, ddp, ppo"
+    )
+    parser.add_argument(
+        "--workdir",
+        help="keep the runs (storage, MLflow stores, logs) here; default: a temporary folder, removed when all pass",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds each workload may take")
     args = parser.parse_args(argv)
     chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -145,17 +180,38 @@ def main(argv=None) -> int:
         folder = work / name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
-        argv = [sys.executable, "-m", "rayflow", *WORKLOADS[name], COMPUTE, "backend=local",
-                "data.synthetic=true", f"data.root={work / 'data'}", f"storage_path={folder / 'ray_results'}",
-                f"tracking.uri=sqlite:///{folder / 'mlflow.db'}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "rayflow",
+            *WORKLOADS[name],
+            COMPUTE,
+            "backend=local",
+            "data.synthetic=true",
+            f"data.root={work / 'data'}",
+            f"storage_path={folder / 'ray_results'}",
+            f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
+        ]
         print(f"[gpu_smoke] {name}: {' '.join(argv[3:])}", file=sys.stderr, flush=True)
         began = time.perf_counter()
         try:
-            proc = subprocess.run(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, timeout=args.timeout)
+            proc = subprocess.run(
+                argv,
+                cwd=folder,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=args.timeout,
+            )
         except subprocess.TimeoutExpired as err:
-            proc = subprocess.CompletedProcess(argv, 124, stdout=(err.stdout or b"").decode(errors="replace")
-                                               if isinstance(err.stdout, bytes) else (err.stdout or ""))
+            proc = subprocess.CompletedProcess(
+                argv,
+                124,
+                stdout=(err.stdout or b"").decode(errors="replace")
+                if isinstance(err.stdout, bytes)
+                else (err.stdout or ""),
+            )
             proc.stdout += f"\ntimed out after {args.timeout:g} s"
         wall = time.perf_counter() - began
         (folder / "run.log").write_text(proc.stdout)
@@ -165,9 +221,16 @@ def main(argv=None) -> int:
             problems = [f"could not read the results: {type(err).__name__}: {err}"]
         result = "PASS  " + seen(name, folder) if not problems else "FAIL  " + "; ".join(problems)
         rows.append((name, gpu, f"{wall:.1f} s", result))
-        print(f"[gpu_smoke] {name}: {result} ({wall:.1f} s; log {folder / 'run.log'})", file=sys.stderr, flush=True)
+        print(
+            f"[gpu_smoke] {name}: {result} ({wall:.1f} s; log {folder / 'run.log'})",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    widths = [max(len(str(r[i])) for r in rows + [("workload", "GPU", "wall", "result")]) for i in range(3)]
+    widths = [
+        max(len(str(r[i])) for r in rows + [("workload", "GPU", "wall", "result")])
+        for i in range(3)
+    ]
     lines = [f"{'workload':<{widths[0]}}  {'GPU':<{widths[1]}}  {'wall':>{widths[2]}}  result"]
     lines += [f"{w:<{widths[0]}}  {g:<{widths[1]}}  {t:>{widths[2]}}  {r}" for w, g, t, r in rows]
     print("\n".join(lines), flush=True)

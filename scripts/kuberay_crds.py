@@ -47,7 +47,9 @@ def strip_descriptions(node: dict) -> dict:
 def extract_v1_schema(crd_path: str | Path) -> tuple[str, dict]:
     """(kind, the v1 openAPIV3Schema without descriptions) of one CRD file."""
     # libyaml's loader where built in: the CRDs are 1-1.4 MB, seconds for the pure-Python one.
-    crd = yaml.load(Path(crd_path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    crd = yaml.load(
+        Path(crd_path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    )
     if crd.get("kind") != "CustomResourceDefinition":
         raise SystemExit(f"{crd_path}: not a CustomResourceDefinition")
     versions = {v["name"]: v for v in crd["spec"]["versions"]}
@@ -70,8 +72,12 @@ def write_schema(schema: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("crds", nargs="+", help="CRD YAML files (ray.io_rayclusters.yaml, ray.io_rayjobs.yaml)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument(
+        "crds", nargs="+", help="CRD YAML files (ray.io_rayclusters.yaml, ray.io_rayjobs.yaml)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for crd_path in args.crds:

@@ -24,7 +24,6 @@ import csv
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -60,17 +59,28 @@ def platform_tags(arch: str, glibc: str) -> list[str]:
         raise SystemExit(f"wheelhouse: --glibc {glibc}: expected 2.N with N >= 5")
     tags = [f"manylinux_2_{n}_{arch}" for n in range(minor, 4, -1)]
     legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-    tags += [f"{name}_{arch}" for n, name in legacy.items() if n <= minor and (arch == "x86_64" or n >= 17)]
+    tags += [
+        f"{name}_{arch}"
+        for n, name in legacy.items()
+        if n <= minor and (arch == "x86_64" or n >= 17)
+    ]
     return tags
 
 
 def marker_env(python: str, arch: str) -> dict[str, str]:
     """The environment markers of a CPython `python` (X.Y) on Linux/`arch`."""
     return {
-        "python_version": python, "python_full_version": f"{python}.0", "implementation_name": "cpython",
-        "implementation_version": f"{python}.0", "platform_python_implementation": "CPython",
-        "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": arch,
-        "platform_release": "", "platform_version": "",
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "implementation_name": "cpython",
+        "implementation_version": f"{python}.0",
+        "platform_python_implementation": "CPython",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_machine": arch,
+        "platform_release": "",
+        "platform_version": "",
     }
 
 
@@ -93,8 +103,10 @@ def read_have(paths: list[str]) -> dict[str, tuple[str, str]]:
                 continue
             match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*===?\s*([^\s;]+)", line)
             if not match:
-                raise SystemExit(f"wheelhouse: {path}: {raw!r} is not NAME==VERSION "
-                                 "(make the file with `python -m pip list --format=freeze` on the target)")
+                raise SystemExit(
+                    f"wheelhouse: {path}: {raw!r} is not NAME==VERSION "
+                    "(make the file with `python -m pip list --format=freeze` on the target)"
+                )
             have[canonical(match.group(1))] = (match.group(1), match.group(2))
     return have
 
@@ -138,9 +150,17 @@ def stub_environment(folder: Path, have: dict) -> Path:
     python = folder / "bin" / "python"
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "install", "--upgrade", "pip>=24.2"], check=True)
-    subprocess.run([*pip, "uninstall", "-y", "setuptools"], check=False, capture_output=True)  # a stub may take its place
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    subprocess.run(
+        [*pip, "uninstall", "-y", "setuptools"], check=False, capture_output=True
+    )  # a stub may take its place
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     for name, version in have.values():
         if canonical(name) == "pip":  # the resolver's own
             continue
@@ -163,18 +183,37 @@ def resolve(python: Path, requirements: list[str], args, work: Path, native: boo
     allowed): canonical name -> item."""
     report = work / "report.json"
     where = [] if native else [*target_args(args), "--find-links", str(work / "built")]
-    cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--dry-run",
-           "--report", str(report), *where, *requirements]
+    cmd = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--dry-run",
+        "--report",
+        str(report),
+        *where,
+        *requirements,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
-        errors = [l for l in out.stderr.splitlines() if l.startswith("ERROR") or "conflict" in l.lower()]
-        raise SystemExit("wheelhouse: pip could not resolve the set for the target:\n" + "\n".join(errors or out.stderr.splitlines()[-15:]))
+        errors = [
+            l for l in out.stderr.splitlines() if l.startswith("ERROR") or "conflict" in l.lower()
+        ]
+        raise SystemExit(
+            "wheelhouse: pip could not resolve the set for the target:\n"
+            + "\n".join(errors or out.stderr.splitlines()[-15:])
+        )
     items = {}
     for entry in json.loads(report.read_text())["install"]:
         meta = entry["metadata"]
-        items[canonical(meta["name"])] = {"name": meta["name"], "version": meta["version"],
-                                          "requires_dist": meta.get("requires_dist") or [],
-                                          "url": entry.get("download_info", {}).get("url", "")}
+        items[canonical(meta["name"])] = {
+            "name": meta["name"],
+            "version": meta["version"],
+            "requires_dist": meta.get("requires_dist") or [],
+            "url": entry.get("download_info", {}).get("url", ""),
+        }
     return items
 
 
@@ -184,14 +223,34 @@ def build_sdist_only(python: Path, requirements: list[str], args, work: Path) ->
     ones (py3-none-any) can serve another platform."""
     built = work / "built"
     built.mkdir(exist_ok=True)
-    sources = [f"{i['name']}=={i['version']}" for i in resolve(python, requirements, args, work, native=True).values()
-               if i["url"] and not i["url"].split("#")[0].endswith(".whl") and not i["url"].startswith("file:")]
+    sources = [
+        f"{i['name']}=={i['version']}"
+        for i in resolve(python, requirements, args, work, native=True).values()
+        if i["url"]
+        and not i["url"].split("#")[0].endswith(".whl")
+        and not i["url"].startswith("file:")
+    ]
     for pin in sources:
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "-q", "--no-deps",
-                        "-w", str(built), pin], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--disable-pip-version-check",
+                "-q",
+                "--no-deps",
+                "-w",
+                str(built),
+                pin,
+            ],
+            check=True,
+        )
     for wheel in built.glob("*.whl"):
         if not wheel.name.endswith("-none-any.whl"):
-            raise SystemExit(f"wheelhouse: {wheel.name} has no published wheel and builds only for this platform")
+            raise SystemExit(
+                f"wheelhouse: {wheel.name} has no published wheel and builds only for this platform"
+            )
     return sources
 
 
@@ -206,7 +265,9 @@ def wheel_requirements(wheel: Path, extras: list[str], env: dict) -> list[str]:
         if not line.startswith("Requires-Dist:"):
             continue
         req = Requirement(line.split(":", 1)[1].strip())
-        if req.marker is None or any(req.marker.evaluate({**env, "extra": e}) for e in ["", *extras]):
+        if req.marker is None or any(
+            req.marker.evaluate({**env, "extra": e}) for e in ["", *extras]
+        ):
             req.marker = None
             out.append(str(req))
     return out
@@ -216,11 +277,42 @@ def build_rayflow(out: Path) -> Path:
     """rayflow's own wheel (conf/ and backends/ inside), built from a copy of the repository."""
     with tempfile.TemporaryDirectory(prefix="rayflow-wheel-") as tmp:
         source = Path(tmp) / "source"
-        shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "outputs", "multirun",
-            "mlruns", "mlflow.db", "wheelhouse", ".gpu", ".whl", ".gl"))
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "-q", "--no-deps",
-                        "-w", str(out), str(source)], check=True)
+        shutil.copytree(
+            REPO,
+            source,
+            ignore=shutil.ignore_patterns(
+                ".git",
+                ".venv",
+                "venv",
+                "build",
+                "dist",
+                "*.egg-info",
+                "__pycache__",
+                "outputs",
+                "multirun",
+                "mlruns",
+                "mlflow.db",
+                "wheelhouse",
+                ".gpu",
+                ".whl",
+                ".gl",
+            ),
+        )
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--disable-pip-version-check",
+                "-q",
+                "--no-deps",
+                "-w",
+                str(out),
+                str(source),
+            ],
+            check=True,
+        )
     return next(out.glob("rayflow-*.whl"))
 
 
@@ -235,7 +327,10 @@ def slim_wheel(wheel: Path, drop=lambda name: False, note: str = "") -> tuple[in
     before = wheel.stat().st_size
     tmp = wheel.with_suffix(".slim")
     dropped = 0
-    with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zout:
+    with (
+        zipfile.ZipFile(wheel) as zin,
+        zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zout,
+    ):
         record_name = next(n for n in zin.namelist() if n.endswith(".dist-info/RECORD"))
         dist_info = record_name.rsplit("/", 1)[0]
         rows = []
@@ -264,7 +359,9 @@ def slim_wheel(wheel: Path, drop=lambda name: False, note: str = "") -> tuple[in
 
 
 def slim_ray_drop(name: str) -> bool:
-    return name.startswith(SLIM_RAY_DROPS) or (name.startswith("ray/dashboard/") and name.endswith(".map"))
+    return name.startswith(SLIM_RAY_DROPS) or (
+        name.startswith("ray/dashboard/") and name.endswith(".map")
+    )
 
 
 def split(out: Path, wheels: list[Path], limit_mb: float) -> list[Path]:
@@ -275,7 +372,9 @@ def split(out: Path, wheels: list[Path], limit_mb: float) -> list[Path]:
     for wheel in sorted(wheels, key=lambda w: -w.stat().st_size):
         size = wheel.stat().st_size
         if size > limit:
-            raise SystemExit(f"wheelhouse: {wheel.name} alone ({size / 2**20:.1f} MiB) is more than --split-mb {limit_mb:g}")
+            raise SystemExit(
+                f"wheelhouse: {wheel.name} alone ({size / 2**20:.1f} MiB) is more than --split-mb {limit_mb:g}"
+            )
         for group in bins:
             if sum(w.stat().st_size for w in group) + size <= limit:
                 group.append(wheel)
@@ -296,31 +395,71 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="scripts/wheelhouse.sh",
         description="Build the wheels rayflow needs on a target Python/platform, for "
-                    "`pip install --no-index --find-links DIR` on an air-gapped machine.")
-    p.add_argument("-o", "--out", default="wheelhouse", help="the folder for the wheels (its old *.whl are removed)")
-    p.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}",
-                   help="the target's Python, X.Y (default: this one's)")
+        "`pip install --no-index --find-links DIR` on an air-gapped machine.",
+    )
+    p.add_argument(
+        "-o",
+        "--out",
+        default="wheelhouse",
+        help="the folder for the wheels (its old *.whl are removed)",
+    )
+    p.add_argument(
+        "--python",
+        default=f"{sys.version_info.major}.{sys.version_info.minor}",
+        help="the target's Python, X.Y (default: this one's)",
+    )
     p.add_argument("--arch", default="x86_64", choices=ARCHES, help="the target's processor")
-    p.add_argument("--glibc", default="2.28", help="the target's glibc (ldd --version): newest manylinux tag accepted")
-    p.add_argument("--extras", default="rllib", help="rayflow extras, comma-separated (default rllib: workload=ppo); '' for none")
-    p.add_argument("--have", action="append", default=[], metavar="FILE",
-                   help="the target's `python -m pip list --format=freeze`: what it has is left out (repeatable)")
-    p.add_argument("--slim-ray", action="store_true", help="Ray without ray/jars/ (Java workers only) and the dashboard's *.map files")
-    p.add_argument("--mlflow", default="full", choices=tuple(MLFLOW_MODES),
-                   help="full: mlflow (server and UI); local: mlflow-skinny + SQLAlchemy + Alembic (the client with "
-                        "SQLite or file stores); client: mlflow-skinny alone (a tracking server elsewhere)")
-    p.add_argument("--max-mb", type=float, help="fail when the wheels total more than this many MiB")
-    p.add_argument("--split-mb", type=float, metavar="MB",
-                   help="spread the wheels over DIR/part-1, part-2, ... of at most MB MiB each (for a transfer limit)")
-    p.add_argument("--dry-run", action="store_true", help="resolve and list the set; download nothing")
+    p.add_argument(
+        "--glibc",
+        default="2.28",
+        help="the target's glibc (ldd --version): newest manylinux tag accepted",
+    )
+    p.add_argument(
+        "--extras",
+        default="rllib",
+        help="rayflow extras, comma-separated (default rllib: workload=ppo); '' for none",
+    )
+    p.add_argument(
+        "--have",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="the target's `python -m pip list --format=freeze`: what it has is left out (repeatable)",
+    )
+    p.add_argument(
+        "--slim-ray",
+        action="store_true",
+        help="Ray without ray/jars/ (Java workers only) and the dashboard's *.map files",
+    )
+    p.add_argument(
+        "--mlflow",
+        default="full",
+        choices=tuple(MLFLOW_MODES),
+        help="full: mlflow (server and UI); local: mlflow-skinny + SQLAlchemy + Alembic (the client with "
+        "SQLite or file stores); client: mlflow-skinny alone (a tracking server elsewhere)",
+    )
+    p.add_argument(
+        "--max-mb", type=float, help="fail when the wheels total more than this many MiB"
+    )
+    p.add_argument(
+        "--split-mb",
+        type=float,
+        metavar="MB",
+        help="spread the wheels over DIR/part-1, part-2, ... of at most MB MiB each (for a transfer limit)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="resolve and list the set; download nothing"
+    )
     args = p.parse_args(argv)
     if not re.fullmatch(r"3\.\d+", args.python):
         p.error(f"--python {args.python}: expected 3.N")
     extras = [e.strip() for e in args.extras.split(",") if e.strip()]
     have = read_have(args.have)
     if "spark" in extras and "pyspark" not in have:
-        p.error("--extras spark: pyspark is published as an sdist only, which a wheelhouse for another platform "
-                "cannot resolve; list the target's pyspark with --have, or build its wheel with `pip wheel pyspark`")
+        p.error(
+            "--extras spark: pyspark is published as an sdist only, which a wheelhouse for another platform "
+            "cannot resolve; list the target's pyspark with --have, or build its wheel with `pip wheel pyspark`"
+        )
     env = marker_env(args.python, args.arch)
     out = Path(args.out).resolve()
 
@@ -331,9 +470,17 @@ def main(argv=None) -> int:
         roots = wheel_requirements(rayflow_wheel, extras, env)
         if args.mlflow != "full":  # the same version range, without the server
             Requirement = _packaging()
-            roots = [f"mlflow-skinny{Requirement(r).specifier}" if canonical(Requirement(r).name) == "mlflow" else r for r in roots]
+            roots = [
+                f"mlflow-skinny{Requirement(r).specifier}"
+                if canonical(Requirement(r).name) == "mlflow"
+                else r
+                for r in roots
+            ]
             roots += MLFLOW_MODES[args.mlflow]
-        log(f"resolving for CPython {args.python} on manylinux {args.arch} (glibc {args.glibc}): " + " ".join(roots))
+        log(
+            f"resolving for CPython {args.python} on manylinux {args.arch} (glibc {args.glibc}): "
+            + " ".join(roots)
+        )
         python = stub_environment(work / "stubs", have)
         built = build_sdist_only(python, roots, args, work)
         if built:
@@ -344,41 +491,79 @@ def main(argv=None) -> int:
             needed, from_have, missing = walk(roots, items, have, env)
             if not missing:
                 break
-            log("needed under Python " + args.python + "'s markers, resolving too: " + " ".join(missing))
+            log(
+                "needed under Python "
+                + args.python
+                + "'s markers, resolving too: "
+                + " ".join(missing)
+            )
             asked += [m for m in missing if m not in asked]
         else:
-            raise SystemExit("wheelhouse: the set does not close under the target's markers: " + " ".join(missing))
+            raise SystemExit(
+                "wheelhouse: the set does not close under the target's markers: "
+                + " ".join(missing)
+            )
         pins = sorted(f"{items[n]['name']}=={items[n]['version']}" for n in needed)
-        upgraded = sorted(f"{items[n]['name']} {have[n][1]} -> {items[n]['version']}" for n in needed if n in have)
+        upgraded = sorted(
+            f"{items[n]['name']} {have[n][1]} -> {items[n]['version']}" for n in needed if n in have
+        )
         left_out = sorted(f"{have[n][0]}=={have[n][1]}" for n in from_have)
         unneeded = sorted(n for n in items if n not in needed)
         if unneeded:
-            log(f"not needed on Python {args.python} (only under this Python's markers): {' '.join(unneeded)}")
+            log(
+                f"not needed on Python {args.python} (only under this Python's markers): {' '.join(unneeded)}"
+            )
 
         if args.dry_run:
             print("\n".join(["rayflow (built here)", *pins]))
-            print(f"\n{len(pins) + 1} wheels; left out, the target has them: {', '.join(left_out) or 'nothing'}")
+            print(
+                f"\n{len(pins) + 1} wheels; left out, the target has them: {', '.join(left_out) or 'nothing'}"
+            )
             return 0
 
         out.mkdir(parents=True, exist_ok=True)
-        for old in [*out.glob("*.whl"), *out.glob("part-*/*.whl")]:  # one version of each: two stop an install
+        for old in [
+            *out.glob("*.whl"),
+            *out.glob("part-*/*.whl"),
+        ]:  # one version of each: two stop an install
             old.unlink()
         for part in out.glob("part-*"):
             part.rmdir()
         log(f"downloading {len(pins)} wheels into {out}")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-                        *target_args(args), "--find-links", str(work / "built"), "-d", str(out), *pins], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--disable-pip-version-check",
+                "-q",
+                "--no-deps",
+                *target_args(args),
+                "--find-links",
+                str(work / "built"),
+                "-d",
+                str(out),
+                *pins,
+            ],
+            check=True,
+        )
         shutil.copy2(rayflow_wheel, out / rayflow_wheel.name)
 
     notes = []
     if args.slim_ray:
         for wheel in out.glob("ray-*.whl"):
             full = wheel.stat().st_size
-            count, saved = slim_wheel(wheel, slim_ray_drop,
-                                      note="Repacked by rayflow's scripts/wheelhouse.sh --slim-ray: without ray/jars/ "
-                                           "(Java workers) and the dashboard's *.map source maps.\n")
-            notes.append(f"{wheel.name}: {full / 2**20:.1f} MiB -> {wheel.stat().st_size / 2**20:.1f} MiB "
-                         f"(--slim-ray: {count} files of ray/jars/ and dashboard *.map left out)")
+            count, saved = slim_wheel(
+                wheel,
+                slim_ray_drop,
+                note="Repacked by rayflow's scripts/wheelhouse.sh --slim-ray: without ray/jars/ "
+                "(Java workers) and the dashboard's *.map source maps.\n",
+            )
+            notes.append(
+                f"{wheel.name}: {full / 2**20:.1f} MiB -> {wheel.stat().st_size / 2**20:.1f} MiB "
+                f"(--slim-ray: {count} files of ray/jars/ and dashboard *.map left out)"
+            )
 
     wheels = sorted(out.glob("*.whl"), key=lambda w: -w.stat().st_size)
     total = sum(w.stat().st_size for w in wheels)
@@ -390,22 +575,33 @@ def main(argv=None) -> int:
         print(note)
     parts = split(out, wheels, args.split_mb) if args.split_mb else []
     for part in parts:
-        print(f"{sum(w.stat().st_size for w in part.glob('*.whl')) / 2**20:7.2f}  {part.name}/ ({len(list(part.glob('*.whl')))} wheels)")
+        print(
+            f"{sum(w.stat().st_size for w in part.glob('*.whl')) / 2**20:7.2f}  {part.name}/ ({len(list(part.glob('*.whl')))} wheels)"
+        )
     print(f"left out, the target has them (--have): {', '.join(left_out) or 'nothing'}")
     if upgraded:
-        print(f"newer than the target's (included; pip will replace them there): {', '.join(upgraded)}")
+        print(
+            f"newer than the target's (included; pip will replace them there): {', '.join(upgraded)}"
+        )
     if args.mlflow != "full":
-        print(f"--mlflow {args.mlflow}: mlflow-skinny instead of mlflow (no server or UI); rayflow's wheel still names "
-              "`mlflow`, so install with --no-deps as below")
+        print(
+            f"--mlflow {args.mlflow}: mlflow-skinny instead of mlflow (no server or UI); rayflow's wheel still names "
+            "`mlflow`, so install with --no-deps as below"
+        )
     spec = f"rayflow[{','.join(extras)}]" if extras else "rayflow"
     folders = [f"{out.name}/{part.name}" for part in parts] or [out.name]
     if args.mlflow == "full":
         links = " ".join(f"--find-links {f}" for f in folders)
         print(f"install there:  python -m pip install --no-index {links} '{spec}'")
     else:
-        print(f"install there:  python -m pip install --no-index --no-deps {' '.join(f + '/*.whl' for f in folders)}")
+        print(
+            f"install there:  python -m pip install --no-index --no-deps {' '.join(f + '/*.whl' for f in folders)}"
+        )
     if args.max_mb is not None and total > args.max_mb * 2**20:
-        print(f"wheelhouse: {total / 2**20:.1f} MiB is more than --max-mb {args.max_mb:g}", file=sys.stderr)
+        print(
+            f"wheelhouse: {total / 2**20:.1f} MiB is more than --max-mb {args.max_mb:g}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

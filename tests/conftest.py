@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rayflow.composition import compose_config
+from rayflow.orchestrator.compose import compose_config
 from rayflow.testing.processes import mark_session, ray_daemon_pids, wait_until
 from tests.harness.archive import archive_server as serve_archive
 from tests.harness.cli import Rayflow
@@ -35,7 +35,12 @@ def pytest_configure(config):
 # subnet and namespaces are machine-wide; and while test_spark runs beside it, the fake_multinode
 # head's dashboard of test_vm's shared cluster was seen to receive a SIGTERM mid-job (the sender is
 # not found yet, docs/testing.md). test_vm passes alone.
-TAKE_TURNS = {"test_ssh_hosts": "ssh-hosts", "test_vm_ssh": "ssh-hosts", "test_spark": "spark-vm", "test_vm": "spark-vm"}
+TAKE_TURNS = {
+    "test_ssh_hosts": "ssh-hosts",
+    "test_vm_ssh": "ssh-hosts",
+    "test_spark": "spark-vm",
+    "test_vm": "spark-vm",
+}
 
 
 # Modules one worker runs one after the other, as one unit of pytest-xdist's `--dist loadfile`:
@@ -60,7 +65,17 @@ def pytest_xdist_make_scheduler(config, log):
 
 # The longest modules first (minutes on 2 cores, from `pytest --durations`), so that neither
 # worker is left with a long one at the end while the other idles; the rest keep their order.
-LONGEST_FIRST = ["test_spark", "test_vm", "test_user_workloads", "test_ddp", "test_ppo", "test_tune_run", "test_launcher", "test_kuberay", "test_api"]
+LONGEST_FIRST = [
+    "test_spark",
+    "test_vm",
+    "test_user_workloads",
+    "test_ddp",
+    "test_ppo",
+    "test_tune_run",
+    "test_launcher",
+    "test_kuberay",
+    "test_api",
+]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -110,7 +125,9 @@ def rayflow(tmp_path, data_root) -> Rayflow:
     before = ray_daemon_pids()
     yield Rayflow(tmp_path, data_root)
     # Whatever a test did, rayflow must not leave a Ray cluster behind.
-    leftover = wait_until(lambda: not (ray_daemon_pids() - before), timeout=20) or (ray_daemon_pids() - before)
+    leftover = wait_until(lambda: not (ray_daemon_pids() - before), timeout=20) or (
+        ray_daemon_pids() - before
+    )
     if leftover is not True:
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
@@ -129,19 +146,35 @@ def head_node():
     Stopped by its own temp dir, never by `ray stop` (which stops every Ray cluster on the machine)."""
     import tempfile
 
-    from rayflow.processes import stop_processes_mentioning
+    from rayflow.runtime.processes import stop_processes_mentioning
 
     ray_cli = str(Path(sys.executable).parent / "ray")
     port = _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="rf-head-")  # short: Ray's socket paths must stay < 108 chars
+    temp_dir = tempfile.mkdtemp(
+        prefix="rf-head-"
+    )  # short: Ray's socket paths must stay < 108 chars
     env = dict(os.environ, RAY_AUTH_MODE="token")
     try:
         subprocess.run(
-            [ray_cli, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-             f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
-             f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"],
-            check=True, env=env, capture_output=True, timeout=120,
+            [
+                ray_cli,
+                "start",
+                "--head",
+                f"--port={port}",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=1",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+                f"--temp-dir={temp_dir}",
+                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--ray-client-server-port={_free_port()}",
+                f"--metrics-export-port={_free_port()}",
+                f"--runtime-env-agent-port={_free_port()}",
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=120,
         )
         yield f"127.0.0.1:{port}"
     finally:

@@ -31,8 +31,14 @@ def session(rayflow, body: str, timeout: float = 600, capture: bool = False) -> 
         def ray_connected():
             return "ray" in sys.modules and sys.modules["ray"].is_initialized()
     """)
-    out = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(body)], cwd=rayflow.workdir,
-                         env=rayflow.env, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(body)],
+        cwd=rayflow.workdir,
+        env=rayflow.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "\x1b[" not in out.stdout + out.stderr  # no colour codes: the output is not a terminal
     reports = [json.loads(line[4:]) for line in out.stdout.splitlines() if line.startswith("API ")]
@@ -46,7 +52,9 @@ def test_a_bad_override_raises_the_configuration_error_naming_the_key(tmp_path):
     before = dict(os.environ)
     with pytest.raises(api.ConfigError) as err:
         api.run("workload.num_samples=0", f"storage_path={tmp_path}")
-    assert err.value.key == "workload.num_samples" and str(err.value).startswith("workload.num_samples: ")
+    assert err.value.key == "workload.num_samples" and str(err.value).startswith(
+        "workload.num_samples: "
+    )
     with pytest.raises(api.ConfigError) as err:
         api.run("workload.no_such_key=1")
     assert err.value.key == "workload.no_such_key"
@@ -60,14 +68,18 @@ def test_compose_and_dry_run_return_the_config_and_the_spec(tmp_path):
     before = ray_daemon_pids()
     cfg = api.compose("workload=ppo", "workload.lr=0.001")
     assert cfg.workload.name == "ppo" and cfg.workload.lr == 0.001 and cfg.backend.name == "local"
-    spec = api.dry_run("backend.num_cpus=1", f"storage_path={tmp_path}", "+tracking.api_token=s3cr3t")
+    spec = api.dry_run(
+        "backend.num_cpus=1", f"storage_path={tmp_path}", "+tracking.api_token=s3cr3t"
+    )
     assert "num_cpus: 1" in spec and "s3cr3t" not in spec
     assert ray_daemon_pids() == before  # a dry run starts nothing
 
 
 def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayflow):
     before = ray_daemon_pids()
-    seen = session(rayflow, f"""
+    seen = session(
+        rayflow,
+        f"""
         import threading, time
         from pathlib import Path
         env, sigint = dict(os.environ), signal.getsignal(signal.SIGINT)
@@ -106,35 +118,51 @@ def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayfl
         sweep = rayflow.run(*BASE, *{SMALL!r}, "workload.scheduler.reduction_factor=2,4", multirun=True)
         report("sweep", folders=[str(r.experiment_dir) for r in sweep], trials=[len(r.trials) for r in sweep],
                connected=ray_connected())
-    """, capture=True)
+    """,
+        capture=True,
+    )
     first, second = seen["first"], seen["second"]
     assert first["folder"] != second["folder"] and first["run_id"] != second["run_id"]
     for result in (first, second):
         assert result["exists"] and result["experiment"] == "cifar" and not result["connected"]
-        assert result["type"] == "DataFrame" and result["trials"] == 2 and {"lr", "val_accuracy", "epoch"} <= set(result["columns"])
+        assert (
+            result["type"] == "DataFrame"
+            and result["trials"] == 2
+            and {"lr", "val_accuracy", "epoch"} <= set(result["columns"])
+        )
         assert 0 <= result["val_accuracy"] <= 1 and "lr" in result["best_config"]
     client, parents, _ = rayflow.mlflow("cifar")
     assert {first["run_id"], second["run_id"]} <= {p.info.run_id for p in parents}
 
     stopped = seen["interrupt"]
-    assert stopped["raised"] == "RunInterrupted" and not stopped["connected"] and stopped["resumable"]
+    assert (
+        stopped["raised"] == "RunInterrupted" and not stopped["connected"] and stopped["resumable"]
+    )
     assert stopped["env_same"] and stopped["sigint_same"]
     assert seen["resumed"]["folder"] == stopped["folder"] and seen["resumed"]["epochs"] == [20]
     assert not seen["resumed"]["connected"]
-    assert seen["refused"]["key"] == "workload.num_samples"  # a failed preflight, then a run that works
+    assert (
+        seen["refused"]["key"] == "workload.num_samples"
+    )  # a failed preflight, then a run that works
     assert seen["after"]["env_same"] and not seen["after"]["connected"]
     sweep = seen["sweep"]
     assert len(set(sweep["folders"])) == 2 and sweep["trials"] == [2, 2] and not sweep["connected"]
-    assert seen["_output"].count("[rayflow] reusing the local cluster") == 1  # the sweep's second job
+    assert (
+        seen["_output"].count("[rayflow] reusing the local cluster") == 1
+    )  # the sweep's second job
     assert ray_daemon_pids() - before == set()
 
 
-def test_a_failed_run_raises_with_the_trial_error_then_ddp_and_ppo_return_their_results(rayflow, tmp_path):
+def test_a_failed_run_raises_with_the_trial_error_then_ddp_and_ppo_return_their_results(
+    rayflow, tmp_path
+):
     broken = tmp_path / "broken" / "cifar-10-batches-py"  # every batch file there, none readable
     broken.mkdir(parents=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         (broken / name).write_bytes(b"not a pickle")
-    seen = session(rayflow, f"""
+    seen = session(
+        rayflow,
+        f"""
         try:
             rayflow.run(BASE[0], "data.root={broken.parent}", "data.synthetic=false", "data.download=false",
                         "workload.num_samples=1", "workload.max_epochs=1", "workload.max_failures=0", "backend.num_cpus=1")
@@ -147,15 +175,27 @@ def test_a_failed_run_raises_with_the_trial_error_then_ddp_and_ppo_return_their_
                           "workload.stop.iterations=2")
         report("ppo", metrics=ppo.best_metrics, config=ppo.best_config, trials=ppo.trials.to_dict("records"),
                run_id=ppo.mlflow_run_id, text=repr(ppo), connected=ray_connected())
-    """)
+    """,
+    )
     failed = seen["failed"]
-    assert failed["message"].startswith("1 trial(s) errored: ") and "pickle" in failed["message"].lower(), failed
+    assert (
+        failed["message"].startswith("1 trial(s) errored: ")
+        and "pickle" in failed["message"].lower()
+    ), failed
     assert "\n" not in failed["message"] and not failed["connected"]
     ddp, ppo = seen["ddp"], seen["ppo"]
-    assert ddp["epochs"] == [1, 2] and 0 <= ddp["metrics"]["val_accuracy"] <= 1 and ddp["config"]["num_workers"] == 2
+    assert (
+        ddp["epochs"] == [1, 2]
+        and 0 <= ddp["metrics"]["val_accuracy"] <= 1
+        and ddp["config"]["num_workers"] == 2
+    )
     assert ppo["metrics"]["episode_return_mean"] > 0 and ppo["config"] == {"lr": 0.0003}
     [trial] = ppo["trials"]
-    assert trial["lr"] == 0.0003 and trial["iterations"] == 2 and trial["num_env_steps_sampled_lifetime"] == 2000
+    assert (
+        trial["lr"] == 0.0003
+        and trial["iterations"] == 2
+        and trial["num_env_steps_sampled_lifetime"] == 2000
+    )
     assert "best episode_return_mean" in ppo["text"] and ppo["run_id"] in ppo["text"]
     assert not ddp["connected"] and not ppo["connected"]
     client, parents, _ = rayflow.mlflow("ppo")

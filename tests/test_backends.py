@@ -8,30 +8,36 @@ import pytest
 import yaml
 
 from rayflow.backends import backend_for
-from rayflow.composition import compose_config
+from rayflow.orchestrator.compose import compose_config
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 
 
 def test_a_signal_is_forgotten_by_the_next_job(tmp_path):
     """A SIGTERM one job of a process received (a multirun, a notebook) is not the next job's."""
-    from rayflow import process_state
-    from rayflow.composition import Job
     from rayflow.errors import Terminated
-    from rayflow.session import run_jobs
+    from rayflow.orchestrator.preflight import plan_job
+    from rayflow.orchestrator.session import run_jobs
+    from rayflow.runtime import signals as process_state
 
     with pytest.raises(Terminated):
         process_state.raise_terminated(signal.SIGTERM, None)
     assert process_state.termination_exit_code() == 143
-    run_jobs([Job([], compose_config("dry_run=true", f"storage_path={tmp_path}"))])
+    run_jobs([plan_job(compose_config("dry_run=true", f"storage_path={tmp_path}"), [])])
     assert process_state.termination_exit_code() is None
 
 
 def test_missing_extra_gets_an_install_hint(monkeypatch):
-    from rayflow.backends import REGISTRY
+    from rayflow.backends import REGISTRY, Entry
     from rayflow.errors import ConfigError
 
-    monkeypatch.setitem(REGISTRY, "local", ("rayflow_missing_module_for_test", "Cluster", "spark"))
-    with pytest.raises(ConfigError, match=r"needs rayflow_missing_module_for_test: pip install 'rayflow\[spark\]'"):
+    monkeypatch.setitem(
+        REGISTRY,
+        "local",
+        Entry("rayflow_missing_module_for_test:Cluster", "rayflow.backends.keys:Local", "spark"),
+    )
+    with pytest.raises(
+        ConfigError, match=r"needs rayflow_missing_module_for_test: pip install 'rayflow\[spark\]'"
+    ):
         backend_for(compose_config())
 
 
@@ -44,7 +50,7 @@ class TestLocal(LifecycleSuite, DriverConnectionSuite):
         return ["backend=local", "backend.num_cpus=1"]
 
     def test_render_shows_the_ray_init_arguments(self, backend):
-        spec = yaml.safe_load(backend.render())
+        spec = yaml.safe_load(backend.render().text)
         assert spec["ray.init"]["num_cpus"] == 1 and spec["ray.init"]["address"] == "local"
 
     def test_its_workers_ask_its_own_dashboard_for_state(self, backend):
@@ -54,15 +60,30 @@ class TestLocal(LifecycleSuite, DriverConnectionSuite):
         import os
 
         import ray
-        from ray.dashboard.utils import get_address_for_submission_client, ray_address_to_api_server_url
+        from ray.dashboard.utils import (
+            get_address_for_submission_client,
+            ray_address_to_api_server_url,
+        )
+
+        from rayflow.orchestrator.cluster import running
 
         before = os.environ.get("RAY_API_SERVER_ADDRESS")
-        with backend:
-            own = ray_address_to_api_server_url(ray.get_runtime_context().gcs_address)  # what the GCS says
-            asked = ray.get(ray.remote(lambda: (os.environ.get("RAY_API_SERVER_ADDRESS"),
-                                                get_address_for_submission_client(None))).remote())
+        with running(backend):
+            own = ray_address_to_api_server_url(
+                ray.get_runtime_context().gcs_address
+            )  # what the GCS says
+            asked = ray.get(
+                ray.remote(
+                    lambda: (
+                        os.environ.get("RAY_API_SERVER_ADDRESS"),
+                        get_address_for_submission_client(None),
+                    )
+                ).remote()
+            )
         assert asked == (own, own)
-        assert os.environ.get("RAY_API_SERVER_ADDRESS") == before  # the driver's environment put back
+        assert (
+            os.environ.get("RAY_API_SERVER_ADDRESS") == before
+        )  # the driver's environment put back
 
 
 @pytest.mark.usefixtures("head_node")

@@ -17,7 +17,9 @@ from rayflow.testing.processes import ray_daemon_pids
 from tests.harness.cli import Rayflow
 
 TUNE = ["workload.metric=loss", "workload.mode=min"]  # what every workload=tune command names
-VM_FILES = Path(__file__).parent / "bad_cluster_yaml"  # bad Ray cluster YAMLs (backend.cluster_yaml)
+VM_FILES = (
+    Path(__file__).parent / "bad_cluster_yaml"
+)  # bad Ray cluster YAMLs (backend.cluster_yaml)
 
 BAD_INPUT = [
     # booleans take true/false only (a string like "maybe" is truthy)
@@ -42,10 +44,19 @@ BAD_INPUT = [
     (["tracking.timeout_s=0"], "tracking.timeout_s"),
     # demands the cluster could never place
     (["workload.resources_per_trial.cpu=1000"], "workload.resources_per_trial.cpu"),
-    (["backend.num_cpus=1", "workload.resources_per_trial.cpu=2"], "workload.resources_per_trial.cpu"),
-    (["workload.resources_per_trial.memory=1000000000000000"], "workload.resources_per_trial.memory"),
+    (
+        ["backend.num_cpus=1", "workload.resources_per_trial.cpu=2"],
+        "workload.resources_per_trial.cpu",
+    ),
+    (
+        ["workload.resources_per_trial.memory=1000000000000000"],
+        "workload.resources_per_trial.memory",
+    ),
     (["workload=ddp", "workload.num_workers=64"], "workload.num_workers"),
-    (["workload=ddp", "workload.resources_per_worker.cpu=100"], "workload.resources_per_worker.cpu"),
+    (
+        ["workload=ddp", "workload.resources_per_worker.cpu=100"],
+        "workload.resources_per_worker.cpu",
+    ),
     (["workload=ppo", "workload.num_env_runners=64"], "workload.num_env_runners"),
     (["backend=spark", "backend.num_cpus_worker_node=4"], "backend.num_cpus_worker_node"),
     (["backend=spark", "workload.resources_per_trial.cpu=2"], "workload.resources_per_trial.cpu"),
@@ -59,7 +70,10 @@ BAD_INPUT = [
     (["workload.num_samples=0"], "workload.num_samples"),
     (["workload.num_samples=abc"], "workload.num_samples"),
     (["workload.max_epochs=-2"], "workload.max_epochs"),
-    (["workload.search_space.lr.min=0.5", "workload.search_space.lr.max=0.01"], "workload.search_space.lr"),
+    (
+        ["workload.search_space.lr.min=0.5", "workload.search_space.lr.max=0.01"],
+        "workload.search_space.lr",
+    ),
     (["workload.search_space.batch_size=[]"], "workload.search_space.batch_size"),
     (["workload.scheduler.grace_period=50"], "workload.scheduler.grace_period"),
     (["workload.metric=accuracy"], "workload.metric"),
@@ -73,7 +87,10 @@ BAD_INPUT = [
     (["-m", "workload.num_samples=2,0"], "workload.num_samples"),
     (["workload.num_samples=2,4"], "workload.num_samples"),
     (["resume=true"], "resume"),
-    (["resume=/nowhere/cifar-1"], "resume"),  # a path is taken (resume=PATH) and checked as a folder
+    (
+        ["resume=/nowhere/cifar-1"],
+        "resume",
+    ),  # a path is taken (resume=PATH) and checked as a folder
     (["workload=ddp", "workload.warmup_epochs=20"], "workload.warmup_epochs"),
     (["workload=ppo", "workload.env=NoSuchEnv-v0"], "workload.env"),
     (["backend=spark", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
@@ -81,11 +98,20 @@ BAD_INPUT = [
     (["backend=spark", "backend.master=yarn"], "backend.master"),
     # backend=vm: outdated guides, sizes, SSH, where tracking can go
     (["backend=vm", "+backend.initial_workers=2"], "backend.initial_workers"),
-    (["backend=vm", "+backend.target_utilization_fraction=0.8"], "backend.target_utilization_fraction"),
-    (["backend=vm", "backend.provider=aws", "+backend.instance_type=m5.large"], "backend.instance_type"),
+    (
+        ["backend=vm", "+backend.target_utilization_fraction=0.8"],
+        "backend.target_utilization_fraction",
+    ),
+    (
+        ["backend=vm", "backend.provider=aws", "+backend.instance_type=m5.large"],
+        "backend.instance_type",
+    ),
     (["backend=vm", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
     (["backend=vm", "compute=gpu", "backend.worker.gpu.num_gpus=0"], "backend.worker.gpu.num_gpus"),
-    (["backend=vm", "backend.provider=local", "backend.ssh_private_key=/nonexistent/key"], "backend.ssh_private_key"),
+    (
+        ["backend=vm", "backend.provider=local", "backend.ssh_private_key=/nonexistent/key"],
+        "backend.ssh_private_key",
+    ),
     (["backend=vm", "backend.provider=aws", "tracking.uri=sqlite:///mlflow.db"], "tracking.uri"),
     (["backend=vm", "backend.provider=nosuch"], "backend.provider"),
     (["backend=vm", "backend.keep_cluster=maybe"], "backend.keep_cluster"),
@@ -93,35 +119,124 @@ BAD_INPUT = [
     # backend=vm backend.cluster_yaml: the user's own Ray cluster YAML (tests/bad_cluster_yaml/)
     (["backend=vm", "backend.cluster_yaml=/nonexistent/cluster.yaml"], "backend.cluster_yaml"),
     (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'not-yaml.yaml'}"], "backend.cluster_yaml"),
-    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'max-workers-lots.yaml'}"], "backend.cluster_yaml"),
-    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'legacy-head-node.yaml'}"], "backend.cluster_yaml"),
-    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'local-placeholders.yaml'}"], "backend.cluster_yaml"),
-    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'gcp-project-placeholder.yaml'}"], "backend.cluster_yaml"),
-    (["backend=vm", f"backend.cluster_yaml={VM_FILES / 'max-workers-lots.yaml'}", "backend.head_ip=10.0.0.1"], "backend.head_ip"),
+    (
+        ["backend=vm", f"backend.cluster_yaml={VM_FILES / 'max-workers-lots.yaml'}"],
+        "backend.cluster_yaml",
+    ),
+    (
+        ["backend=vm", f"backend.cluster_yaml={VM_FILES / 'legacy-head-node.yaml'}"],
+        "backend.cluster_yaml",
+    ),
+    (
+        ["backend=vm", f"backend.cluster_yaml={VM_FILES / 'local-placeholders.yaml'}"],
+        "backend.cluster_yaml",
+    ),
+    (
+        ["backend=vm", f"backend.cluster_yaml={VM_FILES / 'gcp-project-placeholder.yaml'}"],
+        "backend.cluster_yaml",
+    ),
+    (
+        [
+            "backend=vm",
+            f"backend.cluster_yaml={VM_FILES / 'max-workers-lots.yaml'}",
+            "backend.head_ip=10.0.0.1",
+        ],
+        "backend.head_ip",
+    ),
     # backend=kuberay: names, replicas, quantities, the autoscaler, RayJob lifecycle, and
     # KubeRay's CRD schema and operator rules on what backend.overrides adds
-    (["backend=kuberay", "+backend.overrides.spec.enableInTreeAutoscalling=true"], "backend.overrides"),
-    (["backend=kuberay", "backend.autoscaler_version=v2", "+backend.overrides.spec.headGroupSpec.template.spec.restartPolicy=Always"], "backend.overrides"),
+    (
+        ["backend=kuberay", "+backend.overrides.spec.enableInTreeAutoscalling=true"],
+        "backend.overrides",
+    ),
+    (
+        [
+            "backend=kuberay",
+            "backend.autoscaler_version=v2",
+            "+backend.overrides.spec.headGroupSpec.template.spec.restartPolicy=Always",
+        ],
+        "backend.overrides",
+    ),
     (["backend=kuberay", "backend.cluster_name=Bad_Name"], "backend.cluster_name"),
     (["backend=kuberay", "backend.cluster_name=" + "r" * 60], "backend.cluster_name"),
-    (["backend=kuberay", "backend.mode=rayjob", "backend.cluster_name=" + "r" * 50], "backend.cluster_name"),
-    (["backend=kuberay", "backend.worker_groups.cpu.min_replicas=3", "backend.worker_groups.cpu.max_replicas=2"], "backend.worker_groups.cpu.min_replicas"),
-    (["backend=kuberay", "backend.worker_groups.cpu.memory='5 Gi'"], "backend.worker_groups.cpu.memory"),
+    (
+        ["backend=kuberay", "backend.mode=rayjob", "backend.cluster_name=" + "r" * 50],
+        "backend.cluster_name",
+    ),
+    (
+        [
+            "backend=kuberay",
+            "backend.worker_groups.cpu.min_replicas=3",
+            "backend.worker_groups.cpu.max_replicas=2",
+        ],
+        "backend.worker_groups.cpu.min_replicas",
+    ),
+    (
+        ["backend=kuberay", "backend.worker_groups.cpu.memory='5 Gi'"],
+        "backend.worker_groups.cpu.memory",
+    ),
     (["backend=kuberay", "backend.autoscaler_version=v3"], "backend.autoscaler_version"),
     (["backend=kuberay", "backend.upscaling_mode=Fast"], "backend.upscaling_mode"),
-    (["backend=kuberay", "backend.mode=rayjob", "backend.rayjob.shutdown_after_job_finishes=false"], "backend.rayjob.ttl_seconds_after_finished"),
-    (["backend=kuberay", "ray_auth_mode=token", "backend.ray_version=2.40.0"], "backend.ray_version"),
+    (
+        [
+            "backend=kuberay",
+            "backend.mode=rayjob",
+            "backend.rayjob.shutdown_after_job_finishes=false",
+        ],
+        "backend.rayjob.ttl_seconds_after_finished",
+    ),
+    (
+        ["backend=kuberay", "ray_auth_mode=token", "backend.ray_version=2.40.0"],
+        "backend.ray_version",
+    ),
     (["backend=kuberay", "backend.mode=serverless"], "backend.mode"),
     (["backend=kuberay", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
     (["backend=kuberay", "backend.start_timeout_s=0"], "backend.start_timeout_s"),
     # backend=kuberay backend.manifest: the user's own RayCluster/RayJob file (tests/bad_kuberay_manifest/)
     (["backend=kuberay", "backend.manifest=/nonexistent/raycluster.yaml"], "backend.manifest"),
-    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'not-yaml.yaml'}"], "backend.manifest"),
-    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'no-ray-document.yaml'}"], "backend.manifest"),
-    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'two-ray-documents.yaml'}"], "backend.manifest"),
-    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'crd-violation.yaml'}"], "backend.manifest"),
-    (["backend=kuberay", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'placeholder.yaml'}"], "backend.manifest"),
-    (["backend=kuberay", "compute=gpu", f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'cpu-only.yaml'}"], "backend.manifest"),
+    (
+        [
+            "backend=kuberay",
+            f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'not-yaml.yaml'}",
+        ],
+        "backend.manifest",
+    ),
+    (
+        [
+            "backend=kuberay",
+            f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'no-ray-document.yaml'}",
+        ],
+        "backend.manifest",
+    ),
+    (
+        [
+            "backend=kuberay",
+            f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'two-ray-documents.yaml'}",
+        ],
+        "backend.manifest",
+    ),
+    (
+        [
+            "backend=kuberay",
+            f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'crd-violation.yaml'}",
+        ],
+        "backend.manifest",
+    ),
+    (
+        [
+            "backend=kuberay",
+            f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'placeholder.yaml'}",
+        ],
+        "backend.manifest",
+    ),
+    (
+        [
+            "backend=kuberay",
+            "compute=gpu",
+            f"backend.manifest={Path(__file__).parent / 'bad_kuberay_manifest' / 'cpu-only.yaml'}",
+        ],
+        "backend.manifest",
+    ),
     # the user's own code: names that do not import or are not functions, the vocabulary of the
     # search space, schedulers and search algorithms, what Tune optimises, RLlib's names
     (["workload=tune", "workload.trainable=no_such_module:objective", *TUNE], "workload.trainable"),
@@ -130,20 +245,79 @@ BAD_INPUT = [
     (["workload=tune", "workload.trainable=objective", *TUNE], "workload.trainable"),
     (["workload=tune", "workload.trainable=math:sqrt", "workload.mode=min"], "workload.metric"),
     (["workload=tune", "workload.trainable=math:sqrt", "workload.metric=loss"], "workload.mode"),
-    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_space={lr: {logunifrom: [1e-4, 1e-1]}}"], "workload.search_space.lr"),
-    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_space={lr: {loguniform: [0.1, 1e-4]}}"], "workload.search_space.lr"),
-    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_space={model: {width: {choice: []}}}"], "workload.search_space.model.width"),
-    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler=ashaa"], "workload.scheduler"),
-    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler={name: asha, grace_periodd: 2}"], "workload.scheduler.grace_periodd"),
-    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_alg=nosuch"], "workload.search_alg"),
-    (["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler={name: pbt, hyperparam_mutations: {lr: [0.1, 0.01]}}",
-      "workload.checkpoint.num_to_keep=2"], "workload.checkpoint.num_to_keep"),
+    (
+        [
+            "workload=tune",
+            "workload.trainable=math:sqrt",
+            *TUNE,
+            "workload.search_space={lr: {logunifrom: [1e-4, 1e-1]}}",
+        ],
+        "workload.search_space.lr",
+    ),
+    (
+        [
+            "workload=tune",
+            "workload.trainable=math:sqrt",
+            *TUNE,
+            "workload.search_space={lr: {loguniform: [0.1, 1e-4]}}",
+        ],
+        "workload.search_space.lr",
+    ),
+    (
+        [
+            "workload=tune",
+            "workload.trainable=math:sqrt",
+            *TUNE,
+            "workload.search_space={model: {width: {choice: []}}}",
+        ],
+        "workload.search_space.model.width",
+    ),
+    (
+        ["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.scheduler=ashaa"],
+        "workload.scheduler",
+    ),
+    (
+        [
+            "workload=tune",
+            "workload.trainable=math:sqrt",
+            *TUNE,
+            "workload.scheduler={name: asha, grace_periodd: 2}",
+        ],
+        "workload.scheduler.grace_periodd",
+    ),
+    (
+        ["workload=tune", "workload.trainable=math:sqrt", *TUNE, "workload.search_alg=nosuch"],
+        "workload.search_alg",
+    ),
+    (
+        [
+            "workload=tune",
+            "workload.trainable=math:sqrt",
+            *TUNE,
+            "workload.scheduler={name: pbt, hyperparam_mutations: {lr: [0.1, 0.01]}}",
+            "workload.checkpoint.num_to_keep=2",
+        ],
+        "workload.checkpoint.num_to_keep",
+    ),
     (["workload=train", "workload.train_loop=no_such_module:train_loop"], "workload.train_loop"),
-    (["workload=train", "workload.train_loop=math:sqrt", "workload.sweep={metric: loss, mode: min, search_space: {lr: {uniform: [1]}}}"], "workload.sweep.search_space.lr"),
+    (
+        [
+            "workload=train",
+            "workload.train_loop=math:sqrt",
+            "workload.sweep={metric: loss, mode: min, search_space: {lr: {uniform: [1]}}}",
+        ],
+        "workload.sweep.search_space.lr",
+    ),
     (["workload=rllib", "workload.algorithm=NoSuchAlgorithm"], "workload.algorithm"),
-    (["workload=rllib", "workload.algorithm=DQN", "workload.grid={no_such_key: [1, 2]}"], "workload.grid.no_such_key"),
+    (
+        ["workload=rllib", "workload.algorithm=DQN", "workload.grid={no_such_key: [1, 2]}"],
+        "workload.grid.no_such_key",
+    ),
     (["workload=rllib", "workload.config={trainingg: {lr: 0.1}}"], "workload.config.trainingg"),
-    (["workload=rllib", "workload.config={training: {no_such_setting: 0.1}}"], "workload.config.training"),
+    (
+        ["workload=rllib", "workload.config={training: {no_such_setting: 0.1}}"],
+        "workload.config.training",
+    ),
     (["workload=rllib", "workload.env=NoSuchEnv-v0"], "workload.env"),
     # kinds: a seed numpy takes, directories that can be made and written here, one folder's name
     (["seed=-1"], "seed"),
@@ -164,13 +338,40 @@ BAD_INPUT = [
     # every source (keys, overrides); cluster names validated before they name a file
     (["backend.dashboard_host=0.0.0.0", "ray_auth_mode=disabled"], "backend.dashboard_host"),
     (["backend=spark", "ray_auth_mode=disabled"], "ray_auth_mode"),
-    (["backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=LoadBalancer"], "backend.service_type"),
-    (["backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=NodePort"], "backend.service_type"),
-    (["backend=kuberay", "ray_auth_mode=disabled", "+backend.overrides.spec.headGroupSpec.enableIngress=true"], "backend.overrides"),
-    (["backend=kuberay", "+backend.overrides.spec.authOptions.enableK8sTokenAuth=true", "backend.ray_version=2.53.0"], "backend.overrides"),
+    (
+        ["backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=LoadBalancer"],
+        "backend.service_type",
+    ),
+    (
+        ["backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=NodePort"],
+        "backend.service_type",
+    ),
+    (
+        [
+            "backend=kuberay",
+            "ray_auth_mode=disabled",
+            "+backend.overrides.spec.headGroupSpec.enableIngress=true",
+        ],
+        "backend.overrides",
+    ),
+    (
+        [
+            "backend=kuberay",
+            "+backend.overrides.spec.authOptions.enableK8sTokenAuth=true",
+            "backend.ray_version=2.53.0",
+        ],
+        "backend.overrides",
+    ),
     (["backend=vm", "backend.provider=aws", "ray_auth_mode=disabled"], "backend.provider"),
-    (["backend=vm", "backend.provider=aws", "ray_auth_mode=disabled",
-      "+backend.overrides={head_start_ray_commands: ['ray start --head --dashboard-host=0.0.0.0']}"], "backend.overrides.head_start_ray_commands"),
+    (
+        [
+            "backend=vm",
+            "backend.provider=aws",
+            "ray_auth_mode=disabled",
+            "+backend.overrides={head_start_ray_commands: ['ray start --head --dashboard-host=0.0.0.0']}",
+        ],
+        "backend.overrides.head_start_ray_commands",
+    ),
     (["backend=vm", "+backend.overrides={cluster_name: ../../x}"], "backend.overrides"),
 ]
 
@@ -212,13 +413,27 @@ def test_bad_input_is_one_line_naming_the_key(refusals, index):
     assert "Traceback" not in out.stdout + out.stderr
     assert ray_daemon_pids() == before
     assert not rayflow.storage.exists() and not rayflow.db.exists()
-    assert not (rayflow.workdir / "outputs").exists() and not (rayflow.workdir / "multirun").exists()
+    assert (
+        not (rayflow.workdir / "outputs").exists() and not (rayflow.workdir / "multirun").exists()
+    )
     assert "pw@" not in out.stderr  # credentials in a URI are masked in the error too
 
 
 def test_the_table_covers_every_config_group():
     covered = " ".join(" ".join(args) for args, _ in BAD_INPUT)
     assert len(BAD_INPUT) >= 40
-    for group in ("backend=spark", "backend=attach", "backend=vm", "backend=kuberay", "workload=ddp", "workload=ppo",
-                  "workload=tune", "workload=train", "workload=rllib", "tracking.", "compute=", "data."):
+    for group in (
+        "backend=spark",
+        "backend=attach",
+        "backend=vm",
+        "backend=kuberay",
+        "workload=ddp",
+        "workload=ppo",
+        "workload=tune",
+        "workload=train",
+        "workload=rllib",
+        "tracking.",
+        "compute=",
+        "data.",
+    ):
         assert group in covered, group

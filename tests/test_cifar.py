@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import torch
 
-from rayflow.workloads import cifar
-from rayflow.composition import compose_config
+from rayflow.orchestrator.compose import compose_config
+from rayflow.workloads.presets import cifar
 
 
 def test_net_is_the_seed_cnn():
     net = cifar.Net(l1=32, l2=16)
     assert (net.conv1.in_channels, net.conv1.out_channels, net.conv1.kernel_size) == (3, 6, (5, 5))
     assert (net.conv2.in_channels, net.conv2.out_channels) == (6, 16)
-    assert (net.fc1.in_features, net.fc1.out_features, net.fc2.out_features, net.fc3.out_features) == (400, 32, 16, 10)
+    assert (
+        net.fc1.in_features,
+        net.fc1.out_features,
+        net.fc2.out_features,
+        net.fc3.out_features,
+    ) == (400, 32, 16, 10)
     assert net(torch.zeros(4, 3, 32, 32)).shape == (4, 10)
 
 
 def test_search_space_follows_the_config():
     from ray.tune.search.sample import Categorical, Float
 
-    cfg = compose_config("workload.search_space.l1.min=16", "workload.search_space.l1.max=64", "workload.search_space.batch_size=[8,16]")
+    cfg = compose_config(
+        "workload.search_space.l1.min=16",
+        "workload.search_space.l1.max=64",
+        "workload.search_space.batch_size=[8,16]",
+    )
     space = cifar.search_space(cfg.workload)
     assert isinstance(space["l1"], Categorical) and space["l1"].categories == [16, 32, 64]
     assert space["l2"].categories == [4, 8, 16, 32, 64, 128, 256]
@@ -67,7 +76,7 @@ def _toy_split(n: int = 200, seed: int = 0):
 
 def _former_epoch(net, optimizer, criterion, images, labels, batch_size, generator):
     """train_cifar's epoch body as it was: loss.item() every step, then the val loop."""
-    from rayflow.data import iterate
+    from rayflow.workloads.presets.cifar_data import iterate
 
     net.train()
     train_loss, steps = 0.0, 0
@@ -102,10 +111,16 @@ def test_train_epoch_gives_the_former_loop_values_on_cpu():
         values = []
         for _ in range(2):
             if refactored:
-                values.append((cifar.train_epoch(step, images, labels, generator),
-                               *cifar.evaluate(net, criterion, images, labels, batch_size=64)))
+                values.append(
+                    (
+                        cifar.train_epoch(step, images, labels, generator),
+                        *cifar.evaluate(net, criterion, images, labels, batch_size=64),
+                    )
+                )
             else:
-                values.append(_former_epoch(net, optimizer, criterion, images, labels, 32, generator))
+                values.append(
+                    _former_epoch(net, optimizer, criterion, images, labels, 32, generator)
+                )
         runs.append((values, [p.detach().clone() for p in net.parameters()]))
     (former, former_params), (new, new_params) = runs
     assert new == former  # the same floats: train_loss, val_loss, val_accuracy per epoch
@@ -132,5 +147,8 @@ def test_train_epoch_continues_from_a_restored_checkpoint(tmp_path):
     restored_optimizer = torch.optim.SGD(restored.parameters(), lr=0.5, momentum=0.0)
     assert cifar.load_checkpoint(str(tmp_path), restored, restored_optimizer) == 1
     restored_step = cifar.TrainStep(restored, restored_optimizer, criterion, 32)
-    assert cifar.train_epoch(restored_step, images, labels, torch.Generator().manual_seed(2)) == expected
+    assert (
+        cifar.train_epoch(restored_step, images, labels, torch.Generator().manual_seed(2))
+        == expected
+    )
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), restored.parameters()))

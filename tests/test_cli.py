@@ -18,7 +18,10 @@ def test_help_is_fast_and_loads_no_heavy_module():
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "Configuration groups" in out.stdout and "backend: attach, kuberay, local, spark, vm" in out.stdout
+    assert (
+        "Configuration groups" in out.stdout
+        and "backend: attach, kuberay, local, spark, vm" in out.stdout
+    )
     assert "HEAVY []" in out.stdout
 
 
@@ -35,12 +38,15 @@ def test_dry_run_prints_the_spec_and_starts_nothing(rayflow):
 def test_dry_run_shows_the_imports_ray_preloads_for_ppo(rayflow):
     """workload=ppo: Ray's idle workers import torch and RLlib as the local cluster starts, and
     as many as one trial has processes (the algorithm, its env runners) are kept for it."""
+
     def init(*overrides):
         out = rayflow.run("dry_run=true", *overrides)
         assert out.returncode == 0, out.stderr
         return yaml.safe_load(out.stdout)["ray.init"]
 
-    system = init("workload=ppo", "workload.num_env_runners=3", "backend.num_cpus=4")["_system_config"]
+    system = init("workload=ppo", "workload.num_env_runners=3", "backend.num_cpus=4")[
+        "_system_config"
+    ]
     assert {"torch", "ray.rllib.algorithms.ppo"} <= set(system["preload_python_modules"])
     assert system["num_workers_soft_limit"] == 4
     assert "_system_config" not in init("workload=ppo", "backend.preload_worker_imports=false")
@@ -49,7 +55,9 @@ def test_dry_run_shows_the_imports_ray_preloads_for_ppo(rayflow):
 
 def test_missing_data_offline_fails_clearly_before_ray_starts(rayflow, tmp_path):
     before = ray_daemon_pids()
-    out = rayflow.run(f"data.root={tmp_path / 'empty'}", "data.synthetic=false", "data.download=false", base=False)
+    out = rayflow.run(
+        f"data.root={tmp_path / 'empty'}", "data.synthetic=false", "data.download=false", base=False
+    )
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("rayflow: error: data.root")
     assert ray_daemon_pids() == before

@@ -56,21 +56,35 @@ def test_two_workers_two_epochs_learn_checkpoint_and_log_each_epoch(rayflow):
     state = torch.load(saved[-1], map_location="cpu")
     assert state["epoch"] == 2 and {"model", "optimizer", "scheduler"} <= set(state)
     assert "final val_accuracy" in out.stdout
-    plots = rayflow.plots(client, parent)
-    assert plots == {"training.png": {"lines": 4, "panels": {"loss": 2, "accuracy": 1, "throughput": 1}, "epochs": [1, 2]}}
+    plots = rayflow.results.plots(client, parent)
+    assert plots == {
+        "training.png": {
+            "lines": 4,
+            "panels": {"loss": 2, "accuracy": 1, "throughput": 1},
+            "epochs": [1, 2],
+        }
+    }
     assert "plots: " in out.stdout and "(training.png); MLflow: plots/" in out.stdout
 
 
 def test_killed_worker_restarts_the_group_from_the_last_checkpoint(rayflow):
     proc, log = rayflow.start(*SLOW_EPOCHS, "workload.max_failures=2")
-    workers = wait_until(lambda: registered_checkpoint(rayflow) and process_pids(b"ray::RayTrainWorker"), timeout=240, interval=0.1)
+    workers = wait_until(
+        lambda: registered_checkpoint(rayflow) and process_pids(b"ray::RayTrainWorker"),
+        timeout=240,
+        interval=0.1,
+    )
     assert workers and len(workers) == 2, log.read_text()[-3000:]
     os.kill(min(workers), signal.SIGKILL)  # mid-epoch 2: epoch 1's checkpoint just landed
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
 
     text = log.read_text()
-    assert text.count("Started training worker group of size 2") == 2, "the worker group was not restarted"
-    resumed = [int(n) for n in re.findall(r"rank 0 resumed from the checkpoint of epoch (\d+)", text)]
+    assert text.count("Started training worker group of size 2") == 2, (
+        "the worker group was not restarted"
+    )
+    resumed = [
+        int(n) for n in re.findall(r"rank 0 resumed from the checkpoint of epoch (\d+)", text)
+    ]
     assert resumed and resumed[0] >= 1, "the restarted workers did not load the checkpoint"
     client, parent, train = train_run(rayflow)
     assert history(client, train, "epoch")[-1] == (3, 3.0)
@@ -79,7 +93,9 @@ def test_killed_worker_restarts_the_group_from_the_last_checkpoint(rayflow):
 
 def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
     proc, log = rayflow.start(*SLOW_EPOCHS)
-    assert wait_until(lambda: registered_checkpoint(rayflow), timeout=240, interval=0.1), log.read_text()[-3000:]
+    assert wait_until(lambda: registered_checkpoint(rayflow), timeout=240, interval=0.1), (
+        log.read_text()[-3000:]
+    )
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
     assert "resume=" in log.read_text()
@@ -91,28 +107,38 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
     assert out.returncode == 0, out.stderr[-3000:]
     # The epoch Ctrl-C cut into may have reached MLflow but not Ray Train's checkpoint record:
     # the run continues from the last recorded checkpoint, which is at most one epoch back.
-    resumed = re.findall(r"rank 0 resumed from the checkpoint of epoch (\d+)", out.stdout + out.stderr)
+    resumed = re.findall(
+        r"rank 0 resumed from the checkpoint of epoch (\d+)", out.stdout + out.stderr
+    )
     assert resumed and done - 1 <= int(resumed[0]) <= done, (resumed, done)
     client, parent, train = train_run(rayflow)  # the same parent and nested run, continued
     epochs = [step for step, _ in history(client, train, "epoch")]
     assert epochs[-1] == 3 and epochs.count(1) == 1, f"epochs were repeated from scratch: {epochs}"
-    assert parent.data.tags.get("resumed") == "true" and parent.data.metrics["epochs_completed"] == 3
+    assert (
+        parent.data.tags.get("resumed") == "true" and parent.data.metrics["epochs_completed"] == 3
+    )
     # the plot of the resumed run has every epoch, those before the interrupt too
-    assert rayflow.plots(client, parent)["training.png"]["epochs"] == [1, 2, 3]
+    assert rayflow.results.plots(client, parent)["training.png"]["epochs"] == [1, 2, 3]
 
 
 def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):
-    out = rayflow.run(*DDP, "workload.epochs=2", "workload.tune=true", "workload.sweep.num_samples=2", timeout=400)
+    out = rayflow.run(
+        *DDP, "workload.epochs=2", "workload.tune=true", "workload.sweep.num_samples=2", timeout=400
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     client, parents, children = rayflow.mlflow("ddp")
     [parent] = parents
     trials = children[parent.info.run_id]
     assert len(trials) == 2 and all("lr" in t.data.params for t in trials)
     assert all("val_accuracy" in t.data.metrics for t in trials)
-    assert parent.data.metrics["best_val_accuracy"] == max(t.data.metrics["val_accuracy"] for t in trials)
-    runs = sorted(p.name for p in rayflow.storage.glob("ddp-*/train-*"))  # each trial's Ray Train run
+    assert parent.data.metrics["best_val_accuracy"] == max(
+        t.data.metrics["val_accuracy"] for t in trials
+    )
+    runs = sorted(
+        p.name for p in rayflow.storage.glob("ddp-*/train-*")
+    )  # each trial's Ray Train run
     assert len(runs) == 2, runs
-    plots = rayflow.plots(client, parent)
+    plots = rayflow.results.plots(client, parent)
     curves = plots["learning_curves.png"]
     assert curves["lines"] == 2 and curves["rungs"] == [1, 2] and curves["metric"] == "val_accuracy"
     [best] = [t for t in trials if t.data.tags["trial_id"] == curves["best"]]

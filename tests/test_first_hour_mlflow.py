@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from omegaconf import OmegaConf
 
-from rayflow.tracking import Tracker, git_commit
+from rayflow.tracking.tracker import Tracker, git_commit
 
 RAYFLOW_CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -19,23 +18,37 @@ RAYFLOW_CHECKOUT = Path(__file__).resolve().parents[1]
 def _repo(folder: Path) -> str:
     """A git repository with one commit in `folder`; its commit."""
     folder.mkdir(parents=True, exist_ok=True)
-    git = ["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+    git = [
+        "git",
+        "-C",
+        str(folder),
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@example.com",
+        "-c",
+        "commit.gpgsign=false",
+    ]
     subprocess.run([*git, "init", "-q"], check=True)
     (folder / "train_me.py").write_text("def trainable(config):\n    return {'loss': 1.0}\n")
     subprocess.run([*git, "add", "train_me.py"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "first"], check=True)
-    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _rayflow_commit() -> str | None:
-    out = subprocess.run(["git", "-C", str(RAYFLOW_CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "-C", str(RAYFLOW_CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
     return out.stdout.strip() if out.returncode == 0 else None
 
 
 def test_commit_is_the_working_directory_project(tmp_path, monkeypatch):
     commit = _repo(tmp_path / "project")
     monkeypatch.chdir(tmp_path / "project")
-    assert git_commit("rayflow.workloads.cifar:train_cifar") == commit
+    assert git_commit("rayflow.workloads.presets.cifar:train_cifar") == commit
     assert commit != _rayflow_commit()
 
 
@@ -45,7 +58,7 @@ def test_no_commit_outside_a_repository(tmp_path, monkeypatch):
     (tmp_path / "plain").mkdir()
     monkeypatch.chdir(tmp_path / "plain")
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # a repo above tmp is not ours
-    assert git_commit("rayflow.workloads.cifar:train_cifar") is None
+    assert git_commit("rayflow.workloads.presets.cifar:train_cifar") is None
     assert git_commit(None) is None
 
 
@@ -62,10 +75,16 @@ def test_commit_of_the_trainable_module(tmp_path, monkeypatch):
 
 
 def _cfg(tmp_path: Path):
-    return OmegaConf.create({
-        "experiment_name": "first-hour",
-        "tracking": {"enabled": True, "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "rayflow-first-hour"},
-    })
+    return OmegaConf.create(
+        {
+            "experiment_name": "first-hour",
+            "tracking": {
+                "enabled": True,
+                "uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                "experiment": "rayflow-first-hour",
+            },
+        }
+    )
 
 
 def test_experiment_is_a_training_experiment_and_the_hint_opens_its_runs(tmp_path):
@@ -96,7 +115,17 @@ def test_no_commit_tag_when_there_is_none(tmp_path):
 
 
 def test_server_hint_opens_the_runs(tmp_path):
-    tracker = Tracker(OmegaConf.create({"tracking": {"enabled": True, "uri": "http://user:s3cret@mlflow.example:5000/", "experiment": "x"}}))
+    tracker = Tracker(
+        OmegaConf.create(
+            {
+                "tracking": {
+                    "enabled": True,
+                    "uri": "http://user:s3cret@mlflow.example:5000/",
+                    "experiment": "x",
+                }
+            }
+        )
+    )
     tracker.experiment_id = "7"
     hint = tracker.ui_hint()
     assert "/#/experiments/7/runs" in hint and "s3cret" not in hint
@@ -123,8 +152,14 @@ def test_default_vm_dry_run_says_it_is_no_ray_up_file(rayflow, tmp_path):
     out, notes = _dry(rayflow, tmp_path / "home")
     assert yaml.safe_load(out.stdout)["provider"]["type"] == "fake_multinode"
     note = notes[-1]
-    assert "provider: fake_multinode (started by rayflow on this machine; not a file for ray up" in note
-    assert "ray start --head --autoscaling-config=cluster.yaml" in note and "ray up" not in note.split("not a file for ray up")[1]
+    assert (
+        "provider: fake_multinode (started by rayflow on this machine; not a file for ray up"
+        in note
+    )
+    assert (
+        "ray start --head --autoscaling-config=cluster.yaml" in note
+        and "ray up" not in note.split("not a file for ray up")[1]
+    )
 
 
 def test_aws_vm_dry_run_is_a_ray_up_file_and_its_note_matches_it(rayflow, tmp_path):
@@ -134,10 +169,14 @@ def test_aws_vm_dry_run_is_a_ray_up_file_and_its_note_matches_it(rayflow, tmp_pa
     config = yaml.safe_load(out.stdout)
     assert config["provider"]["type"] == "aws"
     note = notes[-1]
-    assert note.startswith("rayflow: dry run: provider: aws (a file for ray up); to start it yourself: ")
+    assert note.startswith(
+        "rayflow: dry run: provider: aws (a file for ray up); to start it yourself: "
+    )
     assert "ray up cluster.yaml" in note
     # The file mounts the token file by its real path, and the note says so (the old note claimed
     # the path was masked while the printout showed it); the token's value is in neither.
-    assert config["file_mounts"]["~/.ray/auth_token"] == str(tmp_path / "home" / ".ray" / "auth_token")
+    assert config["file_mounts"]["~/.ray/auth_token"] == str(
+        tmp_path / "home" / ".ray" / "auth_token"
+    )
     assert "token file by its path" in note and "mask" not in note
     assert "not-a-real-token" not in out.stdout + out.stderr

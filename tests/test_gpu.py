@@ -10,7 +10,9 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)"
+    ),
 ]
 
 
@@ -21,8 +23,12 @@ def gpu_model() -> str:
 
 
 def test_cifar_trials_share_one_gpu_and_report_its_model(rayflow, gpu_model):
-    out = rayflow.run("compute=gpu", "workload.num_samples=2", "workload.max_epochs=1",
-                      "workload.resources_per_trial.gpu=0.5")
+    out = rayflow.run(
+        "compute=gpu",
+        "workload.num_samples=2",
+        "workload.max_epochs=1",
+        "workload.resources_per_trial.gpu=0.5",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     client, parents, children = rayflow.mlflow("cifar")
     [parent] = parents
@@ -58,21 +64,35 @@ def test_compute_auto_uses_the_gpu(rayflow, gpu_model):
 
 def test_ddp_trains_with_nccl_and_mixed_precision_on_cuda(rayflow, gpu_model):
     gpus = torch.cuda.device_count()
-    out = rayflow.run("compute=gpu", "workload=ddp", f"workload.num_workers={gpus}", "workload.model=resnet",
-                      "workload.amp=true", "workload.epochs=2")
+    out = rayflow.run(
+        "compute=gpu",
+        "workload=ddp",
+        f"workload.num_workers={gpus}",
+        "workload.model=resnet",
+        "workload.amp=true",
+        "workload.epochs=2",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     client, parents, children = rayflow.mlflow("ddp")
     assert parents[0].data.tags["device"] == "cuda"
     assert gpu_model in parents[0].data.tags["device_name"]
     [train] = children[parents[0].info.run_id]
     assert gpu_model in train.data.tags["device_name"]  # reported by the Train workers
-    assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [1, 2]
+    assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [
+        1,
+        2,
+    ]
     assert sorted(rayflow.storage.glob("ddp-*/checkpoint_*/checkpoint.pt"))
 
 
 def test_ppo_learner_on_cuda(rayflow, gpu_model):
     pytest.importorskip("ray.rllib")
-    out = rayflow.run("compute=gpu", "workload=ppo", "workload.stop.iterations=2", "workload.train_batch_size=1000")
+    out = rayflow.run(
+        "compute=gpu",
+        "workload=ppo",
+        "workload.stop.iterations=2",
+        "workload.train_batch_size=1000",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     client, parents, children = rayflow.mlflow("ppo")
     assert parents[0].data.tags["device"] == "cuda"
@@ -88,7 +108,7 @@ def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path, monkeypatch)
     """workload=cifar's TrainStep on CUDA: the full-size batches replay a captured CUDA graph,
     the loss falls, and every epoch's loss and the weights match the eager step's; a
     checkpoint restores into a fresh trial and into the captured one (which re-captures)."""
-    from rayflow.workloads import cifar
+    from rayflow.workloads.presets import cifar
 
     # cuDNN's default conv backward algorithms are nondeterministic: on the H100 two eager runs
     # of this very test differed by up to 1.3e-2 in a weight after 3 epochs, which fails the
@@ -100,8 +120,14 @@ def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path, monkeypatch)
     g = torch.Generator().manual_seed(0)
     n = 2000  # 62 batches of 32 and one of 16 (eager)
     labels = torch.randint(0, 10, (n,), generator=g)
-    images = (torch.randint(0, 256, (10, 3, 32, 32), generator=g)[labels]
-              + torch.randint(-40, 41, (n, 3, 32, 32), generator=g)).clamp(0, 255).to(torch.uint8)
+    images = (
+        (
+            torch.randint(0, 256, (10, 3, 32, 32), generator=g)[labels]
+            + torch.randint(-40, 41, (n, 3, 32, 32), generator=g)
+        )
+        .clamp(0, 255)
+        .to(torch.uint8)
+    )
     images, labels = images.cuda(), labels.cuda()
     criterion = torch.nn.CrossEntropyLoss()
 
@@ -117,16 +143,26 @@ def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path, monkeypatch)
         step = cifar.TrainStep(net, optimizer, criterion, 32, cuda_graph=graph)
         losses = []
         for epoch in range(3):
-            losses.append(cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(epoch)))
+            losses.append(
+                cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(epoch))
+            )
             if epoch == 1 and graph:
                 cifar.save_checkpoint(str(tmp_path), net, optimizer, epoch=2)
         assert (step.graph is not None) == graph
-        runs[graph] = (losses, [p.detach().clone() for p in net.parameters()],
-                       cifar.evaluate(net, criterion, images, labels))
-    (eager, eager_params, eager_val), (graphed, graphed_params, graphed_val) = runs[False], runs[True]
+        runs[graph] = (
+            losses,
+            [p.detach().clone() for p in net.parameters()],
+            cifar.evaluate(net, criterion, images, labels),
+        )
+    (eager, eager_params, eager_val), (graphed, graphed_params, graphed_val) = (
+        runs[False],
+        runs[True],
+    )
     assert graphed[2] < graphed[0] * 0.9, graphed
     assert graphed == pytest.approx(eager, rel=1e-3)
-    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(graphed_params, eager_params))
+    assert all(
+        torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(graphed_params, eager_params)
+    )
     assert graphed_val == pytest.approx(eager_val, rel=1e-2)
 
     # a fresh trial restored from the epoch-2 checkpoint: its epoch 3 is the graphed run's
@@ -134,11 +170,17 @@ def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path, monkeypatch)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.0)
     assert cifar.load_checkpoint(str(tmp_path), net, optimizer, "cuda") == 2
     step = cifar.TrainStep(net, optimizer, criterion, 32)
-    assert cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(2)) == pytest.approx(graphed[2], rel=1e-4)
+    assert cifar.train_epoch(
+        step, images, labels, torch.Generator().manual_seed(2)
+    ) == pytest.approx(graphed[2], rel=1e-4)
     assert step.graph is not None
     # restored into the trial whose graph is captured: the graph is dropped and re-captured
     captured = step.graph
     assert cifar.load_checkpoint(str(tmp_path), net, optimizer, "cuda") == 2
-    assert cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(2)) == pytest.approx(graphed[2], rel=1e-4)
+    assert cifar.train_epoch(
+        step, images, labels, torch.Generator().manual_seed(2)
+    ) == pytest.approx(graphed[2], rel=1e-4)
     assert step.graph is not None and step.graph is not captured
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(net.parameters(), graphed_params))
+    assert all(
+        torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(net.parameters(), graphed_params)
+    )

@@ -18,18 +18,27 @@ import pytest
 from matplotlib.colors import to_hex
 from omegaconf import OmegaConf
 
-from rayflow.composition import compose_config
-from rayflow.plots import learning_curves, make_plots, read_meta, search_view, tune_figures
-from rayflow.plots_data import tune_trials
-from rayflow.result import RunResult
-from rayflow.tuning import TuneSummary
+from rayflow.orchestrator.compose import compose_config
+from rayflow.results.plots import learning_curves, make_plots, read_meta, search_view, tune_figures
+from rayflow.results.records import tune_trials
+from rayflow.results.run_result import RunResult
+from rayflow.workloads.tune_runner import TuneSummary
 from tests.test_plots import write_trial
 
 
 def write_state(root: Path, statuses: dict[str, str], stamp: str = "2026-11-25_07-00-00") -> None:
     """Tune's experiment state: trial_data holds [the trial's JSON, its runtime metadata's JSON]."""
-    data = {"trial_data": [[json.dumps({"trial_id": t, "status": s, "config": {}}), json.dumps({"last_result": {}})]
-                           for t, s in statuses.items()], "runner_data": {}, "stats": {}}
+    data = {
+        "trial_data": [
+            [
+                json.dumps({"trial_id": t, "status": s, "config": {}}),
+                json.dumps({"last_result": {}}),
+            ]
+            for t, s in statuses.items()
+        ],
+        "runner_data": {},
+        "stats": {},
+    }
     (root / f"experiment_state-{stamp}.json").write_text(json.dumps(data))
 
 
@@ -38,14 +47,24 @@ def returned_trials(root: Path, n: int = 3, momentum: float = 0.9) -> dict[str, 
     ids = {}
     for i in range(n):
         trial_id = f"f_0000{i}"
-        write_trial(root, trial_id, {"lr": 0.01 * (i + 1), "momentum": momentum},
-                    [{"training_iteration": it, "loss": (i + 1) / it} for it in (1, 2, 3)], done=False)
+        write_trial(
+            root,
+            trial_id,
+            {"lr": 0.01 * (i + 1), "momentum": momentum},
+            [{"training_iteration": it, "loss": (i + 1) / it} for it in (1, 2, 3)],
+            done=False,
+        )
         ids[trial_id] = "TERMINATED"
     return ids
 
 
 def tune_result(root: Path) -> RunResult:
-    cfg = compose_config("workload=tune", "workload.trainable=train:objective", "workload.metric=loss", "workload.mode=min")
+    cfg = compose_config(
+        "workload=tune",
+        "workload.trainable=train:objective",
+        "workload.metric=loss",
+        "workload.mode=min",
+    )
     return RunResult("tune", None, root, config=OmegaConf.to_container(cfg, resolve=False))
 
 
@@ -64,7 +83,9 @@ def test_errored_and_interrupted_trials_are_not_done(tmp_path):
     root = tmp_path / "tune-1"
     statuses = returned_trials(root)
     statuses |= {"f_00001": "ERROR", "f_00002": "RUNNING"}
-    write_state(root, {"f_00000": "PENDING"}, stamp="2026-11-25_06-00-00")  # an older invocation's state
+    write_state(
+        root, {"f_00000": "PENDING"}, stamp="2026-11-25_06-00-00"
+    )  # an older invocation's state
     write_state(root, statuses)
     assert [t.done for t in tune_trials(root)] == [True, False, False]
     assert list(tune_result(root).trials["done"]) == [True, False, False]
@@ -91,9 +112,20 @@ def test_without_tunes_state_the_last_reports_done_flag_decides(tmp_path):
 
 
 def errored_summary(**kwargs) -> TuneSummary:
-    values = dict(best_config={}, best_metrics={}, best_checkpoint=None, trials=1, errored=1, interrupted=False,
-                  stopped_early=0, trial_epochs=0, budget_epochs=0, devices=[],
-                  error="ValueError: boom: the trainable failed on purpose", metric="loss")
+    values = dict(
+        best_config={},
+        best_metrics={},
+        best_checkpoint=None,
+        trials=1,
+        errored=1,
+        interrupted=False,
+        stopped_early=0,
+        trial_epochs=0,
+        budget_epochs=0,
+        devices=[],
+        error="ValueError: boom: the trainable failed on purpose",
+        metric="loss",
+    )
     return TuneSummary(**{**values, **kwargs})
 
 
@@ -101,13 +133,17 @@ def test_a_run_with_no_successful_trial_says_so_in_one_line():
     table = errored_summary().table()
     assert table.strip().splitlines() == [
         "== rayflow results ==",
-        "no trial succeeded: 1 of 1 errored; the first error: ValueError: boom: the trainable failed on purpose"]
+        "no trial succeeded: 1 of 1 errored; the first error: ValueError: boom: the trainable failed on purpose",
+    ]
     assert "best config" not in table
 
 
 def test_an_interrupt_before_any_result_is_not_called_an_error():
     table = errored_summary(errored=0, error=None, interrupted=True, trials=2).table()
-    assert table.strip().splitlines()[-1] == "no trial reported loss before the interrupt (2 trials; resume continues them)"
+    assert (
+        table.strip().splitlines()[-1]
+        == "no trial reported loss before the interrupt (2 trials; resume continues them)"
+    )
 
 
 def test_a_search_without_a_search_space_shows_no_empty_heading():
@@ -116,13 +152,25 @@ def test_a_search_without_a_search_space_shows_no_empty_heading():
 
 
 def test_rllib_with_no_successful_trial_says_so_in_one_line():
-    from rayflow.workloads.rllib_parts import RLlibSummary
+    from rayflow.workloads.rllib_results import RLlibSummary
 
-    summary = RLlibSummary(best_config={}, best_return=None, steps_at_best=None, best_checkpoint=None, trials=2,
-                           errored=2, interrupted=False, devices=[], goal=450.0, error="RuntimeError: env crashed",
-                           algorithm="PPO")
+    summary = RLlibSummary(
+        best_config={},
+        best_return=None,
+        steps_at_best=None,
+        best_checkpoint=None,
+        trials=2,
+        errored=2,
+        interrupted=False,
+        devices=[],
+        goal=450.0,
+        error="RuntimeError: env crashed",
+        algorithm="PPO",
+    )
     assert summary.table().strip().splitlines() == [
-        "== rayflow results (RLlib PPO) ==", "no trial succeeded: 2 of 2 errored; the first error: RuntimeError: env crashed"]
+        "== rayflow results (RLlib PPO) ==",
+        "no trial succeeded: 2 of 2 errored; the first error: RuntimeError: env crashed",
+    ]
 
 
 def only_trial_errored(root: Path) -> Path:
@@ -134,7 +182,7 @@ def only_trial_errored(root: Path) -> Path:
 
 
 def test_no_blank_plots_are_written_or_announced(tmp_path, capsys):
-    from rayflow import session
+    from rayflow.orchestrator import session
     from rayflow.workloads import workload_for
 
     class Tracker:
@@ -145,7 +193,12 @@ def test_no_blank_plots_are_written_or_announced(tmp_path, capsys):
             self.logged.append(folder)
 
     root = only_trial_errored(tmp_path / "tune-1")
-    cfg = compose_config("workload=tune", "workload.trainable=train:objective", "workload.metric=loss", "workload.mode=min")
+    cfg = compose_config(
+        "workload=tune",
+        "workload.trainable=train:objective",
+        "workload.metric=loss",
+        "workload.mode=min",
+    )
     tracker = Tracker()
     session._plots(cfg, tracker, root, workload_for(cfg.workload))
     out, err = capsys.readouterr()
@@ -156,7 +209,7 @@ def test_no_blank_plots_are_written_or_announced(tmp_path, capsys):
 def test_the_waiting_line_does_not_say_done_when_the_trial_errored(capsys):
     from types import SimpleNamespace
 
-    from rayflow.tuning import _first_result_wait
+    from rayflow.workloads.tune_runner import _first_result_wait
 
     wait = _first_result_wait()
     wait.setup()
@@ -170,7 +223,7 @@ def test_the_waiting_line_does_not_say_done_when_the_trial_errored(capsys):
 def test_the_waiting_line_says_done_at_the_first_result(capsys):
     from types import SimpleNamespace
 
-    from rayflow.tuning import _first_result_wait
+    from rayflow.workloads.tune_runner import _first_result_wait
 
     wait = _first_result_wait()
     wait.setup()
@@ -207,7 +260,10 @@ def test_the_title_fits_a_long_metric_name_too(tmp_path):
     long = "validation_top5_accuracy_on_the_held_out_split"
     for trial in root.iterdir():
         if trial.is_dir():
-            rows = [{**r, long: r["loss"]} for r in map(json.loads, (trial / "result.json").read_text().splitlines())]
+            rows = [
+                {**r, long: r["loss"]}
+                for r in map(json.loads, (trial / "result.json").read_text().splitlines())
+            ]
             (trial / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
     trials = tune_trials(root)
     figure, _ = search_view(trials, long, "max")
@@ -219,7 +275,9 @@ def test_the_title_fits_a_long_metric_name_too(tmp_path):
 def test_an_interrupted_run_is_marked_in_every_title(tmp_path):
     root = tmp_path / "tune-1"
     write_state(root, {**returned_trials(root), "f_00002": "RUNNING"})
-    files = make_plots(tune_figures(root, "loss", "min", "training_iteration", None, [], None), root)
+    files = make_plots(
+        tune_figures(root, "loss", "min", "training_iteration", None, [], None), root
+    )
     assert [f.name for f in files] == ["learning_curves.png", "search.png"]
     for png in files:
         meta = read_meta(png)  # the title as drawn, read back from the PNG
@@ -230,25 +288,39 @@ def test_an_errored_trial_is_marked_and_a_finished_run_is_not(tmp_path):
     root = tmp_path / "tune-1"
     statuses = returned_trials(root)
     write_state(root, statuses)
-    figure, meta = learning_curves(tune_trials(root), "loss", "min", None, [], "training_iteration", None)
+    figure, meta = learning_curves(
+        tune_trials(root), "loss", "min", None, [], "training_iteration", None
+    )
     assert meta["state"] == "" and "INTERRUPTED" not in figure.axes[0].get_title()
     write_state(root, {**statuses, "f_00001": "ERROR"}, stamp="2026-11-25_08-00-00")
-    figure, meta = learning_curves(tune_trials(root), "loss", "min", None, [], "training_iteration", None)
+    figure, meta = learning_curves(
+        tune_trials(root), "loss", "min", None, [], "training_iteration", None
+    )
     assert "1 of 3 trials ERRORED" in figure.axes[0].get_title()
 
 
 def trial_lines(figure) -> list:
     """The lines that draw trials (marked points), not the best trial's band, rungs or stop marks."""
-    return [line for line in figure.axes[0].get_lines()
-            if line.get_marker() not in ("None", "", None, "x") and len(line.get_xdata()) > 1]
+    return [
+        line
+        for line in figure.axes[0].get_lines()
+        if line.get_marker() not in ("None", "", None, "x") and len(line.get_xdata()) > 1
+    ]
 
 
 def test_trials_that_overlap_stay_apart(tmp_path):
     """Three trials that report the same losses: each its own colour and marker, set side by side."""
     root = tmp_path / "tune-1"
     for i in range(3):
-        write_trial(root, f"s_0000{i}", {"lr": 0.1 * (i + 1)}, [{"training_iteration": it, "loss": 1 / it} for it in (1, 2, 3)])
-    figure, meta = learning_curves(tune_trials(root), "loss", "min", None, [], "training_iteration", None)
+        write_trial(
+            root,
+            f"s_0000{i}",
+            {"lr": 0.1 * (i + 1)},
+            [{"training_iteration": it, "loss": 1 / it} for it in (1, 2, 3)],
+        )
+    figure, meta = learning_curves(
+        tune_trials(root), "loss", "min", None, [], "training_iteration", None
+    )
     lines = trial_lines(figure)
     assert len(lines) == 3
     assert len({to_hex(line.get_color()) for line in lines}) == 3
@@ -261,7 +333,9 @@ def test_trials_that_overlap_stay_apart(tmp_path):
 def test_trials_that_do_not_overlap_are_not_moved(tmp_path):
     root = tmp_path / "tune-1"
     returned_trials(root)
-    figure, meta = learning_curves(tune_trials(root), "loss", "min", None, [], "training_iteration", None)
+    figure, meta = learning_curves(
+        tune_trials(root), "loss", "min", None, [], "training_iteration", None
+    )
     assert meta["dodged"] == []
     assert sorted(tuple(line.get_xdata()) for line in trial_lines(figure)) == [(1, 2, 3)] * 3
 
@@ -269,18 +343,24 @@ def test_trials_that_do_not_overlap_are_not_moved(tmp_path):
 def test_trials_sharing_a_category_are_spread_apart_in_the_search_plot(tmp_path):
     root = tmp_path / "tune-1"
     for i in range(4):
-        write_trial(root, f"c_0000{i}", {"width": [64, 128][i % 2], "lr": 0.01 * (i + 1)},
-                    [{"training_iteration": 1, "loss": 1.0}])
+        write_trial(
+            root,
+            f"c_0000{i}",
+            {"width": [64, 128][i % 2], "lr": 0.01 * (i + 1)},
+            [{"training_iteration": 1, "loss": 1.0}],
+        )
     figure, meta = search_view(tune_trials(root), "loss", "min")
     width = figure.axes[meta["panels"].index("width")]
-    spots = {tuple(c.get_offsets()[0]) for c in width.collections}  # each trial's point, and the best's star on its own
+    spots = {
+        tuple(c.get_offsets()[0]) for c in width.collections
+    }  # each trial's point, and the best's star on its own
     assert len(spots) == 4  # four trials in two categories: no two on one spot
     assert len({tuple(c) for c in meta["colors"].values()}) == 4
 
 
 @pytest.mark.parametrize("n", [3, 12])
 def test_every_trial_has_its_own_style(tmp_path, n):
-    from rayflow.plots import styles
-    from rayflow.plots_data import Trial
+    from rayflow.results.plots import styles
+    from rayflow.results.records import Trial
 
     assert len(set(styles([Trial(f"t_{i:05d}", {}) for i in range(n)]).values())) == n

@@ -27,24 +27,44 @@ def _installed() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _installed(), reason="rayflow is not installed in this environment (scripts/setup.sh installs it)")
+@pytest.mark.skipif(
+    not _installed(),
+    reason="rayflow is not installed in this environment (scripts/setup.sh installs it)",
+)
 def test_hydra_lists_the_launcher_from_outside_the_checkout(tmp_path):
     # hydra/launcher=rayflow: Hydra lists the hydra_plugins folders on the path, which setup provides
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    code = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
-            "print([c.__name__ for c in Plugins.instance().discover(Launcher)])")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    code = (
+        "from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
+        "print([c.__name__ for c in Plugins.instance().discover(Launcher)])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "RayflowLauncher" in out.stdout, out.stderr[-2000:]
 
 
 def test_rayflow_runs_from_the_folder_that_holds_its_clone(tmp_path):
     """`cd ~ && python -m rayflow` with the clone in ~/rayflow: the clone's folder is no namespace
     package shadowing the real one (ImportError: cannot import name 'ClusterBackend' before)."""
-    (tmp_path / "rayflow").symlink_to(REPO, target_is_directory=True)  # a clone named as users name it
+    (tmp_path / "rayflow").symlink_to(
+        REPO, target_is_directory=True
+    )  # a clone named as users name it
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for args in (["--help"], ["dry_run=true", "data.synthetic=true"]):
-        out = subprocess.run([sys.executable, "-m", "rayflow", *args], cwd=tmp_path, env=env, capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "rayflow", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stdout.startswith("backend: local"), out.stdout[:500]  # the dry run's document
 
@@ -89,8 +109,13 @@ esac
 
 def _setup(tmp_path: Path, *args: str, pip_rc: int = 0):
     root, env = _fake_checkout(tmp_path)
-    out = subprocess.run(["bash", str(root / "scripts" / "setup.sh"), *args], env=dict(env, FAKE_PIP_RC=str(pip_rc)),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", str(root / "scripts" / "setup.sh"), *args],
+        env=dict(env, FAKE_PIP_RC=str(pip_rc)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     log = tmp_path / "calls.log"
     return out, log.read_text() if log.exists() else ""
 
@@ -99,7 +124,9 @@ def test_user_setup_installs_what_running_needs_and_no_test_packages(tmp_path):
     out, calls = _setup(tmp_path)
     assert out.returncode == 0, out.stderr
     install = [line for line in calls.splitlines() if "pip install" in line and " -e " in line]
-    assert install == ["python -m pip install --quiet --disable-pip-version-check -e .[spark,rllib,kuberay]"], calls
+    assert install == [
+        "python -m pip install --quiet --disable-pip-version-check -e .[spark,rllib,kuberay]"
+    ], calls
     assert not re.search(r"openssh-server|rsync|tini", calls + out.stderr)
     # pip's per-package location warnings are gone, its real errors kept, the summary line last
     assert "is ignored" not in out.stdout + out.stderr and "ERROR: a real pip error" in out.stderr
@@ -114,6 +141,14 @@ def test_test_setup_adds_the_test_extra(tmp_path):
 
 def test_a_failing_pip_fails_setup_and_a_wrong_flag_is_refused(tmp_path):
     out, calls = _setup(tmp_path, pip_rc=1)
-    assert out.returncode == 1 and "rayflow setup:" not in out.stdout and "ERROR: a real pip error" in out.stderr
+    assert (
+        out.returncode == 1
+        and "rayflow setup:" not in out.stdout
+        and "ERROR: a real pip error" in out.stderr
+    )
     out, calls = _setup(tmp_path / "again", "--tests")
-    assert out.returncode == 2 and out.stderr.strip() == "usage: bash scripts/setup.sh [--test]" and not calls
+    assert (
+        out.returncode == 2
+        and out.stderr.strip() == "usage: bash scripts/setup.sh [--test]"
+        and not calls
+    )

@@ -1,4 +1,4 @@
-"""The user's files that go with a submitted run (rayflow.job_files): what is shipped, what is
+"""The user's files that go with a submitted run (rayflow.orchestrator.job_files): what is shipped, what is
 left out, and the size check before anything starts. Fast: no cluster; what Ray would upload is
 checked against the zip Ray's own packaging code builds."""
 
@@ -11,13 +11,23 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rayflow import job_files as jf
 from rayflow.errors import ConfigError
+from rayflow.orchestrator import job_files as jf
 
 
 def workload(**keys):
     """A config whose workload section has only the shipping keys (the rest is not read)."""
-    return OmegaConf.create({"workload": {"working_dir": None, "excludes": None, "py_modules": None, "pip": None, **keys}})
+    return OmegaConf.create(
+        {
+            "workload": {
+                "working_dir": None,
+                "excludes": None,
+                "py_modules": None,
+                "pip": None,
+                **keys,
+            }
+        }
+    )
 
 
 @pytest.fixture
@@ -48,12 +58,20 @@ def project(tmp_path: Path) -> Path:
     return root
 
 
-def ray_zip(path: Path, patterns: list[str], tmp_path: Path, include_parent_dir: bool = False) -> Path:
+def ray_zip(
+    path: Path, patterns: list[str], tmp_path: Path, include_parent_dir: bool = False
+) -> Path:
     """The zip Ray's Jobs client builds (ray._private.runtime_env.packaging._zip_files, .gitignore honoured)."""
     from ray._private.runtime_env.packaging import _zip_files
 
     out = tmp_path / f"pkg-{len(list(tmp_path.glob('pkg-*')))}.zip"
-    _zip_files(str(path), list(patterns), str(out), include_gitignore=True, include_parent_dir=include_parent_dir)
+    _zip_files(
+        str(path),
+        list(patterns),
+        str(out),
+        include_gitignore=True,
+        include_parent_dir=include_parent_dir,
+    )
     return out
 
 
@@ -67,7 +85,12 @@ def working_dir_patterns(cfg) -> list[str]:
 def test_job_files_gives_the_runtime_env_parts(project):
     import omegaconf
 
-    cfg = workload(working_dir=str(project), excludes=["*.ckpt"], py_modules=["omegaconf"], pip=["einops==0.8.0"])
+    cfg = workload(
+        working_dir=str(project),
+        excludes=["*.ckpt"],
+        py_modules=["omegaconf"],
+        pip=["einops==0.8.0"],
+    )
     env = jf.job_files(cfg)
     assert env["working_dir"] == str(project) and Path(env["working_dir"]).is_absolute()
     assert env["excludes"] == [*jf.DEFAULT_EXCLUDES, *jf.CREDENTIAL_EXCLUDES, "*.ckpt"]
@@ -77,10 +100,14 @@ def test_job_files_gives_the_runtime_env_parts(project):
 
 def test_nothing_to_ship_gives_no_keys(tmp_path, monkeypatch):
     assert jf.job_files(workload()) == {}
-    assert jf.job_files(OmegaConf.create({"workload": {"name": "cifar"}})) == {}  # a config without the keys
+    assert (
+        jf.job_files(OmegaConf.create({"workload": {"name": "cifar"}})) == {}
+    )  # a config without the keys
     jf.check_upload(OmegaConf.create({"workload": {"name": "cifar"}}), limit=1)  # nothing to check
     monkeypatch.chdir(tmp_path)
-    assert jf.job_files(workload(working_dir="."))["working_dir"] == str(tmp_path)  # `.`: where rayflow runs
+    assert jf.job_files(workload(working_dir="."))["working_dir"] == str(
+        tmp_path
+    )  # `.`: where rayflow runs
 
 
 def test_what_is_shipped_is_what_ray_zips(project, tmp_path):
@@ -90,7 +117,14 @@ def test_what_is_shipped_is_what_ray_zips(project, tmp_path):
     patterns = working_dir_patterns(cfg)
     archive = ray_zip(project, patterns, tmp_path)
     names = sorted(zipfile.ZipFile(archive).namelist())
-    assert names == [".gitignore", "conf.yaml", "data/big.bin", "lib/__init__.py", "lib/model.py", "train.py"]
+    assert names == [
+        ".gitignore",
+        "conf.yaml",
+        "data/big.bin",
+        "lib/__init__.py",
+        "lib/model.py",
+        "train.py",
+    ]
     assert sorted(jf.shipped(project, patterns)) == names
     _, size, stopped = jf.upload_entries(project, patterns)
     assert (size, stopped) == (archive.stat().st_size, False)
@@ -103,7 +137,11 @@ def test_a_py_module_is_counted_as_ray_zips_it(tmp_path):
     patterns = list(jf.DEFAULT_EXCLUDES)
     archive = ray_zip(folder, patterns, tmp_path, include_parent_dir=True)
     names = zipfile.ZipFile(archive).namelist()
-    assert names and all(n.startswith("omegaconf/") for n in names) and not any("__pycache__" in n for n in names)
+    assert (
+        names
+        and all(n.startswith("omegaconf/") for n in names)
+        and not any("__pycache__" in n for n in names)
+    )
     assert jf.upload_entries(folder, patterns, include_parent_dir=True)[1] == archive.stat().st_size
 
 
@@ -113,14 +151,20 @@ def test_over_the_limit_is_one_line_naming_the_biggest_entry(project):
         jf.check_upload(cfg, limit=200_000)
     message = str(err.value)
     assert "\n" not in message and err.value.key == "workload.working_dir"
-    assert message.startswith(f"workload.working_dir: {project} is 294 KiB after excludes, over Ray's 195 KiB limit")
+    assert message.startswith(
+        f"workload.working_dir: {project} is 294 KiB after excludes, over Ray's 195 KiB limit"
+    )
     assert "biggest: data/big.bin 293 KiB" in message and "workload.excludes" in message
     assert "train.py" not in message  # small files are not named
-    jf.check_upload(workload(working_dir=str(project), excludes=["/data"]), limit=200_000)  # excluded: it fits
+    jf.check_upload(
+        workload(working_dir=str(project), excludes=["/data"]), limit=200_000
+    )  # excluded: it fits
 
 
 def test_counting_stops_far_over_the_limit(project):
-    with pytest.raises(ConfigError, match=r"is more than .* after excludes.*biggest: data/big\.bin"):
+    with pytest.raises(
+        ConfigError, match=r"is more than .* after excludes.*biggest: data/big\.bin"
+    ):
         jf.check_upload(workload(working_dir=str(project)), limit=10_000)
 
 
@@ -136,14 +180,18 @@ def test_excludes_may_re_include_a_default(project):
     (project / "wandb" / "keep.txt").write_text("k")
     cfg = workload(working_dir=str(project), excludes=["!wandb", "!wandb/**"])
     assert "wandb/keep.txt" in jf.shipped(project, working_dir_patterns(cfg))
-    assert "wandb/keep.txt" not in jf.shipped(project, working_dir_patterns(workload(working_dir=str(project))))
+    assert "wandb/keep.txt" not in jf.shipped(
+        project, working_dir_patterns(workload(working_dir=str(project)))
+    )
 
 
 def test_a_missing_working_dir_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^workload\.working_dir: .*/nowhere does not exist"):
         jf.check_upload(workload(working_dir=str(tmp_path / "nowhere")))
     (tmp_path / "file.txt").write_text("x")
-    with pytest.raises(ConfigError, match=r"^workload\.working_dir: .*file\.txt is not a directory"):
+    with pytest.raises(
+        ConfigError, match=r"^workload\.working_dir: .*file\.txt is not a directory"
+    ):
         jf.check_upload(workload(working_dir=str(tmp_path / "file.txt")))
 
 
@@ -151,7 +199,11 @@ def test_a_missing_working_dir_is_refused(tmp_path):
 def test_a_py_module_that_cannot_be_shipped_is_refused(name):
     with pytest.raises(ConfigError) as err:
         jf.job_files(workload(py_modules=[name]))
-    assert err.value.key == "workload.py_modules" and name in str(err.value) and "\n" not in str(err.value)
+    assert (
+        err.value.key == "workload.py_modules"
+        and name in str(err.value)
+        and "\n" not in str(err.value)
+    )
 
 
 def test_wrong_kinds_are_refused():
@@ -167,7 +219,10 @@ def test_a_big_py_module_names_the_module(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "weights" / "w.bin").write_bytes(os.urandom(100_000))
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    with pytest.raises(ConfigError, match=r"^workload\.py_modules: bigpkg \(.*\) is 98 KiB .* biggest: weights/w\.bin 98 KiB .*workload\.pip"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^workload\.py_modules: bigpkg \(.*\) is 98 KiB .* biggest: weights/w\.bin 98 KiB .*workload\.pip",
+    ):
         jf.check_upload(workload(py_modules=["bigpkg"]), limit=50_000)
 
 
@@ -178,9 +233,16 @@ def test_rayflow_own_package_keeps_its_files():
 
     spec = PathSpec.from_lines("gitwildmatch", jf.DEFAULT_EXCLUDES)
     files = jf._rayflow_files()
-    assert "conf/config.yaml" in files and "job_files.py" in files
-    assert not [f for f in files if any(spec.match_file("/".join(f.split("/")[: i + 1])) for i in range(f.count("/") + 1))]
-    with pytest.raises(ConfigError, match=r"^workload\.excludes: '\*\.yaml' would also drop rayflow's own rayflow/conf/"):
+    assert "conf/config.yaml" in files and "orchestrator/job_files.py" in files
+    assert not [
+        f
+        for f in files
+        if any(spec.match_file("/".join(f.split("/")[: i + 1])) for i in range(f.count("/") + 1))
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"^workload\.excludes: '\*\.yaml' would also drop rayflow's own rayflow/conf/",
+    ):
         jf.check_upload(workload(py_modules=["omegaconf"], excludes=["*.yaml"]))
 
 
@@ -189,16 +251,20 @@ def test_unreadable_file_is_named(project, monkeypatch):
     every file, so unreadability is simulated)."""
     (project / "locked.bin").write_text("x")
     access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode: Path(path).name != "locked.bin" and access(path, mode))
+    monkeypatch.setattr(
+        os, "access", lambda path, mode: Path(path).name != "locked.bin" and access(path, mode)
+    )
     with pytest.raises(ConfigError, match=r"locked\.bin.*workload\.excludes"):
         jf.check_upload(workload(working_dir=str(project)))
 
 
 def test_pip_lists_add_up():
-    assert jf.merge_runtime_env({"pip": ["torch==2.13.0"]}, {"pip": ["einops"], "working_dir": "/p"}) == {
-        "pip": ["torch==2.13.0", "einops"], "working_dir": "/p"}
-    assert jf.merge_runtime_env({"pip": {"packages": ["torch"], "pip_check": False}}, {"pip": ["einops"]}) == {
-        "pip": {"packages": ["torch", "einops"], "pip_check": False}}
+    assert jf.merge_runtime_env(
+        {"pip": ["torch==2.13.0"]}, {"pip": ["einops"], "working_dir": "/p"}
+    ) == {"pip": ["torch==2.13.0", "einops"], "working_dir": "/p"}
+    assert jf.merge_runtime_env(
+        {"pip": {"packages": ["torch"], "pip_check": False}}, {"pip": ["einops"]}
+    ) == {"pip": {"packages": ["torch", "einops"], "pip_check": False}}
     assert jf.merge_runtime_env({}, {"pip": ["einops"]}) == {"pip": ["einops"]}
     assert jf.merge_runtime_env(None, {}) == {}
 
@@ -216,7 +282,7 @@ def test_the_job_gets_rayflow_and_the_callers_py_modules(monkeypatch):
 
     import ray.job_submission
 
-    from rayflow import remote
+    from rayflow.orchestrator import submission as remote
 
     submitted = {}
 
@@ -242,24 +308,49 @@ def test_the_job_gets_rayflow_and_the_callers_py_modules(monkeypatch):
             return "done\n"
 
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
-    outcome = remote.run_as_job("http://127.0.0.1:1", ["python", "-m", "rayflow"], {"A": "1"},
-                                  runtime_env={"py_modules": ["/x/mylib"], "working_dir": "/x", "pip": ["einops"]})
+    outcome = remote.run_as_job(
+        "http://127.0.0.1:1",
+        ["python", "-m", "rayflow"],
+        {"A": "1"},
+        runtime_env={"py_modules": ["/x/mylib"], "working_dir": "/x", "pip": ["einops"]},
+    )
     env = submitted["runtime_env"]
-    assert (outcome.status, outcome.log) == ("SUCCEEDED", "done\n") and env["py_modules"][1:] == ["/x/mylib"] and env["py_modules"][0].endswith("/rayflow")
+    assert (
+        (outcome.status, outcome.log) == ("SUCCEEDED", "done\n")
+        and env["py_modules"][1:] == ["/x/mylib"]
+        and env["py_modules"][0].endswith("/rayflow")
+    )
     assert (env["working_dir"], env["pip"], env["env_vars"]) == ("/x", ["einops"], {"A": "1"})
 
 
 def test_check_config_checks_a_submitted_runs_files_before_anything_starts(tmp_path):
-    from rayflow.composition import check_config, compose_config
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.orchestrator.preflight import plan_job
 
     cfg = compose_config("backend=vm", f"++workload.working_dir={tmp_path / 'nowhere'}")
     with pytest.raises(ConfigError, match=r"^workload\.working_dir: .*nowhere does not exist"):
-        check_config(cfg)
+        plan_job(cfg, [])
 
 
-CREDENTIALS = [".env", ".env.production", "id_rsa", "id_ed25519.pub", ".aws/credentials", "kubeconfig", ".kube/config",
-               ".netrc", ".git-credentials", ".npmrc", ".pypirc", ".docker/config.json", ".ssh/known_hosts",
-               "certs/server.pem", "tls.key", "gcp-credentials.json", "deploy/service-account-prod.json"]
+CREDENTIALS = [
+    ".env",
+    ".env.production",
+    "id_rsa",
+    "id_ed25519.pub",
+    ".aws/credentials",
+    "kubeconfig",
+    ".kube/config",
+    ".netrc",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".docker/config.json",
+    ".ssh/known_hosts",
+    "certs/server.pem",
+    "tls.key",
+    "gcp-credentials.json",
+    "deploy/service-account-prod.json",
+]
 
 
 def test_credential_files_are_not_shipped_by_default(project, tmp_path, capsys):
@@ -268,10 +359,14 @@ def test_credential_files_are_not_shipped_by_default(project, tmp_path, capsys):
     for name in CREDENTIALS:
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text("SECRET-VALUE\n")
-    (project / "lib" / "credentials.py").write_text("def load():\n    return None\n")  # code named so ships
+    (project / "lib" / "credentials.py").write_text(
+        "def load():\n    return None\n"
+    )  # code named so ships
     cfg = workload(working_dir=str(project))
     names = zipfile.ZipFile(ray_zip(project, working_dir_patterns(cfg), tmp_path)).namelist()
-    assert not [n for n in names if any(n == c or n.startswith(c.split("/")[0] + "/") for c in CREDENTIALS)], names
+    assert not [
+        n for n in names if any(n == c or n.startswith(c.split("/")[0] + "/") for c in CREDENTIALS)
+    ], names
     assert "lib/credentials.py" in names and "train.py" in names
     jf.check_upload(cfg, limit=10 * 2**20)
     assert "credential" not in capsys.readouterr().err
@@ -284,5 +379,7 @@ def test_credential_files_the_user_re_includes_are_named_in_one_line(project, ca
     cfg = workload(working_dir=str(project), excludes=["!.env", "!.aws", "!.aws/**"])
     jf.check_upload(cfg, limit=10 * 2**20)
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("rayflow: warning: workload.working_dir: ships credential files"), err
+    assert len(err) == 1 and err[0].startswith(
+        "rayflow: warning: workload.working_dir: ships credential files"
+    ), err
     assert ".env" in err[0] and ".aws/credentials" in err[0] and "SECRET-VALUE" not in err[0]

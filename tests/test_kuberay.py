@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayflow.processes import stop_processes_mentioning
+from rayflow.runtime.processes import stop_processes_mentioning
 from rayflow.testing.backends import JobSubmissionSuite
 from rayflow.testing.processes import wait_until
 from tests.harness.examples import USER_TUNE, copy_example
@@ -42,21 +42,45 @@ class RayHead:
 
     def __init__(self):
         self.token = secrets.token_hex(24)
-        self.temp_dir = tempfile.mkdtemp(prefix="rf-kr-")  # short: Ray's socket paths stay < 108 chars
+        self.temp_dir = tempfile.mkdtemp(
+            prefix="rf-kr-"
+        )  # short: Ray's socket paths stay < 108 chars
         self.dashboard_url = f"http://127.0.0.1:{_free_port()}"
 
     def start(self) -> None:
-        bin_dir = Path(sys.executable).parent  # jobs run `python`: this venv's, as the image's would be
-        env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        bin_dir = Path(
+            sys.executable
+        ).parent  # jobs run `python`: this venv's, as the image's would be
+        env = dict(
+            os.environ,
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN=self.token,
+            PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        )
         env.pop("MLFLOW_TRACKING_URI", None)
         subprocess.run(
-            [str(bin_dir / "ray"), "start", "--head", f"--port={_free_port()}", "--node-ip-address=127.0.0.1",
-             "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={self.dashboard_url.rsplit(':', 1)[1]}", f"--temp-dir={self.temp_dir}",
-             "--disable-usage-stats", f"--dashboard-agent-listen-port={_free_port()}",
-             f"--ray-client-server-port={_free_port()}", f"--metrics-export-port={_free_port()}",
-             f"--runtime-env-agent-port={_free_port()}"],
-            check=True, env=env, capture_output=True, timeout=120)
+            [
+                str(bin_dir / "ray"),
+                "start",
+                "--head",
+                f"--port={_free_port()}",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=2",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_url.rsplit(':', 1)[1]}",
+                f"--temp-dir={self.temp_dir}",
+                "--disable-usage-stats",
+                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--ray-client-server-port={_free_port()}",
+                f"--metrics-export-port={_free_port()}",
+                f"--runtime-env-agent-port={_free_port()}",
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
 
     def stop(self) -> None:
         stop_processes_mentioning(self.temp_dir)
@@ -84,10 +108,27 @@ def mlflow_server(tmp_path_factory):
     port = _free_port()
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
-                             "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
-                            stdout=open(folder / "mlflow.log", "w"), stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'server.db'}",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=open(folder / "mlflow.log", "w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
 
     def up() -> bool:
         try:
@@ -105,15 +146,29 @@ def mlflow_server(tmp_path_factory):
 
 
 def kuberay(emulator: KubeEmulator, *more: str) -> list[str]:
-    return ["backend=kuberay", f"backend.kubeconfig={emulator.kubeconfig_path}", "backend.job_pip=[]",
-            "backend.start_timeout_s=60", "backend.delete_timeout_s=20", *more]
+    return [
+        "backend=kuberay",
+        f"backend.kubeconfig={emulator.kubeconfig_path}",
+        "backend.job_pip=[]",
+        "backend.start_timeout_s=60",
+        "backend.delete_timeout_s=20",
+        *more,
+    ]
 
 
-SMALL_CIFAR = ["workload.num_samples=2", "workload.max_epochs=1", "workload.scheduler.grace_period=1"]
+SMALL_CIFAR = [
+    "workload.num_samples=2",
+    "workload.max_epochs=1",
+    "workload.scheduler.grace_period=1",
+]
 
 
 def _gone(emulator: KubeEmulator) -> bool:
-    return not emulator.objects("rayclusters") and not emulator.objects("pods") and not emulator.objects("rayjobs")
+    return (
+        not emulator.objects("rayclusters")
+        and not emulator.objects("pods")
+        and not emulator.objects("rayjobs")
+    )
 
 
 # --- the happy path ---------------------------------------------------------------------------------
@@ -122,41 +177,71 @@ def _gone(emulator: KubeEmulator) -> bool:
 @pytest.mark.slow
 def test_apply_run_as_a_job_and_delete(ray_head, rayflow, emulator, mlflow_server):
     applied: list[dict] = []
-    emulator.add_listener(lambda kind, plural, old, new: applied.append(new) if plural == "rayclusters" and new and not old else None)
+    emulator.add_listener(
+        lambda kind, plural, old, new: (
+            applied.append(new) if plural == "rayclusters" and new and not old else None
+        )
+    )
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        out = rayflow.run(*kuberay(emulator), *SMALL_CIFAR, f"tracking.uri={mlflow_server}", timeout=400)
+        out = rayflow.run(
+            *kuberay(emulator), *SMALL_CIFAR, f"tracking.uri={mlflow_server}", timeout=400
+        )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
-    for line in ("[rayflow] kuberay: applied RayCluster default/rayflow", "[rayflow] kuberay: head pod rayflow-head-",
-                 "[rayflow] submitted job raysubmit_", "== rayflow results ==",
-                 "[rayflow] kuberay: deleted RayCluster default/rayflow and its pods"):
+    for line in (
+        "[rayflow] kuberay: applied RayCluster default/rayflow",
+        "[rayflow] kuberay: head pod rayflow-head-",
+        "[rayflow] submitted job raysubmit_",
+        "== rayflow results ==",
+        "[rayflow] kuberay: deleted RayCluster default/rayflow and its pods",
+    ):
         assert line in text, (line, text[-3000:])
     assert ray_head.token not in text
     # created (never over another's object) with a field manager, labelled as rayflow's and this run's
-    creates = [r for r in emulator.requests if r.method == "POST" and r.path.endswith("/rayclusters")]
+    creates = [
+        r for r in emulator.requests if r.method == "POST" and r.path.endswith("/rayclusters")
+    ]
     assert creates and all(r.query.get("fieldManager") == "rayflow" for r in creates)
     labels = applied[0]["metadata"]["labels"]
     assert labels["app.kubernetes.io/managed-by"] == "rayflow" and labels["rayflow.io/run"]
     # the Jobs API was reached through the API server's service proxy
-    proxied = [r.path for r in emulator.requests if "/services/rayflow-head-svc:dashboard/proxy/api/jobs" in r.path]
+    proxied = [
+        r.path
+        for r in emulator.requests
+        if "/services/rayflow-head-svc:dashboard/proxy/api/jobs" in r.path
+    ]
     assert proxied
     # the job's command line (ps on the head, JobInfo.entrypoint, the dashboard) is fixed: no override, no URI
     from ray.job_submission import JobSubmissionClient
 
-    jobs = JobSubmissionClient(ray_head.dashboard_url, headers={"Authorization": f"Bearer {ray_head.token}"}).list_jobs()
-    entrypoints = [j.entrypoint for j in jobs if (j.metadata or {}).get("submitted_by") == "rayflow"]
-    assert entrypoints and all(e.endswith("-m rayflow.job_entry") and "=" not in e for e in entrypoints), entrypoints
+    jobs = JobSubmissionClient(
+        ray_head.dashboard_url, headers={"Authorization": f"Bearer {ray_head.token}"}
+    ).list_jobs()
+    entrypoints = [
+        j.entrypoint for j in jobs if (j.metadata or {}).get("submitted_by") == "rayflow"
+    ]
+    assert entrypoints and all(
+        e.endswith("-m rayflow.job_entry") and "=" not in e for e in entrypoints
+    ), entrypoints
     assert wait_until(lambda: _gone(emulator), timeout=10)
     # MLflow: the parent run records the manifest and what the cluster cost
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name("cifar")
-    parents = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    parents = [
+        r
+        for r in client.search_runs([experiment.experiment_id])
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
     parent = max(parents, key=lambda r: r.info.start_time)
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "kuberay"
     spec = Path(client.download_artifacts(parent.info.run_id, "cluster/spec.yaml")).read_text()
-    assert "kind: RayCluster" in spec and "enableInTreeAutoscaling: true" in spec and ray_head.token not in spec
+    assert (
+        "kind: RayCluster" in spec
+        and "enableInTreeAutoscaling: true" in spec
+        and ray_head.token not in spec
+    )
     for metric in ("cluster_nodes_peak", "cluster_node_seconds", "cluster_start_s"):
         assert metric in parent.data.metrics, metric
     assert ray_head.token not in str(parent.data.params) + str(parent.data.tags)
@@ -165,14 +250,21 @@ def test_apply_run_as_a_job_and_delete(ray_head, rayflow, emulator, mlflow_serve
 @pytest.mark.slow
 def test_rayjob_mode_tells_the_rayjob_its_job_and_deletes_it(ray_head, rayflow, emulator):
     seen: list[dict] = []
-    emulator.add_listener(lambda kind, plural, old, new: seen.append(new) if plural == "rayjobs" and new else None)
+    emulator.add_listener(
+        lambda kind, plural, old, new: seen.append(new) if plural == "rayjobs" and new else None
+    )
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        out = rayflow.run(*kuberay(emulator, "backend.mode=rayjob"), *SMALL_CIFAR, "tracking=none", timeout=400)
+        out = rayflow.run(
+            *kuberay(emulator, "backend.mode=rayjob"), *SMALL_CIFAR, "tracking=none", timeout=400
+        )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "applied RayJob default/rayflow" in out.stdout + out.stderr  # phase lines go to stderr
     job_ids = {(obj.get("spec") or {}).get("jobId") for obj in seen} - {None, ""}
     assert len(job_ids) == 1 and next(iter(job_ids)).startswith("raysubmit_")
-    assert seen[0]["spec"]["shutdownAfterJobFinishes"] is True and seen[0]["spec"]["submissionMode"] == "InteractiveMode"
+    assert (
+        seen[0]["spec"]["shutdownAfterJobFinishes"] is True
+        and seen[0]["spec"]["submissionMode"] == "InteractiveMode"
+    )
     assert wait_until(lambda: _gone(emulator), timeout=10)
 
 
@@ -180,9 +272,16 @@ def test_rayjob_mode_tells_the_rayjob_its_job_and_deletes_it(ray_head, rayflow, 
 def test_ctrl_c_during_the_job_stops_it_and_deletes_the_cluster(ray_head, rayflow, emulator):
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
         # long enough that Ctrl-C lands mid-run however fast the epochs are (50 took 9 s once)
-        proc, log = rayflow.start(*kuberay(emulator), "workload.num_samples=1", "workload.max_epochs=1000",
-                                  "workload.scheduler.grace_period=1000", "tracking=none")
-        assert wait_until(lambda: "Checkpoint successfully created" in log.read_text(), timeout=180, interval=0.5), log.read_text()[-3000:]
+        proc, log = rayflow.start(
+            *kuberay(emulator),
+            "workload.num_samples=1",
+            "workload.max_epochs=1000",
+            "workload.scheduler.grace_period=1000",
+            "tracking=none",
+        )
+        assert wait_until(
+            lambda: "Checkpoint successfully created" in log.read_text(), timeout=180, interval=0.5
+        ), log.read_text()[-3000:]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
     text = log.read_text()
@@ -195,14 +294,27 @@ def test_keep_cluster_leaves_it_and_the_next_run_reuses_it(ray_head, rayflow, em
     """A kept cluster is joined by a run that names it and keeps it too; the joiner, which did not
     start it, leaves it running (tests/test_security_kuberay.py: the refusals, without Ray)."""
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        first = rayflow.run(*kuberay(emulator, "backend.keep_cluster=true"), *SMALL_CIFAR, "tracking=none", timeout=400)
+        first = rayflow.run(
+            *kuberay(emulator, "backend.keep_cluster=true"),
+            *SMALL_CIFAR,
+            "tracking=none",
+            timeout=400,
+        )
         assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
         kept = emulator.get("rayclusters", "default", "rayflow")
         assert kept is not None and kept["metadata"]["labels"]["rayflow.io/keep"] == "true"
-        second = rayflow.run(*kuberay(emulator, "backend.keep_cluster=true"), *SMALL_CIFAR, "tracking=none", timeout=400)
+        second = rayflow.run(
+            *kuberay(emulator, "backend.keep_cluster=true"),
+            *SMALL_CIFAR,
+            "tracking=none",
+            timeout=400,
+        )
         assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
         assert "reusing the existing RayCluster default/rayflow" in second.stdout
-        assert emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == kept["metadata"]["uid"]
+        assert (
+            emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"]
+            == kept["metadata"]["uid"]
+        )
         emulator.delete("rayclusters", "default", "rayflow")
     assert wait_until(lambda: _gone(emulator), timeout=10)
 
@@ -215,8 +327,13 @@ def test_the_users_tune_function_goes_with_the_job(ray_head, rayflow, emulator, 
 
     copy_example("tune-pbt", rayflow.workdir)
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        out = rayflow.run(*kuberay(emulator), *USER_TUNE, "tracking.experiment=kuberay-tune",
-                          f"tracking.uri={mlflow_server}", timeout=400)
+        out = rayflow.run(
+            *kuberay(emulator),
+            *USER_TUNE,
+            "tracking.experiment=kuberay-tune",
+            f"tracking.uri={mlflow_server}",
+            timeout=400,
+        )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "== rayflow results ==" in out.stdout and "best loss" in out.stdout
     client = MlflowClient(mlflow_server)
@@ -225,7 +342,9 @@ def test_the_users_tune_function_goes_with_the_job(ray_head, rayflow, emulator, 
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "kuberay"
     assert parent.data.params["workload.trainable"] == "train:objective"
-    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2
+    assert (
+        len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2
+    )
     assert wait_until(lambda: _gone(emulator), timeout=10)
 
 
@@ -265,7 +384,9 @@ data: {region: eu}
 
 
 @pytest.mark.slow
-def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(ray_head, rayflow, emulator, mlflow_server):
+def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(
+    ray_head, rayflow, emulator, mlflow_server
+):
     """Through rayflow.run's path (session.run_jobs): the job on the user's cluster comes back as a
     RunResult, and its driver log is in the parent MLflow run."""
     from mlflow.tracking import MlflowClient
@@ -273,85 +394,175 @@ def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(ray_head
     path = rayflow.workdir / "team-ray.yaml"
     path.write_text(USER_MANIFEST)
     applied: list[dict] = []
-    emulator.add_listener(lambda kind, plural, old, new: applied.append(new) if plural == "rayclusters" and new and not old else None)
+    emulator.add_listener(
+        lambda kind, plural, old, new: (
+            applied.append(new) if plural == "rayclusters" and new and not old else None
+        )
+    )
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        out = rayflow.run_jobs([*kuberay(emulator, f"backend.manifest={path}"), *SMALL_CIFAR, f"tracking.uri={mlflow_server}",
-                                "tracking.experiment=kuberay-own-manifest"], timeout=400)
+        out = rayflow.run_jobs(
+            [
+                *kuberay(emulator, f"backend.manifest={path}"),
+                *SMALL_CIFAR,
+                f"tracking.uri={mlflow_server}",
+                "tracking.experiment=kuberay-own-manifest",
+            ],
+            timeout=400,
+        )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     [result] = rayflow.run_results(out)
     client = MlflowClient(mlflow_server)
-    [parent] = client.search_runs([client.get_experiment_by_name("kuberay-own-manifest").experiment_id], "tags.backend = 'kuberay'")
-    assert result["type"] == "RunResult" and result["mlflow_run_id"] == parent.info.run_id and result["trials"] == 2
+    [parent] = client.search_runs(
+        [client.get_experiment_by_name("kuberay-own-manifest").experiment_id],
+        "tags.backend = 'kuberay'",
+    )
+    assert (
+        result["type"] == "RunResult"
+        and result["mlflow_run_id"] == parent.info.run_id
+        and result["trials"] == 2
+    )
     assert "val_accuracy" in result["best_metrics"] and "lr" in result["best_config"], result
-    log = Path(client.download_artifacts(parent.info.run_id, "job/driver.log", str(rayflow.workdir))).read_text()
-    assert "== rayflow results ==" in log and "[rayflow-result]" not in log and ray_head.token not in log
+    log = Path(
+        client.download_artifacts(parent.info.run_id, "job/driver.log", str(rayflow.workdir))
+    ).read_text()
+    assert (
+        "== rayflow results ==" in log
+        and "[rayflow-result]" not in log
+        and ray_head.token not in log
+    )
     assert "leaves ConfigMap/team-settings to you: kubectl apply" in out.stderr
-    for line in ("the API server accepts RayCluster default/team-ray (server-side dry run)", "applied RayCluster default/team-ray",
-                 "== rayflow results ==", "deleted RayCluster default/team-ray and its pods"):
+    for line in (
+        "the API server accepts RayCluster default/team-ray (server-side dry run)",
+        "applied RayCluster default/team-ray",
+        "== rayflow results ==",
+        "deleted RayCluster default/team-ray and its pods",
+    ):
         assert line in text, (line, text[-3000:])
     [created] = applied
-    assert created["metadata"]["labels"]["team"] == "ml" and created["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rayflow"
-    assert created["spec"]["authOptions"] == {"mode": "token"} and created["spec"]["workerGroupSpecs"][0]["maxReplicas"] == 1
-    writes = [r for r in emulator.requests if r.method in ("PATCH", "POST", "PUT") and "/rayclusters" in r.path]
-    assert writes[0].query.get("dryRun") == "All" and writes[1].query.get("dryRun") is None  # asked first, then applied
-    assert not [r for r in emulator.requests if "configmaps" in r.path], "the ConfigMap is the user's to apply"
+    assert (
+        created["metadata"]["labels"]["team"] == "ml"
+        and created["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rayflow"
+    )
+    assert (
+        created["spec"]["authOptions"] == {"mode": "token"}
+        and created["spec"]["workerGroupSpecs"][0]["maxReplicas"] == 1
+    )
+    writes = [
+        r
+        for r in emulator.requests
+        if r.method in ("PATCH", "POST", "PUT") and "/rayclusters" in r.path
+    ]
+    assert (
+        writes[0].query.get("dryRun") == "All" and writes[1].query.get("dryRun") is None
+    )  # asked first, then applied
+    assert not [r for r in emulator.requests if "configmaps" in r.path], (
+        "the ConfigMap is the user's to apply"
+    )
     assert wait_until(lambda: _gone(emulator), timeout=10)
 
 
 @pytest.mark.slow
-def test_a_failed_jobs_log_outlives_its_cluster_and_its_last_lines_are_shown(ray_head, rayflow, emulator, mlflow_server):
+def test_a_failed_jobs_log_outlives_its_cluster_and_its_last_lines_are_shown(
+    ray_head, rayflow, emulator, mlflow_server
+):
     """The user's trainable raises on the head: exit 1, the job's last lines on this terminal, and
     its whole driver log in the parent MLflow run once the cluster is deleted."""
     from mlflow.tracking import MlflowClient
 
-    (rayflow.workdir / "boom.py").write_text("def objective(config):\n    raise ValueError('boom: the trainable failed')\n")
+    (rayflow.workdir / "boom.py").write_text(
+        "def objective(config):\n    raise ValueError('boom: the trainable failed')\n"
+    )
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        out = rayflow.run(*kuberay(emulator), "workload=tune", "workload.trainable=boom:objective", "workload.metric=loss",
-                          "workload.mode=min", "workload.num_samples=1", "workload.search_space={lr: {uniform: [0.1, 0.2]}}",
-                          f"tracking.uri={mlflow_server}", "tracking.experiment=kuberay-boom", timeout=400)
+        out = rayflow.run(
+            *kuberay(emulator),
+            "workload=tune",
+            "workload.trainable=boom:objective",
+            "workload.metric=loss",
+            "workload.mode=min",
+            "workload.num_samples=1",
+            "workload.search_space={lr: {uniform: [0.1, 0.2]}}",
+            f"tracking.uri={mlflow_server}",
+            "tracking.experiment=kuberay-boom",
+            timeout=400,
+        )
     assert out.returncode == 1, (out.stdout + out.stderr)[-4000:]
-    assert out.stderr.strip().splitlines()[-1].startswith("rayflow: error: the job on backend=kuberay ended FAILED: ")
-    shown = out.stderr[out.stderr.index("[rayflow] the last "):]
-    assert "lines of job raysubmit_" in shown and "job/driver.log" in shown and "boom: the trainable failed" in shown
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith("rayflow: error: the job on backend=kuberay ended FAILED: ")
+    )
+    shown = out.stderr[out.stderr.index("[rayflow] the last ") :]
+    assert (
+        "lines of job raysubmit_" in shown
+        and "job/driver.log" in shown
+        and "boom: the trainable failed" in shown
+    )
     assert wait_until(lambda: _gone(emulator), timeout=10)
     client = MlflowClient(mlflow_server)
-    [parent] = [r for r in client.search_runs([client.get_experiment_by_name("kuberay-boom").experiment_id])
-                if "mlflow.parentRunId" not in r.data.tags]
+    [parent] = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("kuberay-boom").experiment_id])
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
     assert parent.info.status == "FAILED"
-    log = Path(client.download_artifacts(parent.info.run_id, "job/driver.log", str(rayflow.workdir))).read_text()
+    log = Path(
+        client.download_artifacts(parent.info.run_id, "job/driver.log", str(rayflow.workdir))
+    ).read_text()
     assert "ValueError: boom: the trainable failed" in log and "1 trial(s) errored" in log
 
 
-def test_the_api_servers_refusal_in_the_server_side_dry_run_is_one_line_and_nothing_is_created(rayflow, emulator):
+def test_the_api_servers_refusal_in_the_server_side_dry_run_is_one_line_and_nothing_is_created(
+    rayflow, emulator
+):
     from tests.harness.kube_emulator import api_error
 
     def policy(plural: str, obj: dict) -> None:  # an admission webhook of the user's cluster
         if plural == "rayclusters" and "team" not in obj["metadata"].get("labels", {}):
-            raise api_error(403, "Forbidden", 'admission webhook "labels.policy.example" denied the request: label team is required')
+            raise api_error(
+                403,
+                "Forbidden",
+                'admission webhook "labels.policy.example" denied the request: label team is required',
+            )
 
     emulator.call(emulator.handler.admission.append, policy)
     out = rayflow.run(*kuberay(emulator), "tracking=none", timeout=120)
     assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
-    assert len(errors) == 1 and "Kubernetes refused to accept RayCluster default/rayflow in a server-side dry run " \
-        "(nothing was applied): 403 admission webhook \"labels.policy.example\" denied the request: label team is required" in errors[0], out.stderr[-2000:]
+    assert (
+        len(errors) == 1
+        and "Kubernetes refused to accept RayCluster default/rayflow in a server-side dry run "
+        '(nothing was applied): 403 admission webhook "labels.policy.example" denied the request: label team is required'
+        in errors[0]
+    ), out.stderr[-2000:]
     assert "Traceback" not in out.stderr and not emulator.objects("rayclusters")
-    assert not [r for r in emulator.requests if r.method == "PATCH" and r.query.get("dryRun") != "All"]
+    assert not [
+        r for r in emulator.requests if r.method == "PATCH" and r.query.get("dryRun") != "All"
+    ]
 
 
 @pytest.mark.slow
-def test_an_existing_raycluster_rayflow_did_not_make_is_reused_and_never_deleted(ray_head, rayflow, emulator):
-    foreign = yaml.safe_load(USER_MANIFEST.split("---")[0])  # applied by someone else: no managed-by label of rayflow's
+def test_an_existing_raycluster_rayflow_did_not_make_is_reused_and_never_deleted(
+    ray_head, rayflow, emulator
+):
+    foreign = yaml.safe_load(
+        USER_MANIFEST.split("---")[0]
+    )  # applied by someone else: no managed-by label of rayflow's
     foreign["metadata"]["namespace"], foreign["spec"]["authOptions"] = "default", {"mode": "token"}
     path = rayflow.workdir / "team-ray.yaml"
     path.write_text(USER_MANIFEST)
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
         emulator.put(foreign)
-        out = rayflow.run(*kuberay(emulator, f"backend.manifest={path}", "backend.keep_cluster=true"), *SMALL_CIFAR,
-                          "tracking=none", timeout=400)
+        out = rayflow.run(
+            *kuberay(emulator, f"backend.manifest={path}", "backend.keep_cluster=true"),
+            *SMALL_CIFAR,
+            "tracking=none",
+            timeout=400,
+        )
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-        assert "reusing the existing RayCluster default/team-ray as it is" in out.stdout, (out.stdout + out.stderr)[-3000:]
+        assert "reusing the existing RayCluster default/team-ray as it is" in out.stdout, (
+            out.stdout + out.stderr
+        )[-3000:]
         assert "rayflow did not make it and leaves it running" in out.stdout
         assert "deleted RayCluster" not in out.stdout + out.stderr
         assert emulator.get("rayclusters", "default", "team-ray") is not None
@@ -386,9 +597,13 @@ FAIL_FAST = [
 
 
 @pytest.mark.parametrize("scenario,more,expected", FAIL_FAST, ids=[f[0] for f in FAIL_FAST])
-def test_what_keeps_the_head_down_fails_fast_in_one_line(rayflow, emulator, scenario, more, expected):
+def test_what_keeps_the_head_down_fails_fast_in_one_line(
+    rayflow, emulator, scenario, more, expected
+):
     started = time.monotonic()
-    with FakeKubeRayOperator(emulator, None, "unused-token", scenario=scenario, head_ready_after_s=0.5):
+    with FakeKubeRayOperator(
+        emulator, None, "unused-token", scenario=scenario, head_ready_after_s=0.5
+    ):
         out = rayflow.run(*kuberay(emulator, *more), "tracking=none", timeout=120)
     assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
@@ -406,10 +621,23 @@ def test_a_rayjob_the_operator_refuses_fails_fast_in_one_line(rayflow, emulator)
     import threading
 
     def refuse() -> None:
-        if wait_until(lambda: emulator.get("rayjobs", "default", "rayflow") is not None, timeout=60, interval=0.2):
-            emulator.patch("rayjobs", "default", "rayflow", {"status": {
-                "jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed",
-                "message": "The RayJob spec is invalid default/rayflow: a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished"}})
+        if wait_until(
+            lambda: emulator.get("rayjobs", "default", "rayflow") is not None,
+            timeout=60,
+            interval=0.2,
+        ):
+            emulator.patch(
+                "rayjobs",
+                "default",
+                "rayflow",
+                {
+                    "status": {
+                        "jobDeploymentStatus": "ValidationFailed",
+                        "reason": "ValidationFailed",
+                        "message": "The RayJob spec is invalid default/rayflow: a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished",
+                    }
+                },
+            )
 
     operator = threading.Thread(target=refuse, daemon=True)
     operator.start()
@@ -417,41 +645,73 @@ def test_a_rayjob_the_operator_refuses_fails_fast_in_one_line(rayflow, emulator)
     operator.join(timeout=5)
     assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
-    assert len(errors) == 1 and "KubeRay marked RayJob default/rayflow ValidationFailed: The RayJob spec is invalid" in errors[0]
+    assert (
+        len(errors) == 1
+        and "KubeRay marked RayJob default/rayflow ValidationFailed: The RayJob spec is invalid"
+        in errors[0]
+    )
     assert wait_until(lambda: _gone(emulator), timeout=10)
 
 
 def test_a_gpu_worker_that_cannot_be_scheduled_does_not_block_the_head_wait(emulator):
     """`state: ready` waits for every worker pod; the head wait only needs HeadPodReady."""
-    from rayflow.backends.kuberay.kube import Kube
-    from rayflow.backends.kuberay.wait import wait_for_head
-    from rayflow.composition import compose_config
-    from rayflow.backends.kuberay.manifest import render
     import ray
 
-    manifest = render(compose_config("backend=kuberay", "compute=gpu", "backend.min_worker_nodes=1").backend, True, "disabled", ray.__version__, "3.11", {})
-    with FakeKubeRayOperator(emulator, None, scenario="worker_unschedulable", head_ready_after_s=0.5):
+    from rayflow.backends.kuberay.kube import Kube
+    from rayflow.backends.kuberay.manifest import render
+    from rayflow.backends.kuberay.wait import wait_for_head
+    from rayflow.orchestrator.compose import compose_config
+
+    manifest = render(
+        compose_config("backend=kuberay", "compute=gpu", "backend.min_worker_nodes=1").backend,
+        True,
+        "disabled",
+        ray.__version__,
+        "3.11",
+        {},
+    )
+    with FakeKubeRayOperator(
+        emulator, None, scenario="worker_unschedulable", head_ready_after_s=0.5
+    ):
         kube = Kube("default", emulator.kubeconfig_path)
         kube.apply(manifest)
         head = wait_for_head(kube, lambda: "rayflow", timeout_s=20, grace_s=1, poll_s=0.2)
         assert head["metadata"]["name"].startswith("rayflow-head-")
-        assert emulator.get("rayclusters", "default", "rayflow").get("status", {}).get("state") != "ready"
+        assert (
+            emulator.get("rayclusters", "default", "rayflow").get("status", {}).get("state")
+            != "ready"
+        )
         kube.delete("RayCluster", "rayflow")
         kube.close()
 
 
 def test_a_finalizer_that_holds_the_cluster_is_reported_by_name(rayflow, emulator):
-    with FakeKubeRayOperator(emulator, None, "unused-token", scenario="stuck_finalizer", head_ready_after_s=60):
-        out = rayflow.run(*kuberay(emulator, "backend.start_timeout_s=3", "backend.delete_timeout_s=3"), "tracking=none", timeout=120)
+    with FakeKubeRayOperator(
+        emulator, None, "unused-token", scenario="stuck_finalizer", head_ready_after_s=60
+    ):
+        out = rayflow.run(
+            *kuberay(emulator, "backend.start_timeout_s=3", "backend.delete_timeout_s=3"),
+            "tracking=none",
+            timeout=120,
+        )
     assert out.returncode == 1
     assert "was not ready within 3 s" in out.stderr
-    assert f"held by finalizer(s) {HOLD_FINALIZER}" in out.stderr and "rayflow: warning: teardown step failed" in out.stderr
+    assert (
+        f"held by finalizer(s) {HOLD_FINALIZER}" in out.stderr
+        and "rayflow: warning: teardown step failed" in out.stderr
+    )
 
 
 def test_no_kubeconfig_is_one_line(rayflow, tmp_path):
-    out = rayflow.run("backend=kuberay", f"backend.kubeconfig={tmp_path / 'nope'}", "tracking=none", timeout=120)
+    out = rayflow.run(
+        "backend=kuberay", f"backend.kubeconfig={tmp_path / 'nope'}", "tracking=none", timeout=120
+    )
     assert out.returncode == 1
-    assert out.stderr.strip().splitlines()[-1].startswith("rayflow: error: backend.kubeconfig: no usable Kubernetes credentials")
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith("rayflow: error: backend.kubeconfig: no usable Kubernetes credentials")
+    )
 
 
 def test_dry_run_prints_the_manifest_without_a_token(rayflow, emulator):

@@ -16,8 +16,10 @@ import pytest
 
 pytestmark = [
     pytest.mark.kuberay,
-    pytest.mark.skipif(os.environ.get("RAYFLOW_TEST_KUBERAY") != "1",
-                       reason="needs a Kubernetes cluster with the KubeRay operator: RAYFLOW_TEST_KUBERAY=1 and KUBECONFIG"),
+    pytest.mark.skipif(
+        os.environ.get("RAYFLOW_TEST_KUBERAY") != "1",
+        reason="needs a Kubernetes cluster with the KubeRay operator: RAYFLOW_TEST_KUBERAY=1 and KUBECONFIG",
+    ),
 ]
 
 
@@ -27,11 +29,23 @@ def test_apply_run_delete_on_a_real_cluster(rayflow):
     name = f"rayflow-e2e-{secrets.token_hex(3)}"
     image = os.environ.get("RAYFLOW_TEST_KUBERAY_IMAGE")
     # The trials run on the head (2 Ray CPUs): one pod, so Tune's local storage_path is enough.
-    out = rayflow.run("backend=kuberay", f"backend.cluster_name={name}", "backend.head.num_cpus=2", "backend.head.cpu=2",
-                      "backend.head.memory=6Gi", "backend.worker_groups.cpu.cpu=1", "backend.worker_groups.cpu.memory=2Gi",
-                      *([f"backend.image={image}", "backend.job_pip=[]"] if image else []),
-                      "workload.num_samples=2", "workload.max_epochs=1", "workload.scheduler.grace_period=1",
-                      "storage_path=/tmp/ray_results", "data.root=/tmp/cifar", "tracking=none", timeout=1800)
+    out = rayflow.run(
+        "backend=kuberay",
+        f"backend.cluster_name={name}",
+        "backend.head.num_cpus=2",
+        "backend.head.cpu=2",
+        "backend.head.memory=6Gi",
+        "backend.worker_groups.cpu.cpu=1",
+        "backend.worker_groups.cpu.memory=2Gi",
+        *([f"backend.image={image}", "backend.job_pip=[]"] if image else []),
+        "workload.num_samples=2",
+        "workload.max_epochs=1",
+        "workload.scheduler.grace_period=1",
+        "storage_path=/tmp/ray_results",
+        "data.root=/tmp/cifar",
+        "tracking=none",
+        timeout=1800,
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-5000:]
     assert f"applied RayCluster default/{name}" in text and "== rayflow results ==" in text

@@ -20,8 +20,8 @@ from rayflow.backends.kuberay import checks as kuberay_checks
 from rayflow.backends.kuberay import manifest as km
 from rayflow.backends.kuberay import resources as kuberay_resources
 from rayflow.errors import ConfigError
+from rayflow.orchestrator.compose import compose_config
 from tests.harness import REPO
-from rayflow.composition import compose_config
 
 RAY_VERSION = version("ray")
 PY = f"{sys.version_info.major}{sys.version_info.minor}"
@@ -61,7 +61,10 @@ def container(group: dict) -> dict:
 
 
 def base_manifests() -> dict[str, dict]:
-    return {p.name: yaml.safe_load(p.read_text()) for p in sorted((REPO / "backends" / "kuberay").glob("*.yaml"))}
+    return {
+        p.name: yaml.safe_load(p.read_text())
+        for p in sorted((REPO / "backends" / "kuberay").glob("*.yaml"))
+    }
 
 
 # --- rendering ---------------------------------------------------------------------------------
@@ -70,32 +73,62 @@ def base_manifests() -> dict[str, dict]:
 def test_cpu_only_cluster():
     m = manifest(labels={"rayflow.io/run": "abc123"})
     assert (m["apiVersion"], m["kind"]) == ("ray.io/v1", "RayCluster")
-    assert m["metadata"] == {"name": "rayflow", "namespace": "default",
-                             "labels": {"app.kubernetes.io/managed-by": "rayflow", "rayflow.io/run": "abc123"}}
+    assert m["metadata"] == {
+        "name": "rayflow",
+        "namespace": "default",
+        "labels": {"app.kubernetes.io/managed-by": "rayflow", "rayflow.io/run": "abc123"},
+    }
     spec = m["spec"]
     assert spec["rayVersion"] == RAY_VERSION
     head = spec["headGroupSpec"]
     assert head["rayStartParams"] == {"num-cpus": "0"} and head["serviceType"] == "ClusterIP"
     ray_head = container(head)
-    assert ray_head["name"] == "ray-head" and ray_head["image"] == f"rayproject/ray:{RAY_VERSION}-py{PY}"
-    assert {p["name"]: p["containerPort"] for p in ray_head["ports"]} == {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
-    assert ray_head["resources"]["requests"] == ray_head["resources"]["limits"] == {"cpu": "1", "memory": "4Gi"}
+    assert (
+        ray_head["name"] == "ray-head"
+        and ray_head["image"] == f"rayproject/ray:{RAY_VERSION}-py{PY}"
+    )
+    assert {p["name"]: p["containerPort"] for p in ray_head["ports"]} == {
+        "gcs-server": 6379,
+        "dashboard": 8265,
+        "client": 10001,
+    }
+    assert (
+        ray_head["resources"]["requests"]
+        == ray_head["resources"]["limits"]
+        == {"cpu": "1", "memory": "4Gi"}
+    )
     assert list(groups(m)) == ["cpu"]
     cpu = groups(m)["cpu"]
     assert (cpu["replicas"], cpu["minReplicas"], cpu["maxReplicas"]) == (0, 0, 2)
-    assert container(cpu)["name"] == "ray-worker" and container(cpu)["image"] == f"rayproject/ray:{RAY_VERSION}-py{PY}"
+    assert (
+        container(cpu)["name"] == "ray-worker"
+        and container(cpu)["image"] == f"rayproject/ray:{RAY_VERSION}-py{PY}"
+    )
     assert container(cpu)["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
-    assert "nvidia.com/gpu" not in yaml.safe_dump(m) and "tolerations" not in cpu["template"]["spec"]
+    assert (
+        "nvidia.com/gpu" not in yaml.safe_dump(m) and "tolerations" not in cpu["template"]["spec"]
+    )
 
 
 def test_gpu_group_with_compute_gpu():
     m = manifest("compute=gpu", "backend.min_worker_nodes=1")
     assert list(groups(m)) == ["cpu", "gpu"]
     cpu, gpu = groups(m)["cpu"], groups(m)["gpu"]
-    assert (cpu["minReplicas"], gpu["minReplicas"], gpu["replicas"], gpu["maxReplicas"]) == (0, 1, 1, 2)  # min goes to the group the run uses
-    assert container(gpu)["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
+    assert (cpu["minReplicas"], gpu["minReplicas"], gpu["replicas"], gpu["maxReplicas"]) == (
+        0,
+        1,
+        1,
+        2,
+    )  # min goes to the group the run uses
+    assert container(gpu)["resources"]["limits"] == {
+        "cpu": "4",
+        "memory": "16Gi",
+        "nvidia.com/gpu": "1",
+    }
     assert "nvidia.com/gpu" not in container(gpu)["resources"]["requests"]
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in gpu["template"]["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in gpu[
+        "template"
+    ]["spec"]["tolerations"]
     assert container(gpu)["image"].endswith("-gpu") and not container(cpu)["image"].endswith("-gpu")
     assert not container(m["spec"]["headGroupSpec"])["image"].endswith("-gpu")
 
@@ -110,17 +143,28 @@ def test_a_group_a_user_adds_is_rendered():
 @pytest.mark.parametrize("autoscaler", ["v1", "v2"])
 def test_autoscaler_version_and_restart_policy(autoscaler):
     spec = manifest(f"backend.autoscaler_version={autoscaler}")["spec"]
-    assert spec["enableInTreeAutoscaling"] is True and spec["autoscalerOptions"]["version"] == autoscaler
-    assert spec["autoscalerOptions"]["resources"]["requests"] == spec["autoscalerOptions"]["resources"]["limits"] == {"cpu": "500m", "memory": "512Mi"}
-    pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
-    assert [p.get("restartPolicy") for p in pods] == (["Never"] * len(pods) if autoscaler == "v2" else [None] * len(pods))
+    assert (
+        spec["enableInTreeAutoscaling"] is True
+        and spec["autoscalerOptions"]["version"] == autoscaler
+    )
+    assert (
+        spec["autoscalerOptions"]["resources"]["requests"]
+        == spec["autoscalerOptions"]["resources"]["limits"]
+        == {"cpu": "500m", "memory": "512Mi"}
+    )
+    pods = [spec["headGroupSpec"]["template"]["spec"]] + [
+        g["template"]["spec"] for g in spec["workerGroupSpecs"]
+    ]
+    assert [p.get("restartPolicy") for p in pods] == (
+        ["Never"] * len(pods) if autoscaler == "v2" else [None] * len(pods)
+    )
 
 
 def test_token_auth_never_puts_the_token_in_the_manifest(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN", SECRET)
     m = manifest("ray_auth_mode=token")
     assert m["spec"]["authOptions"] == {"mode": "token"}
-    text = backend("ray_auth_mode=token").render()
+    text = backend("ray_auth_mode=token").render().text
     assert SECRET not in text and "RAY_AUTH_TOKEN" not in text
     assert "authOptions" not in manifest("ray_auth_mode=disabled")["spec"]
 
@@ -130,8 +174,12 @@ def test_rayjob_mode():
     assert m["kind"] == "RayJob"
     spec = m["spec"]
     assert {k: v for k, v in spec.items() if k != "rayClusterSpec"} == {
-        "submissionMode": "InteractiveMode", "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 60,
-        "activeDeadlineSeconds": 86400, "preRunningDeadlineSeconds": 900}
+        "submissionMode": "InteractiveMode",
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": 60,
+        "activeDeadlineSeconds": 86400,
+        "preRunningDeadlineSeconds": 900,
+    }
     assert spec["rayClusterSpec"] == manifest("compute=gpu")["spec"]
 
 
@@ -140,22 +188,38 @@ def test_rayjob_mode():
 
 @pytest.mark.parametrize("minutes, seconds", [(1.0, 60), (1.5, 90), (0, 0), (0.01, 1), (10, 600)])
 def test_idle_minutes_become_whole_seconds(minutes, seconds):
-    assert manifest(f"backend.autoscale_idle_timeout_minutes={minutes}")["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] == seconds
+    assert (
+        manifest(f"backend.autoscale_idle_timeout_minutes={minutes}")["spec"]["autoscalerOptions"][
+            "idleTimeoutSeconds"
+        ]
+        == seconds
+    )
 
 
-@pytest.mark.parametrize("overrides, mode", [
-    (("backend.autoscale_upscaling_speed=1.0",), "Conservative"),
-    (("backend.autoscale_upscaling_speed=0.5",), "Conservative"),
-    (("backend.autoscale_upscaling_speed=2",), "Default"),
-    (("backend.autoscale_upscaling_speed=0.5", "backend.upscaling_mode=Aggressive"), "Aggressive"),
-])
+@pytest.mark.parametrize(
+    "overrides, mode",
+    [
+        (("backend.autoscale_upscaling_speed=1.0",), "Conservative"),
+        (("backend.autoscale_upscaling_speed=0.5",), "Conservative"),
+        (("backend.autoscale_upscaling_speed=2",), "Default"),
+        (
+            ("backend.autoscale_upscaling_speed=0.5", "backend.upscaling_mode=Aggressive"),
+            "Aggressive",
+        ),
+    ],
+)
 def test_upscaling_speed_becomes_upscaling_mode(overrides, mode):
     assert manifest(*overrides)["spec"]["autoscalerOptions"]["upscalingMode"] == mode
 
 
 def test_autoscaling_table_keys_exist_and_the_docs_show_it():
-    conf = {name: yaml.safe_load((REPO / "conf" / "backend" / f"{name}.yaml").read_text()) for name in ("kuberay", "spark", "vm")}
-    readme = (REPO / "docs" / "backends" / "index.md").read_text()  # the docs table, kept equal to the code
+    conf = {
+        name: yaml.safe_load((REPO / "conf" / "backend" / f"{name}.yaml").read_text())
+        for name in ("kuberay", "spark", "vm")
+    }
+    readme = (
+        REPO / "docs" / "backends" / "index.md"
+    ).read_text()  # the docs table, kept equal to the code
     for key, spark, vm, kuberay, ray in km.autoscaling_table():
         assert key in conf["kuberay"], key
         if spark == key:
@@ -164,19 +228,38 @@ def test_autoscaling_table_keys_exist_and_the_docs_show_it():
             assert key in conf["vm"], key
         assert f"| `{key}` | {spark} | {vm} | {kuberay} | {ray} |" in readme, key
     options = manifest()["spec"]["autoscalerOptions"]
-    assert {row.kuberay.split()[0].removeprefix("autoscalerOptions.") for row in km.AUTOSCALING if row.kuberay.startswith("autoscalerOptions.")} == set(options) - {"resources"}
+    assert {
+        row.kuberay.split()[0].removeprefix("autoscalerOptions.")
+        for row in km.AUTOSCALING
+        if row.kuberay.startswith("autoscalerOptions.")
+    } == set(options) - {"resources"}
 
 
 # --- image and rayVersion ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, image, ray", [
-    ((), f"rayproject/ray:{RAY_VERSION}-py{PY}", RAY_VERSION),
-    (("backend.ray_version=2.55.0",), f"rayproject/ray:2.55.0-py{PY}", "2.55.0"),
-    (("backend.image=rayproject/ray:2.52.0-py311-gpu",), "rayproject/ray:2.52.0-py311-gpu", "2.52.0"),
-    (("backend.image=registry.local:5000/team/ray:2.53.1",), "registry.local:5000/team/ray:2.53.1", "2.53.1"),
-    (("backend.image=registry.local:5000/team/rayflow:latest",), "registry.local:5000/team/rayflow:latest", RAY_VERSION),
-])
+@pytest.mark.parametrize(
+    "overrides, image, ray",
+    [
+        ((), f"rayproject/ray:{RAY_VERSION}-py{PY}", RAY_VERSION),
+        (("backend.ray_version=2.55.0",), f"rayproject/ray:2.55.0-py{PY}", "2.55.0"),
+        (
+            ("backend.image=rayproject/ray:2.52.0-py311-gpu",),
+            "rayproject/ray:2.52.0-py311-gpu",
+            "2.52.0",
+        ),
+        (
+            ("backend.image=registry.local:5000/team/ray:2.53.1",),
+            "registry.local:5000/team/ray:2.53.1",
+            "2.53.1",
+        ),
+        (
+            ("backend.image=registry.local:5000/team/rayflow:latest",),
+            "registry.local:5000/team/rayflow:latest",
+            RAY_VERSION,
+        ),
+    ],
+)
 def test_ray_version_matches_the_image(overrides, image, ray):
     b = backend(*overrides)
     b.check()
@@ -194,11 +277,16 @@ def test_ray_version_against_the_image_tag_is_refused():
 
 
 def test_overrides_merge_last_and_null_deletes():
-    m = manifest("+backend.overrides.spec.headGroupSpec.serviceType=NodePort",
-                 "+backend.overrides.spec.autoscalerOptions.upscalingMode=null",
-                 "+backend.overrides.metadata.annotations={team: ml}")
+    m = manifest(
+        "+backend.overrides.spec.headGroupSpec.serviceType=NodePort",
+        "+backend.overrides.spec.autoscalerOptions.upscalingMode=null",
+        "+backend.overrides.metadata.annotations={team: ml}",
+    )
     assert m["spec"]["headGroupSpec"]["serviceType"] == "NodePort"
-    assert "upscalingMode" not in m["spec"]["autoscalerOptions"] and m["spec"]["autoscalerOptions"]["version"] == "v2"
+    assert (
+        "upscalingMode" not in m["spec"]["autoscalerOptions"]
+        and m["spec"]["autoscalerOptions"]["version"] == "v2"
+    )
     assert m["metadata"]["annotations"] == {"team": "ml"} and m["metadata"]["name"] == "rayflow"
     assert container(m["spec"]["headGroupSpec"])["ports"]  # siblings of merged keys stay
 
@@ -207,16 +295,31 @@ def test_overrides_merge_last_and_null_deletes():
 
 
 def test_capacity_cpu_and_gpu():
-    assert backend().capacity({"CPU"}) == [{"CPU": 0, "GPU": 0}] + [{"CPU": 2, "GPU": 0, "memory": 4 * GIB}] * 2
-    assert backend("compute=gpu", "backend.worker_groups.gpu.max_replicas=3").capacity({"GPU"}) == \
-        [{"CPU": 0, "GPU": 0}] + [{"CPU": 4, "GPU": 1, "memory": 16 * GIB}] * 3
+    assert (
+        backend().capacity({"CPU"})
+        == [{"CPU": 0, "GPU": 0}] + [{"CPU": 2, "GPU": 0, "memory": 4 * GIB}] * 2
+    )
+    assert (
+        backend("compute=gpu", "backend.worker_groups.gpu.max_replicas=3").capacity({"GPU"})
+        == [{"CPU": 0, "GPU": 0}] + [{"CPU": 4, "GPU": 1, "memory": 16 * GIB}] * 3
+    )
 
 
 def test_capacity_rounds_up_like_the_operator_and_follows_overrides():
     # Quantity.Value() rounds up: 1500m CPU -> num-cpus 2; 1.5Gi memory stays whole bytes.
-    nodes = backend("backend.worker_groups.cpu.cpu=1500m", "backend.worker_groups.cpu.memory=1.5Gi", "backend.head.num_cpus=1").capacity({"CPU"})
-    assert nodes[0] == {"CPU": 1, "GPU": 0} and nodes[1] == {"CPU": 2, "GPU": 0, "memory": 1.5 * GIB}
-    forced = backend("+backend.overrides.spec.headGroupSpec.rayStartParams.num-cpus='3'").capacity({"CPU"})
+    nodes = backend(
+        "backend.worker_groups.cpu.cpu=1500m",
+        "backend.worker_groups.cpu.memory=1.5Gi",
+        "backend.head.num_cpus=1",
+    ).capacity({"CPU"})
+    assert nodes[0] == {"CPU": 1, "GPU": 0} and nodes[1] == {
+        "CPU": 2,
+        "GPU": 0,
+        "memory": 1.5 * GIB,
+    }
+    forced = backend("+backend.overrides.spec.headGroupSpec.rayStartParams.num-cpus='3'").capacity(
+        {"CPU"}
+    )
     assert forced[0]["CPU"] == 3
 
 
@@ -263,17 +366,28 @@ def _set(m: dict, path: str, value) -> dict:
     return m
 
 
-@pytest.mark.parametrize("path, value, where", [
-    ("metadata.name", "x" * 54, "backend.cluster_name"),
-    ("metadata.name", "Bad_Name", "backend.cluster_name"),
-    ("spec.workerGroupSpecs.0.minReplicas", 5, "backend.worker_groups.cpu.min_replicas"),
-    ("spec.workerGroupSpecs.0.maxReplicas", -1, "backend.worker_groups.cpu.max_replicas"),
-    ("spec.headGroupSpec.resources", {"CPU": "1"}, "spec.headGroupSpec.resources"),
-    ("spec.workerGroupSpecs.0.rayStartParams", {"labels": "a=b"}, "spec.workerGroupSpecs[cpu].rayStartParams.labels"),
-    ("spec.workerGroupSpecs.0.template.spec.restartPolicy", "OnFailure", "spec.workerGroupSpecs[cpu].template.spec.restartPolicy"),
-    ("spec.rayVersion", "2.51.0", "backend.ray_version"),
-    ("spec.autoscalerOptions.idleTimeoutSeconds", -1, "backend.autoscale_idle_timeout_minutes"),
-])
+@pytest.mark.parametrize(
+    "path, value, where",
+    [
+        ("metadata.name", "x" * 54, "backend.cluster_name"),
+        ("metadata.name", "Bad_Name", "backend.cluster_name"),
+        ("spec.workerGroupSpecs.0.minReplicas", 5, "backend.worker_groups.cpu.min_replicas"),
+        ("spec.workerGroupSpecs.0.maxReplicas", -1, "backend.worker_groups.cpu.max_replicas"),
+        ("spec.headGroupSpec.resources", {"CPU": "1"}, "spec.headGroupSpec.resources"),
+        (
+            "spec.workerGroupSpecs.0.rayStartParams",
+            {"labels": "a=b"},
+            "spec.workerGroupSpecs[cpu].rayStartParams.labels",
+        ),
+        (
+            "spec.workerGroupSpecs.0.template.spec.restartPolicy",
+            "OnFailure",
+            "spec.workerGroupSpecs[cpu].template.spec.restartPolicy",
+        ),
+        ("spec.rayVersion", "2.51.0", "backend.ray_version"),
+        ("spec.autoscalerOptions.idleTimeoutSeconds", -1, "backend.autoscale_idle_timeout_minutes"),
+    ],
+)
 def test_operator_rules_on_a_broken_manifest(path, value, where):
     errors = kuberay_checks.operator_errors(_set(manifest(), path, value))
     assert errors and errors[0][0] == where, errors  # the operator stops at its first error
@@ -281,19 +395,30 @@ def test_operator_rules_on_a_broken_manifest(path, value, where):
 
 def test_rayjob_rules_on_a_broken_manifest():
     job = manifest("backend.mode=rayjob")
-    assert [e[0] for e in kuberay_checks.operator_errors(_set(job, "spec.shutdownAfterJobFinishes", False))] == ["backend.rayjob.ttl_seconds_after_finished"]
-    assert [e[0] for e in kuberay_checks.operator_errors(_set(job, "spec.backoffLimit", 2))] == ["spec.backoffLimit"]
-    assert [e[0] for e in kuberay_checks.operator_errors(_set(job, "metadata.name", "x" * 48))] == ["backend.cluster_name"]
+    assert [
+        e[0]
+        for e in kuberay_checks.operator_errors(_set(job, "spec.shutdownAfterJobFinishes", False))
+    ] == ["backend.rayjob.ttl_seconds_after_finished"]
+    assert [e[0] for e in kuberay_checks.operator_errors(_set(job, "spec.backoffLimit", 2))] == [
+        "spec.backoffLimit"
+    ]
+    assert [e[0] for e in kuberay_checks.operator_errors(_set(job, "metadata.name", "x" * 48))] == [
+        "backend.cluster_name"
+    ]
 
 
 def test_v1_allows_any_restart_policy():
-    m = _set(manifest("backend.autoscaler_version=v1"), "spec.headGroupSpec.template.spec.restartPolicy", "Always")
+    m = _set(
+        manifest("backend.autoscaler_version=v1"),
+        "spec.headGroupSpec.template.spec.restartPolicy",
+        "Always",
+    )
     assert kuberay_checks.operator_errors(m) == []
 
 
 @pytest.fixture
 def schema_errors():
-    return pytest.importorskip("rayflow.backends.kuberay.schema").schema_errors
+    return pytest.importorskip("rayflow.backends.kuberay.crd").schema_errors
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -309,7 +434,9 @@ def test_base_manifests_pass_the_crd_schema(name, schema_errors):
 def test_the_commented_gpu_group_passes_the_crd_schema(schema_errors):
     text = (REPO / "backends" / "kuberay" / "raycluster.yaml").read_text()
     start = text.index("    # - groupName: gpu")
-    uncommented = text[:start] + "\n".join(line.replace("    # ", "    ", 1) for line in text[start:].splitlines())
+    uncommented = text[:start] + "\n".join(
+        line.replace("    # ", "    ", 1) for line in text[start:].splitlines()
+    )
     m = yaml.safe_load(uncommented)
     assert [g["groupName"] for g in m["spec"]["workerGroupSpecs"]] == ["cpu", "gpu"]
     assert schema_errors(m) == [] and kuberay_checks.operator_errors(m) == []
@@ -327,6 +454,13 @@ def test_a_misspelt_override_is_a_schema_error_of_backend_overrides(schema_error
 def test_dry_run_prints_the_manifest(rayflow):
     out = rayflow.run("backend=kuberay", "dry_run=true", "compute=cpu", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    [printed] = list(yaml.safe_load_all(out.stdout))  # exactly the manifest: `| kubectl apply -f -` takes it
-    assert printed["kind"] == "RayCluster" and set(printed) == {"apiVersion", "kind", "metadata", "spec"}
+    [printed] = list(
+        yaml.safe_load_all(out.stdout)
+    )  # exactly the manifest: `| kubectl apply -f -` takes it
+    assert printed["kind"] == "RayCluster" and set(printed) == {
+        "apiVersion",
+        "kind",
+        "metadata",
+        "spec",
+    }
     assert printed["spec"]["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0"}

@@ -25,21 +25,27 @@ def test_discovery() -> None:
 
 
 def test_the_launcher_yaml_and_its_schema_agree() -> None:
+    from rayflow.launcher.keys import JobResources, Launcher
     from rayflow.launcher.node import own_keys
     from rayflow.schema import validate_section
-    from rayflow.schema.launcher import JobResources, Launcher
 
     node = own_keys()
     assert node.pop("_target_") == "hydra_plugins.rayflow_launcher.rayflow_launcher.RayflowLauncher"
-    assert set(node) == set(Launcher.model_fields) and set(node["resources"]) == set(JobResources.model_fields)
-    validate_section("hydra.launcher", Launcher, {**node, "ray_auth_mode": "token"}, {})  # the defaults are valid
+    assert set(node) == set(Launcher.model_fields) and set(node["resources"]) == set(
+        JobResources.model_fields
+    )
+    validate_section(
+        "hydra.launcher", Launcher, {**node, "ray_auth_mode": "token"}, {}
+    )  # the defaults are valid
 
 
 def test_discovering_plugins_loads_no_ray() -> None:
     # Hydra imports every plugin of every installed package at start-up: ours stays light
-    code = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; import sys\n"
-            "assert 'RayflowLauncher' in [c.__name__ for c in Plugins.instance().discover(Launcher)]\n"
-            "print(sorted(m for m in ('ray', 'torch', 'mlflow', 'pyspark', 'pydantic', 'rayflow.session') if m in sys.modules))")
+    code = (
+        "from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; import sys\n"
+        "assert 'RayflowLauncher' in [c.__name__ for c in Plugins.instance().discover(Launcher)]\n"
+        "print(sorted(m for m in ('ray', 'torch', 'mlflow', 'pyspark', 'pydantic', 'rayflow.orchestrator.session') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -54,8 +60,21 @@ class TestRayflowLauncher(KeptCluster, LauncherTestSuite):
 
 
 # one CPU and no dashboard: each of the suite's eleven apps starts a Ray of its own for one job
-@pytest.mark.parametrize("task_launcher_cfg, extra_flags", [({}, ["-m", "hydra/launcher=rayflow", "hydra.launcher.backend=local",
-                                                               "hydra.launcher.num_cpus=1", "hydra.launcher.include_dashboard=false"])])
+@pytest.mark.parametrize(
+    "task_launcher_cfg, extra_flags",
+    [
+        (
+            {},
+            [
+                "-m",
+                "hydra/launcher=rayflow",
+                "hydra.launcher.backend=local",
+                "hydra.launcher.num_cpus=1",
+                "hydra.launcher.include_dashboard=false",
+            ],
+        )
+    ],
+)
 class TestRayflowLauncherIntegration(IntegrationTestSuite):
     """Hydra's IntegrationTestSuite, unchanged: apps in their own processes, each job printing from
     inside the launched job (its name, its working directory, hydra.utils' paths)."""
@@ -64,22 +83,35 @@ class TestRayflowLauncherIntegration(IntegrationTestSuite):
 def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path) -> None:
     before = ray_daemon_pids()
     app = HydraApp(tmp_path / "app")
-    (app.folder / "conf" / "job" / "broken.yaml").write_text("# @package _global_\nname: broken\nfail: true\n")
+    (app.folder / "conf" / "job" / "broken.yaml").write_text(
+        "# @package _global_\nname: broken\nfail: true\n"
+    )
     # 2 CPUs here: small jobs (1 CPU) run two at once, large ones (2 CPUs, from the job's own config) alone
     out = app.sweep("hydra.launcher.num_cpus=2", "job=small,large,broken", "seed=1,2", "hold_s=2")
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     failed = [line for line in out.stderr.splitlines() if line.startswith("[rayflow] job #")]
-    assert sorted(failed) == [f"[rayflow] job #{n} (job=broken seed={s} hold_s=2) failed: ValueError: job broken was asked to fail"
-                              for n, s in ((4, 1), (5, 2))], out.stderr[-3000:]
-    assert "ValueError: job broken was asked to fail" in out.stderr  # then Hydra raises the first failure
+    assert sorted(failed) == [
+        f"[rayflow] job #{n} (job=broken seed={s} hold_s=2) failed: ValueError: job broken was asked to fail"
+        for n, s in ((4, 1), (5, 2))
+    ], out.stderr[-3000:]
+    assert (
+        "ValueError: job broken was asked to fail" in out.stderr
+    )  # then Hydra raises the first failure
     dirs = app.job_dirs()
     assert [d.name for d in dirs] == [str(n) for n in range(6)]
     for job_dir in dirs:
         app.assert_hydra_outputs(job_dir)
     metrics = app.metrics()
     assert sorted(metrics) == [0, 1, 2, 3]  # the failing jobs ran, wrote Hydra's files, and failed
-    assert {n: m["name"] for n, m in metrics.items()} == {0: "small", 1: "small", 2: "large", 3: "large"}
-    assert all(m["decay"] == 0.05 for m in metrics.values())  # the app's own resolver, resolved in the job
+    assert {n: m["name"] for n, m in metrics.items()} == {
+        0: "small",
+        1: "small",
+        2: "large",
+        3: "large",
+    }
+    assert all(
+        m["decay"] == 0.05 for m in metrics.values()
+    )  # the app's own resolver, resolved in the job
 
     def overlap(a: dict, b: dict) -> bool:
         return a["started"] < b["ended"] and b["started"] < a["ended"]
@@ -87,18 +119,39 @@ def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path)
     assert overlap(metrics[0], metrics[1]), "the two 1-CPU jobs should have run at once"
     for large in (2, 3):
         others = [m for n, m in metrics.items() if n != large]
-        assert not any(overlap(metrics[large], m) for m in others), "a 2-CPU job shares a 2-CPU machine with no job"
+        assert not any(overlap(metrics[large], m) for m in others), (
+            "a 2-CPU job shares a 2-CPU machine with no job"
+        )
     assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=20), "Ray was left running"
 
 
 BAD_CONFIG = [
-    ("hydra.launcher.backend=nope", "hydra.launcher.backend", "must be one of local, attach, spark, vm, kuberay"),
+    (
+        "hydra.launcher.backend=nope",
+        "hydra.launcher.backend",
+        "must be one of local, attach, spark, vm, kuberay",
+    ),
     # the app's own config says cpu: 1 for every job (launcher_resources); memory is the launcher's
-    ("launcher_resources.cpu=64", "launcher_resources.cpu", "asks for 64 CPU but the biggest node of backend=local offers"),
-    ("hydra.launcher.resources.memory=10000000000000", "hydra.launcher.resources.memory",
-     "asks for 9313.2 GiB memory but the biggest node of backend=local offers"),
-    ("hydra.launcher.max_concurrent=-1", "hydra.launcher.max_concurrent", "must be an integer >= 1, got -1"),
-    ("hydra.launcher.app_name=mine", "hydra.launcher.app_name", "not a key of backend=local (it is one of spark)"),
+    (
+        "launcher_resources.cpu=64",
+        "launcher_resources.cpu",
+        "asks for 64 CPU but the biggest node of backend=local offers",
+    ),
+    (
+        "hydra.launcher.resources.memory=10000000000000",
+        "hydra.launcher.resources.memory",
+        "asks for 9313.2 GiB memory but the biggest node of backend=local offers",
+    ),
+    (
+        "hydra.launcher.max_concurrent=-1",
+        "hydra.launcher.max_concurrent",
+        "must be an integer >= 1, got -1",
+    ),
+    (
+        "hydra.launcher.app_name=mine",
+        "hydra.launcher.app_name",
+        "not a key of backend=local (it is one of spark)",
+    ),
     ("+launcher_resources.cpus=2", "launcher_resources.cpus", "not a resource key"),
 ]
 
@@ -133,9 +186,18 @@ def test_bad_launcher_config_is_one_line_before_anything_starts(refusals, row) -
 
 def test_one_at_a_time_and_a_failure_stops_the_jobs_not_started(tmp_path) -> None:
     app = HydraApp(tmp_path / "app")
-    (app.folder / "conf" / "job" / "broken.yaml").write_text("# @package _global_\nname: broken\nfail: true\n")
-    out = app.sweep("hydra.launcher.max_concurrent=1", "hydra.launcher.on_failure=stop", "job=small,broken,large")
+    (app.folder / "conf" / "job" / "broken.yaml").write_text(
+        "# @package _global_\nname: broken\nfail: true\n"
+    )
+    out = app.sweep(
+        "hydra.launcher.max_concurrent=1",
+        "hydra.launcher.on_failure=stop",
+        "job=small,broken,large",
+    )
     assert out.returncode == 1, out.stderr[-3000:]
-    assert "[rayflow] job #1 (job=broken) failed: ValueError: job broken was asked to fail" in out.stderr
+    assert (
+        "[rayflow] job #1 (job=broken) failed: ValueError: job broken was asked to fail"
+        in out.stderr
+    )
     assert [d.name for d in app.job_dirs()] == ["0", "1"]  # job #2 was never started
     assert sorted(app.metrics()) == [0]

@@ -15,7 +15,9 @@ from tests.harness import REPO
 def test_lint_imports_keeps_every_contract():
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint, "lint-imports (import-linter, the test extra) is not installed"
-    done = subprocess.run([lint, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [lint, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
 
@@ -75,7 +77,14 @@ def test_one_package_per_engine_and_no_prefixed_modules():
     for engine in ("spark", "vm", "kuberay"):
         assert (backends / engine / "__init__.py").is_file(), engine
         assert not (backends / f"{engine}.py").exists()
-    assert sorted(p.name for p in backends.glob("*.py")) == ["__init__.py", "attach.py", "base.py", "local.py"]
+    assert sorted(p.name for p in backends.glob("*.py")) == [
+        "__init__.py",
+        "attach.py",
+        "base.py",
+        "handle.py",
+        "keys.py",
+        "local.py",
+    ]
 
 
 def _is_shim(path: Path) -> bool:
@@ -83,20 +92,43 @@ def _is_shim(path: Path) -> bool:
     body = ast.parse(path.read_text()).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
-    imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom)) and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
-    rest = [n for n in body if n not in imports and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
-            and not (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets))]
+    imports = [
+        n
+        for n in body
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+    ]
+    rest = [
+        n
+        for n in body
+        if n not in imports
+        and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+        and not (
+            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
+        )
+    ]
     return bool(imports) and not rest
 
 
 def test_no_shim_modules():
     # The package's face (rayflow/__init__.py) and the testing package's are the only re-exports.
-    allowed = {REPO / "rayflow" / "__init__.py", REPO / "rayflow" / "testing" / "__init__.py", REPO / "rayflow" / "__main__.py"}
-    shims = [str(p.relative_to(REPO)) for p in (REPO / "rayflow").rglob("*.py") if p not in allowed and _is_shim(p)]
+    allowed = {
+        REPO / "rayflow" / "__init__.py",
+        REPO / "rayflow" / "testing" / "__init__.py",
+        REPO / "rayflow" / "__main__.py",
+    }
+    shims = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "rayflow").rglob("*.py")
+        if p not in allowed and _is_shim(p)
+    ]
     assert shims == []
 
 
 def test_tests_never_import_conftest_as_a_module():
-    offenders = [str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("*.py")
-                 if "tests.conftest" in p.read_text() and p.name != "test_layout.py"]
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "tests").rglob("*.py")
+        if "tests.conftest" in p.read_text() and p.name != "test_layout.py"
+    ]
     assert offenders == []

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO
 from rayflow.testing.processes import wait_until
+from tests.harness import REPO
 
 pytest.importorskip("pyspark")
 nbformat = pytest.importorskip("nbformat")
@@ -46,7 +46,9 @@ FIXED = ["backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_node
 # (seconds the cell may take, source). `report(name, **values)` shows values as JSON output;
 # __PARAMS__ becomes the test's settings (paths under its tmp folder) as a JSON string.
 CELLS = [
-    (60, """
+    (
+        60,
+        """
         import json, os, sys
         from IPython.display import display
 
@@ -76,22 +78,31 @@ CELLS = [
         import rayflow
         report("kernel", executable=sys.executable, prefix=sys.prefix, pid=os.getpid(),
                cwd=os.getcwd(), rayflow_file=rayflow.__file__)
-    """),
-    (180, """
+    """,
+    ),
+    (
+        180,
+        """
         from pyspark.sql import SparkSession
 
         spark = (SparkSession.builder.master("local-cluster[1, 1, 1024]").appName("notebook")
                  .config("spark.executor.memory", "512m").getOrCreate())
         report("spark", count=spark.range(10).count(), master=spark.sparkContext.master,
                app_id=spark.sparkContext.applicationId)
-    """),
-    (300, """
+    """,
+    ),
+    (
+        300,
+        """
         result = rayflow.run(*PARAMS["fixed"], *PARAMS["base"], "workload=cifar",
                              "workload.num_samples=2", "workload.max_epochs=2",
                              "workload.search_space.batch_size=[32]")
         result
-    """),
-    (60, """
+    """,
+    ),
+    (
+        60,
+        """
         import ray
         from mlflow.tracking import MlflowClient
 
@@ -107,8 +118,11 @@ CELLS = [
                summary_table=result.summary.table(),
                ray_initialized=ray.is_initialized(), spark_count=spark.range(5).count(),
                active_session_is_ours=SparkSession.getActiveSession() is spark)
-    """),
-    (120, """
+    """,
+    ),
+    (
+        120,
+        """
         import yaml
 
         spec = yaml.safe_load(rayflow.dry_run(*PARAMS["fixed"], *PARAMS["base"]))
@@ -122,12 +136,18 @@ CELLS = [
         report("dry_run", max_worker_nodes=spec["max_worker_nodes"],
                composed_backend=composed.backend.name, composed_num_samples=composed.workload.num_samples,
                bad_input=bad_input, ray_initialized=ray.is_initialized())
-    """),
-    (300, """
+    """,
+    ),
+    (
+        300,
+        """
         results = rayflow.run(*PARAMS["fixed"], *PARAMS["base"], "workload=cifar", "workload.num_samples=1",
                               "workload.max_epochs=1", "workload.scheduler.reduction_factor=2,4", multirun=True)
-    """),
-    (60, """
+    """,
+    ),
+    (
+        60,
+        """
         client = MlflowClient(results[0].tracking_uri)
         report("multirun", type=type(results).__name__, count=len(results),
                run_ids=[r.mlflow_run_id for r in results],
@@ -136,24 +156,39 @@ CELLS = [
                experiment_dirs_are_dirs=[r.experiment_dir.is_dir() for r in results],
                trials_rows=[len(r.trials) for r in results],
                best_val_accuracy=[r.best_metrics.get("val_accuracy") for r in results])
-    """),
-    (60, """
+    """,
+    ),
+    (
+        60,
+        """
         report("after", spark_count=spark.range(5).count(), spark_stopped=spark.sparkContext._jsc.sc().isStopped(),
                active_session_is_ours=SparkSession.getActiveSession() is spark, app_id=spark.sparkContext.applicationId,
                ray_initialized=ray.is_initialized())
-    """),
-    (60, """
+    """,
+    ),
+    (
+        60,
+        """
         spark.stop()
         report("stopped", active_session=SparkSession.getActiveSession() is not None)
-    """),
+    """,
+    ),
 ]
 
 
 def notebook(params: dict):
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "rayflow test", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": KERNEL_NAME,
+        "display_name": "rayflow test",
+        "language": "python",
+    }
     sources = [(timeout, textwrap.dedent(source).strip()) for timeout, source in CELLS]
-    params = {**params, "stacks": STACKS, "timeouts": {source: timeout for timeout, source in sources}}
+    params = {
+        **params,
+        "stacks": STACKS,
+        "timeouts": {source: timeout for timeout, source in sources},
+    }
     for timeout, source in sources:
         text = source.replace("__PARAMS__", repr(json.dumps(params)))
         nb.cells.append(nbformat.v4.new_code_cell(text, metadata={"rayflow_timeout_s": timeout}))
@@ -165,8 +200,11 @@ def kernel_spec(jupyter_path: Path) -> None:
     """A kernel spec naming this test's interpreter, found first through JUPYTER_PATH."""
     folder = jupyter_path / "kernels" / KERNEL_NAME
     folder.mkdir(parents=True)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "rayflow test", "language": "python"}
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "rayflow test",
+        "language": "python",
+    }
     (folder / "kernel.json").write_text(json.dumps(spec))
 
 
@@ -180,7 +218,9 @@ def kernel_env(base: dict) -> dict:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYSPARK_PYTHON"] = sys.executable
     package_root = Path(rayflow.__file__).resolve().parents[1]
-    if package_root == REPO:  # a checkout (editable install, or PYTHONPATH): the kernel imports it too
+    if (
+        package_root == REPO
+    ):  # a checkout (editable install, or PYTHONPATH): the kernel imports it too
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
@@ -199,7 +239,11 @@ def outputs_text(cell) -> str:
 def cell_stack(text: str) -> str:
     """From faulthandler's dump of every thread: the one that ran the cell, down to the cell's line."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x[0-9a-f]+)", text)
-    running = [b for b in blocks if "interactiveshell.py" in b and re.match(r"(Current thread|Thread) 0x", b)]
+    running = [
+        b
+        for b in blocks
+        if "interactiveshell.py" in b and re.match(r"(Current thread|Thread) 0x", b)
+    ]
     if not running:
         return ""
     frames = [line for line in running[-1].splitlines()[1:] if line.startswith("  File ")]
@@ -223,8 +267,12 @@ def execute(nb, workdir: Path, env: dict) -> tuple[object, float]:
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     client = nbclient.NotebookClient(
-        nb, kernel_name=KERNEL_NAME, timeout_func=lambda cell: cell.metadata.get("rayflow_timeout_s", 60),
-        startup_timeout=120, shutdown_kernel="graceful", record_timing=True,
+        nb,
+        kernel_name=KERNEL_NAME,
+        timeout_func=lambda cell: cell.metadata.get("rayflow_timeout_s", 60),
+        startup_timeout=120,
+        shutdown_kernel="graceful",
+        record_timing=True,
         resources={"metadata": {"path": str(workdir)}},
     )
     started = time.monotonic()
@@ -249,17 +297,24 @@ def test_notebook_runs_rayflow_on_its_own_spark_session(rayflow, tmp_path, monke
     jupyter_path = tmp_path / "jupyter"
     kernel_spec(jupyter_path)
     monkeypatch.setenv("JUPYTER_PATH", str(jupyter_path))
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))  # the connection file
+    monkeypatch.setenv(
+        "JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime")
+    )  # the connection file
     from jupyter_client.kernelspec import KernelSpecManager
 
     assert KernelSpecManager().get_kernel_spec(KERNEL_NAME).argv[0] == sys.executable
 
     params = {"fixed": FIXED, "base": rayflow.base}
-    env = {**kernel_env(rayflow.env), "IPYTHONDIR": str(tmp_path / "ipython")}  # no profile in $HOME
+    env = {
+        **kernel_env(rayflow.env),
+        "IPYTHONDIR": str(tmp_path / "ipython"),
+    }  # no profile in $HOME
     nb, took = execute(notebook(params), rayflow.workdir, env)
     print(f"\nnotebook executed in {took:.1f} s")
     seen = reports(nb)
-    assert list(seen) == ["kernel", "spark", "result", "dry_run", "multirun", "after", "stopped"], seen
+    assert list(seen) == ["kernel", "spark", "result", "dry_run", "multirun", "after", "stopped"], (
+        seen
+    )
 
     # The kernel is this test's interpreter and imports this test's rayflow.
     import rayflow as package
@@ -273,18 +328,34 @@ def test_notebook_runs_rayflow_on_its_own_spark_session(rayflow, tmp_path, monke
     # The first run: a RunResult read from the same process, and the notebook's session used.
     result = seen["result"]
     assert result["is_run_result"] and result["workload"] == "cifar", result
-    assert result["best_config"] and {"l1", "l2", "lr", "batch_size"} <= set(result["best_config"]), result
-    assert 0.0 <= result["best_metrics"]["val_accuracy"] <= 1.0 and "val_loss" in result["best_metrics"], result
-    assert result["experiment_dir_is_dir"] and Path(result["experiment_dir"]).parent == rayflow.storage, result
+    assert result["best_config"] and {"l1", "l2", "lr", "batch_size"} <= set(
+        result["best_config"]
+    ), result
+    assert (
+        0.0 <= result["best_metrics"]["val_accuracy"] <= 1.0
+        and "val_loss" in result["best_metrics"]
+    ), result
+    assert (
+        result["experiment_dir_is_dir"] and Path(result["experiment_dir"]).parent == rayflow.storage
+    ), result
     assert result["mlflow_experiment"] == "cifar" and result["mlflow_run_id"], result
     assert result["parent_status"] == "FINISHED", result
-    assert result["parent_tags"] == {"backend": "spark", "workload": "cifar", "mlflow.parentRunId": None}, result
+    assert result["parent_tags"] == {
+        "backend": "spark",
+        "workload": "cifar",
+        "mlflow.parentRunId": None,
+    }, result
     assert result["trials_type"] == "DataFrame" and result["trials_rows"] == 2, result
     assert "val_accuracy" in result["summary_table"], result["summary_table"]
-    assert not result["ray_initialized"] and result["spark_count"] == 5 and result["active_session_is_ours"], result
+    assert (
+        not result["ray_initialized"]
+        and result["spark_count"] == 5
+        and result["active_session_is_ours"]
+    ), result
     run_cell = nb.cells[2]
-    assert any(o.output_type == "execute_result" and "text/plain" in o.data for o in run_cell.outputs), \
-        "the RunResult, the cell's last expression, has no text/plain form"
+    assert any(
+        o.output_type == "execute_result" and "text/plain" in o.data for o in run_cell.outputs
+    ), "the RunResult, the cell's last expression, has no text/plain form"
 
     # A dry run and a bad override in the same kernel: the spec names the notebook's session,
     # the error is an exception naming the key, nothing connects Ray.
@@ -299,13 +370,22 @@ def test_notebook_runs_rayflow_on_its_own_spark_session(rayflow, tmp_path, monke
     assert multi["type"] == "list" and multi["count"] == 2, multi
     run_ids = [result["mlflow_run_id"], *multi["run_ids"]]
     assert len(set(run_ids)) == 3 and all(run_ids), multi
-    assert multi["parent_statuses"] == ["FINISHED", "FINISHED"] and all(multi["experiment_dirs_are_dirs"]), multi
+    assert multi["parent_statuses"] == ["FINISHED", "FINISHED"] and all(
+        multi["experiment_dirs_are_dirs"]
+    ), multi
     assert len({result["experiment_dir"], *multi["experiment_dirs"]}) == 3, multi
-    assert multi["trials_rows"] == [1, 1] and all(v is not None for v in multi["best_val_accuracy"]), multi
+    assert multi["trials_rows"] == [1, 1] and all(
+        v is not None for v in multi["best_val_accuracy"]
+    ), multi
 
     # Afterwards the notebook's session still works and rayflow left no Ray connection.
-    assert seen["after"] == {"spark_count": 5, "spark_stopped": False, "active_session_is_ours": True,
-                             "app_id": spark["app_id"], "ray_initialized": False}, seen["after"]
+    assert seen["after"] == {
+        "spark_count": 5,
+        "spark_stopped": False,
+        "active_session_is_ours": True,
+        "app_id": spark["app_id"],
+        "ray_initialized": False,
+    }, seen["after"]
     assert seen["stopped"] == {"active_session": False}
 
     # The three parent runs are in the notebook's MLflow store, read from outside the kernel.
@@ -317,7 +397,9 @@ def test_notebook_runs_rayflow_on_its_own_spark_session(rayflow, tmp_path, monke
         assert parent.data.tags["spark_session"] == "active SparkSession", parent.data.tags
 
     # nbclient shut the kernel down; its process is gone (Ray's and Spark's: the fixture).
-    assert wait_until(lambda: not Path(f"/proc/{kernel['pid']}").exists(), timeout=30), "the kernel is still running"
+    assert wait_until(lambda: not Path(f"/proc/{kernel['pid']}").exists(), timeout=30), (
+        "the kernel is still running"
+    )
 
     # What a person reads in the run cells: rayflow's own lines (the session it uses, each start-up
     # phase, every job's results table), plain text with no colour codes or \r redraws.

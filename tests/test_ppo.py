@@ -8,10 +8,15 @@ import pytest
 
 pytest.importorskip("ray.rllib")
 
-from rayflow.testing.processes import wait_until  # noqa: E402
+from rayflow.testing.processes import wait_until
 
 # Small iterations (1000 env steps) keep a short run short; the defaults are RLlib's tuned ones.
-QUICK = ["workload=ppo", "backend.num_cpus=2", "workload.train_batch_size=1000", "workload.checkpoint_every=1"]
+QUICK = [
+    "workload=ppo",
+    "backend.num_cpus=2",
+    "workload.train_batch_size=1000",
+    "workload.checkpoint_every=1",
+]
 
 
 def checkpoints(rayflow):
@@ -23,7 +28,9 @@ def history(client, run, name) -> list[tuple[int, float]]:
 
 
 def test_lr_grid_logs_each_iteration_and_checkpoints(rayflow):
-    out = rayflow.run(*QUICK, "workload.lr_grid=[1.0e-4,1.0e-3]", "workload.stop.iterations=2", timeout=400)
+    out = rayflow.run(
+        *QUICK, "workload.lr_grid=[1.0e-4,1.0e-3]", "workload.stop.iterations=2", timeout=400
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     client, parents, children = rayflow.mlflow("ppo")
     [parent] = parents
@@ -32,15 +39,24 @@ def test_lr_grid_logs_each_iteration_and_checkpoints(rayflow):
     for trial in trials:
         assert trial.data.params["env"] == "CartPole-v1"
         assert [s for s, _ in history(client, trial, "episode_return_mean")] == [1, 2]
-        assert [v for _, v in history(client, trial, "num_env_steps_sampled_lifetime")] == [1000, 2000]
+        assert [v for _, v in history(client, trial, "num_env_steps_sampled_lifetime")] == [
+            1000,
+            2000,
+        ]
         assert all(v > 0 for _, v in history(client, trial, "env_steps_per_s"))
     best = max(trials, key=lambda t: t.data.metrics["episode_return_mean"])
-    assert parent.data.metrics["episode_return_mean"] == max(v for _, v in history(client, best, "episode_return_mean"))
+    assert parent.data.metrics["episode_return_mean"] == max(
+        v for _, v in history(client, best, "episode_return_mean")
+    )
     assert parent.data.metrics["num_env_steps_sampled_lifetime"] in (1000, 2000)
     assert len(checkpoints(rayflow)) >= 2  # both trials, every iteration (and at the end)
     assert "best episode_return_mean" in out.stdout
-    returns = rayflow.plots(client, parent)["returns.png"]  # default stop: episode_return_mean 450
-    drawn = {key: returns.get(key) for key in ("lines", "lrs", "points", "goal")}  # besides its title, state, colours
+    returns = rayflow.results.plots(client, parent)[
+        "returns.png"
+    ]  # default stop: episode_return_mean 450
+    drawn = {
+        key: returns.get(key) for key in ("lines", "lrs", "points", "goal")
+    }  # besides its title, state, colours
     assert drawn == {"lines": 2, "lrs": [1e-4, 1e-3], "points": [2, 2], "goal": 450.0}
 
 
@@ -53,23 +69,32 @@ def test_the_trial_and_its_env_runner_start_in_workers_the_cluster_prestarted(ra
     import ray
     from ray.util.state import list_actors, list_workers
 
-    from rayflow.composition import compose_config
-    from rayflow.data import DataSpec
-    from rayflow.session import RunContext, check_config
-    from rayflow.tracking import Tracker
-    from rayflow.tuning import experiment_dir
-    from rayflow.workloads import ppo
+    from rayflow.orchestrator.cluster import running
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.orchestrator.preflight import plan_job
+    from rayflow.results.experiment import experiment_dir
+    from rayflow.tracking.tracker import Tracker
+    from rayflow.workloads import RunContext
+    from rayflow.workloads.presets import ppo
 
-    cfg = compose_config(*QUICK, "workload.stop.iterations=1", "tracking=none", f"storage_path={rayflow.storage}")
-    with check_config(cfg) as backend:
-        assert backend.init_kwargs()["_system_config"]["num_workers_soft_limit"] == 2
+    cfg = compose_config(
+        *QUICK, "workload.stop.iterations=1", "tracking=none", f"storage_path={rayflow.storage}"
+    )
+    plan = plan_job(cfg, [])
+    with running(plan.backend, plan.preload):
+        assert (
+            plan.backend.init_kwargs(plan.preload)["_system_config"]["num_workers_soft_limit"] == 2
+        )
         fit_ms = time.time() * 1000
-        summary = ppo.run(cfg, RunContext(Tracker(cfg), DataSpec.from_config(cfg.data), experiment_dir(cfg), False))
+        summary = ppo.run(cfg, RunContext(Tracker(cfg), experiment_dir(cfg), False))
         # This cluster's address: with none, the state API guesses the machine's latest Ray
         # instance, which may be another test's (the other pytest-xdist worker's).
         address = ray.get_runtime_context().gcs_address
         pids = {a.class_name: a.pid for a in list_actors(address=address, detail=True, limit=100)}
-        launched = {w.pid: w.worker_launch_time_ms for w in list_workers(address=address, detail=True, limit=100)}
+        launched = {
+            w.pid: w.worker_launch_time_ms
+            for w in list_workers(address=address, detail=True, limit=100)
+        }
     assert summary.trials == 1 and summary.errored == 0
     for name in ("PPO", "SingleAgentEnvRunner"):
         assert launched[pids[name]] < fit_ms, f"{name} ran in a worker started after the run began"
@@ -77,7 +102,9 @@ def test_the_trial_and_its_env_runner_start_in_workers_the_cluster_prestarted(ra
 
 def test_interrupt_then_resume_continues_the_iterations(rayflow):
     proc, log = rayflow.start(*QUICK, "workload.stop.iterations=8")
-    assert wait_until(lambda: len(checkpoints(rayflow)) >= 2, timeout=240, interval=0.2), log.read_text()[-3000:]
+    assert wait_until(lambda: len(checkpoints(rayflow)) >= 2, timeout=240, interval=0.2), (
+        log.read_text()[-3000:]
+    )
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
     client, parents, children = rayflow.mlflow("ppo")
@@ -100,7 +127,9 @@ def test_unknown_environment_is_refused_before_anything_starts(rayflow):
     out = rayflow.run("workload=ppo", "workload.env=CartPol-v1")
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
-    assert line.startswith("rayflow: error: workload.env") and "CartPole" in line  # Gymnasium's suggestion
+    assert (
+        line.startswith("rayflow: error: workload.env") and "CartPole" in line
+    )  # Gymnasium's suggestion
     assert not rayflow.storage.exists() and not rayflow.db.exists()
 
 

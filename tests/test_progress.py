@@ -17,17 +17,21 @@ import time
 
 import pytest
 
-from rayflow import progress
-from rayflow.progress import Transfer, format_duration, format_rate, format_size, time_left
+from rayflow.runtime import progress
+from rayflow.runtime.progress import Transfer, format_duration, format_rate, format_size, time_left
 
 PREPARE = (
     "import sys; from rayflow import data\n"
     "print(data.prepare(data.DataSpec(root=sys.argv[3], url=sys.argv[1], md5=sys.argv[2])))\n"
 )
-PROGRESS = re.compile(r"\[rayflow\] data: downloading cifar-10-python\.tar\.gz: [\d.]+ (B|kB) / [\d.]+ kB \(\d+%\), "
-                      r"[\d.]+ (B|kB|MB)/s, (\d+ s left|time left unknown)")
-DOWNLOADED = re.compile(r"^\[rayflow\] data: downloaded cifar-10-python\.tar\.gz from http://127\.0\.0\.1:\d+/\S+ "
-                        r"\([\d.]+ kB at [\d.]+ (kB|MB)/s\), md5 ok, unpacked in \d+\.\d s$")
+PROGRESS = re.compile(
+    r"\[rayflow\] data: downloading cifar-10-python\.tar\.gz: [\d.]+ (B|kB) / [\d.]+ kB \(\d+%\), "
+    r"[\d.]+ (B|kB|MB)/s, (\d+ s left|time left unknown)"
+)
+DOWNLOADED = re.compile(
+    r"^\[rayflow\] data: downloaded cifar-10-python\.tar\.gz from http://127\.0\.0\.1:\d+/\S+ "
+    r"\([\d.]+ kB at [\d.]+ (kB|MB)/s\), md5 ok, unpacked in \d+\.\d s$"
+)
 WAITING = "[rayflow] data: waiting for another process preparing the data under "
 
 
@@ -44,23 +48,47 @@ class FakePipe(io.StringIO):
 # --- formatting ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n, text", [(0, "0 B"), (999, "999 B"), (1000, "1.0 kB"), (1536, "1.5 kB"),
-                                     (999_950, "1.0 MB"), (170_498_071, "170.5 MB"), (2.5e9, "2.5 GB"),
-                                     (3.2e15, "3200.0 TB")])
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (0, "0 B"),
+        (999, "999 B"),
+        (1000, "1.0 kB"),
+        (1536, "1.5 kB"),
+        (999_950, "1.0 MB"),
+        (170_498_071, "170.5 MB"),
+        (2.5e9, "2.5 GB"),
+        (3.2e15, "3200.0 TB"),
+    ],
+)
 def test_sizes_are_decimal_with_one_digit(n, text):
     assert format_size(n) == text
 
 
 def test_rates_and_time_left():
     assert format_rate(6_200_000) == "6.2 MB/s" and format_rate(512) == "512 B/s"
-    assert [format_duration(s) for s in (0, 8.4, 59.6, 125, 3720)] == ["0 s", "8 s", "1 min 00 s", "2 min 05 s", "1 h 02 min"]
+    assert [format_duration(s) for s in (0, 8.4, 59.6, 125, 3720)] == [
+        "0 s",
+        "8 s",
+        "1 min 00 s",
+        "2 min 05 s",
+        "1 h 02 min",
+    ]
     assert time_left(50, 100, 10.0) == 5.0
-    assert time_left(50, None, 10.0) is None and time_left(50, 100, 0.0) is None and time_left(150, 100, 1.0) is None
+    assert (
+        time_left(50, None, 10.0) is None
+        and time_left(50, 100, 0.0) is None
+        and time_left(150, 100, 1.0) is None
+    )
 
 
 def test_a_narrow_terminal_shortens_what_not_the_numbers():
-    assert progress._fit("[rayflow] data: downloading a-long-name.tar.gz:", " 1.0 kB / 2.0 kB (50%)", 40) == \
-        "[rayflow] data: d… 1.0 kB / 2.0 kB (50%)"
+    assert (
+        progress._fit(
+            "[rayflow] data: downloading a-long-name.tar.gz:", " 1.0 kB / 2.0 kB (50%)", 40
+        )
+        == "[rayflow] data: d… 1.0 kB / 2.0 kB (50%)"
+    )
     assert progress._fit("short:", " 1 s", 40) == "short: 1 s"
     fitted = progress._fit("x" * 100, " 12 s left", 30)
     assert len(fitted) == 30 and fitted.endswith("… 12 s left")
@@ -71,23 +99,39 @@ def test_a_narrow_terminal_shortens_what_not_the_numbers():
 
 def test_a_phase_in_a_pipe_is_one_line_with_its_time():
     pipe = FakePipe()
-    with progress.phase("starting Spark (local-cluster[2, 1, 2048])", "spark", stream=pipe, tick_after_s=0, tick_every_s=0.01):
+    with progress.phase(
+        "starting Spark (local-cluster[2, 1, 2048])",
+        "spark",
+        stream=pipe,
+        tick_after_s=0,
+        tick_every_s=0.01,
+    ):
         time.sleep(0.1)
     with progress.phase("applying RayCluster default/x", "kuberay", stream=pipe) as step:
         step.done("applied RayCluster default/x")
-    with pytest.raises(RuntimeError), progress.phase("waiting for the dashboard", "vm", stream=pipe):
+    with (
+        pytest.raises(RuntimeError),
+        progress.phase("waiting for the dashboard", "vm", stream=pipe),
+    ):
         raise RuntimeError("no")
     lines = pipe.getvalue().splitlines()
     assert "\r" not in pipe.getvalue() and len(lines) == 3
-    assert re.fullmatch(r"\[rayflow\] spark: starting Spark \(local-cluster\[2, 1, 2048\]\)\.\.\. done in 0\.\d s", lines[0])
+    assert re.fullmatch(
+        r"\[rayflow\] spark: starting Spark \(local-cluster\[2, 1, 2048\]\)\.\.\. done in 0\.\d s",
+        lines[0],
+    )
     assert re.fullmatch(r"\[rayflow\] kuberay: applied RayCluster default/x in 0\.0 s", lines[1])
-    assert re.fullmatch(r"\[rayflow\] vm: waiting for the dashboard\.\.\. failed after 0\.0 s", lines[2])
+    assert re.fullmatch(
+        r"\[rayflow\] vm: waiting for the dashboard\.\.\. failed after 0\.0 s", lines[2]
+    )
 
 
 def test_on_a_terminal_a_ticker_redraws_the_line_with_what_it_waits_on():
     terminal = FakeTerminal()
     before = threading.active_count()
-    with progress.phase("waiting for the head pod", "kuberay", stream=terminal, tick_after_s=0.1, tick_every_s=0.05) as step:
+    with progress.phase(
+        "waiting for the head pod", "kuberay", stream=terminal, tick_after_s=0.1, tick_every_s=0.05
+    ) as step:
         step.status(lambda: "Pending (ContainerCreating)")
         time.sleep(0.5)
         step.done("head pod x-head-1 ready")
@@ -95,7 +139,13 @@ def test_on_a_terminal_a_ticker_redraws_the_line_with_what_it_waits_on():
     assert threading.active_count() == before, "the ticker thread ends with its phase"
     redraws = out.split("\r\x1b[K")[1:]
     assert redraws[0] == "[rayflow] kuberay: waiting for the head pod..."  # shown at once
-    assert any(re.fullmatch(r"\[rayflow\] kuberay: waiting for the head pod\.\.\. 0 s, Pending \(ContainerCreating\)", r) for r in redraws)
+    assert any(
+        re.fullmatch(
+            r"\[rayflow\] kuberay: waiting for the head pod\.\.\. 0 s, Pending \(ContainerCreating\)",
+            r,
+        )
+        for r in redraws
+    )
     assert re.fullmatch(r"\[rayflow\] kuberay: head pod x-head-1 ready in 0\.\d s\n", redraws[-1])
     assert out.count("\n") == 1
 
@@ -116,8 +166,14 @@ def test_transfer_shows_bytes_rate_and_time_left_on_a_terminal():
             bar.update(50_000)
         bar.finished()
     out = terminal.getvalue()
-    assert re.search(r"downloading cifar-10-python\.tar\.gz: 50\.0 kB / 400\.0 kB \(12%\), [\d.]+ (kB|MB)/s, \d+ s left", out)
-    assert re.search(r"\r\x1b\[K\[rayflow\] data: downloading cifar-10-python\.tar\.gz: 400\.0 kB at [\d.]+ (kB|MB)/s, done in 0\.\d s\n$", out)
+    assert re.search(
+        r"downloading cifar-10-python\.tar\.gz: 50\.0 kB / 400\.0 kB \(12%\), [\d.]+ (kB|MB)/s, \d+ s left",
+        out,
+    )
+    assert re.search(
+        r"\r\x1b\[K\[rayflow\] data: downloading cifar-10-python\.tar\.gz: 400\.0 kB at [\d.]+ (kB|MB)/s, done in 0\.\d s\n$",
+        out,
+    )
 
 
 def test_transfer_without_a_length_shows_bytes_and_rate():
@@ -135,7 +191,10 @@ def test_a_transfer_that_fails_says_how_far_it_got():
     with pytest.raises(OSError), Transfer("downloading x", "data", stream=pipe) as bar:
         bar.update(1500)
         raise OSError("reset")
-    assert re.fullmatch(r"\[rayflow\] data: downloading x\.\.\. failed after 0\.0 s \(1\.5 kB received\)\n", pipe.getvalue())
+    assert re.fullmatch(
+        r"\[rayflow\] data: downloading x\.\.\. failed after 0\.0 s \(1\.5 kB received\)\n",
+        pipe.getvalue(),
+    )
 
 
 # --- the CIFAR-10 download, on a terminal and in a pipe -------------------------------------------
@@ -149,7 +208,7 @@ def _pty() -> tuple[int, int]:
 
 def _read_all(masters: list[int], procs: list[subprocess.Popen], timeout: float = 120) -> list[str]:
     """Everything written to each pty until its process ends (EIO on Linux once the slave closes)."""
-    out = {m: b"" for m in masters}
+    out = dict.fromkeys(masters, b"")
     open_ = set(masters)
     deadline = time.monotonic() + timeout
     while open_ and time.monotonic() < deadline:
@@ -171,8 +230,12 @@ def _read_all(masters: list[int], procs: list[subprocess.Popen], timeout: float 
 
 
 def _start(url: str, md5: str, root, stderr) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PREPARE, url, md5, str(root)],
-                            stdout=subprocess.DEVNULL, stderr=stderr, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return subprocess.Popen(
+        [sys.executable, "-c", PREPARE, url, md5, str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
 
 
 def test_the_download_shows_its_progress_on_a_terminal(tmp_path, archive_server):
@@ -184,7 +247,9 @@ def test_the_download_shows_its_progress_on_a_terminal(tmp_path, archive_server)
     assert proc.returncode == 0, out
     assert len(hits) == 1
     redraws = out.split("\r\x1b[K")
-    assert len([r for r in redraws if PROGRESS.fullmatch(r)]) >= 3, out  # redrawn in place as bytes arrive
+    assert len([r for r in redraws if PROGRESS.fullmatch(r)]) >= 3, (
+        out
+    )  # redrawn in place as bytes arrive
     lines = [line for line in out.split("\n") if line]
     assert len(lines) == 1 and DOWNLOADED.fullmatch(lines[0].split("\r\x1b[K")[-1]), out
 
@@ -211,7 +276,9 @@ def test_concurrent_downloads_show_the_progress_once(tmp_path, archive_server):
     assert len(hits) == 1
     fetched = [out for out in outputs if "downloading cifar-10" in out]
     assert len(fetched) == 1, outputs
-    assert PROGRESS.search(fetched[0]) and DOWNLOADED.search(fetched[0].split("\r\x1b[K")[-1].strip())
+    assert PROGRESS.search(fetched[0]) and DOWNLOADED.search(
+        fetched[0].split("\r\x1b[K")[-1].strip()
+    )
     for out in outputs:
         if out is not fetched[0]:
             assert "\r" not in out and len(out.splitlines()) <= 1, out
@@ -225,16 +292,19 @@ def test_the_download_without_a_length_still_shows_bytes_and_rate(tmp_path, arch
     os.close(slave)
     [out] = _read_all([master], [proc])
     assert proc.returncode == 0, out
-    assert re.search(r"downloading cifar-10-python\.tar\.gz: [\d.]+ kB, [\d.]+ (kB|MB)/s, \d+ s", out), out
+    assert re.search(
+        r"downloading cifar-10-python\.tar\.gz: [\d.]+ kB, [\d.]+ (kB|MB)/s, \d+ s", out
+    ), out
     assert "left" not in out
 
 
 # --- a backend's start-up phases (starts Ray: run under `flock /tmp/ray-tests.lock`) ----------------
 
 START_LOCAL = (
-    "from rayflow.backends import backend_for; from rayflow.composition import compose_config\n"
-    "with backend_for(compose_config('backend=local', 'backend.num_cpus=1')) as backend:\n"
-    "    print(backend.address)\n"
+    "from rayflow.backends import backend_for; from rayflow.orchestrator.compose import compose_config\n"
+    "from rayflow.orchestrator.cluster import running\n"
+    "with running(backend_for(compose_config('backend=local', 'backend.num_cpus=1'))) as handle:\n"
+    "    print(handle.address)\n"
 )
 
 
@@ -242,11 +312,21 @@ START_LOCAL = (
 def test_local_start_up_prints_its_phase_with_its_time(rayflow, terminal):
     if terminal:
         master, slave = _pty()
-        proc = subprocess.Popen([sys.executable, "-c", START_LOCAL], stdout=subprocess.DEVNULL, stderr=slave, cwd=rayflow.workdir)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", START_LOCAL],
+            stdout=subprocess.DEVNULL,
+            stderr=slave,
+            cwd=rayflow.workdir,
+        )
         os.close(slave)
         [err] = _read_all([master], [proc], timeout=180)
     else:
-        proc = subprocess.Popen([sys.executable, "-c", START_LOCAL], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=rayflow.workdir)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", START_LOCAL],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=rayflow.workdir,
+        )
         err = proc.communicate(timeout=180)[1].decode()
     assert proc.returncode == 0, err[-3000:]
     phase = r"\[rayflow\] local: starting Ray on this machine \(ray\.init, num_cpus=1\)\.\.\."
@@ -270,7 +350,12 @@ def test_off_a_terminal_a_job_prints_no_colour_codes(capsys):
         with progress.plain_ray_logs(io.StringIO()):
             print("(train_cifar pid=1) saved\x1b[32m [repeated 5x across cluster]\x1b[0m")
             print("\x1b[36mray::ImplicitFunc.train()\x1b[39m failed", file=sys.stderr)
-            ray_log.warning("View the dashboard at %s%s%s", "\x1b[1m\x1b[32m", "http://127.0.0.1:8265", "\x1b[39m\x1b[22m")
+            ray_log.warning(
+                "View the dashboard at %s%s%s",
+                "\x1b[1m\x1b[32m",
+                "http://127.0.0.1:8265",
+                "\x1b[39m\x1b[22m",
+            )
             try:
                 raise ValueError("\x1b[36mray::Task\x1b[39m boom")
             except ValueError:

@@ -12,11 +12,13 @@ import time
 
 import pytest
 
-from rayflow import progress
-from rayflow.progress import autoscaler_line, autoscaler_lines, level, tune_verbose
+from rayflow.runtime import progress
+from rayflow.runtime.progress import autoscaler_line, autoscaler_lines, level, tune_verbose
 
 # Lines Tune's own output prints (ray.tune.experimental.output): its status table and its boxes.
-TUNE_TABLE = re.compile(r"^(Trial status:|Current time:|│|╭|╰|Trial \S+ (started|completed|finished))")
+TUNE_TABLE = re.compile(
+    r"^(Trial status:|Current time:|│|╭|╰|Trial \S+ (started|completed|finished))"
+)
 
 
 class FakeTerminal(io.StringIO):
@@ -41,7 +43,7 @@ def screen(text: str) -> list[str]:
             lines.append("".join(line))
             line, col = [], 0
         else:
-            line[col:col + 1] = [ch]
+            line[col : col + 1] = [ch]
             col += 1
         i += 1
     return lines + (["".join(line)] if line else [])
@@ -58,11 +60,12 @@ def test_verbose_levels_map_onto_tunes_own():
 
 @pytest.mark.parametrize("value", ["4", "-1", "loud", "2.5"])
 def test_a_verbose_out_of_range_is_one_line_naming_the_key(value):
-    from rayflow.composition import check_config, compose_config
     from rayflow.errors import ConfigError
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.orchestrator.preflight import plan_job
 
     with pytest.raises(ConfigError) as caught:
-        check_config(compose_config(f"verbose={value}", "dry_run=true"))
+        plan_job(compose_config(f"verbose={value}", "dry_run=true"), [])
     assert caught.value.key == "verbose" and "from 0 to 3, true or false" in str(caught.value)
 
 
@@ -76,14 +79,18 @@ def test_the_default_is_quiet(default_config):
 def test_a_line_printed_while_a_phase_ticks_starts_a_line_of_its_own(monkeypatch):
     term = FakeTerminal()
     monkeypatch.setattr(sys, "stdout", term)
-    with progress.phase("waiting for the first result", "tune", stream=term, tick_after_s=0, tick_every_s=0.01):
+    with progress.phase(
+        "waiting for the first result", "tune", stream=term, tick_after_s=0, tick_every_s=0.01
+    ):
         time.sleep(0.05)  # the live line is drawn, and redrawn
         print("╭── Trial a config ──╮")  # Tune's box, as verbose=2 prints it
         print("│ lr   0.01          │")
         time.sleep(0.05)  # the ticker draws the live line again, under the box
     shown = screen(term.getvalue())
     assert "╭── Trial a config ──╮" in shown and "│ lr   0.01          │" in shown, shown
-    assert re.fullmatch(r"\[rayflow\] tune: waiting for the first result\.\.\. done in \d+\.\d s", shown[-1]), shown
+    assert re.fullmatch(
+        r"\[rayflow\] tune: waiting for the first result\.\.\. done in \d+\.\d s", shown[-1]
+    ), shown
     assert sys.stdout is term  # put back
 
 
@@ -94,7 +101,9 @@ def test_an_unfinished_line_of_anothers_is_not_wiped(monkeypatch):
         sys.stdout.write("downloading 10%")
         time.sleep(0.05)  # no redraw over it
     shown = screen(term.getvalue())
-    assert shown[0] == "downloading 10%" and shown[-1].startswith("[rayflow] tune: waiting... done in"), shown
+    assert shown[0] == "downloading 10%" and shown[-1].startswith(
+        "[rayflow] tune: waiting... done in"
+    ), shown
 
 
 # --- the autoscaler ------------------------------------------------------------------------------
@@ -127,17 +136,22 @@ def test_the_autoscalers_lines_are_one_line_per_scale_event():
 
 def test_verbose_shows_the_autoscalers_own_lines():
     assert autoscaler_lines(AUTOSCALER_LOG, verbose=1) == AUTOSCALER_LOG
-    assert autoscaler_line("(autoscaler +1s) Adding 3 node(s) of type ray.worker.default.") == \
-        "[rayflow] autoscaler: +3 workers (ray.worker.default)"
+    assert (
+        autoscaler_line("(autoscaler +1s) Adding 3 node(s) of type ray.worker.default.")
+        == "[rayflow] autoscaler: +3 workers (ray.worker.default)"
+    )
 
 
 def test_a_submitted_runs_streamed_log_summarises_the_autoscaler(monkeypatch):
-    from rayflow.remote import _LogStream
+    from rayflow.orchestrator.submission import _LogStream
 
     out = io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
     _LogStream(None, "job")._write("\n".join(AUTOSCALER_LOG[:4]) + "\n")
-    assert out.getvalue().splitlines() == ["[rayflow] autoscaler: +1 worker (cpu)", "(pid=4711) epoch 1 loss 0.8"]
+    assert out.getvalue().splitlines() == [
+        "[rayflow] autoscaler: +1 worker (cpu)",
+        "(pid=4711) epoch 1 loss 0.8",
+    ]
 
 
 # --- a small run, as a user runs it (one run for the default's assertions) -----------------------
@@ -154,7 +168,9 @@ def quiet_run(tmp_path_factory, data_root) -> list[str]:
     from tests.harness.cli import Rayflow
 
     cli = Rayflow(tmp_path_factory.mktemp("quiet"), data_root)
-    cli.env.pop("RAY_DEDUP_LOGS", None)  # Ray's default: its held-back `[repeated Nx]` lines are what this checks
+    cli.env.pop(
+        "RAY_DEDUP_LOGS", None
+    )  # Ray's default: its held-back `[repeated Nx]` lines are what this checks
     proc, log = cli.start("workload.num_samples=2", "workload.max_epochs=1", "tracking=none")
     try:
         proc.wait(timeout=300)
@@ -169,12 +185,16 @@ def test_a_small_run_prints_no_tune_tables_and_nothing_of_rays_after_its_results
     shown = "\n".join(quiet_run)
     assert not [line for line in quiet_run if TUNE_TABLE.match(line)], shown
     after = _after_results(quiet_run)
-    assert not [line for line in after if "repeated" in line or "(pid=" in line or line.startswith("(")], shown
+    assert not [
+        line for line in after if "repeated" in line or "(pid=" in line or line.startswith("(")
+    ], shown
     assert len(quiet_run) <= 40, shown
 
 
 def test_verbose_2_brings_tunes_tables_back(rayflow):
-    out = rayflow.run("workload.num_samples=2", "workload.max_epochs=1", "tracking=none", "verbose=2")
+    out = rayflow.run(
+        "workload.num_samples=2", "workload.max_epochs=1", "tracking=none", "verbose=2"
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert [line for line in out.stdout.splitlines() if TUNE_TABLE.match(line)], out.stdout
 
@@ -190,16 +210,27 @@ def test_a_notebook_cell_gets_a_few_lines_for_four_trials(rayflow, tmp_path, mon
     monkeypatch.setenv("JUPYTER_PATH", str(jupyter_path))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": nb_helpers.KERNEL_NAME, "display_name": "rayflow test", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": nb_helpers.KERNEL_NAME,
+        "display_name": "rayflow test",
+        "language": "python",
+    }
     args = [*rayflow.base, "workload.num_samples=4", "workload.max_epochs=1", "tracking=none"]
     nb.cells.append(nbformat.v4.new_code_cell("import rayflow", metadata={"rayflow_timeout_s": 60}))
-    nb.cells.append(nbformat.v4.new_code_cell(f"result = rayflow.run(*{args!r})", metadata={"rayflow_timeout_s": 300}))
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            f"result = rayflow.run(*{args!r})", metadata={"rayflow_timeout_s": 300}
+        )
+    )
     env = {**nb_helpers.kernel_env(rayflow.env), "IPYTHONDIR": str(tmp_path / "ipython")}
     env.pop("RAY_DEDUP_LOGS", None)
     nb, _ = nb_helpers.execute(nb, rayflow.workdir, env)
     lines = [line for line in nb_helpers.outputs_text(nb.cells[1]).splitlines() if line.strip()]
     assert not [line for line in lines if TUNE_TABLE.match(line) or "Trial status" in line], lines
     assert len(lines) <= 30, "\n".join(lines)
-    tables = [o for o in nb.cells[1].outputs  # Tune's HTML tables in a kernel
-              if o.output_type == "display_data" and o.data.get("text/html", "").strip()]
+    tables = [
+        o
+        for o in nb.cells[1].outputs  # Tune's HTML tables in a kernel
+        if o.output_type == "display_data" and o.data.get("text/html", "").strip()
+    ]
     assert not tables, tables[:2]

@@ -16,7 +16,7 @@ import sys
 from rayflow.testing.processes import wait_until
 
 # The user's project: each entry point fails while FAIL (a file next to it) exists.
-FLAKY = '''
+FLAKY = """
 from pathlib import Path
 
 FAIL = Path({marker!r})
@@ -50,15 +50,32 @@ class FlakyCartPole(CartPoleEnv):
         if FAIL.exists():
             raise RuntimeError("failing on purpose")
         super().__init__()
-'''
+"""
 
-TUNE = ["workload=tune", "workload.trainable=flaky:objective", "workload.metric=loss", "workload.mode=min",
-        "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}}", "backend.num_cpus=1"]
-TRAIN = ["workload=train", "workload.train_loop=flaky:train_loop", "workload.num_workers=1", "backend.num_cpus=1"]
-RLLIB = ["workload=rllib", "workload.algorithm=PPO", "workload.env=flaky:FlakyCartPole",
-         "workload.config={env_runners: {num_env_runners: 0}, "
-         "training: {train_batch_size_per_learner: 64, minibatch_size: 32, num_epochs: 1}}",
-         "workload.stop={training_iteration: 1}", "workload.checkpoint_every=1", "backend.num_cpus=1"]
+TUNE = [
+    "workload=tune",
+    "workload.trainable=flaky:objective",
+    "workload.metric=loss",
+    "workload.mode=min",
+    "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}}",
+    "backend.num_cpus=1",
+]
+TRAIN = [
+    "workload=train",
+    "workload.train_loop=flaky:train_loop",
+    "workload.num_workers=1",
+    "backend.num_cpus=1",
+]
+RLLIB = [
+    "workload=rllib",
+    "workload.algorithm=PPO",
+    "workload.env=flaky:FlakyCartPole",
+    "workload.config={env_runners: {num_env_runners: 0}, "
+    "training: {train_batch_size_per_learner: 64, minibatch_size: 32, num_epochs: 1}}",
+    "workload.stop={training_iteration: 1}",
+    "workload.checkpoint_every=1",
+    "backend.num_cpus=1",
+]
 CONTINUE = re.compile(r"Continue with: (python -m rayflow \S+)")
 NO_CHECKPOINT = "saved no checkpoint"
 
@@ -81,7 +98,9 @@ def _printed_resume(out: str) -> str:
 def _run_verbatim(rayflow, command: str) -> subprocess.CompletedProcess:
     """`command` as a user pastes it, in the folder they ran the first command from."""
     argv = [sys.executable if word == "python" else word for word in shlex.split(command)]
-    return subprocess.run(argv, cwd=rayflow.workdir, env=rayflow.env, capture_output=True, text=True, timeout=400)
+    return subprocess.run(
+        argv, cwd=rayflow.workdir, env=rayflow.env, capture_output=True, text=True, timeout=400
+    )
 
 
 def _fails_then_resumes(rayflow, args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
@@ -92,7 +111,9 @@ def _fails_then_resumes(rayflow, args: list[str]) -> tuple[subprocess.CompletedP
     marker.unlink()  # the user fixed their code
     out = _run_verbatim(rayflow, command)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "Traceback" not in out.stderr and "Continue with" not in out.stderr + out.stdout, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "Continue with" not in out.stderr + out.stdout, (
+        out.stderr[-3000:]
+    )
     return out, command
 
 
@@ -110,7 +131,10 @@ def test_the_printed_resume_of_a_tune_function_runs_verbatim(rayflow):
     refused = _run_verbatim(rayflow, f"{command} workload.metric=accuracy")
     assert refused.returncode == 2, refused.stderr[-2000:]
     [line] = refused.stderr.strip().splitlines()
-    assert line.startswith("rayflow: error: workload.metric: cannot change on resume: ") and "'loss'" in line, line
+    assert (
+        line.startswith("rayflow: error: workload.metric: cannot change on resume: ")
+        and "'loss'" in line
+    ), line
 
 
 def test_the_printed_resume_of_a_train_loop_runs_verbatim(rayflow):
@@ -124,10 +148,17 @@ def test_the_printed_resume_of_an_rllib_algorithm_runs_verbatim(rayflow):
 
 
 def test_the_printed_resume_of_cifar_after_ctrl_c_runs_verbatim(rayflow):
-    args = ["workload.num_samples=1", "workload.max_epochs=6", "backend.num_cpus=1", "data.synthetic_train_size=4000",
-            "workload.search_space.batch_size=[32]"]
+    args = [
+        "workload.num_samples=1",
+        "workload.max_epochs=6",
+        "backend.num_cpus=1",
+        "data.synthetic_train_size=4000",
+        "workload.search_space.batch_size=[32]",
+    ]
     proc, log = rayflow.start(*args)
-    checkpointed = wait_until(lambda: any(rayflow.storage.glob("*/train_cifar_*/checkpoint_*")), timeout=180, interval=0.1)
+    checkpointed = wait_until(
+        lambda: any(rayflow.storage.glob("*/train_cifar_*/checkpoint_*")), timeout=180, interval=0.1
+    )
     assert checkpointed, log.read_text()[-3000:]
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
@@ -139,31 +170,45 @@ def test_the_printed_resume_of_cifar_after_ctrl_c_runs_verbatim(rayflow):
 
 # -- what a resume composes, without Ray: the experiment's state as a run writes it --
 
+
 def _saved_experiment(tmp_path, *overrides: str):
     import json
 
-    from rayflow.composition import RESUMED_KEYS, compose_config, group_choices
-    from rayflow.config import to_container
-    from rayflow.redaction import redact
-    from rayflow.tuning import STATE_FILE
+    from rayflow.orchestrator.compose import RESUMED_KEYS, compose_config, group_choices
+    from rayflow.results.experiment import STATE_FILE
+    from rayflow.schema.values import to_container
+    from rayflow.security.redaction import redact
 
     cfg = compose_config(*overrides)
     path = tmp_path / "tune-1"
     path.mkdir()
-    state = {"mlflow_run_id": None, "choices": group_choices(list(overrides)),
-             "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS}}
+    state = {
+        "mlflow_run_id": None,
+        "choices": group_choices(list(overrides)),
+        "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS},
+    }
     (path / STATE_FILE).write_text(json.dumps(redact(state)))
     return path, to_container(cfg)
 
 
 def test_a_resume_composes_the_experiments_workload_and_keys(tmp_path):
-    from rayflow.composition import compose_config, resumed
-    from rayflow.config import to_container
+    from rayflow.orchestrator.compose import compose_config, resumed
+    from rayflow.schema.values import to_container
 
-    path, first = _saved_experiment(tmp_path, *TUNE[:-1], "workload.stop={training_iteration: 3}", "backend=attach",
-                                    "backend.address=127.0.0.1:6379")
-    point, cfg = resumed([f"resume={path}", "tracking=none"], compose_config(f"resume={path}", "tracking=none"))
-    assert to_container(cfg.workload) == first["workload"] and to_container(cfg.backend) == first["backend"]
+    path, first = _saved_experiment(
+        tmp_path,
+        *TUNE[:-1],
+        "workload.stop={training_iteration: 3}",
+        "backend=attach",
+        "backend.address=127.0.0.1:6379",
+    )
+    point, cfg = resumed(
+        [f"resume={path}", "tracking=none"], compose_config(f"resume={path}", "tracking=none")
+    )
+    assert (
+        to_container(cfg.workload) == first["workload"]
+        and to_container(cfg.backend) == first["backend"]
+    )
     assert cfg.tracking.enabled is False  # the command line's own choice goes on top
     assert "workload=tune" in point and "backend=attach" in point and point[-1] == f"resume={path}"
 
@@ -171,12 +216,16 @@ def test_a_resume_composes_the_experiments_workload_and_keys(tmp_path):
 def test_a_resume_refuses_in_one_line_what_would_change_the_trials(tmp_path):
     import pytest
 
-    from rayflow.composition import preflight
     from rayflow.errors import ConfigError
+    from rayflow.orchestrator.preflight import preflight
 
     path, _ = _saved_experiment(tmp_path, *TUNE, "+backend.api_token=s3cr3t")
-    for given, key in ((["workload.metric=accuracy"], "workload.metric"), (["workload=cifar"], "workload"),
-                       (["seed=7"], "seed"), (["+backend.api_token=s3cr3t", "workload.num_samples=4"], "workload.num_samples")):
+    for given, key in (
+        (["workload.metric=accuracy"], "workload.metric"),
+        (["workload=cifar"], "workload"),
+        (["seed=7"], "seed"),
+        (["+backend.api_token=s3cr3t", "workload.num_samples=4"], "workload.num_samples"),
+    ):
         with pytest.raises(ConfigError) as err:
             preflight([f"resume={path}", *given])
         assert err.value.key == key and "cannot change on resume" in str(err.value), str(err.value)

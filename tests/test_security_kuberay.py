@@ -41,7 +41,14 @@ class RecordingUpstream:
         if request.path.endswith("/api/version"):
             import ray
 
-            return web.json_response({"version": "4", "ray_version": ray.__version__, "ray_commit": "x", "session_name": "s"})
+            return web.json_response(
+                {
+                    "version": "4",
+                    "ray_version": ray.__version__,
+                    "ray_commit": "x",
+                    "session_name": "s",
+                }
+            )
         if request.path.endswith("/api/jobs/"):
             return web.json_response([])
         return web.Response(text="ok")
@@ -57,7 +64,7 @@ class RecordingUpstream:
         await site.start()
         return site._server.sockets[0].getsockname()[1]
 
-    def __enter__(self) -> "RecordingUpstream":
+    def __enter__(self) -> RecordingUpstream:
         self._thread.start()
         self.port = asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(timeout=30)
         return self
@@ -71,7 +78,10 @@ class RecordingUpstream:
 @pytest.fixture
 def relayed():
     with RecordingUpstream() as upstream:
-        relay = DashboardRelay(f"http://127.0.0.1:{upstream.port}{PROXY}", lambda: {"Authorization": f"Bearer {K8S_TOKEN}"})
+        relay = DashboardRelay(
+            f"http://127.0.0.1:{upstream.port}{PROXY}",
+            lambda: {"Authorization": f"Bearer {K8S_TOKEN}"},
+        )
         relay.start()
         try:
             yield relay, upstream
@@ -79,7 +89,9 @@ def relayed():
             relay.stop()
 
 
-def raw_request(relay: DashboardRelay, method: str, target: str, headers: dict | None = None) -> int:
+def raw_request(
+    relay: DashboardRelay, method: str, target: str, headers: dict | None = None
+) -> int:
     """The request target sent byte for byte (http.client does not normalise it)."""
     host, port = relay.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
@@ -116,7 +128,10 @@ def test_the_relay_refuses_requests_without_its_secret_and_forwards_none(relayed
     assert raw_request(relay, "GET", "/api/version") == 401
     assert raw_request(relay, "GET", "/api/version", {RELAY_HEADER: "guessed"}) == 401
     assert raw_request(relay, "GET", "/api/version", {RELAY_HEADER: relay.secret[:-1]}) == 401
-    assert raw_request(relay, "POST", "/api/jobs/", {"Authorization": "Bearer stolen-ray-token"}) == 401
+    assert (
+        raw_request(relay, "POST", "/api/jobs/", {"Authorization": "Bearer stolen-ray-token"})
+        == 401
+    )
     assert upstream.seen == []
 
 
@@ -130,7 +145,15 @@ def test_the_relay_never_forwards_a_path_outside_the_jobs_api(relayed, target):
 
 def test_an_authorised_jobs_api_request_passes_with_the_credentials_and_without_the_secret(relayed):
     relay, upstream = relayed
-    assert raw_request(relay, "GET", "/api/version", {**relay.client_headers(), "Authorization": "Bearer ray-token"}) == 200
+    assert (
+        raw_request(
+            relay,
+            "GET",
+            "/api/version",
+            {**relay.client_headers(), "Authorization": "Bearer ray-token"},
+        )
+        == 200
+    )
     [(method, path, headers)] = upstream.seen
     assert (method, path) == ("GET", f"{PROXY}/api/version")
     assert headers["Authorization"] == f"Bearer {K8S_TOKEN}"  # the API server's
@@ -177,16 +200,32 @@ def kube_world():
     from tests.harness.kube_operator import FakeKubeRayOperator
 
     with KubeEmulator() as emulator, RecordingUpstream() as upstream:
-        with FakeKubeRayOperator(emulator, f"http://127.0.0.1:{upstream.port}", "ray-token", head_ready_after_s=0.2):
+        with FakeKubeRayOperator(
+            emulator, f"http://127.0.0.1:{upstream.port}", "ray-token", head_ready_after_s=0.2
+        ):
             yield emulator, upstream
+
+
+def running(backend):
+    from rayflow.orchestrator.cluster import running as cluster_running
+
+    return cluster_running(backend)
 
 
 def backend(emulator, *more: str):
     from rayflow.backends import backend_for
-    from rayflow.composition import compose_config
+    from rayflow.orchestrator.compose import compose_config
 
-    return backend_for(compose_config("backend=kuberay", f"backend.kubeconfig={emulator.kubeconfig_path}", "backend.job_pip=[]",
-                                      "backend.start_timeout_s=30", "backend.delete_timeout_s=10", *more))
+    return backend_for(
+        compose_config(
+            "backend=kuberay",
+            f"backend.kubeconfig={emulator.kubeconfig_path}",
+            "backend.job_pip=[]",
+            "backend.start_timeout_s=30",
+            "backend.delete_timeout_s=10",
+            *more,
+        )
+    )
 
 
 def labels_of(emulator, name: str = "rayflow") -> dict:
@@ -197,75 +236,99 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact(kube_world, caps
     from rayflow.errors import ConfigError
 
     emulator, _ = kube_world
-    first = backend(emulator)
-    with first:
+    with running(backend(emulator)) as first:
         uid = emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"]
-        assert labels_of(emulator)["rayflow.io/run"] == first._run_id
-        second = backend(emulator)
+        assert labels_of(emulator)["rayflow.io/run"] == first.owner_run
         with pytest.raises(ConfigError) as refused:
-            second.__enter__()
+            running(backend(emulator)).__enter__()
         assert refused.value.key == "backend.cluster_name"
-        assert f"RayCluster default/rayflow belongs to another rayflow run (rayflow.io/run={first._run_id})" in str(refused.value)
+        assert (
+            f"RayCluster default/rayflow belongs to another rayflow run (rayflow.io/run={first.owner_run})"
+            in str(refused.value)
+        )
         assert "\n" not in str(refused.value)
-        assert emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == uid  # untouched
-        assert labels_of(emulator)["rayflow.io/run"] == first._run_id
-    assert emulator.get("rayclusters", "default", "rayflow") is None  # the first run deleted its own
+        assert (
+            emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == uid
+        )  # untouched
+        assert labels_of(emulator)["rayflow.io/run"] == first.owner_run
+    assert (
+        emulator.get("rayclusters", "default", "rayflow") is None
+    )  # the first run deleted its own
 
 
-def test_a_run_that_loses_the_race_to_create_refuses_and_deletes_nothing(kube_world, monkeypatch, capsys):
+def test_a_run_that_loses_the_race_to_create_refuses_and_deletes_nothing(
+    kube_world, monkeypatch, capsys
+):
     """Both runs saw no cluster: the create is atomic (409 for the second), and the teardown the
     loser registered before its create leaves the winner's cluster alone."""
     from rayflow.backends.kuberay.kube import Kube
     from rayflow.errors import ConfigError
 
     emulator, _ = kube_world
-    winner = backend(emulator)
-    with winner:
+    with running(backend(emulator)):
         uid = emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"]
         real_get, calls = Kube.get, []
 
-        def first_get_misses(self, kind, name):  # the loser's first look came before the winner's create
+        def first_get_misses(
+            self, kind, name
+        ):  # the loser's first look came before the winner's create
             calls.append(name)
             return None if len(calls) == 1 else real_get(self, kind, name)
 
         monkeypatch.setattr(Kube, "get", first_get_misses)
-        loser = backend(emulator)
         with pytest.raises(ConfigError, match="belongs to another rayflow run"):
-            loser.__enter__()
+            running(backend(emulator)).__enter__()
         monkeypatch.setattr(Kube, "get", real_get)
         assert "is not this run's (rayflow.io/run=" in capsys.readouterr().out
         assert emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == uid
-        creates = [r for r in emulator.requests if r.method == "POST" and r.path.endswith("/rayclusters")]
+        creates = [
+            r for r in emulator.requests if r.method == "POST" and r.path.endswith("/rayclusters")
+        ]
         assert creates and all(r.query.get("fieldManager") == "rayflow" for r in creates)
     assert emulator.get("rayclusters", "default", "rayflow") is None
 
 
-def test_a_kept_cluster_is_joined_only_with_keep_cluster_and_never_deleted_by_the_joiner(kube_world):
+def test_a_kept_cluster_is_joined_only_with_keep_cluster_and_never_deleted_by_the_joiner(
+    kube_world,
+):
     from rayflow.errors import ConfigError
 
     emulator, _ = kube_world
-    with backend(emulator, "backend.keep_cluster=true") as keeper:
+    with running(backend(emulator, "backend.keep_cluster=true")) as keeper:
         pass
-    assert labels_of(emulator)["rayflow.io/keep"] == "true" and labels_of(emulator)["rayflow.io/run"] == keeper._run_id
+    assert (
+        labels_of(emulator)["rayflow.io/keep"] == "true"
+        and labels_of(emulator)["rayflow.io/run"] == keeper.owner_run
+    )
     with pytest.raises(ConfigError) as refused:
-        backend(emulator).__enter__()
-    assert refused.value.key == "backend.keep_cluster" and "was kept by an earlier rayflow run" in str(refused.value)
-    with backend(emulator, "backend.keep_cluster=true") as joiner:
+        running(backend(emulator)).__enter__()
+    assert (
+        refused.value.key == "backend.keep_cluster"
+        and "was kept by an earlier rayflow run" in str(refused.value)
+    )
+    with running(backend(emulator, "backend.keep_cluster=true")) as joiner:
         assert joiner.address.startswith("http://127.0.0.1:")
-    assert labels_of(emulator)["rayflow.io/run"] == keeper._run_id  # joined as it was, left running
+    assert (
+        labels_of(emulator)["rayflow.io/run"] == keeper.owner_run
+    )  # joined as it was, left running
     emulator.delete("rayclusters", "default", "rayflow")
 
 
-def test_a_raycluster_rayflow_did_not_make_is_joined_only_with_keep_cluster_and_never_deleted(kube_world):
+def test_a_raycluster_rayflow_did_not_make_is_joined_only_with_keep_cluster_and_never_deleted(
+    kube_world,
+):
     from rayflow.errors import ConfigError
 
     emulator, _ = kube_world
     theirs = backend(emulator).manifest()
     theirs["metadata"]["labels"] = {"team": "ml"}
     emulator.put(theirs)
-    with pytest.raises(ConfigError, match="exists and rayflow did not make it: to run on it as it is, set backend.keep_cluster=true"):
-        backend(emulator).__enter__()
-    with backend(emulator, "backend.keep_cluster=true"):
+    with pytest.raises(
+        ConfigError,
+        match="exists and rayflow did not make it: to run on it as it is, set backend.keep_cluster=true",
+    ):
+        running(backend(emulator)).__enter__()
+    with running(backend(emulator, "backend.keep_cluster=true")):
         pass
     assert labels_of(emulator) == {"team": "ml"}
     emulator.delete("rayclusters", "default", "rayflow")
@@ -277,28 +340,58 @@ def test_an_existing_rayjob_is_never_taken_over(kube_world):
     emulator, _ = kube_world
     other = backend(emulator, "backend.mode=rayjob").manifest({"rayflow.io/run": "someoneelse"})
     emulator.put(other)
-    with pytest.raises(ConfigError, match=r"RayJob default/rayflow already exists \(made by rayflow run someoneelse\)"):
-        backend(emulator, "backend.mode=rayjob").__enter__()
-    assert emulator.get("rayjobs", "default", "rayflow")["metadata"]["labels"]["rayflow.io/run"] == "someoneelse"
+    with pytest.raises(
+        ConfigError,
+        match=r"RayJob default/rayflow already exists \(made by rayflow run someoneelse\)",
+    ):
+        running(backend(emulator, "backend.mode=rayjob")).__enter__()
+    assert (
+        emulator.get("rayjobs", "default", "rayflow")["metadata"]["labels"]["rayflow.io/run"]
+        == "someoneelse"
+    )
     emulator.delete("rayjobs", "default", "rayflow")
 
 
 # --- auth off beside a head reachable from outside the cluster -----------------------------------
 
 EXPOSED = [
-    (["backend.service_type=LoadBalancer"], "backend.service_type", "a head service of type LoadBalancer"),
+    (
+        ["backend.service_type=LoadBalancer"],
+        "backend.service_type",
+        "a head service of type LoadBalancer",
+    ),
     (["backend.service_type=NodePort"], "backend.service_type", "a head service of type NodePort"),
-    (["+backend.overrides.spec.headGroupSpec.serviceType=LoadBalancer"], "backend.overrides", "a head service of type LoadBalancer"),
-    (["+backend.overrides.spec.headGroupSpec.headService.spec.type=NodePort"], "backend.overrides", "a head service of type NodePort"),
-    (["+backend.overrides.spec.headGroupSpec.enableIngress=true"], "backend.overrides", "an Ingress"),
-    (["+backend.overrides.spec.headGroupSpec.template.spec.hostNetwork=true"], "backend.overrides", "hostNetwork"),
-    (["backend.mode=rayjob", "backend.service_type=NodePort"], "backend.service_type", "spec.rayClusterSpec.headGroupSpec.serviceType"),
+    (
+        ["+backend.overrides.spec.headGroupSpec.serviceType=LoadBalancer"],
+        "backend.overrides",
+        "a head service of type LoadBalancer",
+    ),
+    (
+        ["+backend.overrides.spec.headGroupSpec.headService.spec.type=NodePort"],
+        "backend.overrides",
+        "a head service of type NodePort",
+    ),
+    (
+        ["+backend.overrides.spec.headGroupSpec.enableIngress=true"],
+        "backend.overrides",
+        "an Ingress",
+    ),
+    (
+        ["+backend.overrides.spec.headGroupSpec.template.spec.hostNetwork=true"],
+        "backend.overrides",
+        "hostNetwork",
+    ),
+    (
+        ["backend.mode=rayjob", "backend.service_type=NodePort"],
+        "backend.service_type",
+        "spec.rayClusterSpec.headGroupSpec.serviceType",
+    ),
 ]
 
 
 def check(*overrides: str) -> None:
     from rayflow.backends import backend_for
-    from rayflow.composition import compose_config
+    from rayflow.orchestrator.compose import compose_config
 
     backend_for(compose_config("backend=kuberay", *overrides)).check()
 
@@ -309,7 +402,11 @@ def test_auth_off_beside_an_exposed_head_is_refused_naming_the_key(more, key, wh
 
     with pytest.raises(ConfigError) as refused:
         check("ray_auth_mode=disabled", *more)
-    assert refused.value.key == key and what in str(refused.value) and "CVE-2023-48022" in str(refused.value)
+    assert (
+        refused.value.key == key
+        and what in str(refused.value)
+        and "CVE-2023-48022" in str(refused.value)
+    )
     check("ray_auth_mode=token", *more)  # with token auth the same exposure is the user's choice
 
 
@@ -321,7 +418,11 @@ def test_overrides_that_turn_auth_off_beside_an_exposed_service_are_refused():
     from rayflow.errors import ConfigError
 
     with pytest.raises(ConfigError, match="a head service of type LoadBalancer") as refused:
-        check("ray_auth_mode=token", "backend.service_type=LoadBalancer", "+backend.overrides.spec.authOptions.mode=disabled")
+        check(
+            "ray_auth_mode=token",
+            "backend.service_type=LoadBalancer",
+            "+backend.overrides.spec.authOptions.mode=disabled",
+        )
     assert refused.value.key == "backend.service_type"
 
 
@@ -350,8 +451,14 @@ def test_a_users_manifest_with_an_exposed_head_and_no_auth_is_refused(tmp_path):
 
     path = tmp_path / "team.yaml"
     path.write_text(TEAM_CLUSTER)
-    for mode in ("token", "disabled"):  # the manifest's own RAY_AUTH_MODE=disabled is kept, whatever ray_auth_mode says
-        with pytest.raises(ConfigError, match=r"a head service of type LoadBalancer \(spec.headGroupSpec.serviceType\)") as refused:
+    for mode in (
+        "token",
+        "disabled",
+    ):  # the manifest's own RAY_AUTH_MODE=disabled is kept, whatever ray_auth_mode says
+        with pytest.raises(
+            ConfigError,
+            match=r"a head service of type LoadBalancer \(spec.headGroupSpec.serviceType\)",
+        ) as refused:
             check(f"ray_auth_mode={mode}", f"backend.manifest={path}")
         assert refused.value.key == "backend.manifest"
     path.write_text(TEAM_CLUSTER.replace("serviceType: LoadBalancer", "serviceType: ClusterIP"))
@@ -359,10 +466,19 @@ def test_a_users_manifest_with_an_exposed_head_and_no_auth_is_refused(tmp_path):
 
 
 def test_the_cli_refuses_auth_off_with_a_loadbalancer_in_one_line_and_starts_nothing(rayflow):
-    out = rayflow.run("backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=LoadBalancer", "tracking=none", timeout=120)
+    out = rayflow.run(
+        "backend=kuberay",
+        "ray_auth_mode=disabled",
+        "backend.service_type=LoadBalancer",
+        "tracking=none",
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     [line] = [l for l in out.stderr.splitlines() if l.strip()]
-    assert line.startswith("rayflow: error: backend.service_type: a head service of type LoadBalancer") and "Traceback" not in out.stderr
+    assert (
+        line.startswith("rayflow: error: backend.service_type: a head service of type LoadBalancer")
+        and "Traceback" not in out.stderr
+    )
 
 
 # --- Kubernetes RBAC token auth (KubeRay 1.6+, Ray >= 2.55) --------------------------------------
@@ -385,27 +501,33 @@ def test_kubernetes_token_auth_renders_and_checks():
 
 def backend_for_check(*overrides: str):
     from rayflow.backends import backend_for
-    from rayflow.composition import compose_config
+    from rayflow.orchestrator.compose import compose_config
 
     return backend_for(compose_config("backend=kuberay", *overrides))
 
 
-def test_with_kubernetes_token_auth_the_jobs_client_sends_the_users_kubernetes_credential(kube_world):
+def test_with_kubernetes_token_auth_the_jobs_client_sends_the_users_kubernetes_credential(
+    kube_world,
+):
     """The emulator accepts the manifest (its CRD schema), the operator brings up the head, and every
     Jobs API request reaches the dashboard with the kubeconfig's bearer token as X-Ray-Authorization:
     no Ray token, no Secret read."""
     from ray.job_submission import JobSubmissionClient
 
     emulator, upstream = kube_world
-    with backend(emulator, *K8S_AUTH) as b:
+    with running(backend(emulator, *K8S_AUTH)) as b:
         applied = emulator.get("rayclusters", "default", "rayflow")
         assert applied["spec"]["authOptions"] == {"mode": "token", "enableK8sTokenAuth": True}
-        assert "Authorization" not in b.job_headers()
-        client = JobSubmissionClient(b.address, headers=b.job_headers())
+        assert "Authorization" not in b.submission.headers
+        client = JobSubmissionClient(b.address, headers=b.submission.headers)
         assert client.list_jobs() == []
     to_dashboard = [headers for _, path, headers in upstream.seen if "/api/" in path]
-    assert to_dashboard and all(h.get("X-Ray-Authorization") == f"Bearer {emulator.token}" for h in to_dashboard)
-    assert not [r for r in emulator.requests if "/secrets/" in r.path], "no Ray token is read with Kubernetes token auth"
+    assert to_dashboard and all(
+        h.get("X-Ray-Authorization") == f"Bearer {emulator.token}" for h in to_dashboard
+    )
+    assert not [r for r in emulator.requests if "/secrets/" in r.path], (
+        "no Ray token is read with Kubernetes token auth"
+    )
 
 
 def test_kubernetes_token_auth_without_a_bearer_token_is_one_line():
@@ -416,17 +538,25 @@ def test_kubernetes_token_auth_without_a_bearer_token_is_one_line():
     b = backend_for_check(*K8S_AUTH)
     b._manifest, b._kind, b._object_name = b.manifest(), "RayCluster", "rayflow"
     b.kube = SimpleNamespace(auth_headers=dict)  # a client certificate: nothing to pass on
-    with pytest.raises(ClusterError, match="hold no bearer token .a client certificate cannot be passed on"):
+    with pytest.raises(
+        ClusterError, match="hold no bearer token .a client certificate cannot be passed on"
+    ):
         b._relay("rayflow")
 
 
 def test_the_relay_sends_the_kubernetes_credential_in_place_of_any_ray_token(relayed):
     relay, upstream = relayed
     relay.ray_credentials = lambda: {"X-Ray-Authorization": f"Bearer {K8S_TOKEN}"}
-    headers = {**relay.client_headers(), "Authorization": "Bearer ray", "x-ray-authorization": "Bearer forged"}
+    headers = {
+        **relay.client_headers(),
+        "Authorization": "Bearer ray",
+        "x-ray-authorization": "Bearer forged",
+    }
     assert raw_request(relay, "GET", "/api/version", headers) == 200
     [(_, _, seen)] = upstream.seen
-    assert [v for k, v in seen.items() if k.lower() == "x-ray-authorization"] == [f"Bearer {K8S_TOKEN}"]
+    assert [v for k, v in seen.items() if k.lower() == "x-ray-authorization"] == [
+        f"Bearer {K8S_TOKEN}"
+    ]
 
 
 # --- literal secrets in a manifest ----------------------------------------------------------------
@@ -435,20 +565,31 @@ PLANTED = "hunter2-planted-in-the-manifest"
 WITH_SECRETS = TEAM_CLUSTER.replace("serviceType: LoadBalancer", "serviceType: ClusterIP").replace(
     "env: [{name: RAY_AUTH_MODE, value: disabled}]",
     f"env: [{{name: AWS_SECRET_ACCESS_KEY, value: {PLANTED}}}, {{name: REGION, value: eu-west-1}}, "
-    "{name: DB_PASSWORD, valueFrom: {secretKeyRef: {name: db, key: password}}}]")
+    "{name: DB_PASSWORD, valueFrom: {secretKeyRef: {name: db, key: password}}}]",
+)
 
 
-def test_a_dry_run_keeps_the_manifest_on_stdout_and_names_the_secret_alternative_on_stderr(rayflow, tmp_path):
+def test_a_dry_run_keeps_the_manifest_on_stdout_and_names_the_secret_alternative_on_stderr(
+    rayflow, tmp_path
+):
     import yaml
 
     path = tmp_path / "team.yaml"
     path.write_text(WITH_SECRETS)
-    out = rayflow.run("backend=kuberay", f"backend.manifest={path}", "dry_run=true", "tracking=none", timeout=120)
+    out = rayflow.run(
+        "backend=kuberay", f"backend.manifest={path}", "dry_run=true", "tracking=none", timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     [document] = list(yaml.safe_load_all(out.stdout))  # exactly the one object kubectl takes
     assert document["kind"] == "RayCluster" and document["metadata"]["name"] == "team-ray"
-    env = {e["name"]: e for e in document["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["REGION"]["value"] == "eu-west-1" and env["DB_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "db"
+    env = {
+        e["name"]: e
+        for e in document["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert (
+        env["REGION"]["value"] == "eu-west-1"
+        and env["DB_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "db"
+    )
     assert PLANTED not in out.stdout + out.stderr
     warnings = [line for line in out.stderr.splitlines() if "is a literal value" in line]
     assert len(warnings) == 1, out.stderr  # DB_PASSWORD comes from a Secret already

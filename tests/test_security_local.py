@@ -23,11 +23,13 @@ import numpy as np
 import pytest
 
 from rayflow.backends import backend_for
-from rayflow.composition import compose_config
 from rayflow.errors import ClusterError, ConfigError, DataError
+from rayflow.orchestrator.compose import compose_config
 
 NOBODY = 65534
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second user (nobody) needs root")
+as_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="acting as a second user (nobody) needs root"
+)
 
 
 @pytest.fixture
@@ -54,11 +56,13 @@ def _plant(path: Path, text: str = "", mode: int = 0o600, uid: int = NOBODY) -> 
 
 # --- 1. the dashboard-port lock: per user, never a fixed name in a shared /tmp -------------------
 
+
 def test_a_lock_file_another_user_planted_in_tmp_is_not_used(shared_tmp, tmp_path, monkeypatch):
     """The old fixed /tmp/rayflow-dashboard-port.lock, planted by another user, is neither
     opened nor needed: the lock lives in this user's own 0700 folder."""
     from omegaconf import OmegaConf
 
+    from rayflow.backends.handle import ClusterHandle
     from rayflow.backends.local import LocalCluster
 
     planted = shared_tmp / "rayflow-dashboard-port.lock"
@@ -70,13 +74,16 @@ def test_a_lock_file_another_user_planted_in_tmp_is_not_used(shared_tmp, tmp_pat
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     backend = LocalCluster(OmegaConf.create({"name": "local"}))
     kwargs = {"include_dashboard": True, "dashboard_host": "127.0.0.1"}
+    handle = ClusterHandle("local")
     try:
-        with backend._own_dashboard(kwargs):
+        with backend._own_dashboard(kwargs, handle):
             assert kwargs["dashboard_port"] >= 8265
     finally:
-        backend.stop()
+        backend.stop(handle)
     assert (tmp_path / "home" / ".cache" / "rayflow" / "locks" / "dashboard-port.lock").exists()
-    assert planted.stat().st_mtime_ns == before.st_mtime_ns and planted.stat().st_uid == before.st_uid
+    assert (
+        planted.stat().st_mtime_ns == before.st_mtime_ns and planted.stat().st_uid == before.st_uid
+    )
 
 
 def test_the_lock_folder_is_private_to_this_user(shared_tmp, tmp_path, monkeypatch):
@@ -90,7 +97,9 @@ def test_the_lock_folder_is_private_to_this_user(shared_tmp, tmp_path, monkeypat
 
 
 @as_root
-def test_a_lock_folder_another_user_planted_is_refused_in_one_line(shared_tmp, tmp_path, monkeypatch):
+def test_a_lock_folder_another_user_planted_is_refused_in_one_line(
+    shared_tmp, tmp_path, monkeypatch
+):
     """With no home to write, the temp dir's rayflow-UID is used, and only if it is this user's:
     a symlink `nobody` planted there is refused, not followed."""
     from rayflow.backends.local import lock_dir
@@ -100,14 +109,19 @@ def test_a_lock_folder_another_user_planted_is_refused_in_one_line(shared_tmp, t
     (tmp_path / "elsewhere").mkdir()
     planted.symlink_to(tmp_path / "elsewhere")
     os.lchown(planted, NOBODY, NOBODY)
-    with pytest.raises(ClusterError, match=f"{planted} is a symlink, not a folder, or another user's") as err:
+    with pytest.raises(
+        ClusterError, match=f"{planted} is a symlink, not a folder, or another user's"
+    ) as err:
         lock_dir()
     assert "\n" not in str(err.value)
 
 
 # --- 2. attach address=auto: Ray's ray_current_cluster only if this user wrote it ---------------
 
-def _current_cluster(shared_tmp: Path, text: str = "10.9.9.9:6379\n", mode: int = 0o644, uid: int | None = None) -> Path:
+
+def _current_cluster(
+    shared_tmp: Path, text: str = "10.9.9.9:6379\n", mode: int = 0o644, uid: int | None = None
+) -> Path:
     folder = shared_tmp / "ray"
     folder.mkdir(exist_ok=True)
     folder.chmod(0o777)  # as Ray leaves it: every user's
@@ -121,8 +135,11 @@ def _attach(*overrides: str):
 @as_root
 def test_attach_auto_refuses_a_cluster_file_another_user_wrote(shared_tmp):
     _current_cluster(shared_tmp, uid=NOBODY)
-    with pytest.raises(ConfigError, match=r"^backend.address: auto: .*ray_current_cluster is not this user's own file "
-                                          r"\(owner uid 65534.*not followed") as err:
+    with pytest.raises(
+        ConfigError,
+        match=r"^backend.address: auto: .*ray_current_cluster is not this user's own file "
+        r"\(owner uid 65534.*not followed",
+    ) as err:
         _attach().target()
     assert "10.9.9.9" not in str(err.value)
 
@@ -131,9 +148,22 @@ def test_attach_auto_refuses_a_cluster_file_another_user_wrote(shared_tmp):
 def test_attach_auto_refusal_is_one_line_from_the_cli(shared_tmp, tmp_path):
     _current_cluster(shared_tmp, uid=NOBODY)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    out = subprocess.run([sys.executable, "-m", "rayflow", "backend=attach", "backend.address=auto", "dry_run=true",
-                          f"storage_path={tmp_path / 'results'}"], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rayflow",
+            "backend=attach",
+            "backend.address=auto",
+            "dry_run=true",
+            f"storage_path={tmp_path / 'results'}",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("rayflow: error: backend.address: auto: ")
     assert "Traceback" not in out.stderr
@@ -157,12 +187,17 @@ def test_attach_auto_follows_this_users_own_cluster_file(shared_tmp):
 
 # --- 3. teardown selects by uid and path, and handles processes it may not touch -----------------
 
+
 def _sleeper(*argv: str, user: int | None = None, name: str = "sh") -> subprocess.Popen:
     """A shell waiting 60 s whose command line holds ARGV (as `user`; its argv[0] `name`, as Ray
     names its processes), in a process group of its own."""
     extra = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
-    return subprocess.Popen([name, "-c", "sleep 60; true", "sleeper", *argv], executable="/bin/sh",
-                            start_new_session=True, **extra)
+    return subprocess.Popen(
+        [name, "-c", "sleep 60; true", "sleeper", *argv],
+        executable="/bin/sh",
+        start_new_session=True,
+        **extra,
+    )
 
 
 @pytest.fixture
@@ -180,7 +215,7 @@ def test_teardown_leaves_another_users_process_naming_the_temp_dir(tmp_path, sle
     """A process of `nobody` that names the cluster's temp dir survives teardown, which does not
     raise; this user's processes naming the folder (or a path in it) are stopped; a sibling
     folder whose name merely starts with it is not the cluster's."""
-    from rayflow.processes import pids_mentioning, stop_processes_mentioning
+    from rayflow.runtime.processes import pids_mentioning, stop_processes_mentioning
 
     temp_dir = str(tmp_path / "rf-vm-x")
     theirs = _sleeper(temp_dir, user=NOBODY)
@@ -199,7 +234,7 @@ def test_teardown_goes_on_past_processes_it_may_not_signal(tmp_path, sleepers, m
     or turn zombie mid-teardown are skipped, never raised: the rest are still stopped."""
     import psutil
 
-    from rayflow import processes
+    from rayflow.runtime import processes
 
     temp_dir = str(tmp_path / "rf-vm-y")
     stubborn, ours = _sleeper(temp_dir), _sleeper(temp_dir)
@@ -213,16 +248,22 @@ def test_teardown_goes_on_past_processes_it_may_not_signal(tmp_path, sleepers, m
         return real_terminate(self)
 
     monkeypatch.setattr(psutil.Process, "terminate", terminate)
-    monkeypatch.setattr(psutil.Process, "kill", lambda self: terminate(self) if self.pid == stubborn.pid else real_terminate(self))
+    monkeypatch.setattr(
+        psutil.Process,
+        "kill",
+        lambda self: terminate(self) if self.pid == stubborn.pid else real_terminate(self),
+    )
     processes.stop_processes_mentioning(temp_dir, timeout_s=0.5)
     assert ours.wait(timeout=10) is not None
     gone = psutil.Process(stubborn.pid)
-    monkeypatch.setattr(psutil.Process, "uids", lambda self: (_ for _ in ()).throw(psutil.ZombieProcess(self.pid)))
+    monkeypatch.setattr(
+        psutil.Process, "uids", lambda self: (_ for _ in ()).throw(psutil.ZombieProcess(self.pid))
+    )
     assert processes.is_own(gone) is False
 
 
 def test_teardown_can_be_narrowed_to_the_process_group_it_started(tmp_path, sleepers):
-    from rayflow.processes import pids_mentioning
+    from rayflow.runtime.processes import pids_mentioning
 
     temp_dir = str(tmp_path / "rf-vm-z")
     group, other = _sleeper(temp_dir), _sleeper(temp_dir)
@@ -249,12 +290,24 @@ def test_the_test_helpers_do_not_count_another_users_processes(tmp_path, sleeper
 
 # --- 4. ray_auth_mode=disabled beside a port beyond loopback -------------------------------------
 
+
 def test_local_auth_off_with_a_dashboard_on_the_network_is_refused():
-    with pytest.raises(ConfigError, match=r"^backend.dashboard_host: the dashboard on '0.0.0.0' .*ray_auth_mode=disabled"):
-        backend_for(compose_config("backend.dashboard_host=0.0.0.0", "ray_auth_mode=disabled")).check()
-    for fine in (["backend.dashboard_host=0.0.0.0", "ray_auth_mode=token"],
-                 ["backend.dashboard_host=0.0.0.0", "backend.include_dashboard=false", "ray_auth_mode=disabled"],
-                 ["backend.dashboard_host=127.0.0.1", "ray_auth_mode=disabled"]):
+    with pytest.raises(
+        ConfigError,
+        match=r"^backend.dashboard_host: the dashboard on '0.0.0.0' .*ray_auth_mode=disabled",
+    ):
+        backend_for(
+            compose_config("backend.dashboard_host=0.0.0.0", "ray_auth_mode=disabled")
+        ).check()
+    for fine in (
+        ["backend.dashboard_host=0.0.0.0", "ray_auth_mode=token"],
+        [
+            "backend.dashboard_host=0.0.0.0",
+            "backend.include_dashboard=false",
+            "ray_auth_mode=disabled",
+        ],
+        ["backend.dashboard_host=127.0.0.1", "ray_auth_mode=disabled"],
+    ):
         backend_for(compose_config(*fine)).check()
 
 
@@ -263,23 +316,37 @@ def test_spark_auth_off_is_refused_whatever_its_dashboard():
     driver's address: no setting keeps them on loopback (docs/backends/spark.md)."""
     pytest.importorskip("pyspark")
     for extra in ([], ["+backend.head_node_options.include_dashboard=false"]):
-        with pytest.raises(ConfigError, match=r"^ray_auth_mode: Ray on Spark's dashboard \(all interfaces\)"):
+        with pytest.raises(
+            ConfigError, match=r"^ray_auth_mode: Ray on Spark's dashboard \(all interfaces\)"
+        ):
             backend_for(compose_config("backend=spark", "ray_auth_mode=disabled", *extra)).check()
 
 
 def test_attach_auth_off_beyond_loopback_warns(capsys):
-    backend = backend_for(compose_config("backend=attach", "backend.address=127.0.0.1:1", "ray_auth_mode=disabled"))
+    backend = backend_for(
+        compose_config("backend=attach", "backend.address=127.0.0.1:1", "ray_auth_mode=disabled")
+    )
     with pytest.raises(ConfigError):
         backend.check()
     assert "warning" not in capsys.readouterr().err  # loopback: nothing to say
-    backend = backend_for(compose_config("backend=attach", "backend.address=ray://192.0.2.1:10001",
-                                         "backend.connect_timeout_s=0.2", "ray_auth_mode=disabled"))
+    backend = backend_for(
+        compose_config(
+            "backend=attach",
+            "backend.address=ray://192.0.2.1:10001",
+            "backend.connect_timeout_s=0.2",
+            "ray_auth_mode=disabled",
+        )
+    )
     with pytest.raises(ConfigError, match="cannot reach"):
         backend.check()
-    assert "rayflow: warning: ray_auth_mode=disabled and backend.address is ray://192.0.2.1:10001" in capsys.readouterr().err
+    assert (
+        "rayflow: warning: ray_auth_mode=disabled and backend.address is ray://192.0.2.1:10001"
+        in capsys.readouterr().err
+    )
 
 
 # --- 5. the token at rest: 0600 in a 0700 folder, whoever wrote it -------------------------------
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
@@ -296,7 +363,7 @@ def _modes(path: Path) -> tuple[int, int]:
 
 
 def test_ensure_token_makes_an_open_token_private(home, tmp_path, monkeypatch):
-    from rayflow.auth import ensure_token
+    from rayflow.security.auth import ensure_token
 
     (home / ".ray").mkdir(mode=0o755)
     token = home / ".ray" / "auth_token"
@@ -330,19 +397,24 @@ def test_a_local_start_leaves_the_token_ray_generates_private(home, monkeypatch)
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
-    monkeypatch.setattr(ray._private.worker, "_global_node", SimpleNamespace(kill_all_processes=lambda **_: None), raising=False)
-    backend = backend_for(compose_config("backend.num_cpus=1", "backend.preload_worker_imports=false"))
-    try:
-        backend.start()
-    finally:
-        backend.stop()
+    monkeypatch.setattr(
+        ray._private.worker,
+        "_global_node",
+        SimpleNamespace(kill_all_processes=lambda **_: None),
+        raising=False,
+    )
+    backend = backend_for(
+        compose_config("backend.num_cpus=1", "backend.preload_worker_imports=false")
+    )
+    handle = backend.start()
+    backend.stop(handle)
     assert seen["folder"] == 0o700
     assert _modes(home / ".ray" / "auth_token") == (0o700, 0o600)
 
 
 @as_root
 def test_another_users_token_file_is_left_alone(home):
-    from rayflow.auth import secure_token_file
+    from rayflow.security.auth import secure_token_file
 
     (home / ".ray").mkdir(mode=0o700)
     theirs = _plant(home / ".ray" / "auth_token", "t", mode=0o644)
@@ -351,6 +423,7 @@ def test_another_users_token_file_is_left_alone(home):
 
 
 # --- 6. data: a batch file runs no code, whoever wrote it ---------------------------------------
+
 
 class _Planted:
     def __init__(self, marker: Path):
@@ -361,7 +434,7 @@ class _Planted:
 
 
 def test_a_planted_pickle_in_data_root_runs_nothing_and_is_refused_in_one_line(tmp_path):
-    from rayflow.data import TEST_FILE, TRAIN_FILES, DataSpec, load_split
+    from rayflow.workloads.presets.cifar_data import TEST_FILE, TRAIN_FILES, DataSpec, load_split
 
     spec = DataSpec(root=str(tmp_path / "data"), download=False)
     spec.batch_dir.mkdir(parents=True)
@@ -369,9 +442,14 @@ def test_a_planted_pickle_in_data_root_runs_nothing_and_is_refused_in_one_line(t
     good = {b"data": np.zeros((10, 3072), np.uint8), b"labels": list(range(10))}
     for name in TRAIN_FILES + [TEST_FILE]:
         (spec.batch_dir / name).write_bytes(pickle.dumps(good, protocol=2))
-    (spec.batch_dir / TRAIN_FILES[2]).write_bytes(pickle.dumps({b"data": _Planted(marker), b"labels": []}))
-    with pytest.raises(DataError, match=rf"^data.root: .*{TRAIN_FILES[2]} is not a CIFAR-10 batch pickle \(UnpicklingError: it names posix.system, "
-                                        "which a CIFAR-10 batch never holds\\); not loaded") as err:
+    (spec.batch_dir / TRAIN_FILES[2]).write_bytes(
+        pickle.dumps({b"data": _Planted(marker), b"labels": []})
+    )
+    with pytest.raises(
+        DataError,
+        match=rf"^data.root: .*{TRAIN_FILES[2]} is not a CIFAR-10 batch pickle \(UnpicklingError: it names posix.system, "
+        "which a CIFAR-10 batch never holds\\); not loaded",
+    ) as err:
         load_split(spec)
     assert "\n" not in str(err.value)
     assert not marker.exists()

@@ -1,5 +1,5 @@
 """What comes back from a cluster, and what goes to it (issue 30): a submitted job's result is data
-on one authenticated channel (rayflow.result_channel), a launcher job's outputs unpack only into
+on one authenticated channel (rayflow.security.result_channel), a launcher job's outputs unpack only into
 its own folder, and nothing of the run's overrides or secrets is on the job's command line.
 
 No cluster: the functions are fed the logs and archives a hostile cluster could send, and
@@ -18,9 +18,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from rayflow import result_channel
 from rayflow.errors import RunFailed
-from rayflow.result import RESULT_MARKER, RunResult, returned_result, without_result_line
+from rayflow.results.run_result import (
+    RESULT_MARKER,
+    RunResult,
+    returned_result,
+    without_result_line,
+)
+from rayflow.security import result_channel
 
 KEY = bytes(range(32))
 SECRET = "hunter2-SECRET"
@@ -45,8 +50,14 @@ def signed(marker: str, data, key: bytes = KEY) -> str:
 
 
 def result_data(run_id: str = "run-1") -> dict:
-    return {"status": "FINISHED", "experiment_dir": "/head/exp", "mlflow_experiment_id": "7", "mlflow_run_id": run_id,
-            "summary": None, "trials": None}
+    return {
+        "status": "FINISHED",
+        "experiment_dir": "/head/exp",
+        "mlflow_experiment_id": "7",
+        "mlflow_run_id": run_id,
+        "summary": None,
+        "trials": None,
+    }
 
 
 def base() -> RunResult:
@@ -56,11 +67,18 @@ def base() -> RunResult:
 # --- the result line -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("line", [
-    RESULT_MARKER + json.dumps(result_data("forged")),  # the old format: no MAC
-    RESULT_MARKER + "0" * 64 + " " + json.dumps(result_data("forged")),  # a MAC under another key
-    signed(RESULT_MARKER, result_data("forged"), key=b"k" * 32),
-], ids=["no-mac", "wrong-mac", "other-key"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        RESULT_MARKER + json.dumps(result_data("forged")),  # the old format: no MAC
+        RESULT_MARKER
+        + "0" * 64
+        + " "
+        + json.dumps(result_data("forged")),  # a MAC under another key
+        signed(RESULT_MARKER, result_data("forged"), key=b"k" * 32),
+    ],
+    ids=["no-mac", "wrong-mac", "other-key"],
+)
 def test_a_forged_result_line_is_ignored_with_one_warning(line, capsys):
     result, status = returned_result(f"trial output\n{line}\n", base(), KEY)
     assert (status, result.mlflow_run_id) == (None, None)
@@ -71,7 +89,11 @@ def test_a_forged_result_line_is_ignored_with_one_warning(line, capsys):
 def test_the_last_signed_line_wins_over_forged_ones_after_it(capsys):
     log = f"{signed(RESULT_MARKER, result_data('mine'))}\n{RESULT_MARKER}{'f' * 64} {json.dumps(result_data('forged'))}\n"
     result, status = returned_result(log, base(), KEY)
-    assert (status, result.mlflow_run_id, str(result.experiment_dir)) == ("FINISHED", "mine", "/head/exp")
+    assert (status, result.mlflow_run_id, str(result.experiment_dir)) == (
+        "FINISHED",
+        "mine",
+        "/head/exp",
+    )
 
 
 def test_a_pickled_result_line_is_never_unpickled(tmp_path):
@@ -100,7 +122,9 @@ def test_another_writers_text_run_into_the_line_does_not_void_it(tmp_path, monke
     out = tmp_path / "driver.log"
     with open(out, "w") as stream:
         monkeypatch.setattr("sys.stdout", stream)
-        stream.write("(autoscaler +9s) Resized to 1 CPUs.")  # a line of theirs, its newline still to come
+        stream.write(
+            "(autoscaler +9s) Resized to 1 CPUs."
+        )  # a line of theirs, its newline still to come
         result_channel.emit(signed(RESULT_MARKER, result_data("run-1")))
     log = out.read_text() + "\n"
     result, status = returned_result(log, base(), KEY)
@@ -113,18 +137,23 @@ def test_another_writers_text_run_into_the_line_does_not_void_it(tmp_path, monke
 def test_the_key_leaves_the_drivers_environment_and_its_workers_job_config(monkeypatch):
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
-    config = {"runtime_env": {"env_vars": {result_channel.KEY_ENV: KEY.hex(), "A": "1"}}, "metadata": {}}
+    config = {
+        "runtime_env": {"env_vars": {result_channel.KEY_ENV: KEY.hex(), "A": "1"}},
+        "metadata": {},
+    }
     monkeypatch.setenv(result_channel.KEY_ENV, KEY.hex())
     monkeypatch.setenv(RAY_JOB_CONFIG_JSON_ENV_VAR, json.dumps(config))
     monkeypatch.setattr(result_channel, "_taken", None)
     assert result_channel.take_key() == KEY
     assert result_channel.KEY_ENV not in os.environ
-    assert json.loads(os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR])["runtime_env"]["env_vars"] == {"A": "1"}
+    assert json.loads(os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR])["runtime_env"]["env_vars"] == {
+        "A": "1"
+    }
     assert result_channel.signed_line(RESULT_MARKER, {"a": 1}) == signed(RESULT_MARKER, {"a": 1})
 
 
 def test_a_job_without_a_key_prints_no_line_anyone_would_believe(monkeypatch):
-    from rayflow.result import result_line
+    from rayflow.results.run_result import result_line
 
     monkeypatch.setattr(result_channel, "_taken", None)
     line = result_line(RunResult("tune", None, Path("/nowhere")), "FINISHED")
@@ -135,29 +164,23 @@ def test_a_job_without_a_key_prints_no_line_anyone_would_believe(monkeypatch):
 
 
 class FakeBackend:
-    name, shares_filesystem, address = "vm", False, "http://127.0.0.1:1"
+    name, shares_filesystem, submits_jobs = "vm", False, True
 
-    def job_headers(self):
-        return {}
 
-    def job_runtime_env(self):
-        return {}
+def fake_handle():
+    from rayflow.backends import ClusterHandle, Submission
 
-    def job_submitted(self, job_id):
-        pass
-
-    def metrics(self):
-        return {}
-
-    def teardown_command(self):
-        return None
+    return ClusterHandle("vm", address="http://127.0.0.1:1", submission=Submission())
 
 
 class FakeCluster:
     backend, spec = FakeBackend(), "{}\n"
 
+    def __init__(self):
+        self.handle = fake_handle()
+
     def acquire(self):
-        return self.backend, False
+        return self.handle, False
 
 
 @pytest.fixture
@@ -166,8 +189,10 @@ def submit(monkeypatch, tmp_path):
     (env: the job's env_vars, so a test can sign as the real driver would). Returns (call, seen)."""
     import ray.job_submission
 
-    from rayflow import session
-    from rayflow.composition import compose_config
+    from rayflow.orchestrator import remote_run
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.orchestrator.preflight import Plan
+    from rayflow.workloads import workload_for
 
     seen: dict = {}
 
@@ -197,15 +222,26 @@ def submit(monkeypatch, tmp_path):
 
         monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
         # no MLflow here: the RunResult whose run the log would go to is kept for the test
-        monkeypatch.setattr(session, "_keep_driver_log", lambda cfg, spec, tracker, result, *a: seen.update(kept=result))
-        cfg = compose_config("backend=vm", f"storage_path={tmp_path}", "workload.working_dir=null", *overrides)
-        return session.run_submitted(cfg, FakeCluster(), ["backend=vm", *overrides])
+        monkeypatch.setattr(
+            remote_run,
+            "keep_driver_log",
+            lambda cfg, spec, tracker, result, *a: seen.update(kept=result),
+        )
+        cfg = compose_config(
+            "backend=vm", f"storage_path={tmp_path}", "workload.working_dir=null", *overrides
+        )
+        plan = Plan(
+            ["backend=vm", *overrides], cfg, FakeBackend(), workload_for(cfg.workload), [], None
+        )
+        return remote_run.run_submitted(plan, FakeCluster())
 
     return call, seen
 
 
 def _signed_result(env: dict) -> str:
-    return signed(RESULT_MARKER, result_data("from-the-job"), bytes.fromhex(env[result_channel.KEY_ENV]))
+    return signed(
+        RESULT_MARKER, result_data("from-the-job"), bytes.fromhex(env[result_channel.KEY_ENV])
+    )
 
 
 def test_a_succeeded_job_returns_its_signed_result(submit, capsys):
@@ -220,10 +256,21 @@ def test_a_failed_jobs_valid_looking_line_is_not_read(submit, capsys):
     Its signed line says only where its MLflow parent run is (its log goes there)."""
     call, seen = submit
     with pytest.raises(RunFailed) as failed:
-        call("FAILED", lambda env: f"Traceback ...\nValueError: boom\n{RESULT_MARKER}{json.dumps(result_data('forged'))}\n")
-    assert failed.value.result is None and seen["kept"].mlflow_run_id is None  # nothing of the log became a result
+        call(
+            "FAILED",
+            lambda env: (
+                f"Traceback ...\nValueError: boom\n{RESULT_MARKER}{json.dumps(result_data('forged'))}\n"
+            ),
+        )
+    assert (
+        failed.value.result is None and seen["kept"].mlflow_run_id is None
+    )  # nothing of the log became a result
     err = capsys.readouterr().err
-    assert "[rayflow] the last 2 lines of job raysubmit_1" in err and "ValueError: boom" in err and "forged" not in err
+    assert (
+        "[rayflow] the last 2 lines of job raysubmit_1" in err
+        and "ValueError: boom" in err
+        and "forged" not in err
+    )
     with pytest.raises(RunFailed) as failed:
         call("FAILED", lambda env: f"ValueError: boom\n{_signed_result(env)}\n")
     assert failed.value.result is None and seen["kept"].mlflow_run_id == "from-the-job"
@@ -236,12 +283,24 @@ def test_the_jobs_command_line_holds_no_override_and_no_secret(submit, monkeypat
     the request file shipped with the job."""
     call, seen = submit
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:{SECRET}@mlflow.example:5000")
-    call("SUCCEEDED", _signed_result, "workload.num_samples=3", "+workload.api_token=tok-VALUE", "tracking=mlflow")
-    assert seen["entrypoint"].endswith("-m rayflow.job_entry") and seen["entrypoint"].split()[0] in ("python",)
+    call(
+        "SUCCEEDED",
+        _signed_result,
+        "workload.num_samples=3",
+        "+workload.api_token=tok-VALUE",
+        "tracking=mlflow",
+    )
+    assert seen["entrypoint"].endswith("-m rayflow.job_entry") and seen["entrypoint"].split()[
+        0
+    ] in ("python",)
     for value in (SECRET, "num_samples", "tok-VALUE", "backend=", "tracking.uri", "mlflow.example"):
         assert value not in seen["entrypoint"], seen["entrypoint"]
     overrides = seen["request"]["overrides"]
-    assert overrides[0] == "backend=attach" and "workload.num_samples=3" in overrides and "+workload.api_token=tok-VALUE" in overrides
+    assert (
+        overrides[0] == "backend=attach"
+        and "workload.num_samples=3" in overrides
+        and "+workload.api_token=tok-VALUE" in overrides
+    )
     assert f"tracking.uri=http://alice:{SECRET}@mlflow.example:5000" in overrides
     assert seen["request_mode"] == 0o600
     assert SECRET not in json.dumps(seen["runtime_env"]["env_vars"])
@@ -258,7 +317,7 @@ def test_the_streamed_output_and_the_last_lines_are_masked(submit, capsys):
 
 
 def test_print_last_lines_masks_and_splits_on_newlines_only(capsys):
-    from rayflow.session import print_last_lines
+    from rayflow.orchestrator.submission import print_last_lines
 
     print_last_lines(f"a\u2028b\nhttp://u:{SECRET}@h/\n", "raysubmit_2")
     err = capsys.readouterr().err
@@ -266,24 +325,38 @@ def test_print_last_lines_masks_and_splits_on_newlines_only(capsys):
 
 
 def test_repr_of_a_run_result_masks_the_tracking_uri():
-    result = RunResult("tune", None, Path("/x"), tracking_uri=f"http://alice:{SECRET}@mlflow.example", mlflow_run_id="r")
+    result = RunResult(
+        "tune",
+        None,
+        Path("/x"),
+        tracking_uri=f"http://alice:{SECRET}@mlflow.example",
+        mlflow_run_id="r",
+    )
     assert SECRET not in repr(result) and "alice:***@mlflow.example" in repr(result)
 
 
 def test_a_tracking_server_gone_costs_the_stored_log_not_the_result(capsys):
     from mlflow.exceptions import MlflowException
 
-    from rayflow.session import _keep_driver_log
+    from rayflow.orchestrator.remote_run import keep_driver_log as _keep_driver_log
 
     class Gone:
         def log_text(self, *a):
-            raise MlflowException("API request to http://127.0.0.1:9/api/2.0/mlflow/... failed: Connection refused")
+            raise MlflowException(
+                "API request to http://127.0.0.1:9/api/2.0/mlflow/... failed: Connection refused"
+            )
 
-    tracker = SimpleNamespace(enabled=True, client=Gone(), absolute_uri=f"http://u:{SECRET}@127.0.0.1:9")
+    tracker = SimpleNamespace(
+        enabled=True, client=Gone(), absolute_uri=f"http://u:{SECRET}@127.0.0.1:9"
+    )
     result = RunResult("tune", None, Path("/x"), mlflow_run_id="run-1")
     assert _keep_driver_log(None, "", tracker, result, "log\n", "raysubmit_3") is None
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("rayflow: warning: the job's log was not stored in MLflow") and SECRET not in err[0]
+    assert (
+        len(err) == 1
+        and err[0].startswith("rayflow: warning: the job's log was not stored in MLflow")
+        and SECRET not in err[0]
+    )
 
 
 # --- the launcher's sweep ----------------------------------------------------------------------------
@@ -293,10 +366,22 @@ def _hydra_return(status: str, value):
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
-    ret = JobReturn(overrides=["lr=0.1"], cfg=OmegaConf.create({"lr": 0.1, "tag": "${lr}"}),
-                    hydra_cfg=OmegaConf.create({"hydra": {"job": {"name": "my_app", "num": 3}, "runtime": {"output_dir": "/n"},
-                                                          "sweep": {"dir": "/n"}}}),
-                    working_dir="/n", task_name="my_app", status=JobStatus[status])
+    ret = JobReturn(
+        overrides=["lr=0.1"],
+        cfg=OmegaConf.create({"lr": 0.1, "tag": "${lr}"}),
+        hydra_cfg=OmegaConf.create(
+            {
+                "hydra": {
+                    "job": {"name": "my_app", "num": 3},
+                    "runtime": {"output_dir": "/n"},
+                    "sweep": {"dir": "/n"},
+                }
+            }
+        ),
+        working_dir="/n",
+        task_name="my_app",
+        status=JobStatus[status],
+    )
     ret.return_value = value
     return ret
 
@@ -308,11 +393,19 @@ def test_a_launcher_jobs_end_travels_as_json():
     from rayflow.launcher.jobs import Finished
     from rayflow.launcher.submit import MARKER, read_result, result_line
 
-    finished = [Finished(0, _hydra_return("COMPLETED", {"loss": np.float32(0.5)}), b"tar", "/n/0", ["big.bin (70 MiB)"]),
-                Finished(1, _hydra_return("COMPLETED", object())),
-                Finished(2, _hydra_return("FAILED", ValueError("lr=1 is too large"))),
-                Finished(3, _hydra_return("FAILED", type("AppError", (Exception,), {})("custom"))),
-                Finished(4, error="not started: job #2 failed and hydra.launcher.on_failure=stop")]
+    finished = [
+        Finished(
+            0,
+            _hydra_return("COMPLETED", {"loss": np.float32(0.5)}),
+            b"tar",
+            "/n/0",
+            ["big.bin (70 MiB)"],
+        ),
+        Finished(1, _hydra_return("COMPLETED", object())),
+        Finished(2, _hydra_return("FAILED", ValueError("lr=1 is too large"))),
+        Finished(3, _hydra_return("FAILED", type("AppError", (Exception,), {})("custom"))),
+        Finished(4, error="not started: job #2 failed and hydra.launcher.on_failure=stop"),
+    ]
     result_channel._taken = KEY
     try:
         line = result_line(finished)
@@ -320,28 +413,44 @@ def test_a_launcher_jobs_end_travels_as_json():
         result_channel._taken = None
     assert line.startswith(MARKER) and "\n" not in line
     back = read_result(f"job output\n{line}\n", KEY)
-    assert back[0].job_return.return_value == {"loss": 0.5} and back[0].files == b"tar" and back[0].left_out == ["big.bin (70 MiB)"]
-    assert back[0].job_return.cfg == {"lr": 0.1, "tag": 0.1} and back[0].job_return.hydra_cfg.hydra.job.num == 3
+    assert (
+        back[0].job_return.return_value == {"loss": 0.5}
+        and back[0].files == b"tar"
+        and back[0].left_out == ["big.bin (70 MiB)"]
+    )
+    assert (
+        back[0].job_return.cfg == {"lr": 0.1, "tag": 0.1}
+        and back[0].job_return.hydra_cfg.hydra.job.num == 3
+    )
     assert back[1].job_return.return_value.startswith("<object object at")  # not JSON: its repr
     assert back[2].job_return.status == JobStatus.FAILED
     with pytest.raises(ValueError, match="lr=1 is too large"):
         back[2].job_return.return_value
-    with pytest.raises(RuntimeError, match="AppError: custom"):  # no type looked up outside builtins
+    with pytest.raises(
+        RuntimeError, match="AppError: custom"
+    ):  # no type looked up outside builtins
         back[3].job_return.return_value
     assert back[4].job_return is None and back[4].error.startswith("not started")
 
 
-def test_a_failed_sweep_job_is_not_read_and_a_pickled_line_not_unpickled(monkeypatch, tmp_path, capsys):
+def test_a_failed_sweep_job_is_not_read_and_a_pickled_line_not_unpickled(
+    monkeypatch, tmp_path, capsys
+):
     from rayflow.launcher import submit
-    from rayflow.remote import JobOutcome
+    from rayflow.orchestrator.submission import JobOutcome
 
     planted = tmp_path / "pwned"
-    settings = SimpleNamespace(max_concurrent=None, on_failure="continue", schedule_timeout_s=60.0, auth_mode="token")
+    settings = SimpleNamespace(
+        max_concurrent=None, on_failure="continue", schedule_timeout_s=60.0, auth_mode="token"
+    )
 
     def outcome(status: str, line: str):
-        monkeypatch.setattr("rayflow.remote.run_as_job", lambda *a, **k: JobOutcome(status, "", "raysubmit_9", f"x\n{line}\n"))
+        monkeypatch.setattr(
+            "rayflow.orchestrator.submission.run_as_job",
+            lambda *a, **k: JobOutcome(status, "", "raysubmit_9", f"x\n{line}\n"),
+        )
         with pytest.raises(RunFailed, match=f"the sweep's job on backend=vm ended {status}"):
-            submit.submit_batch(FakeBackend(), None, [], settings)
+            submit.submit_batch(fake_handle(), None, [], settings)
 
     outcome("SUCCEEDED", submit.MARKER + pickled(planted))  # the old format, from anyone
     outcome("FAILED", signed(submit.MARKER, []))  # even a line that would verify: the job failed
@@ -368,14 +477,18 @@ def _tar(*members: tuple[str, str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("members", [
-    [("escape", "symlink", b"../../outside"), ("escape/x.txt", "file", b"pwned")],
-    [("link", "hardlink", b"/etc/passwd")],
-    [("dev", "device", b"")],
-    [("../outside/x.txt", "file", b"pwned")],
-    [("a/../../outside/x.txt", "file", b"pwned")],
-    [("/tmp/abs-outside.txt", "file", b"pwned")],
-], ids=["symlink", "hardlink", "device", "dotdot", "inner-dotdot", "absolute"])
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("escape", "symlink", b"../../outside"), ("escape/x.txt", "file", b"pwned")],
+        [("link", "hardlink", b"/etc/passwd")],
+        [("dev", "device", b"")],
+        [("../outside/x.txt", "file", b"pwned")],
+        [("a/../../outside/x.txt", "file", b"pwned")],
+        [("/tmp/abs-outside.txt", "file", b"pwned")],
+    ],
+    ids=["symlink", "hardlink", "device", "dotdot", "inner-dotdot", "absolute"],
+)
 def test_an_archive_that_pack_could_not_make_is_refused(members, tmp_path):
     from rayflow.launcher.outputs import UnsafeArchive, unpack
 
@@ -411,10 +524,15 @@ def test_an_archive_over_the_limit_is_refused(tmp_path):
         unpack(archive, str(tmp_path / "a"), limit=2500)
     with pytest.raises(UnsafeArchive, match="more than 2 files"):
         unpack(archive, str(tmp_path / "b"), max_members=2)
-    assert unpack(archive, str(tmp_path / "c")) == 3 and (tmp_path / "c" / "f2.bin").read_bytes() == b"x" * 1000
+    assert (
+        unpack(archive, str(tmp_path / "c")) == 3
+        and (tmp_path / "c" / "f2.bin").read_bytes() == b"x" * 1000
+    )
 
 
-def test_files_a_job_wrote_in_its_working_directory_land_in_its_own_folder(tmp_path, monkeypatch, capsys):
+def test_files_a_job_wrote_in_its_working_directory_land_in_its_own_folder(
+    tmp_path, monkeypatch, capsys
+):
     """hydra.job.chdir=false on a node: what the job wrote in its scratch working directory comes
     back under its output folder, never into the launching process's directory."""
     from rayflow.launcher.jobs import Finished, HydraJob
@@ -430,8 +548,18 @@ def test_files_a_job_wrote_in_its_working_directory_land_in_its_own_folder(tmp_p
     cwd.mkdir()
     (cwd / "main.py").write_text("mine")
     ret = _hydra_return("COMPLETED", 1)
-    job = HydraJob(0, [], SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(cwd / "sweep")))), {}, "job #0 (lr=0.1)")
-    _job_return(job, Finished(0, ret, files, "/n", [], cwd_files=cwd_files), str(local_dir), str(cwd))
+    job = HydraJob(
+        0,
+        [],
+        SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(cwd / "sweep")))),
+        {},
+        "job #0 (lr=0.1)",
+    )
+    _job_return(
+        job, Finished(0, ret, files, "/n", [], cwd_files=cwd_files), str(local_dir), str(cwd)
+    )
     assert (cwd / "main.py").read_text() == "mine"
-    assert (local_dir / "my_app.log").read_text() == "log" and (local_dir / CWD_FOLDER / "main.py").is_file()
+    assert (local_dir / "my_app.log").read_text() == "log" and (
+        local_dir / CWD_FOLDER / "main.py"
+    ).is_file()
     assert f"{local_dir / CWD_FOLDER}" in capsys.readouterr().err

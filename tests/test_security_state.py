@@ -13,22 +13,37 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from rayflow.schema.backends import BACKENDS
+from rayflow.backends import REGISTRY as BACKENDS
+from rayflow.backends import backend_keys
+from rayflow.launcher.keys import JobResources, Launcher
+from rayflow.reference import _section
 from rayflow.schema.kinds import Kind
-from rayflow.schema.launcher import JobResources, Launcher
-from rayflow.schema.reference import _section
-from rayflow.schema.root import Compute, Data, Mlflow, NoTracking, Root
-from rayflow.schema.workloads import WORKLOADS
+from rayflow.schema.root import Compute, Mlflow, NoTracking, Root
+from rayflow.workloads import REGISTRY as WORKLOADS
+from rayflow.workloads import workload_keys
+from rayflow.workloads.presets.keys import Data
 
-MODELS = {"": Root, "data": Data, "compute": Compute, "tracking": Mlflow, "tracking(none)": NoTracking, "hydra.launcher": Launcher,
-          **{f"workload({name})": model for name, model in WORKLOADS.items()},
-          **{f"backend({name})": model for name, model in BACKENDS.items()}}
+MODELS = {
+    "": Root,
+    "data": Data,
+    "compute": Compute,
+    "tracking": Mlflow,
+    "tracking(none)": NoTracking,
+    "hydra.launcher": Launcher,
+    **{f"workload({name})": workload_keys(name) for name in WORKLOADS},
+    **{f"backend({name})": backend_keys(name) for name in BACKENDS},
+}
 HUGE = (10**30, 1e300, math.inf, -math.inf, math.nan)
 TIMEOUT = re.compile(r"(timeout|_s$|seconds|minutes|deadline|budget)")
 # Free-form values in the vocabulary of the engine or of the user's code (a Spark conf, a search
 # space, Tune's stop mapping, a manifest's overrides), checked by the engine's own rules: every
 # other key's kind has bounds.
-FREE_FORM = {"a mapping", "a mapping, or null", "a list, or null", "a name or a mapping with `name` and parameters, or null"}
+FREE_FORM = {
+    "a mapping",
+    "a mapping, or null",
+    "a list, or null",
+    "a name or a mapping with `name` and parameters, or null",
+}
 
 
 def _leaves(model: type[BaseModel], prefix: str):
@@ -56,11 +71,26 @@ def _numeric_probes(adapter: TypeAdapter) -> list[Any]:
     """What the key accepts of the probes that are numbers (or lists or mappings of numbers):
     each kind that takes one is a numeric key, and its huge counterparts must be refused."""
     shapes = []
-    for probe, shape in ((1, lambda v: v), (0, lambda v: v), (0.5, lambda v: v), (2, lambda v: v),
-                         ([1], lambda v: [v]), ({"x": 1}, lambda v: {"x": v})):
+    for probe, shape in (
+        (1, lambda v: v),
+        (0, lambda v: v),
+        (0.5, lambda v: v),
+        (2, lambda v: v),
+        ([1], lambda v: [v]),
+        ({"x": 1}, lambda v: {"x": v}),
+    ):
         ok, out = _accepts(adapter, probe)
-        numbers = out if isinstance(out, (int, float)) else (out[0] if isinstance(out, list) and out else
-                                                                  next(iter(out.values()), None) if isinstance(out, dict) else None)
+        numbers = (
+            out
+            if isinstance(out, (int, float))
+            else (
+                out[0]
+                if isinstance(out, list) and out
+                else next(iter(out.values()), None)
+                if isinstance(out, dict)
+                else None
+            )
+        )
         if ok and isinstance(numbers, (int, float)) and not isinstance(numbers, bool):
             shapes.append(shape)
     return shapes
@@ -73,7 +103,9 @@ def test_every_number_in_the_schema_has_an_upper_bound():
     unbounded, numeric = [], 0
     for where, model in MODELS.items():
         for key, field in _leaves(model, where):
-            assert field.annotation not in (int, float), f"{key}: a plain {field.annotation.__name__}, use a kind with a bound"
+            assert field.annotation not in (int, float), (
+                f"{key}: a plain {field.annotation.__name__}, use a kind with a bound"
+            )
             adapter = _adapter(field)
             shapes = _numeric_probes(adapter)
             numeric += bool(shapes)
@@ -81,7 +113,9 @@ def test_every_number_in_the_schema_has_an_upper_bound():
                 for value in HUGE:
                     if _accepts(adapter, shape(value))[0]:
                         unbounded.append(f"{key}={shape(value)!r}")
-    assert numeric > 60  # the walk found the numeric keys (a probe that stopped matching would pass vacuously)
+    assert (
+        numeric > 60
+    )  # the walk found the numeric keys (a probe that stopped matching would pass vacuously)
     assert not unbounded, unbounded
 
 
@@ -98,8 +132,13 @@ def test_every_timeout_is_positive_finite_and_bounded():
             found.append(key)
             for value in (10**8, 1e300, math.inf, math.nan, -1):
                 assert not _accepts(adapter, value)[0], f"{key}={value}"
-    assert {"schedule_timeout_s", "data.timeout_s", "tracking.timeout_s", "backend(attach).connect_timeout_s",
-            "workload(tune).time_budget_s"} <= set(found), found
+    assert {
+        "schedule_timeout_s",
+        "data.timeout_s",
+        "tracking.timeout_s",
+        "backend(attach).connect_timeout_s",
+        "workload(tune).time_budget_s",
+    } <= set(found), found
 
 
 def test_the_launcher_bounds_its_custom_resources():
@@ -111,8 +150,9 @@ def test_the_launcher_bounds_its_custom_resources():
 
 # -- experiment folders: made atomically, locked while their run lasts, resumed only when free --
 
+
 def _cfg(tmp_path, *overrides: str):
-    from rayflow.composition import compose_config
+    from rayflow.orchestrator.compose import compose_config
 
     return compose_config(f"storage_path={tmp_path / 'results'}", "tracking=none", *overrides)
 
@@ -120,7 +160,7 @@ def _cfg(tmp_path, *overrides: str):
 def _experiment(tmp_path, name: str, workload: str = "cifar"):
     import json
 
-    from rayflow.tuning import STATE_FILE
+    from rayflow.results.experiment import STATE_FILE
 
     path = tmp_path / "results" / name
     path.mkdir(parents=True)
@@ -132,7 +172,7 @@ def _held(path):
     """The experiment's lock, as a run in another process holds it (flock: per open file)."""
     from filelock import FileLock
 
-    from rayflow.tuning import LOCK_FILE
+    from rayflow.results.experiment import LOCK_FILE
 
     lock = FileLock(str(path / LOCK_FILE))
     lock.acquire(timeout=0)
@@ -146,7 +186,7 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
     from contextlib import ExitStack
     from threading import Barrier
 
-    from rayflow.tuning import claimed_experiment
+    from rayflow.results.experiment import claimed_experiment
 
     cfg = _cfg(tmp_path, "experiment_name=same-second")
     barrier, stack = Barrier(8), ExitStack()
@@ -159,13 +199,16 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
         with ThreadPoolExecutor(8) as pool:
             paths = list(pool.map(claim, range(8)))
         assert len(set(paths)) == 8 and all(p.is_dir() for p in paths)
-        assert {p.name for p in paths} == {"same-second", *(f"same-second-{n}" for n in range(1, 8))}
+        assert {p.name for p in paths} == {
+            "same-second",
+            *(f"same-second-{n}" for n in range(1, 8)),
+        }
     assert not (tmp_path / "results" / "same-second").exists()  # nothing was written in them
 
 
 def test_resume_of_a_running_experiment_is_refused_naming_resume(tmp_path):
     from rayflow.errors import ConfigError
-    from rayflow.tuning import experiment_dir
+    from rayflow.results.experiment import experiment_dir
 
     path = _experiment(tmp_path, "cifar-running")
     lock = _held(path)
@@ -173,14 +216,16 @@ def test_resume_of_a_running_experiment_is_refused_naming_resume(tmp_path):
         experiment_dir(_cfg(tmp_path, f"resume={path}"))
     assert err.value.key == "resume" and "is running now" in str(err.value)
     lock.release()
-    assert experiment_dir(_cfg(tmp_path, f"resume={path}")) == path  # its run ended: resumable again
+    assert (
+        experiment_dir(_cfg(tmp_path, f"resume={path}")) == path
+    )  # its run ended: resumable again
 
 
 def test_resume_true_passes_running_experiments_by(tmp_path):
     import os
 
     from rayflow.errors import ConfigError
-    from rayflow.tuning import STATE_FILE, experiment_dir
+    from rayflow.results.experiment import STATE_FILE, experiment_dir
 
     older, newer = _experiment(tmp_path, "cifar-older"), _experiment(tmp_path, "cifar-newer")
     os.utime(older / STATE_FILE, (1, 1))
@@ -194,7 +239,7 @@ def test_resume_true_passes_running_experiments_by(tmp_path):
 
 def test_resume_of_another_workloads_experiment_is_refused_naming_resume(tmp_path):
     from rayflow.errors import ConfigError
-    from rayflow.tuning import experiment_dir
+    from rayflow.results.experiment import experiment_dir
 
     path = _experiment(tmp_path, "ddp-run", workload="ddp")
     with pytest.raises(ConfigError) as err:
@@ -227,7 +272,7 @@ def test_the_cli_refuses_to_resume_a_running_experiment_in_one_line(tmp_path, da
 
 # -- a tracking store that goes away after the run started: one warning, the outcome stands --
 
-KILLS_THE_SERVER = '''
+KILLS_THE_SERVER = """
 import os, signal, time
 from ray import tune
 
@@ -241,7 +286,7 @@ def objective(config):
                 pass
             time.sleep(1)
         tune.report({"loss": 1.0 / (step + 1)})
-'''
+"""
 
 
 @pytest.fixture
@@ -262,10 +307,28 @@ def doomed_mlflow_server(tmp_path):
     folder.mkdir()
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
-                             "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
-                            stdout=open(folder / "mlflow.log", "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'server.db'}",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=open(folder / "mlflow.log", "w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
     def up() -> bool:
         try:
@@ -285,23 +348,38 @@ def doomed_mlflow_server(tmp_path):
         proc.wait(timeout=30)
 
 
-def test_a_tracking_server_stopped_mid_run_is_one_warning_and_the_outcome_stands(rayflow, doomed_mlflow_server):
+def test_a_tracking_server_stopped_mid_run_is_one_warning_and_the_outcome_stands(
+    rayflow, doomed_mlflow_server
+):
     """The MLflow server dies while the trial runs (after the parent run and the trial's run were
     made): the run still ends as it would, exit 0 with its results table, and the failure is one
     warning line per writer (`rayflow: warning: MLflow ...`), no traceback."""
     uri, pgid = doomed_mlflow_server
     (rayflow.workdir / "kills_server.py").write_text(KILLS_THE_SERVER)
     rayflow.env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"  # the default 3 only waits longer
-    out = rayflow.run("workload=tune", "workload.trainable=kills_server:objective", "workload.metric=loss",
-                      "workload.mode=min", f"workload.config={{server_pgid: {pgid}}}", "backend.num_cpus=1",
-                      f"tracking.uri={uri}", timeout=240)
+    out = rayflow.run(
+        "workload=tune",
+        "workload.trainable=kills_server:objective",
+        "workload.metric=loss",
+        "workload.mode=min",
+        f"workload.config={{server_pgid: {pgid}}}",
+        "backend.num_cpus=1",
+        f"tracking.uri={uri}",
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "== rayflow results ==" in out.stdout and "trials: 1 (0 errored)" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
-    warnings = [line for line in out.stderr.splitlines() if line.startswith("rayflow: warning: MLflow ")]
+    warnings = [
+        line for line in out.stderr.splitlines() if line.startswith("rayflow: warning: MLflow ")
+    ]
     assert warnings, out.stderr[-3000:]
     # one for the trials' writer, one for the parent run: each gives up after its first failure
-    assert len(warnings) <= 2 and any("trial runs" in w for w in warnings) and any("the run goes on" in w for w in warnings), warnings
+    assert (
+        len(warnings) <= 2
+        and any("trial runs" in w for w in warnings)
+        and any("the run goes on" in w for w in warnings)
+    ), warnings
 
 
 def test_a_tracker_whose_store_went_away_warns_once_and_raises_nothing(monkeypatch, capsys):
@@ -309,19 +387,29 @@ def test_a_tracker_whose_store_went_away_warns_once_and_raises_nothing(monkeypat
     (each would wait out MLflow's retries again); a bug in a call is no tracking failure."""
     from omegaconf import OmegaConf
 
-    from rayflow.tracking import Tracker
+    from rayflow.tracking.tracker import Tracker
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    tracker = Tracker(OmegaConf.create({"tracking": {"enabled": True, "uri": "http://user:pw@127.0.0.1:1", "experiment": "x"}}))
+    tracker = Tracker(
+        OmegaConf.create(
+            {"tracking": {"enabled": True, "uri": "http://user:pw@127.0.0.1:1", "experiment": "x"}}
+        )
+    )
     tracker.run_id = "0" * 32  # as start() leaves it
     tracker.set_tags({"device": "cpu"})
     tracker.log_metrics({"best_loss": 0.5})
     tracker.end("FINISHED")
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rayflow: warning: MLflow tags (the run goes on"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "rayflow: warning: MLflow tags (the run goes on"
+    ), lines
     assert "pw@" not in lines[0] and tracker.failed
-    bug = Tracker(OmegaConf.create({"tracking": {"enabled": True, "uri": "sqlite:///x.db", "experiment": "x"}}))
+    bug = Tracker(
+        OmegaConf.create(
+            {"tracking": {"enabled": True, "uri": "sqlite:///x.db", "experiment": "x"}}
+        )
+    )
     bug.run_id, bug._client = "0" * 32, object()
     with pytest.raises(ZeroDivisionError):  # not the store's failure: a bug keeps its traceback
         bug.write("x", lambda client, run_id: 1 / 0)

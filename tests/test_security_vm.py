@@ -9,22 +9,25 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
 
-from rayflow.auth import NODE_TOKEN_MODES
 from rayflow.backends import backend_for
 from rayflow.backends.vm import state, tunnel
-from rayflow.composition import compose_config
 from rayflow.errors import ConfigError
+from rayflow.orchestrator.cluster import running
+from rayflow.orchestrator.compose import compose_config
+from rayflow.security.auth import NODE_TOKEN_MODES
 
 
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
     """A HOME of the test's own: the state folder (~/.cache/rayflow/vm) and ~/.ray are its. A
     backend's start exports RAY_AUTH_MODE for this process: put back afterwards."""
-    from rayflow.process_state import reread_ray_config
+    from rayflow.runtime.environment import reread_ray_config
 
     home = tmp_path / "home"
     home.mkdir()
@@ -41,7 +44,9 @@ def home(tmp_path, monkeypatch):
 @pytest.fixture
 def other_run(tmp_path):
     """Another live process (a run of the same user, as far as the state folder knows)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(tmp_path / "rf-vm-other")])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", str(tmp_path / "rf-vm-other")]
+    )
     yield proc
     proc.kill()
     proc.wait(timeout=10)
@@ -60,8 +65,16 @@ def write_state(name: str, **fields) -> None:
 def local_hosts(tmp_path, *extra: str) -> list[str]:
     key = tmp_path / "id_test"
     key.write_text("not a real key\n")
-    return ["backend=vm", "backend.provider=local", "backend.head_ip=10.99.0.11", "backend.worker_ips=[10.99.0.12]",
-            "backend.ssh_user=me", f"backend.ssh_private_key={key}", "backend.max_worker_nodes=1", *extra]
+    return [
+        "backend=vm",
+        "backend.provider=local",
+        "backend.head_ip=10.99.0.11",
+        "backend.worker_ips=[10.99.0.12]",
+        "backend.ssh_user=me",
+        f"backend.ssh_private_key={key}",
+        "backend.max_worker_nodes=1",
+        *extra,
+    ]
 
 
 # --- clusters have owners ---------------------------------------------------------------------
@@ -71,39 +84,74 @@ def test_the_state_folder_is_private_and_records_are_0600(home):
     (home / ".cache" / "rayflow").mkdir(parents=True, mode=0o755)  # an open folder from before
     assert state.claim("mine", "run-1", "fake_multinode", True, lambda _: False) is None
     folder = home / ".cache" / "rayflow" / "vm"
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
+    assert (
+        stat.S_IMODE(folder.stat().st_mode) == 0o700
+        and stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
+    )
     assert stat.S_IMODE((folder / "mine.json").stat().st_mode) == 0o600
     record = state.read("mine")
-    assert record["owner_run"] == "run-1" and record["kept"] is True and record["holder"]["pid"] == os.getpid()
+    assert (
+        record["owner_run"] == "run-1"
+        and record["kept"] is True
+        and record["holder"]["pid"] == os.getpid()
+    )
 
 
-def test_a_second_run_is_refused_while_another_holds_the_name_and_leaves_it_intact(other_run, tmp_path):
+def test_a_second_run_is_refused_while_another_holds_the_name_and_leaves_it_intact(
+    other_run, tmp_path
+):
     """The old behaviour: any live cluster of the name was reused and its teardown registered."""
-    temp_dir = str(tmp_path / "rf-vm-other")  # the other run's cluster: a process naming its temp dir
-    write_state("rayflow", provider="fake_multinode", kept=True, holder=holder_of(other_run), temp_dir=temp_dir,
-                url="http://127.0.0.1:1", stop=temp_dir)
+    temp_dir = str(
+        tmp_path / "rf-vm-other"
+    )  # the other run's cluster: a process naming its temp dir
+    write_state(
+        "rayflow",
+        provider="fake_multinode",
+        kept=True,
+        holder=holder_of(other_run),
+        temp_dir=temp_dir,
+        url="http://127.0.0.1:1",
+        stop=temp_dir,
+    )
     before = state.read("rayflow")
     backend = backend_for(compose_config("backend=vm", "ray_auth_mode=disabled"))
+    temp_dirs = set(Path(tempfile.gettempdir()).glob("rf-vm-*"))
     with pytest.raises(ConfigError) as err:
-        backend.__enter__()
+        running(backend).__enter__()
     assert err.value.key == "backend.cluster_name" and "in use by another run" in str(err.value)
     assert f"pid {other_run.pid}" in str(err.value) and "\n" not in str(err.value)
     assert other_run.poll() is None and state.read("rayflow") == before  # left intact
-    assert backend.teardown_command() is None  # nothing started
+    assert (
+        set(Path(tempfile.gettempdir()).glob("rf-vm-*")) == temp_dirs
+    )  # nothing started: no cluster folder to tear down
 
 
 def test_a_live_cluster_nobody_kept_is_refused_not_joined(other_run, tmp_path):
     """A run that died without its teardown left a cluster of the name: never joined, never stopped."""
     temp_dir = str(tmp_path / "rf-vm-other")
-    write_state("rayflow", provider="fake_multinode", kept=False, holder=None, temp_dir=temp_dir, url="http://127.0.0.1:1", stop=temp_dir)
-    with pytest.raises(ConfigError, match=r"no run of yours kept.*python -m rayflow.teardown .*rf-vm-other"):
-        backend_for(compose_config("backend=vm", "ray_auth_mode=disabled")).__enter__()
+    write_state(
+        "rayflow",
+        provider="fake_multinode",
+        kept=False,
+        holder=None,
+        temp_dir=temp_dir,
+        url="http://127.0.0.1:1",
+        stop=temp_dir,
+    )
+    with pytest.raises(
+        ConfigError, match=r"no run of yours kept.*python -m rayflow.teardown .*rf-vm-other"
+    ):
+        running(backend_for(compose_config("backend=vm", "ray_auth_mode=disabled"))).__enter__()
     assert other_run.poll() is None
 
 
 def test_claims_and_releases(other_run):
-    assert state.claim("c1", "run-1", "aws", False, lambda _: False) is None  # new: the name is run-1's
-    with pytest.raises(ConfigError, match="in use by another run"):  # same process, another run: still refused
+    assert (
+        state.claim("c1", "run-1", "aws", False, lambda _: False) is None
+    )  # new: the name is run-1's
+    with pytest.raises(
+        ConfigError, match="in use by another run"
+    ):  # same process, another run: still refused
         state.claim("c1", "run-2", "aws", False, lambda _: True)
     state.release("c1", "run-2")  # not its record: left alone
     assert state.read("c1")["holder"]["run"] == "run-1"
@@ -117,11 +165,15 @@ def test_claims_and_releases(other_run):
     state.release("c2", "run-3")
     assert state.read("c2")["holder"] is None and state.read("c2")["kept"] is True
     # a holder whose process is gone does not hold it
-    write_state("c3", provider="aws", kept=True, holder={"run": "x", "pid": other_run.pid, "started": 1.0})
+    write_state(
+        "c3", provider="aws", kept=True, holder={"run": "x", "pid": other_run.pid, "started": 1.0}
+    )
     assert state.claim("c3", "run-4", "aws", False, lambda _: True)["holder"]["run"] == "run-4"
 
 
-def test_sdk_providers_never_run_ray_up_over_a_live_cluster_this_run_did_not_start(tmp_path, monkeypatch):
+def test_sdk_providers_never_run_ray_up_over_a_live_cluster_this_run_did_not_start(
+    tmp_path, monkeypatch
+):
     from ray.autoscaler import sdk
 
     from rayflow.backends.vm import cluster
@@ -130,56 +182,94 @@ def test_sdk_providers_never_run_ray_up_over_a_live_cluster_this_run_did_not_sta
     monkeypatch.setattr(cluster, "_head_running", lambda config: True)  # a head of this name is up
     monkeypatch.setattr(sdk, "create_or_update_cluster", lambda *a, **k: calls.append(("up", k)))
     monkeypatch.setattr(sdk, "teardown_cluster", lambda *a, **k: calls.append(("down", a)))
-    cfg = compose_config(*local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=shared"))
-    with pytest.raises(ConfigError, match=r"^.*'shared' is running \(local\) that no run of yours kept") as err:
-        backend_for(cfg).__enter__()
-    assert err.value.key == "backend.cluster_name" and calls == []  # nothing restarted, nothing torn down
+    cfg = compose_config(
+        *local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=shared")
+    )
+    with pytest.raises(
+        ConfigError, match=r"^.*'shared' is running \(local\) that no run of yours kept"
+    ) as err:
+        running(backend_for(cfg)).__enter__()
+    assert (
+        err.value.key == "backend.cluster_name" and calls == []
+    )  # nothing restarted, nothing torn down
 
     # kept by an earlier run of this user, held by none: joined with no_restart=True, never torn down
     config_file = tmp_path / "kept" / "shared.yaml"
     config_file.parent.mkdir()
     write_state("shared", provider="local", kept=True, holder=None, stop=str(config_file))
     monkeypatch.setattr(sdk, "get_head_node_ip", lambda path: "10.99.0.11")
-    monkeypatch.setattr(cluster.VMCluster, "_tunnel", lambda self, config, ip: "http://127.0.0.1:9")
-    with backend_for(cfg) as backend:
-        assert backend.address == "http://127.0.0.1:9"
+    monkeypatch.setattr(
+        cluster.VMCluster, "_tunnel", lambda self, handle, config, ip: "http://127.0.0.1:9"
+    )
+    with running(backend_for(cfg)) as handle:
+        assert handle.address == "http://127.0.0.1:9"
         assert state.read("shared")["holder"]["pid"] == os.getpid()
     assert calls == [("up", {"no_restart": True, "restart_only": False, "no_config_cache": True})]
     assert state.read("shared")["holder"] is None and config_file.is_file()
 
 
-def test_a_kept_sdk_cluster_joined_without_a_recorded_config_is_never_torn_down(tmp_path, monkeypatch):
+def test_a_kept_sdk_cluster_joined_without_a_recorded_config_is_never_torn_down(
+    tmp_path, monkeypatch
+):
     from ray.autoscaler import sdk
 
     from rayflow.backends.vm import cluster
 
     calls = []
     monkeypatch.setattr(cluster, "_head_running", lambda config: True)
-    monkeypatch.setattr(sdk, "create_or_update_cluster", lambda *a, **k: calls.append(("up", k["no_restart"])))
+    monkeypatch.setattr(
+        sdk, "create_or_update_cluster", lambda *a, **k: calls.append(("up", k["no_restart"]))
+    )
     monkeypatch.setattr(sdk, "teardown_cluster", lambda *a, **k: calls.append(("down",)))
     monkeypatch.setattr(sdk, "get_head_node_ip", lambda path: "10.99.0.11")
-    monkeypatch.setattr(cluster.VMCluster, "_tunnel", lambda self, config, ip: "http://127.0.0.1:9")
-    write_state("kept", provider="local", kept=True, holder=None)  # its run died before it recorded its config
-    with backend_for(compose_config(*local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=kept"))):
+    monkeypatch.setattr(
+        cluster.VMCluster, "_tunnel", lambda self, handle, config, ip: "http://127.0.0.1:9"
+    )
+    write_state(
+        "kept", provider="local", kept=True, holder=None
+    )  # its run died before it recorded its config
+    with running(
+        backend_for(
+            compose_config(
+                *local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=kept")
+            )
+        )
+    ):
         pass
     assert calls == [("up", True)] and state.read("kept")["stop"].endswith("kept.yaml")
 
 
-def test_a_new_sdk_cluster_is_recorded_while_it_starts_and_forgotten_after_its_teardown(tmp_path, monkeypatch):
+def test_a_new_sdk_cluster_is_recorded_while_it_starts_and_forgotten_after_its_teardown(
+    tmp_path, monkeypatch
+):
     from ray.autoscaler import sdk
 
     from rayflow.backends.vm import cluster
 
     seen = {}
     monkeypatch.setattr(cluster, "_head_running", lambda config: False)
-    monkeypatch.setattr(sdk, "create_or_update_cluster", lambda *a, **k: seen.update(up=k, during=state.read("mine")))
+    monkeypatch.setattr(
+        sdk,
+        "create_or_update_cluster",
+        lambda *a, **k: seen.update(up=k, during=state.read("mine")),
+    )
     monkeypatch.setattr(sdk, "teardown_cluster", lambda path: seen.update(down=path))
     monkeypatch.setattr(sdk, "get_head_node_ip", lambda path: "10.99.0.11")
     monkeypatch.setattr(cluster, "stop_local_workers", lambda config: None)
-    monkeypatch.setattr(cluster.VMCluster, "_tunnel", lambda self, config, ip: "http://127.0.0.1:9")
-    with backend_for(compose_config(*local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=mine"))):
+    monkeypatch.setattr(
+        cluster.VMCluster, "_tunnel", lambda self, handle, config, ip: "http://127.0.0.1:9"
+    )
+    with running(
+        backend_for(
+            compose_config(
+                *local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=mine")
+            )
+        )
+    ):
         pass
-    assert seen["up"]["no_restart"] is False and seen["during"]["holder"]["pid"] == os.getpid()  # a concurrent run is refused
+    assert (
+        seen["up"]["no_restart"] is False and seen["during"]["holder"]["pid"] == os.getpid()
+    )  # a concurrent run is refused
     assert seen["down"] and state.read("mine") is None
 
 
@@ -190,12 +280,16 @@ def test_a_cluster_name_from_overrides_is_validated(tmp_path):
     cfg = compose_config("backend=vm", "+backend.overrides={cluster_name: ../../x}")
     with pytest.raises(ConfigError) as err:
         backend_for(cfg).check()
-    assert err.value.key.startswith("backend.overrides") and "'../../x' is not a cluster name" in str(err.value)
+    assert err.value.key.startswith(
+        "backend.overrides"
+    ) and "'../../x' is not a cluster name" in str(err.value)
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "x" * 300, "-lead", ""])
 def test_a_cluster_name_from_the_users_file_is_validated(name, tmp_path):
-    doc = yaml.safe_load(backend_for(compose_config("backend=vm", "ray_auth_mode=disabled")).render())  # a dry run's file
+    doc = yaml.safe_load(
+        backend_for(compose_config("backend=vm", "ray_auth_mode=disabled")).render().text
+    )  # a dry run's file
     doc["cluster_name"] = name
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -217,7 +311,9 @@ EXPOSED = "{head_start_ray_commands: ['ray stop', 'ray start --head --port=6379 
 
 
 def test_overrides_that_put_the_dashboard_back_on_the_network_with_auth_off_are_refused(tmp_path):
-    cfg = compose_config(*local_hosts(tmp_path, "ray_auth_mode=disabled", f"+backend.overrides={EXPOSED}"))
+    cfg = compose_config(
+        *local_hosts(tmp_path, "ray_auth_mode=disabled", f"+backend.overrides={EXPOSED}")
+    )
     with pytest.raises(ConfigError) as err:
         backend_for(cfg).check()
     assert err.value.key == "backend.overrides.head_start_ray_commands"
@@ -225,7 +321,9 @@ def test_overrides_that_put_the_dashboard_back_on_the_network_with_auth_off_are_
 
 
 def test_overrides_that_drop_the_auth_export_beside_an_exposed_dashboard_are_refused(tmp_path):
-    cfg = compose_config(*local_hosts(tmp_path, "ray_auth_mode=token", f"+backend.overrides={EXPOSED}"))
+    cfg = compose_config(
+        *local_hosts(tmp_path, "ray_auth_mode=token", f"+backend.overrides={EXPOSED}")
+    )
     with pytest.raises(ConfigError, match=r"without `export RAY_AUTH_MODE=token;`") as err:
         backend_for(cfg).check()
     assert err.value.key == "backend.overrides.head_start_ray_commands"
@@ -233,26 +331,45 @@ def test_overrides_that_drop_the_auth_export_beside_an_exposed_dashboard_are_ref
 
 def test_a_dashboard_host_only_the_head_knows_is_a_warning(tmp_path, capsys):
     hidden = "{head_start_ray_commands: ['ray start --head --dashboard-host=$MY_HOST']}"  # and no RAY_AUTH_MODE export
-    backend_for(compose_config(*local_hosts(tmp_path, "ray_auth_mode=token", f"+backend.overrides={hidden}"))).check()
-    assert "rayflow: warning: ray_auth_mode=disabled and the head's --dashboard-host is $MY_HOST" in capsys.readouterr().err
+    backend_for(
+        compose_config(
+            *local_hosts(tmp_path, "ray_auth_mode=token", f"+backend.overrides={hidden}")
+        )
+    ).check()
+    assert (
+        "rayflow: warning: ray_auth_mode=disabled and the head's --dashboard-host is $MY_HOST"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("provider", ["local", "aws", "gcp"])
 def test_auth_off_on_a_head_that_other_machines_reach_is_refused(provider, tmp_path):
     """Ray Client and the GCS listen on a remote head's node address whatever the dashboard does."""
-    extra = {"local": local_hosts(tmp_path), "aws": ["backend=vm", "backend.provider=aws"],
-             "gcp": ["backend=vm", "backend.provider=gcp", "backend.project_id=p-123456"]}[provider]
+    extra = {
+        "local": local_hosts(tmp_path),
+        "aws": ["backend=vm", "backend.provider=aws"],
+        "gcp": ["backend=vm", "backend.provider=gcp", "backend.project_id=p-123456"],
+    }[provider]
     with pytest.raises(ConfigError) as err:
         backend_for(compose_config(*extra, "ray_auth_mode=disabled")).check()
-    assert err.value.key == "backend.provider" and f"provider={provider}: the head's Ray Client server" in str(err.value)
+    assert (
+        err.value.key == "backend.provider"
+        and f"provider={provider}: the head's Ray Client server" in str(err.value)
+    )
     backend_for(compose_config(*extra, "ray_auth_mode=token")).check()  # token auth: fine
-    backend_for(compose_config("backend=vm", "ray_auth_mode=disabled")).check()  # fake_multinode: all on loopback
+    backend_for(
+        compose_config("backend=vm", "ray_auth_mode=disabled")
+    ).check()  # fake_multinode: all on loopback
 
 
 def test_auth_off_with_a_users_file_for_hosts_is_refused_naming_the_file(tmp_path):
     from tests.test_vm_user_file import RAY_DEFAULTS
 
-    cfg = compose_config("backend=vm", f"backend.cluster_yaml={RAY_DEFAULTS.joinpath('aws', 'defaults.yaml')}", "ray_auth_mode=disabled")
+    cfg = compose_config(
+        "backend=vm",
+        f"backend.cluster_yaml={RAY_DEFAULTS.joinpath('aws', 'defaults.yaml')}",
+        "ray_auth_mode=disabled",
+    )
     with pytest.raises(ConfigError, match="provider=aws: the head's Ray Client server") as err:
         backend_for(cfg).check()
     assert err.value.key == "backend.cluster_yaml"
@@ -266,13 +383,18 @@ def test_the_head_dashboard_stays_on_loopback_and_the_token_is_made_private_on_e
         from rayflow.backends.vm.config import render
 
         config = render(cfg.backend, False, "token", token_file=str(token))
-        assert config["setup_commands"][0] == NODE_TOKEN_MODES and config["setup_commands"].count(NODE_TOKEN_MODES) == 1
+        assert (
+            config["setup_commands"][0] == NODE_TOKEN_MODES
+            and config["setup_commands"].count(NODE_TOKEN_MODES) == 1
+        )
         head = [c for c in config["head_start_ray_commands"] if "--head" in c][0]
         assert "--dashboard-host=127.0.0.1" in head
 
 
 def test_the_tunnel_forwards_a_loopback_port_to_the_heads_loopback():
-    command = tunnel.tunnel_command({"ssh_user": "me", "ssh_private_key": "~/.ssh/k"}, "10.0.0.5", 40001, 8265)
+    command = tunnel.tunnel_command(
+        {"ssh_user": "me", "ssh_private_key": "~/.ssh/k"}, "10.0.0.5", 40001, 8265
+    )
     assert command[:2] == ["ssh", "-N"] and command[-1] == "me@10.0.0.5"
     assert command[command.index("-L") + 1] == "127.0.0.1:40001:127.0.0.1:8265"
     assert "ExitOnForwardFailure=yes" in command and "BatchMode=yes" in command
@@ -280,11 +402,22 @@ def test_the_tunnel_forwards_a_loopback_port_to_the_heads_loopback():
 
 
 def test_a_tunnel_that_fails_is_one_line():
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write('ssh: connect to host 10.0.0.5 port 22: No route to host\\n'); sys.exit(255)"],
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.stderr.write('ssh: connect to host 10.0.0.5 port 22: No route to host\\n'); sys.exit(255)",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     proc.wait(timeout=30)
     err = tunnel.tunnel_failed(proc)
-    assert str(err) == "backend=vm: the SSH tunnel to the head's dashboard failed: ssh: connect to host 10.0.0.5 port 22: No route to host"
+    assert (
+        str(err)
+        == "backend=vm: the SSH tunnel to the head's dashboard failed: ssh: connect to host 10.0.0.5 port 22: No route to host"
+    )
     tunnel.close_tunnel(proc)
 
 
@@ -293,6 +426,14 @@ def test_teardown_stops_only_a_folder_rayflow_made(tmp_path):
     folder = tmp_path / "precious"
     folder.mkdir()
     (folder / "keep.txt").write_text("mine")
-    out = subprocess.run([sys.executable, "-m", "rayflow.teardown", str(folder)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "rayflow.teardown", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and (folder / "keep.txt").is_file()
-    assert out.stderr.strip() == f"rayflow.teardown: {folder} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its autoscaling.yaml): nothing stopped"
+    assert (
+        out.stderr.strip()
+        == f"rayflow.teardown: {folder} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its autoscaling.yaml): nothing stopped"
+    )

@@ -10,14 +10,14 @@ import time
 
 import pytest
 import yaml
-
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 
 from rayflow.backends import backend_for
 from rayflow.errors import ConfigError
-from rayflow.composition import compose_config
-from rayflow.testing.processes import ray_daemon_pids, wait_until
+from rayflow.orchestrator.cluster import running
+from rayflow.orchestrator.compose import compose_config
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
+from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.hydra_app import KeptCluster, sweep_comes_home
@@ -34,8 +34,10 @@ class TestSpark(LifecycleSuite, DriverConnectionSuite):
     name = "spark"
     owns_cluster = True
     # every step that does the work, then every fallback behind it
-    teardown_faults = [("ray.shutdown()", "shutdown_ray_cluster()", "stop the SparkSession", "restore $"),
-                       ("terminate what is left", "shut down Spark's py4j", "remove the Spark worker")]
+    teardown_faults = [
+        ("ray.shutdown()", "shutdown_ray_cluster()", "stop the SparkSession", "restore $"),
+        ("terminate what is left", "shut down Spark's py4j", "remove the Spark worker"),
+    ]
 
     def overrides(self):
         return FIXED
@@ -55,16 +57,24 @@ def test_autoscales_up_to_max_and_back_down_after_idle_with_credentials_on_worke
     secret = "mlflow-token-for-workers-only"
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", secret)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/somewhere/mlflow.db")
-    cfg = compose_config("backend=spark", "backend.min_worker_nodes=1", "backend.max_worker_nodes=2",
-                         "backend.autoscale_idle_timeout_minutes=0.1")
+    cfg = compose_config(
+        "backend=spark",
+        "backend.min_worker_nodes=1",
+        "backend.max_worker_nodes=2",
+        "backend.autoscale_idle_timeout_minutes=0.1",
+    )
     backend = backend_for(cfg)
-    assert secret not in backend.render()
-    with backend:
+    assert secret not in backend.render().text
+    with running(backend):
         assert wait_until(lambda: alive_nodes() == 2, timeout=60)  # head + min_worker_nodes
 
         @ray.remote(num_cpus=1)  # the head has no CPUs: this runs on a Spark-launched worker
         def seen():
-            return os.environ.get("MLFLOW_TRACKING_TOKEN"), os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("RAY_AUTH_MODE")
+            return (
+                os.environ.get("MLFLOW_TRACKING_TOKEN"),
+                os.environ.get("MLFLOW_TRACKING_URI"),
+                os.environ.get("RAY_AUTH_MODE"),
+            )
 
         assert ray.get(seen.remote()) == (secret, "sqlite:////tmp/somewhere/mlflow.db", "token")
 
@@ -73,31 +83,41 @@ def test_autoscales_up_to_max_and_back_down_after_idle_with_credentials_on_worke
             time.sleep(seconds)
 
         asked = time.monotonic()
-        tasks = [hold.remote(25) for _ in range(2)]  # two 1-CPU workers wanted at once, longer than a scale-up
+        tasks = [
+            hold.remote(25) for _ in range(2)
+        ]  # two 1-CPU workers wanted at once, longer than a scale-up
         assert wait_until(lambda: alive_nodes() == 3, timeout=90), "no second worker came up"
         print(f"\nscale-up: second worker alive {time.monotonic() - asked:.1f} s after demand")
         ray.get(tasks)
         idle = time.monotonic()
         assert wait_until(lambda: alive_nodes() == 2, timeout=90), "idle worker was not removed"
-        print(f"scale-down: back to head + 1 worker {time.monotonic() - idle:.1f} s after the last task")
+        print(
+            f"scale-down: back to head + 1 worker {time.monotonic() - idle:.1f} s after the last task"
+        )
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["backend.num_worker_nodes=2"], "backend.num_worker_nodes"),
-    (["+backend.autoscale=true"], "backend.autoscale"),
-    (["backend.master=yarn"], "backend.master"),
-    (["backend.master=k8s://https://10.0.0.1:443"], "backend.master"),
-    (["backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
-    (["backend.num_gpus_worker_node=null"], "backend.num_gpus_worker_node"),
-    (["backend.hybrid=true", "backend.num_cpus_head_node=1"], "backend.num_cpus_head_node"),
-    (["backend.hybrid=true"], "backend.max_worker_nodes"),
-    (["backend.autoscale_upscaling_speed=0.5"], "backend.autoscale_upscaling_speed"),
-    # Ray on Spark's dashboard listens on all interfaces, its GCS and client ports on the driver's address
-    (["ray_auth_mode=disabled"], "ray_auth_mode"),
-    (["ray_auth_mode=disabled", "+backend.head_node_options.include_dashboard=false"], "ray_auth_mode"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["backend.num_worker_nodes=2"], "backend.num_worker_nodes"),
+        (["+backend.autoscale=true"], "backend.autoscale"),
+        (["backend.master=yarn"], "backend.master"),
+        (["backend.master=k8s://https://10.0.0.1:443"], "backend.master"),
+        (["backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
+        (["backend.num_gpus_worker_node=null"], "backend.num_gpus_worker_node"),
+        (["backend.hybrid=true", "backend.num_cpus_head_node=1"], "backend.num_cpus_head_node"),
+        (["backend.hybrid=true"], "backend.max_worker_nodes"),
+        (["backend.autoscale_upscaling_speed=0.5"], "backend.autoscale_upscaling_speed"),
+        # Ray on Spark's dashboard listens on all interfaces, its GCS and client ports on the driver's address
+        (["ray_auth_mode=disabled"], "ray_auth_mode"),
+        (
+            ["ray_auth_mode=disabled", "+backend.head_node_options.include_dashboard=false"],
+            "ray_auth_mode",
+        ),
+    ],
+)
 def test_bad_spark_input_names_the_key_and_starts_nothing(overrides, key):
-    from rayflow.composition import preflight
+    from rayflow.orchestrator.preflight import preflight
 
     before = ray_daemon_pids()
     with pytest.raises(ConfigError) as raised:
@@ -118,14 +138,19 @@ def test_dry_run_prints_setup_arguments_and_sizing_plan(rayflow):
     args = yaml.safe_load(out.stdout)
     assert set(args) <= set(inspect.signature(setup_ray_cluster).parameters)
     assert args["max_worker_nodes"] == 3 and args["num_cpus_worker_node"] == 1
-    assert args == backend_for(compose_config("backend=spark", "backend.max_worker_nodes=3")).setup_args()
+    assert (
+        args
+        == backend_for(compose_config("backend=spark", "backend.max_worker_nodes=3")).setup_args()
+    )
     assert "rayflow: sizing plan: 2 Spark worker(s)" in out.stderr and "possible 2" in out.stderr
     assert "exceeds the 2 Ray worker nodes" in out.stderr  # max 3 > the 2 nodes Spark can hold
     assert "master=local-cluster[2, 1, 2048]" in out.stderr
     assert ray_daemon_pids() == before
 
 
-def test_an_active_session_is_used_and_left_running_and_its_fake_gpus_reach_ray(monkeypatch, tmp_path):
+def test_an_active_session_is_used_and_left_running_and_its_fake_gpus_reach_ray(
+    monkeypatch, tmp_path
+):
     """Inside a notebook or spark-submit rayflow uses the session it finds and never stops it.
     The session's workers have two GPUs (a discovery script; nvidia-smi finds none): they reach
     ray.cluster_resources (one cluster start for both points)."""
@@ -142,22 +167,35 @@ def test_an_active_session_is_used_and_left_running_and_its_fake_gpus_reach_ray(
     script = tmp_path / "gpus.sh"
     script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
     script.chmod(0o755)
-    spark = (SparkSession.builder.master("local-cluster[1, 2, 1024]").appName("users-own")
-             .config("spark.executor.memory", "512m")
-             .config("spark.worker.resource.gpu.amount", "2").config("spark.worker.resource.gpu.discoveryScript", str(script))
-             .config("spark.executor.resource.gpu.amount", "2").config("spark.executor.cores", "2")
-             .config("spark.task.resource.gpu.amount", "0")
-             .config("spark.executorEnv.RAY_ON_SPARK_WORKER_GPU_NUM", "2")  # nvidia-smi finds none
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local-cluster[1, 2, 1024]")
+        .appName("users-own")
+        .config("spark.executor.memory", "512m")
+        .config("spark.worker.resource.gpu.amount", "2")
+        .config("spark.worker.resource.gpu.discoveryScript", str(script))
+        .config("spark.executor.resource.gpu.amount", "2")
+        .config("spark.executor.cores", "2")
+        .config("spark.task.resource.gpu.amount", "0")
+        .config("spark.executorEnv.RAY_ON_SPARK_WORKER_GPU_NUM", "2")  # nvidia-smi finds none
+        .getOrCreate()
+    )
     try:
-        backend = backend_for(compose_config(*FIXED, "backend.num_cpus_worker_node=2", "backend.num_gpus_worker_node=2"))
-        assert backend.notes()[0] == "spark: the active SparkSession (used and left running)"
-        assert backend.cluster_gpus() == 2
-        with backend:
+        backend = backend_for(
+            compose_config(
+                *FIXED, "backend.num_cpus_worker_node=2", "backend.num_gpus_worker_node=2"
+            )
+        )
+        assert backend.render().notes[0] == "spark: the active SparkSession (used and left running)"
+        assert (
+            sum(node["GPU"] for node in backend.capacity({"GPU"})) == 2
+        )  # the GPUs the cluster offers
+        with running(backend):
             import ray
 
             assert ray.cluster_resources().get("CPU") == 2
-            assert wait_until(lambda: ray.cluster_resources().get("GPU", 0) == 2, timeout=60), ray.cluster_resources()
+            assert wait_until(lambda: ray.cluster_resources().get("GPU", 0) == 2, timeout=60), (
+                ray.cluster_resources()
+            )
         assert SparkSession.getActiveSession() is spark
         assert spark.range(3).count() == 3  # still usable after Ray on Spark shut down
     finally:
@@ -176,25 +214,51 @@ def spark_jobs(tmp_path_factory, data_root):
     copy_example("tune-pbt", runner.workdir)  # the user's own project
     logs = runner.workdir / "ray-logs"
     secret_overrides, secrets = planted(SPARK_SECRETS)  # secrets in Spark's camelCase settings
-    backend = ["backend=spark", *secret_overrides, "backend.autoscale_idle_timeout_minutes=0.1",
-               f"backend.collect_log_to_path={logs}"]
+    backend = [
+        "backend=spark",
+        *secret_overrides,
+        "backend.autoscale_idle_timeout_minutes=0.1",
+        f"backend.collect_log_to_path={logs}",
+    ]
     out = runner.run_jobs(
         # Two 1-CPU trials at once, each longer than a scale-up (5-15 s): the second needs a new worker.
-        [*backend, "tracking.experiment=cifar-scaleout", "workload.num_samples=2", "workload.max_epochs=30",
-         "workload.scheduler.grace_period=30", "data.synthetic_train_size=4000",
-         "workload.search_space.batch_size=[32]", "workload.reuse_actors=false"],
-        ["-m", *backend, "workload.num_samples=1", "workload.max_epochs=1", "workload.scheduler.reduction_factor=2,4"],
+        [
+            *backend,
+            "tracking.experiment=cifar-scaleout",
+            "workload.num_samples=2",
+            "workload.max_epochs=30",
+            "workload.scheduler.grace_period=30",
+            "data.synthetic_train_size=4000",
+            "workload.search_space.batch_size=[32]",
+            "workload.reuse_actors=false",
+        ],
+        [
+            "-m",
+            *backend,
+            "workload.num_samples=1",
+            "workload.max_epochs=1",
+            "workload.scheduler.reduction_factor=2,4",
+        ],
         # Two 1-CPU Ray Train workers on 1-CPU Ray-on-Spark nodes: gloo all-reduces between two
         # Spark executors (the head has no CPU).
-        [*backend, "workload=ddp", "workload.num_workers=2", "workload.epochs=2", "workload.batch_size=32"],
+        [
+            *backend,
+            "workload=ddp",
+            "workload.num_workers=2",
+            "workload.epochs=2",
+            "workload.batch_size=32",
+        ],
         # The PPO trial asks for two 1-CPU bundles (the algorithm with its learner, one env runner).
         [*backend, "workload=ppo", "workload.stop.iterations=2", "workload.train_batch_size=1000"],
         # The user's own Tune function (examples/tune-pbt), imported from the driver's folder.
         [*backend, *USER_TUNE],
-        timeout=1200)
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     yield runner, out, logs, secrets
-    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), "the shared Ray-on-Spark cluster was left running"
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), (
+        "the shared Ray-on-Spark cluster was left running"
+    )
 
 
 def test_tuning_on_spark_scales_out_and_lands_in_mlflow(spark_jobs):
@@ -204,12 +268,22 @@ def test_tuning_on_spark_scales_out_and_lands_in_mlflow(spark_jobs):
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "spark"
     assert parent.data.metrics["cluster_nodes_peak"] >= 3  # head + 2 autoscaled workers
     assert parent.data.tags["collect_log_to_path"] == str(logs)
-    spec = yaml.safe_load(open(client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(runner.workdir))))
-    assert spec["min_worker_nodes"] == 1 and spec["max_worker_nodes"] == 2  # setup_ray_cluster's arguments
-    assert parent.data.tags["spark_session"] == "built by rayflow" and parent.data.tags["spark_master"].startswith("local-cluster[")
+    spec = yaml.safe_load(
+        open(
+            client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(runner.workdir))
+        )
+    )
+    assert (
+        spec["min_worker_nodes"] == 1 and spec["max_worker_nodes"] == 2
+    )  # setup_ray_cluster's arguments
+    assert parent.data.tags["spark_session"] == "built by rayflow" and parent.data.tags[
+        "spark_master"
+    ].startswith("local-cluster[")
     assert len(children[parent.info.run_id]) == 2
     # Ray's session logs are copied when the shared cluster stops, after the last job
-    assert wait_until(lambda: logs.exists() and any(logs.rglob("*")), timeout=30), "Ray logs were not collected"
+    assert wait_until(lambda: logs.exists() and any(logs.rglob("*")), timeout=30), (
+        "Ray logs were not collected"
+    )
     # ...appear nowhere: terminal, MLflow store and artifacts (all five jobs'), Ray's collected session logs
     assert parent.data.params["backend.spark_conf.spark.ssl.keyPassword"] == "***"
     assert assert_nowhere(secrets, [out.stdout, out.stderr], [runner.workdir]) > 10
@@ -223,7 +297,11 @@ def test_consecutive_jobs_share_one_ray_on_spark_cluster(spark_jobs):
     assert len(parents) == 2 and all(p.data.tags["backend"] == "spark" for p in parents)
     # start-up figures belong to the job that started the cluster (the first), not to those reusing it
     assert "spark_ready_s" in runner.mlflow("cifar-scaleout")[1][0].data.metrics
-    assert not any("spark_ready_s" in p.data.metrics for name in ("cifar", "ddp", "ppo") for p in runner.mlflow(name)[1])
+    assert not any(
+        "spark_ready_s" in p.data.metrics
+        for name in ("cifar", "ddp", "ppo")
+        for p in runner.mlflow(name)[1]
+    )
 
 
 def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(spark_jobs):
@@ -233,7 +311,10 @@ def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(spark_jobs):
     parent = parents[0]
     assert parent.data.tags["backend"] == "spark" and parent.data.metrics["cluster_nodes_peak"] >= 3
     [train] = children[parent.info.run_id]
-    assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [1, 2]
+    assert sorted(m.step for m in client.get_metric_history(train.info.run_id, "val_accuracy")) == [
+        1,
+        2,
+    ]
     assert parent.data.metrics["epochs_completed"] == 2
 
 
@@ -242,7 +323,10 @@ def test_the_users_tune_function_runs_on_spark(spark_jobs):
     client, parents, children = runner.mlflow("tune")
     [parent] = parents
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "spark"
-    assert parent.data.params["workload.trainable"] == "train:objective" and "best_loss" in parent.data.metrics
+    assert (
+        parent.data.params["workload.trainable"] == "train:objective"
+        and "best_loss" in parent.data.metrics
+    )
     trials = children[parent.info.run_id]
     assert len(trials) == 2 and all("accuracy" in t.data.metrics for t in trials)
     assert {"learning_curves.png", "search.png"} <= set(runner.plots(client, parent))
@@ -258,7 +342,11 @@ def test_ppo_on_spark_places_the_algorithm_and_its_env_runner_on_ray_worker_node
 
 
 # hydra/launcher=rayflow on Ray on Spark (tests/test_launcher.py has it on local)
-LAUNCHER = ["hydra.launcher.backend=spark", "hydra.launcher.min_worker_nodes=1", "hydra.launcher.max_worker_nodes=1"]
+LAUNCHER = [
+    "hydra.launcher.backend=spark",
+    "hydra.launcher.min_worker_nodes=1",
+    "hydra.launcher.max_worker_nodes=1",
+]
 
 
 class TestHydraLauncherOnSpark(KeptCluster, LauncherTestSuite):

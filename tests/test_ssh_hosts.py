@@ -15,8 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.ssh_hosts import (SshHosts, SshHostsError, access_plan, carry_scripts, expose_script, ssh_hosts_fixture,
-                              unavailable_reason)
+from tests.harness.ssh_hosts import (
+    SshHosts,
+    SshHostsError,
+    access_plan,
+    carry_scripts,
+    expose_script,
+    ssh_hosts_fixture,
+    unavailable_reason,
+)
 
 needs_hosts = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 # Shared by the tests of TestTwoHosts (one up/down cycle for both), gone before the tests below
@@ -62,10 +69,15 @@ def test_access_plan_hides_blocked_directories_and_refuses_unreadable(tmp_path):
     if str(tmp_path).startswith("/tmp/"):
         stage, move = carry_scripts([python])
         top = Path("/tmp") / tmp_path.relative_to("/tmp").parts[0]
-        assert f"mount --rbind {top} /run/rfssh-stage/carried0" in stage and f"mount --move /run/rfssh-stage/carried0 {top}" in move
+        assert (
+            f"mount --rbind {top} /run/rfssh-stage/carried0" in stage
+            and f"mount --move /run/rfssh-stage/carried0 {top}" in move
+        )
     script = expose_script(blocked)
     assert f"mount -t tmpfs -o mode=0755,size=1m rfssh-hide {outer}" in script
-    assert re.search(rf"^mount --move /run/rfssh-stage/\d+ {re.escape(str(outer / 'pyenv'))}$", script, re.M), script
+    assert re.search(
+        rf"^mount --move /run/rfssh-stage/\d+ {re.escape(str(outer / 'pyenv'))}$", script, re.M
+    ), script
     python.chmod(0o700)
     _, problems = access_plan([python])
     assert any("-rwx------" in p and "others cannot read it" in p for p in problems), problems
@@ -80,24 +92,52 @@ class TestTwoHosts:
         assert stat.S_IMODE(os.stat(ssh_hosts.key_path).st_mode) == 0o600
         ray_version = importlib.metadata.version("ray")
         for i, ip in enumerate(ssh_hosts.ips):
-            done = ssh_hosts.ssh(ip, "hostname -I; hostname; whoami; echo $HOME", timeout=20, check=True)
-            assert done.stdout.split() == [ip, ssh_hosts.names[i], ssh_hosts.user, f"/home/{ssh_hosts.user}"]
+            done = ssh_hosts.ssh(
+                ip, "hostname -I; hostname; whoami; echo $HOME", timeout=20, check=True
+            )
+            assert done.stdout.split() == [
+                ip,
+                ssh_hosts.names[i],
+                ssh_hosts.user,
+                f"/home/{ssh_hosts.user}",
+            ]
             # The way Ray's command runner runs every command.
-            done = ssh_hosts.ssh(ip, 'command -v python; python -c "import ray; print(ray.__version__)"', timeout=60, login=True)
+            done = ssh_hosts.ssh(
+                ip,
+                'command -v python; python -c "import ray; print(ray.__version__)"',
+                timeout=60,
+                login=True,
+            )
             assert done.returncode == 0, done.stderr
             assert done.stdout.split()[-2:] == [str(ssh_hosts.venv_bin / "python"), ray_version]
-            assert ssh_hosts.ssh(ip, "command -v rsync", timeout=20).returncode == 0  # Ray's launcher syncs files with it
+            assert (
+                ssh_hosts.ssh(ip, "command -v rsync", timeout=20).returncode == 0
+            )  # Ray's launcher syncs files with it
             # No way out: no default route, no DNS server.
             routes = ssh_hosts.ssh(ip, "ip -4 route; cat /etc/resolv.conf", timeout=20).stdout
             assert "default" not in routes and "nameserver" not in routes
         a, b = ssh_hosts.ips
-        assert ssh_hosts.ssh(a, f"timeout 5 bash -c '</dev/tcp/{b}/22' && echo reached", timeout=20).stdout.strip() == "reached"
+        assert (
+            ssh_hosts.ssh(
+                a, f"timeout 5 bash -c '</dev/tcp/{b}/22' && echo reached", timeout=20
+            ).stdout.strip()
+            == "reached"
+        )
         env = ssh_hosts.launcher_env()
-        assert env["HOME"] != os.environ.get("HOME") and Path(env["HOME"]).is_dir() and Path(env["TMPDIR"]).is_dir()
+        assert (
+            env["HOME"] != os.environ.get("HOME")
+            and Path(env["HOME"]).is_dir()
+            and Path(env["TMPDIR"]).is_dir()
+        )
 
     def test_hosts_see_only_their_own_processes_and_tmp(self, ssh_hosts):
         a, b = ssh_hosts.ips
-        ssh_hosts.ssh(a, "setsid nohup sleep 301 >/dev/null 2>&1 < /dev/null & echo hi-a > /tmp/marker-a", timeout=20, check=True)
+        ssh_hosts.ssh(
+            a,
+            "setsid nohup sleep 301 >/dev/null 2>&1 < /dev/null & echo hi-a > /tmp/marker-a",
+            timeout=20,
+            check=True,
+        )
         assert "sleep 301" in ssh_hosts.ssh(a, "ps -eo args", timeout=20).stdout
         assert "sleep 301" not in ssh_hosts.ssh(b, "ps -eo args", timeout=20).stdout
         assert any("sleep 301" in c for c in ssh_hosts.pids_in_host(0).values())
@@ -125,7 +165,9 @@ def test_cleanup_after_normal_exit_and_after_an_exception_and_twice():
         ssh_hosts_pids = hosts.pids_in_host(0)
         assert ssh_hosts_pids
     cycle = time.monotonic() - t0
-    print(f"\nSshHosts(2) up {up:.2f} s, down {hosts.timings['close_s']:.2f} s, whole cycle {cycle:.2f} s")
+    print(
+        f"\nSshHosts(2) up {up:.2f} s, down {hosts.timings['close_s']:.2f} s, whole cycle {cycle:.2f} s"
+    )
     assert_gone(hosts)
     assert not any(alive(pid) for pid in ssh_hosts_pids)
     hosts.close()  # a second cleanup is a no-op
@@ -133,7 +175,9 @@ def test_cleanup_after_normal_exit_and_after_an_exception_and_twice():
 
     with pytest.raises(RuntimeError, match="inside the context"):
         with SshHosts(2) as hosts:
-            hosts.ssh(1, "setsid nohup sleep 302 >/dev/null 2>&1 < /dev/null &", timeout=20, check=True)
+            hosts.ssh(
+                1, "setsid nohup sleep 302 >/dev/null 2>&1 < /dev/null &", timeout=20, check=True
+            )
             raise RuntimeError("inside the context")
     assert_gone(hosts)
     hosts.close()
@@ -180,13 +224,27 @@ def test_a_killed_runs_leftovers_are_swept_by_the_next():
 @needs_hosts
 def test_an_unusable_venv_is_refused_up_front_with_the_reason(tmp_path):
     blocked, _ = access_plan([sys.executable, os.path.realpath(sys.executable)])
-    if blocked:  # e.g. /root (0700) on the way to /root/.pyenv: refused when not exposed in the hosts
-        with pytest.raises(SshHostsError, match=rf"{re.escape(str(sorted(blocked)[0]))} is d.*cannot pass it"):
+    if (
+        blocked
+    ):  # e.g. /root (0700) on the way to /root/.pyenv: refused when not exposed in the hosts
+        with pytest.raises(
+            SshHostsError, match=rf"{re.escape(str(sorted(blocked)[0]))} is d.*cannot pass it"
+        ):
             SshHosts(1, expose_blocked=False).start()
-    if str(tmp_path).startswith("/tmp/"):  # a venv below /tmp (a CI checkout) is carried into the hosts
+    if str(tmp_path).startswith(
+        "/tmp/"
+    ):  # a venv below /tmp (a CI checkout) is carried into the hosts
         (tmp_path / "bin").mkdir()
         (tmp_path / "bin" / "python").symlink_to(sys.executable)
         with SshHosts(1, tmp_path / "bin") as hosts:  # start() runs the venv's python in the host
-            assert hosts.ssh(0, f"{tmp_path / 'bin' / 'python'} -c 'print(6 * 7)'", timeout=30).stdout.strip() == "42"
-            assert tmp_path.relative_to("/tmp").parts[0] in hosts.ssh(0, "ls /tmp", timeout=30).stdout.split()
+            assert (
+                hosts.ssh(
+                    0, f"{tmp_path / 'bin' / 'python'} -c 'print(6 * 7)'", timeout=30
+                ).stdout.strip()
+                == "42"
+            )
+            assert (
+                tmp_path.relative_to("/tmp").parts[0]
+                in hosts.ssh(0, "ls /tmp", timeout=30).stdout.split()
+            )
         assert hosts.leftovers() == []

@@ -21,7 +21,11 @@ def test_asha_run_lands_in_mlflow_with_checkpoints(rayflow):
     assert "== rayflow results ==" in out.stdout and "trial-epochs used:" in out.stdout
     assert "mlflow ui --backend-store-uri sqlite:///" in out.stdout
     # the first trial's start-up (process, imports) is one line with its time, not silence
-    waits = [line for line in out.stderr.splitlines() if "waiting for the first trial's first result" in line]
+    waits = [
+        line
+        for line in out.stderr.splitlines()
+        if "waiting for the first trial's first result" in line
+    ]
     assert len(waits) == 1 and " done in " in waits[0] and "\r" not in out.stderr, waits
 
     client, parents, children = rayflow.mlflow("cifar")
@@ -29,20 +33,33 @@ def test_asha_run_lands_in_mlflow_with_checkpoints(rayflow):
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     tags = parent.data.tags
-    assert tags["backend"] == "local" and tags["workload"] == "cifar" and tags["synthetic"] == "true"
-    assert tags["device"] == "cpu" and tags["ray_version"].startswith("2.") and tags["torch_version"]
+    assert (
+        tags["backend"] == "local" and tags["workload"] == "cifar" and tags["synthetic"] == "true"
+    )
+    assert (
+        tags["device"] == "cpu" and tags["ray_version"].startswith("2.") and tags["torch_version"]
+    )
     assert parent.data.params["workload.num_samples"] == "2"
     assert parent.data.params["tracking.api_token"] == "***"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"config.yaml", "cluster", "best_checkpoint"} <= artifacts
-    assert [a.path for a in client.list_artifacts(parent.info.run_id, "cluster")] == ["cluster/spec.yaml"]
-    assert [a.path for a in client.list_artifacts(parent.info.run_id, "best_checkpoint")] == ["best_checkpoint/checkpoint.pt"]
-    config_text = Path(client.download_artifacts(parent.info.run_id, "config.yaml", str(rayflow.workdir))).read_text()
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "cluster")] == [
+        "cluster/spec.yaml"
+    ]
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "best_checkpoint")] == [
+        "best_checkpoint/checkpoint.pt"
+    ]
+    config_text = Path(
+        client.download_artifacts(parent.info.run_id, "config.yaml", str(rayflow.workdir))
+    ).read_text()
     assert yaml.safe_load(config_text)["workload"]["max_epochs"] == 2
     assert "best_val_loss" in parent.data.metrics and "best_val_accuracy" in parent.data.metrics
     [experiment] = rayflow.experiments()
-    assert f"plots: {experiment / 'plots'}/ (learning_curves.png, search.png); MLflow: plots/" in out.stdout
-    plots = rayflow.plots(client, parent)
+    assert (
+        f"plots: {experiment / 'plots'}/ (learning_curves.png, search.png); MLflow: plots/"
+        in out.stdout
+    )
+    plots = rayflow.results.plots(client, parent)
     assert set(plots) == {"learning_curves.png", "search.png"}
     curves = plots["learning_curves.png"]
     # ASHA's defaults: grace_period 1, reduction_factor 2, max_t = max_epochs = 2
@@ -64,11 +81,19 @@ def test_asha_run_lands_in_mlflow_with_checkpoints(rayflow):
         assert {"l1", "l2", "lr", "batch_size"} <= set(run.data.params)
 
     assert len(rayflow.checkpoints()) >= 2  # a checkpoint per trial-epoch, on disk
-    everything = out.stdout + out.stderr + "".join(
-        p.read_text(errors="ignore") for p in rayflow.workdir.rglob("*") if p.is_file() and p.suffix in {".log", ".yaml", ".json"}
+    everything = (
+        out.stdout
+        + out.stderr
+        + "".join(
+            p.read_text(errors="ignore")
+            for p in rayflow.workdir.rglob("*")
+            if p.is_file() and p.suffix in {".log", ".yaml", ".json"}
+        )
     )
     assert secret not in everything
-    assert secret not in "".join(str(v) for r in [parent, *trials] for v in [*r.data.params.values(), *r.data.tags.values()])
+    assert secret not in "".join(
+        str(v) for r in [parent, *trials] for v in [*r.data.params.values(), *r.data.tags.values()]
+    )
 
 
 def test_tracking_none_logs_nothing(rayflow):
@@ -90,9 +115,15 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     # not started when Ctrl-C lands. Epochs of about 0.7 s leave the test a window of seconds to
     # see the second trial mid-way (at 4000 images, 0.36 s epochs, a loaded CI machine missed it).
     epochs = 8
-    args = ["workload.num_samples=3", f"workload.max_epochs={epochs}", f"workload.scheduler.grace_period={epochs}",
-            "workload.resources_per_trial.cpu=2", "backend.num_cpus=2", "data.synthetic_train_size=8000",
-            "workload.search_space.batch_size=[32]"]
+    args = [
+        "workload.num_samples=3",
+        f"workload.max_epochs={epochs}",
+        f"workload.scheduler.grace_period={epochs}",
+        "workload.resources_per_trial.cpu=2",
+        "backend.num_cpus=2",
+        "data.synthetic_train_size=8000",
+        "workload.search_space.batch_size=[32]",
+    ]
     proc, log = rayflow.start(*args)
 
     def second_trial_checkpointed():
@@ -115,11 +146,20 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     elsewhere = rayflow.workdir / "elsewhere"
     elsewhere.mkdir()
     daemons = ray_daemon_pids()
-    wrong = subprocess.run(rayflow.argv(*args, "resume=true", "tracking.uri=sqlite:///mlflow.db"), cwd=elsewhere,
-                           env=rayflow.env, capture_output=True, text=True, timeout=120)
+    wrong = subprocess.run(
+        rayflow.argv(*args, "resume=true", "tracking.uri=sqlite:///mlflow.db"),
+        cwd=elsewhere,
+        env=rayflow.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert wrong.returncode == 2, wrong.stderr[-2000:]
     [line] = wrong.stderr.strip().splitlines()
-    assert line.startswith("rayflow: error: resume: the experiment's MLflow parent run ") and "does not exist here" in line, line
+    assert (
+        line.startswith("rayflow: error: resume: the experiment's MLflow parent run ")
+        and "does not exist here" in line
+    ), line
     assert not (elsewhere / "mlflow.db").exists() and ray_daemon_pids() == daemons
 
     out = rayflow.run(*args, "resume=true")
@@ -130,16 +170,20 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
         assert _progress(trial) == rows, "a finished trial was run again"
     resumed = _progress(next(rayflow.storage.glob(f"*/{running[0].name}")))
     seen = [int(r["epoch"]) for r in resumed]
-    assert seen[-1] == epochs and seen.count(1) == 1, f"resumed trial restarted from scratch: {seen}" 
+    assert seen[-1] == epochs and seen.count(1) == 1, (
+        f"resumed trial restarted from scratch: {seen}"
+    )
 
     client, parents, children = rayflow.mlflow("cifar")
     assert len(parents) == 1, "resume must continue the same parent run"
     assert parents[0].info.status == "FINISHED" and parents[0].data.tags.get("resumed") == "true"
     assert len(children[parents[0].info.run_id]) == 3
     # the plots of the resumed run draw the whole history: every epoch of the trial cut in two
-    curves = rayflow.plots(client, parents[0])["learning_curves.png"]
+    curves = rayflow.results.plots(client, parents[0])["learning_curves.png"]
     assert curves["lines"] == 3 and curves["stopped_early"] == 0 and curves["rungs"] == [epochs]
-    assert curves["points"] == {t.data.tags["trial_id"]: epochs for t in children[parents[0].info.run_id]}
+    assert curves["points"] == {
+        t.data.tags["trial_id"]: epochs for t in children[parents[0].info.run_id]
+    }
     cut = next(t for t in curves["points"] if running[0].name.startswith(f"train_cifar_{t}_"))
     assert curves["points"][cut] == epochs  # epochs before the interrupt and after the resume
 
@@ -148,8 +192,14 @@ def test_killed_trial_worker_restarts_from_its_checkpoint(rayflow):
     import os
 
     epochs = 8
-    args = ["workload.num_samples=1", f"workload.max_epochs={epochs}", f"workload.scheduler.grace_period={epochs}",
-            "data.synthetic_train_size=4000", "workload.search_space.batch_size=[32]", "workload.max_failures=2"]
+    args = [
+        "workload.num_samples=1",
+        f"workload.max_epochs={epochs}",
+        f"workload.scheduler.grace_period={epochs}",
+        "data.synthetic_train_size=4000",
+        "workload.search_space.batch_size=[32]",
+        "workload.max_failures=2",
+    ]
     proc, log = rayflow.start(*args)
 
     def trial_worker_after_two_epochs():
@@ -158,7 +208,9 @@ def test_killed_trial_worker_restarts_from_its_checkpoint(rayflow):
     pids = wait_until(trial_worker_after_two_epochs, timeout=180, interval=0.1)
     assert pids and len(pids) == 1, log.read_text()[-3000:]
     os.kill(pids.pop(), signal.SIGKILL)
-    assert len(rayflow.checkpoints()) < epochs - 2, "the trial finished before the test could kill it"
+    assert len(rayflow.checkpoints()) < epochs - 2, (
+        "the trial finished before the test could kill it"
+    )
     assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]
     rows = [r for t in rayflow.storage.glob("*/train_cifar_*") for r in _progress(t)]
     seen = [int(r["epoch"]) for r in rows]
@@ -169,20 +221,32 @@ def test_killed_trial_worker_restarts_from_its_checkpoint(rayflow):
 
 
 def test_multirun_reuses_one_cluster(rayflow):
-    out = rayflow.run("-m", "workload.num_samples=1", "workload.max_epochs=1", "workload.scheduler.reduction_factor=2,4")
+    out = rayflow.run(
+        "-m",
+        "workload.num_samples=1",
+        "workload.max_epochs=1",
+        "workload.scheduler.reduction_factor=2,4",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("[rayflow] starting the local cluster") == 1
     assert out.stdout.count("[rayflow] reusing the local cluster") == 1
     client, parents, children = rayflow.mlflow("cifar")
-    assert sorted(p.data.params["workload.scheduler.reduction_factor"] for p in parents) == ["2", "4"]
+    assert sorted(p.data.params["workload.scheduler.reduction_factor"] for p in parents) == [
+        "2",
+        "4",
+    ]
     # start-up figures belong to the job that started the cluster, not to the one reusing it
     assert sorted("cluster_start_s" in p.data.metrics for p in parents) == [False, True]
     assert len(rayflow.experiments()) == 2
 
 
 def test_sigterm_mid_run_stops_everything_and_keeps_the_experiment(rayflow):
-    proc, log = rayflow.start("workload.num_samples=2", "workload.max_epochs=30", "workload.scheduler.grace_period=30")
-    assert wait_until(lambda: rayflow.checkpoints(), timeout=180, interval=0.1), log.read_text()[-3000:]
+    proc, log = rayflow.start(
+        "workload.num_samples=2", "workload.max_epochs=30", "workload.scheduler.grace_period=30"
+    )
+    assert wait_until(lambda: rayflow.checkpoints(), timeout=180, interval=0.1), log.read_text()[
+        -3000:
+    ]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-3000:]
     assert "resume=" in log.read_text()
@@ -191,18 +255,31 @@ def test_sigterm_mid_run_stops_everything_and_keeps_the_experiment(rayflow):
     assert rayflow.experiments()  # the rayflow fixture asserts no Ray daemon is left
 
 
-def test_a_trial_no_node_can_hold_fails_after_schedule_timeout_on_an_attached_cluster(rayflow, head_node):
+def test_a_trial_no_node_can_hold_fails_after_schedule_timeout_on_an_attached_cluster(
+    rayflow, head_node
+):
     """attach cannot know the cluster's size up front: the 2-CPU trial waits for a 1-CPU
     cluster only schedule_timeout_s, then the run fails with one line (exit 1)."""
     import time
 
     started = time.monotonic()
-    out = rayflow.run("backend=attach", f"backend.address={head_node}", "ray_auth_mode=token",
-                      "workload.num_samples=1", "workload.max_epochs=1", "workload.resources_per_trial.cpu=2",
-                      "schedule_timeout_s=5", timeout=120)
+    out = rayflow.run(
+        "backend=attach",
+        f"backend.address={head_node}",
+        "ray_auth_mode=token",
+        "workload.num_samples=1",
+        "workload.max_epochs=1",
+        "workload.resources_per_trial.cpu=2",
+        "schedule_timeout_s=5",
+        timeout=120,
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("rayflow: error: schedule_timeout_s: ") and "2 CPU" in last and "1 CPU" in last, last
+    assert (
+        last.startswith("rayflow: error: schedule_timeout_s: ")
+        and "2 CPU" in last
+        and "1 CPU" in last
+    ), last
     assert "workload.resources_per_trial.cpu" in last and "Traceback" not in out.stderr
     assert time.monotonic() - started < 90
     client, parents, _ = rayflow.mlflow("cifar")

@@ -19,11 +19,18 @@ def project(rayflow, name: str):
     return copy_example(name, rayflow.workdir)
 
 
-PBT = ["workload=tune", "workload.trainable=train:objective", "workload.metric=loss", "workload.mode=min",
-       "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}, width: {choice: [16, 32]}}",
-       "workload.scheduler={name: pbt, time_attr: training_iteration, perturbation_interval: 2, "
-       "hyperparam_mutations: {lr: {loguniform: [1e-3, 1e-1]}}}",
-       "workload.num_samples=2", "workload.stop={training_iteration: 4}", "backend.num_cpus=2"]
+PBT = [
+    "workload=tune",
+    "workload.trainable=train:objective",
+    "workload.metric=loss",
+    "workload.mode=min",
+    "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}, width: {choice: [16, 32]}}",
+    "workload.scheduler={name: pbt, time_attr: training_iteration, perturbation_interval: 2, "
+    "hyperparam_mutations: {lr: {loguniform: [1e-3, 1e-1]}}}",
+    "workload.num_samples=2",
+    "workload.stop={training_iteration: 4}",
+    "backend.num_cpus=2",
+]
 
 
 def test_a_tune_function_under_pbt_runs_from_the_users_folder(rayflow):
@@ -43,9 +50,11 @@ def test_a_tune_function_under_pbt_runs_from_the_users_folder(rayflow):
         history = client.get_metric_history(run.info.run_id, "loss")
         assert [m.step for m in history] == [1, 2, 3, 4]  # every report, by training_iteration
         assert "accuracy" in run.data.metrics  # what the user reports, not only the metric
-    plots = rayflow.plots(client, parent)
+    plots = rayflow.results.plots(client, parent)
     curves = plots["learning_curves.png"]
-    assert curves["lines"] == 2 and curves["metric"] == "loss" and curves["x"] == "training_iteration"
+    assert (
+        curves["lines"] == 2 and curves["metric"] == "loss" and curves["x"] == "training_iteration"
+    )
     assert "lr" in plots["search.png"]["panels"]
 
 
@@ -66,11 +75,17 @@ rows = result.trials
 print("RESULT", json.dumps({{"best": result.best_config, "metrics": result.best_metrics, "trials": len(rows),
                             "columns": sorted(rows.columns)}}))
 """
-    out = subprocess.run([sys.executable, "-c", script], cwd=rayflow.workdir, env=rayflow.env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=rayflow.workdir,
+        env=rayflow.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     [line] = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    result = json.loads(line[len("RESULT "):])
+    result = json.loads(line[len("RESULT ") :])
     assert result["best"] == {"offset": 10, "x": 2} and result["metrics"]["score"] == 16
     assert result["trials"] == 2 and "score" in result["columns"]
     client, parents, children = rayflow.mlflow("tune")
@@ -80,8 +95,14 @@ print("RESULT", json.dumps({{"best": result.best_config, "metrics": result.best_
 
 def test_a_train_loop_runs_from_the_users_folder(rayflow):
     project(rayflow, "train-loop")
-    out = rayflow.run("workload=train", "workload.train_loop=loop:train_loop", "workload.num_workers=2",
-                      "workload.train_loop_config={epochs: 2, lr: 0.01}", "backend.num_cpus=2", timeout=400)
+    out = rayflow.run(
+        "workload=train",
+        "workload.train_loop=loop:train_loop",
+        "workload.num_workers=2",
+        "workload.train_loop_config={epochs: 2, lr: 0.01}",
+        "backend.num_cpus=2",
+        timeout=400,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "== rayflow results (Ray Train) ==" in out.stdout
     client, parents, children = rayflow.mlflow("train")
@@ -90,7 +111,7 @@ def test_a_train_loop_runs_from_the_users_folder(rayflow):
     [run] = children[parent.info.run_id]
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [1, 2]
-    training = rayflow.plots(client, parent)["training.png"]
+    training = rayflow.results.plots(client, parent)["training.png"]
     assert training["x"] == "epoch" and {"loss", "val_loss"} <= set(training["panels"])
 
 
@@ -98,10 +119,16 @@ def test_a_train_loop_runs_from_the_users_folder(rayflow):
 def test_dqn_reaches_150_on_cartpole_within_100k_env_steps(rayflow):
     """examples/rllib-dqn's command: an RLlib algorithm by its registry name, its config sections
     and a one-point grid from YAML, stopped by Tune's stop mapping over RLlib's nested results."""
-    out = rayflow.run("workload=rllib", "workload.algorithm=DQN", "workload.env=CartPole-v1",
-                      "workload.config={training: {n_step: 3, epsilon: [[0, 1.0], [10000, 0.02]]}}",
-                      "workload.stop={env_runners/episode_return_mean: 150, num_env_steps_sampled_lifetime: 100000}",
-                      "workload.grid={lr: [5e-4]}", "backend.num_cpus=2", timeout=600)
+    out = rayflow.run(
+        "workload=rllib",
+        "workload.algorithm=DQN",
+        "workload.env=CartPole-v1",
+        "workload.config={training: {n_step: 3, epsilon: [[0, 1.0], [10000, 0.02]]}}",
+        "workload.stop={env_runners/episode_return_mean: 150, num_env_steps_sampled_lifetime: 100000}",
+        "workload.grid={lr: [5e-4]}",
+        "backend.num_cpus=2",
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "== rayflow results (RLlib DQN) ==" in out.stdout and "best lr: 0.0005" in out.stdout
     assert "goal 150: reached" in out.stdout, out.stdout[-2000:]
@@ -111,5 +138,5 @@ def test_dqn_reaches_150_on_cartpole_within_100k_env_steps(rayflow):
     assert parent.data.metrics["num_env_steps_sampled_lifetime"] <= 100_000
     [trial] = children[parent.info.run_id]
     assert trial.data.params["lr"] == "0.0005" and "episode_return_mean" in trial.data.metrics
-    returns = rayflow.plots(client, parent)["returns.png"]
+    returns = rayflow.results.plots(client, parent)["returns.png"]
     assert returns["lines"] == 1 and returns["goal"] == 150

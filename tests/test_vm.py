@@ -6,12 +6,10 @@ Slow: a head takes ~12 s and each scale-up ~14 s on 2 cores.
 
 from __future__ import annotations
 
-
 import signal
 
 import pytest
 import yaml
-
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 
 from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
@@ -20,19 +18,27 @@ from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.hydra_app import KeptCluster, sweep_comes_home
 
-
 pytestmark = pytest.mark.slow
 
 # The issue's cluster: a head with 0 CPUs, a 1-CPU worker type, 0 to 2 workers.
-FAKE = ["backend=vm", "backend.provider=fake_multinode", "backend.worker.cpu.num_cpus=1", "backend.min_worker_nodes=0",
-        "backend.max_worker_nodes=2", "backend.autoscale_idle_timeout_minutes=1"]
+FAKE = [
+    "backend=vm",
+    "backend.provider=fake_multinode",
+    "backend.worker.cpu.num_cpus=1",
+    "backend.min_worker_nodes=0",
+    "backend.max_worker_nodes=2",
+    "backend.autoscale_idle_timeout_minutes=1",
+]
 
 
 class TestVM(LifecycleSuite, JobSubmissionSuite):
     name = "vm"
     owns_cluster = True
     # the graceful stop, then the SIGKILL sweep behind it
-    teardown_faults = [("stop the fake cluster's processes",), ("kill what is left of the fake cluster",)]
+    teardown_faults = [
+        ("stop the fake cluster's processes",),
+        ("kill what is left of the fake cluster",),
+    ]
 
     def overrides(self):
         return FAKE
@@ -52,15 +58,24 @@ def vm_jobs(tmp_path_factory, data_root):
     (runner.workdir / "cluster.yaml").write_text(dry.stdout)
     cluster = ["backend=vm", f"backend.cluster_yaml={runner.workdir / 'cluster.yaml'}"]
     out = runner.run_jobs(
-        [*cluster, "workload.num_samples=4", "workload.max_epochs=3", "workload.scheduler.grace_period=3",
-         "workload.reuse_actors=false", "data.synthetic_train_size=2000"],
+        [
+            *cluster,
+            "workload.num_samples=4",
+            "workload.max_epochs=3",
+            "workload.scheduler.grace_period=3",
+            "workload.reuse_actors=false",
+            "data.synthetic_train_size=2000",
+        ],
         [*cluster, "workload=ddp", "workload.epochs=2"],
         [*cluster, *USER_TUNE],
-        timeout=900)
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     runner.dry_run = dry.stdout
     yield runner, out
-    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the shared fake cluster was left running"
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), (
+        "the shared fake cluster was left running"
+    )
 
 
 def test_the_users_tune_function_goes_with_the_job(vm_jobs):
@@ -70,16 +85,27 @@ def test_the_users_tune_function_goes_with_the_job(vm_jobs):
     client, parents, children = runner.mlflow("tune")
     [parent] = parents
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"
-    assert parent.data.params["workload.trainable"] == "train:objective" and "best_loss" in parent.data.metrics
+    assert (
+        parent.data.params["workload.trainable"] == "train:objective"
+        and "best_loss" in parent.data.metrics
+    )
     trials = children[parent.info.run_id]
-    assert len(trials) == 2 and all(t.info.status == "FINISHED" and "accuracy" in t.data.metrics for t in trials)
+    assert len(trials) == 2 and all(
+        t.info.status == "FINISHED" and "accuracy" in t.data.metrics for t in trials
+    )
     assert {"learning_curves.png", "search.png"} <= set(runner.plots(client, parent))
 
 
 def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(vm_jobs):
     runner, out = vm_jobs
-    assert out.stdout.count("[rayflow] starting the vm cluster") == 1 and out.stdout.count("[rayflow] reusing the vm cluster") == 2
-    assert out.stdout.count("[rayflow] submitted job raysubmit_") == 3 and "== rayflow results ==" in out.stdout
+    assert (
+        out.stdout.count("[rayflow] starting the vm cluster") == 1
+        and out.stdout.count("[rayflow] reusing the vm cluster") == 2
+    )
+    assert (
+        out.stdout.count("[rayflow] submitted job raysubmit_") == 3
+        and "== rayflow results ==" in out.stdout
+    )
     client, parents, children = runner.mlflow("cifar")
     parent = parents[0]
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"
@@ -88,7 +114,10 @@ def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(vm_jobs):
     assert len(children[parent.info.run_id]) == 4
     # the cluster file as applied: the dry run's document, rendered the same when handed back
     spec = client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(runner.workdir))
-    assert yaml.safe_load(open(spec))["available_node_types"] == yaml.safe_load(runner.dry_run)["available_node_types"]
+    assert (
+        yaml.safe_load(open(spec))["available_node_types"]
+        == yaml.safe_load(runner.dry_run)["available_node_types"]
+    )
 
 
 def test_each_submitted_job_returns_its_run_result(vm_jobs):
@@ -99,10 +128,20 @@ def test_each_submitted_job_returns_its_run_result(vm_jobs):
     for result, experiment in ((cifar, "cifar"), (ddp, "ddp"), (tune, "tune")):
         _, parents, _ = runner.mlflow(experiment)
         assert result["type"] == "RunResult" and result["mlflow_run_id"] == parents[0].info.run_id
-        assert result["experiment_dir"].startswith(str(runner.storage))  # fake nodes share this machine's files
-    assert cifar["trials"] == 4 and "val_accuracy" in cifar["best_metrics"] and "lr" in cifar["best_config"], cifar
-    assert tune["trials"] == 2 and "loss" in tune["best_metrics"] and "lr" in tune["best_config"], tune
-    assert ddp["trials"] == 2 and "val_accuracy" in ddp["best_metrics"], ddp  # one row per epoch of the one Train run
+        assert result["experiment_dir"].startswith(
+            str(runner.storage)
+        )  # fake nodes share this machine's files
+    assert (
+        cifar["trials"] == 4
+        and "val_accuracy" in cifar["best_metrics"]
+        and "lr" in cifar["best_config"]
+    ), cifar
+    assert tune["trials"] == 2 and "loss" in tune["best_metrics"] and "lr" in tune["best_config"], (
+        tune
+    )
+    assert ddp["trials"] == 2 and "val_accuracy" in ddp["best_metrics"], (
+        ddp
+    )  # one row per epoch of the one Train run
     assert out.stdout.count("== rayflow results") == 3  # the table once per job, not again here
     assert "[rayflow-result]" not in out.stdout  # the job's line for this side is not shown
 
@@ -116,8 +155,17 @@ def test_ddp_as_a_job_puts_two_train_workers_on_two_autoscaled_nodes(vm_jobs):
 
 def test_sigterm_during_the_job_stops_it_and_tears_down(rayflow):
     before = ray_daemon_pids()
-    proc, log = rayflow.start(*FAKE, "workload.num_samples=2", "workload.max_epochs=30", "workload.scheduler.grace_period=30")
-    assert wait_until(lambda: "submitted job" in log.read_text() and rayflow.checkpoints(), timeout=300, interval=0.5), log.read_text()[-3000:]
+    proc, log = rayflow.start(
+        *FAKE,
+        "workload.num_samples=2",
+        "workload.max_epochs=30",
+        "workload.scheduler.grace_period=30",
+    )
+    assert wait_until(
+        lambda: "submitted job" in log.read_text() and rayflow.checkpoints(),
+        timeout=300,
+        interval=0.5,
+    ), log.read_text()[-3000:]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=180) == 128 + signal.SIGTERM, log.read_text()[-3000:]
     assert "stopping job" in log.read_text()
@@ -133,13 +181,19 @@ def test_a_file_tracking_uri_is_refused_for_a_cloud_provider(rayflow):
 def test_sigterm_while_the_head_starts_leaves_nothing(rayflow):
     before = ray_daemon_pids()
     proc, log = rayflow.start(*FAKE, "workload.num_samples=1", "workload.max_epochs=1")
-    assert wait_until(lambda: "starting a fake_multinode head" in log.read_text(), timeout=120, interval=0.1), log.read_text()[-3000:]
+    assert wait_until(
+        lambda: "starting a fake_multinode head" in log.read_text(), timeout=120, interval=0.1
+    ), log.read_text()[-3000:]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=180) == 128 + signal.SIGTERM, log.read_text()[-3000:]
-    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the half-started head was left"
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), (
+        "the half-started head was left"
+    )
 
 
-def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_token_is_one_line(tmp_path):
+def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_token_is_one_line(
+    tmp_path,
+):
     """Clusters have owners, on one real cluster: while a run holds its (kept) cluster, a second
     run of the same name is refused in one line before it starts anything; once the first ended,
     a later run that names it joins it and leaves it running; `python -m rayflow.teardown` stops it.
@@ -152,41 +206,87 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_toke
     from rayflow.backends import backend_for
     from rayflow.backends.vm import state
     from rayflow.backends.vm.cluster import wait_for_dashboard
-    from rayflow.composition import compose_config
+    from rayflow.orchestrator.cluster import running
+    from rayflow.orchestrator.compose import compose_config
 
     before = ray_daemon_pids()
-    client = ("import sys\nfrom rayflow.remote import JobError, run_as_job\n"
-              "try:\n    run_as_job(sys.argv[1], ['python', '-c', 'print(1)'], {})\n"
-              "except JobError as err:\n    print('JOBERROR', err)\n")
+    client = (
+        "import sys\nfrom rayflow.orchestrator.submission import JobError, run_as_job\n"
+        "try:\n    run_as_job(sys.argv[1], ['python', '-c', 'print(1)'], {})\n"
+        "except JobError as err:\n    print('JOBERROR', err)\n"
+    )
     owned = [*FAKE, "backend.cluster_name=rf-owned", "ray_auth_mode=token"]
-    with backend_for(compose_config(*owned, "backend.keep_cluster=true")) as first:
-        out = subprocess.run([sys.executable, "-c", client, first.address], capture_output=True, text=True, timeout=120,
-                             env=dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="not-the-cluster-token"), cwd=tmp_path)
-        second = subprocess.run([sys.executable, "-m", "rayflow", *owned, "tracking=none", "data.synthetic=true",
-                                 f"data.root={tmp_path / 'data'}", f"storage_path={tmp_path}"], capture_output=True, text=True,
-                                timeout=120, cwd=tmp_path)
+    with running(backend_for(compose_config(*owned, "backend.keep_cluster=true"))) as first:
+        out = subprocess.run(
+            [sys.executable, "-c", client, first.address],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="not-the-cluster-token"),
+            cwd=tmp_path,
+        )
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rayflow",
+                *owned,
+                "tracking=none",
+                "data.synthetic=true",
+                f"data.root={tmp_path / 'data'}",
+                f"storage_path={tmp_path}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
-        assert second.stderr.strip().splitlines()[-1].startswith("rayflow: error: backend.cluster_name: a cluster named 'rf-owned' is in use")
+        assert (
+            second.stderr.strip()
+            .splitlines()[-1]
+            .startswith(
+                "rayflow: error: backend.cluster_name: a cluster named 'rf-owned' is in use"
+            )
+        )
         assert "starting a fake_multinode head" not in second.stdout + second.stderr
         wait_for_dashboard(first.address, 5, "the first run's cluster")  # left intact
-        kept = first.teardown_command()
+        kept = first.teardown_command
     lines = [line for line in out.stdout.splitlines() if line.startswith("JOBERROR ")]
     assert len(lines) == 1, out.stdout[-2000:] + out.stderr[-2000:]
-    assert lines[0].startswith("JOBERROR the Jobs API at http://127.0.0.1:") and "not-the-cluster-token" not in lines[0]
+    assert (
+        lines[0].startswith("JOBERROR the Jobs API at http://127.0.0.1:")
+        and "not-the-cluster-token" not in lines[0]
+    )
     try:
-        wait_for_dashboard(first.address, 5, "the kept cluster")  # kept: the first run left it running
-        with backend_for(compose_config(*owned)) as joined:  # names it: joins it, and never stops it
+        wait_for_dashboard(
+            first.address, 5, "the kept cluster"
+        )  # kept: the first run left it running
+        with running(
+            backend_for(compose_config(*owned))
+        ) as joined:  # names it: joins it, and never stops it
             assert joined.address == first.address
         wait_for_dashboard(first.address, 5, "the joined cluster")
         assert state.read("rf-owned")["kept"] and state.read("rf-owned")["holder"] is None
     finally:
-        subprocess.run([sys.executable, "-m", "rayflow.teardown", kept.rsplit(" ", 1)[-1]], check=True, timeout=120)
-    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60) and state.read("rf-owned") is None
+        subprocess.run(
+            [sys.executable, "-m", "rayflow.teardown", kept.rsplit(" ", 1)[-1]],
+            check=True,
+            timeout=120,
+        )
+    assert (
+        wait_until(lambda: not (ray_daemon_pids() - before), timeout=60)
+        and state.read("rf-owned") is None
+    )
 
 
 # hydra/launcher=rayflow on fake_multinode: the sweep goes to the head as a Ray Job. A cluster name of
 # its own: a vm cluster is found again by its name (the others here are `rayflow`).
-LAUNCHER = ["hydra.launcher.backend=vm", "hydra.launcher.cluster_name=rf-launcher", "hydra.launcher.worker={cpu: {num_cpus: 1}}"]
+LAUNCHER = [
+    "hydra.launcher.backend=vm",
+    "hydra.launcher.cluster_name=rf-launcher",
+    "hydra.launcher.worker={cpu: {num_cpus: 1}}",
+]
 
 
 class TestHydraLauncherOnVM(KeptCluster, LauncherTestSuite):
@@ -200,7 +300,10 @@ class TestHydraLauncherOnVM(KeptCluster, LauncherTestSuite):
 
 def test_a_hydra_app_outside_the_repository_sweeps_on_vm(tmp_path):
     # no worker to begin with, and none on the head: the jobs' demand makes Ray's autoscaler add them
-    out = sweep_comes_home(tmp_path / "app", [*LAUNCHER, "hydra.launcher.min_worker_nodes=0", "hydra.launcher.max_worker_nodes=2"])
+    out = sweep_comes_home(
+        tmp_path / "app",
+        [*LAUNCHER, "hydra.launcher.min_worker_nodes=0", "hydra.launcher.max_worker_nodes=2"],
+    )
     # The head has no CPU and no worker runs at first: the jobs finishing is the autoscaler adding
     # workers. (Its event lines, summarised unless verbose, reach the job's log only at times
     # before the job ends: they are not asserted.)

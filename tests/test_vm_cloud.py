@@ -21,17 +21,38 @@ PROVIDER = os.environ.get("RAYFLOW_TEST_CLOUD")
 TRACKING = os.environ.get("RAYFLOW_TEST_TRACKING_URI")
 
 
-@pytest.mark.skipif(not (PROVIDER and TRACKING), reason="needs RAYFLOW_TEST_CLOUD (aws|gcp), cloud credentials and RAYFLOW_TEST_TRACKING_URI")
+@pytest.mark.skipif(
+    not (PROVIDER and TRACKING),
+    reason="needs RAYFLOW_TEST_CLOUD (aws|gcp), cloud credentials and RAYFLOW_TEST_TRACKING_URI",
+)
 def test_a_cifar_run_on_cloud_vms_scales_out_and_is_torn_down(tmp_path):
-    extra = [f"backend.project_id={os.environ['RAYFLOW_TEST_GCP_PROJECT']}"] if PROVIDER == "gcp" else []
-    args = [sys.executable, "-m", "rayflow", "backend=vm", f"backend.provider={PROVIDER}", "backend.min_worker_nodes=0",
-            "backend.max_worker_nodes=2", "backend.cluster_name=rayflow-cloud-test", f"tracking.uri={TRACKING}",
-            "data.synthetic=true", "workload.num_samples=4", "workload.max_epochs=2", *extra]
+    extra = (
+        [f"backend.project_id={os.environ['RAYFLOW_TEST_GCP_PROJECT']}"]
+        if PROVIDER == "gcp"
+        else []
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "rayflow",
+        "backend=vm",
+        f"backend.provider={PROVIDER}",
+        "backend.min_worker_nodes=0",
+        "backend.max_worker_nodes=2",
+        "backend.cluster_name=rayflow-cloud-test",
+        f"tracking.uri={TRACKING}",
+        "data.synthetic=true",
+        "workload.num_samples=4",
+        "workload.max_epochs=2",
+        *extra,
+    ]
     out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "== rayflow results ==" in out.stdout
     # torn down: Ray's launcher finds no head for the cluster rayflow rendered
-    spec = subprocess.run([*args, "dry_run=true"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    spec = subprocess.run(
+        [*args, "dry_run=true"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     config = tmp_path / "cluster.yaml"
     config.write_text(spec.stdout)  # a vm dry run prints the cluster YAML itself
     from ray.autoscaler import sdk

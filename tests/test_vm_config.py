@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayflow import dependencies as deps
 from rayflow.backends.vm import checks, commands, defaults
 from rayflow.backends.vm import config as vm_config
+from rayflow.backends.vm.keys import REMOVED
 from rayflow.errors import ConfigError
-from rayflow.redaction import redact
-from rayflow.schema.vm import REMOVED
+from rayflow.orchestrator.compose import compose_config
+from rayflow.runtime import requirements as deps
+from rayflow.security.redaction import redact
 from tests.harness import REPO
-from rayflow.composition import compose_config
 
 RAY_VERSION = version("ray")
 PYTHON_VERSION = "3.11"
@@ -49,7 +49,9 @@ def ssh_tools(tmp_path, monkeypatch):
 @pytest.fixture
 def key_file(tmp_path) -> Path:
     path = tmp_path / "id_test"
-    path.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a real key\n-----END OPENSSH PRIVATE KEY-----\n")
+    path.write_text(
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nnot a real key\n-----END OPENSSH PRIVATE KEY-----\n"
+    )
     path.chmod(0o600)
     return path
 
@@ -64,14 +66,22 @@ def token_file(tmp_path) -> Path:
 def filled(provider: str, key_file: Path) -> list[str]:
     """Overrides that fill in what only a user can for `provider`."""
     return {
-        "local": ["backend.head_ip=10.213.0.11", "backend.worker_ips=[10.213.0.12,10.213.0.13]",
-                  "backend.ssh_user=rayhost", f"backend.ssh_private_key={key_file}"],
+        "local": [
+            "backend.head_ip=10.213.0.11",
+            "backend.worker_ips=[10.213.0.12,10.213.0.13]",
+            "backend.ssh_user=rayhost",
+            f"backend.ssh_private_key={key_file}",
+        ],
         "gcp": ["backend.project_id=rayflow-test-123456"],
     }.get(provider, [])
 
 
 def start_commands(config: dict) -> list[str]:
-    return [c for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"] if "ray start" in c]
+    return [
+        c
+        for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"]
+        if "ray start" in c
+    ]
 
 
 # --- every provider, CPU and GPU, passes Ray's validation --------------------------------
@@ -88,12 +98,17 @@ def test_rendered_config_passes_rays_validation(provider, gpu, ssh_tools, key_fi
     vm_config.validate(config)
     if provider != "local":
         types = config["available_node_types"]
-        assert set(types) == {config["head_node_type"], *(defaults.WORKER_TYPES[k] for k in (("cpu", "gpu") if gpu else ("cpu",)))}
+        assert set(types) == {
+            config["head_node_type"],
+            *(defaults.WORKER_TYPES[k] for k in (("cpu", "gpu") if gpu else ("cpu",))),
+        }
         assert types[config["head_node_type"]]["resources"] == {"CPU": 0, "GPU": 0}
         if gpu:
             assert types["rayflow_worker_gpu"]["resources"]["GPU"] == 1
     else:
-        assert "available_node_types" not in config  # Ray refuses node types for on-premise clusters
+        assert (
+            "available_node_types" not in config
+        )  # Ray refuses node types for on-premise clusters
         assert config["provider"]["worker_ips"] == ["10.213.0.12", "10.213.0.13"]
         assert config["auth"] == {"ssh_user": "rayhost", "ssh_private_key": str(key_file)}
 
@@ -103,8 +118,16 @@ def test_defaults_alone_render_with_placeholders_and_pass_rays_validation(provid
     b = section(f"backend.provider={provider}")
     checks.check(b, gpu=False)  # placeholders are not errors: a dry run renders them
     keys = checks.placeholders(b)
-    assert keys == (["backend.project_id"] if provider == "gcp" else
-                    ["backend.head_ip", "backend.worker_ips", "backend.ssh_user", "backend.ssh_private_key"])
+    assert keys == (
+        ["backend.project_id"]
+        if provider == "gcp"
+        else [
+            "backend.head_ip",
+            "backend.worker_ips",
+            "backend.ssh_user",
+            "backend.ssh_private_key",
+        ]
+    )
     config = vm_config.render(b, False, "token", RAY_VERSION, PYTHON_VERSION, None)
     text = yaml.safe_dump(config)
     for key in keys:
@@ -123,26 +146,46 @@ def test_aws_defaults_need_nothing_filled_in():
     config = vm_config.render(b, True, "token", RAY_VERSION, PYTHON_VERSION, None)
     vm_config.validate(config)
     assert config["provider"]["region"] == "us-west-2"
-    assert config["available_node_types"]["rayflow_worker_gpu"]["node_config"]["InstanceType"] == "g4dn.xlarge"
+    assert (
+        config["available_node_types"]["rayflow_worker_gpu"]["node_config"]["InstanceType"]
+        == "g4dn.xlarge"
+    )
 
 
 def test_gcp_gpu_type_has_a_t4_and_an_overridable_machine_type():
-    config = vm_config.render(section("backend.provider=gcp", "backend.project_id=p-1"), True, "token")
+    config = vm_config.render(
+        section("backend.provider=gcp", "backend.project_id=p-1"), True, "token"
+    )
     gpu = config["available_node_types"]["rayflow_worker_gpu"]["node_config"]
     assert gpu["machineType"] == "n1-standard-4"
-    assert gpu["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
-    config = vm_config.render(section("backend.provider=gcp", "backend.project_id=p-1", "backend.worker.gpu.instance_type=n1-standard-8",
-                               "backend.worker.gpu.accelerator_type=nvidia-l4", "backend.worker.gpu.num_gpus=2"), True, "token")
+    assert gpu["guestAccelerators"] == [
+        {"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}
+    ]
+    config = vm_config.render(
+        section(
+            "backend.provider=gcp",
+            "backend.project_id=p-1",
+            "backend.worker.gpu.instance_type=n1-standard-8",
+            "backend.worker.gpu.accelerator_type=nvidia-l4",
+            "backend.worker.gpu.num_gpus=2",
+        ),
+        True,
+        "token",
+    )
     gpu = config["available_node_types"]["rayflow_worker_gpu"]
     assert gpu["node_config"]["machineType"] == "n1-standard-8" and gpu["resources"]["GPU"] == 2
-    assert gpu["node_config"]["guestAccelerators"] == [{"acceleratorType": "nvidia-l4", "acceleratorCount": 2}]
+    assert gpu["node_config"]["guestAccelerators"] == [
+        {"acceleratorType": "nvidia-l4", "acceleratorCount": 2}
+    ]
     vm_config.validate(config)
 
 
 def test_gcp_zone_outside_the_default_region_is_a_placeholder():
     b = section("backend.provider=gcp", "backend.project_id=p-1", "backend.region=europe-west4")
     assert checks.placeholders(b) == ["backend.availability_zone"]
-    b = section("backend.provider=gcp", "backend.project_id=p-1", "backend.availability_zone=europe-west4-a")
+    b = section(
+        "backend.provider=gcp", "backend.project_id=p-1", "backend.availability_zone=europe-west4-a"
+    )
     config = vm_config.render(b, False, "token")
     assert config["provider"]["region"] == "europe-west4" and checks.placeholders(b) == []
 
@@ -159,26 +202,45 @@ def test_fake_multinode_config_is_accepted_by_rays_fake_provider_and_scheduler(g
 
     config = vm_config.render(section(), gpu, "token", RAY_VERSION, PYTHON_VERSION, None)
     vm_config.validate(config)
-    assert config["provider"] == {"type": "fake_multinode", "use_node_id_as_ip": True,
-                                  "disable_node_updaters": True, "disable_launch_config_check": True}
+    assert config["provider"] == {
+        "type": "fake_multinode",
+        "use_node_id_as_ip": True,
+        "disable_node_updaters": True,
+        "disable_launch_config_check": True,
+    }
     assert config["head_start_ray_commands"] == [] and config["setup_commands"] == []
 
     monkeypatch.setenv("RAY_FAKE_CLUSTER", "1")  # what the head's monitor runs under
-    provider = _get_node_provider_cls(config["provider"])(config["provider"], config["cluster_name"])
+    provider = _get_node_provider_cls(config["provider"])(
+        config["provider"], config["cluster_name"]
+    )
     head = provider.non_terminated_nodes({})
-    assert provider.node_tags(head[0])[TAG_RAY_USER_NODE_TYPE] == config["head_node_type"]  # the fake head's type
+    assert (
+        provider.node_tags(head[0])[TAG_RAY_USER_NODE_TYPE] == config["head_node_type"]
+    )  # the fake head's type
 
-    scheduler = ResourceDemandScheduler(provider, config["available_node_types"], config["max_workers"],
-                                        config["head_node_type"], config["upscaling_speed"])
-    head_resources = {head[0]: config["available_node_types"][config["head_node_type"]]["resources"]}
+    scheduler = ResourceDemandScheduler(
+        provider,
+        config["available_node_types"],
+        config["max_workers"],
+        config["head_node_type"],
+        config["upscaling_speed"],
+    )
+    head_resources = {
+        head[0]: config["available_node_types"][config["head_node_type"]]["resources"]
+    }
 
     def launches(demands):
-        to_launch, _ = scheduler.get_nodes_to_launch(head, {}, demands, {}, [], head_resources, [], NodeAvailabilitySummary({}))
+        to_launch, _ = scheduler.get_nodes_to_launch(
+            head, {}, demands, {}, [], head_resources, [], NodeAvailabilitySummary({})
+        )
         return to_launch
 
     runs_on = "rayflow_worker_gpu" if gpu else "rayflow_worker_cpu"
     assert launches([]) == {runs_on: 1}  # min_worker_nodes of the type the run uses
-    assert launches([{"CPU": 1, "GPU": 1}] * 2) == ({"rayflow_worker_gpu": 2} if gpu else {runs_on: 1})
+    assert launches([{"CPU": 1, "GPU": 1}] * 2) == (
+        {"rayflow_worker_gpu": 2} if gpu else {runs_on: 1}
+    )
     assert sum(launches([{"CPU": 1}] * 8).values()) == 2  # max_worker_nodes
     assert commands.head_start_args(section()) == ["--num-cpus=0", "--num-gpus=0"]
 
@@ -199,7 +261,14 @@ def test_fake_multinode_needs_rays_example_yaml_for_prepare_config():
 def test_cloud_setup_pins_this_ray_and_the_runtime_dependencies(provider):
     from ray.autoscaler._private.util import prepare_config
 
-    config = vm_config.render(section(f"backend.provider={provider}", "backend.project_id=p-1"), True, "token", RAY_VERSION, PYTHON_VERSION, None)
+    config = vm_config.render(
+        section(f"backend.provider={provider}", "backend.project_id=p-1"),
+        True,
+        "token",
+        RAY_VERSION,
+        PYTHON_VERSION,
+        None,
+    )
     install = [c for c in config["setup_commands"] if "pip install" in c]
     assert len(install) == 1 and f'pip install -U "ray[default,tune]=={RAY_VERSION}"' in install[0]
     for package in deps.RUNTIME_PACKAGES:
@@ -215,23 +284,33 @@ def test_cloud_setup_pins_this_ray_and_the_runtime_dependencies(provider):
 
 
 def test_local_setup_checks_this_ray_version_and_installs_nothing(ssh_tools, key_file):
-    config = vm_config.render(section("backend.provider=local", *filled("local", key_file)), False, "token", RAY_VERSION)
-    assert len(config["setup_commands"]) == 1 and f"= {RAY_VERSION} ||" in config["setup_commands"][0]
-    assert not any("pip install -U \"ray" in c and "||" not in c for c in config["setup_commands"])
+    config = vm_config.render(
+        section("backend.provider=local", *filled("local", key_file)), False, "token", RAY_VERSION
+    )
+    assert (
+        len(config["setup_commands"]) == 1 and f"= {RAY_VERSION} ||" in config["setup_commands"][0]
+    )
+    assert not any('pip install -U "ray' in c and "||" not in c for c in config["setup_commands"])
 
 
 @pytest.mark.parametrize("provider", ["aws", "gcp"])
 def test_stopped_nodes_are_not_cached_unless_asked(provider):
     b = section(f"backend.provider={provider}", "backend.project_id=p-1")
     assert vm_config.render(b, False, "token")["provider"]["cache_stopped_nodes"] is False
-    b = section(f"backend.provider={provider}", "backend.project_id=p-1", "backend.cache_stopped_nodes=true")
+    b = section(
+        f"backend.provider={provider}", "backend.project_id=p-1", "backend.cache_stopped_nodes=true"
+    )
     assert vm_config.render(b, False, "token")["provider"]["cache_stopped_nodes"] is True
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_resources_are_whole_numbers(provider, gpu):
-    config = vm_config.render(section(f"backend.provider={provider}", "backend.worker.cpu.memory=4000000000"), gpu, "token")
+    config = vm_config.render(
+        section(f"backend.provider={provider}", "backend.worker.cpu.memory=4000000000"),
+        gpu,
+        "token",
+    )
     for node_type in config.get("available_node_types", {}).values():
         assert all(type(v) is int for v in node_type["resources"].values()), node_type
         assert type(node_type["min_workers"]) is int and type(node_type["max_workers"]) is int
@@ -249,13 +328,19 @@ def test_every_ray_start_exports_the_auth_mode(provider, auth_mode):
         assert 0 <= export < command.find("ray start"), command
     head = config["head_start_ray_commands"][-1]
     assert "--num-cpus=0" in head and "--num-gpus=0" in head
-    assert "--dashboard-host=127.0.0.1" in head  # the head's loopback: rayflow reaches it through an SSH tunnel
+    assert (
+        "--dashboard-host=127.0.0.1" in head
+    )  # the head's loopback: rayflow reaches it through an SSH tunnel
 
 
 def test_fake_multinode_gets_the_auth_mode_from_the_launcher(token_file):
     env = commands.launcher_env(section(), "token", str(token_file))
-    assert env == {"RAY_AUTH_MODE": "token", "RAY_FAKE_CLUSTER": "1", "RAY_enable_autoscaler_v2": "0",
-                   "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    assert env == {
+        "RAY_AUTH_MODE": "token",
+        "RAY_FAKE_CLUSTER": "1",
+        "RAY_enable_autoscaler_v2": "0",
+        "RAY_AUTH_TOKEN_PATH": str(token_file),
+    }
 
 
 def test_local_provider_runs_autoscaler_v1_and_names_node_addresses(ssh_tools, key_file):
@@ -267,7 +352,9 @@ def test_local_provider_runs_autoscaler_v1_and_names_node_addresses(ssh_tools, k
     assert "--node-ip-address=10.213.0.11" in head
     assert "--node-ip-address=$(hostname -I | cut -d' ' -f1)" in worker
     assert "--num-cpus=2" in worker  # backend.worker.cpu.num_cpus; null leaves it to Ray
-    config = vm_config.render(section("backend.provider=local", "backend.worker.cpu.num_cpus=null"), False, "token")
+    config = vm_config.render(
+        section("backend.provider=local", "backend.worker.cpu.num_cpus=null"), False, "token"
+    )
     assert "--num-cpus" not in start_commands(config)[1]
 
 
@@ -281,23 +368,41 @@ def test_token_is_mounted_by_path_and_never_rendered(provider, token_file):
     dry_run = yaml.safe_dump(redact(config))  # what the lead prints for dry_run=true
     assert SECRET not in dry_run
     assert ("<fill in:" in dry_run) == (provider != "aws")  # placeholders stay visible
-    assert vm_config.render(b, True, "disabled", RAY_VERSION, PYTHON_VERSION, str(token_file))["file_mounts"] == {}
+    assert (
+        vm_config.render(b, True, "disabled", RAY_VERSION, PYTHON_VERSION, str(token_file))[
+            "file_mounts"
+        ]
+        == {}
+    )
 
 
 def test_overrides_are_deep_merged_last_and_null_deletes():
-    b = section("backend.provider=aws", "+backend.overrides.provider.use_internal_ips=true",
-                "+backend.overrides.available_node_types.rayflow_worker_cpu.node_config.InstanceMarketOptions.MarketType=spot",
-                "+backend.overrides.head_setup_commands=null")
+    b = section(
+        "backend.provider=aws",
+        "+backend.overrides.provider.use_internal_ips=true",
+        "+backend.overrides.available_node_types.rayflow_worker_cpu.node_config.InstanceMarketOptions.MarketType=spot",
+        "+backend.overrides.head_setup_commands=null",
+    )
     config = vm_config.render(b, False, "token")
-    assert config["provider"]["use_internal_ips"] is True and config["provider"]["region"] == "us-west-2"
+    assert (
+        config["provider"]["use_internal_ips"] is True
+        and config["provider"]["region"] == "us-west-2"
+    )
     node_config = config["available_node_types"]["rayflow_worker_cpu"]["node_config"]
-    assert node_config == {"InstanceType": "m5.large", "InstanceMarketOptions": {"MarketType": "spot"}}
+    assert node_config == {
+        "InstanceType": "m5.large",
+        "InstanceMarketOptions": {"MarketType": "spot"},
+    }
     assert "head_setup_commands" not in config
     vm_config.validate(config)
     bad = vm_config.render(section("+backend.overrides.bogus_key=1"), False, "token")
     with pytest.raises(ConfigError) as raised:
         vm_config.validate(bad)
-    assert raised.value.key == "backend" and "bogus_key" in str(raised.value) and "\n" not in str(raised.value)
+    assert (
+        raised.value.key == "backend"
+        and "bogus_key" in str(raised.value)
+        and "\n" not in str(raised.value)
+    )
 
 
 def test_rays_refusal_is_one_line_naming_the_place():
@@ -320,7 +425,11 @@ def test_keys_of_outdated_guides_name_their_replacement(key):
     with pytest.raises(ConfigError) as raised:
         checks.check(section(f"+backend.{key}=2"), gpu=False)
     assert raised.value.key == f"backend.{key}"
-    assert "outdated" in str(raised.value) and "use " in str(raised.value) and "\n" not in str(raised.value)
+    assert (
+        "outdated" in str(raised.value)
+        and "use " in str(raised.value)
+        and "\n" not in str(raised.value)
+    )
 
 
 def test_seed_004_keys_name_what_replaced_them():
@@ -329,12 +438,17 @@ def test_seed_004_keys_name_what_replaced_them():
     with pytest.raises(ConfigError, match="backend.worker.cpu.instance_type"):
         checks.check(section("backend.provider=aws", "+backend.instance_type=m5.large"), gpu=False)
     with pytest.raises(ConfigError, match="GOOGLE_APPLICATION_CREDENTIALS"):
-        checks.check(section("backend.provider=gcp", "+backend.gcp_service_account_key=/k.json"), gpu=False)
+        checks.check(
+            section("backend.provider=gcp", "+backend.gcp_service_account_key=/k.json"), gpu=False
+        )
 
 
 def test_unknown_keys_point_to_overrides():
-    for override, key in (("+backend.tags.Name=ray", "backend.tags"), ("+backend.worker.tpu.num_cpus=1", "backend.worker.tpu"),
-                          ("+backend.worker.cpu.cores=1", "backend.worker.cpu.cores")):
+    for override, key in (
+        ("+backend.tags.Name=ray", "backend.tags"),
+        ("+backend.worker.tpu.num_cpus=1", "backend.worker.tpu"),
+        ("+backend.worker.cpu.cores=1", "backend.worker.cpu.cores"),
+    ):
         with pytest.raises(ConfigError) as raised:
             checks.check(section(override), gpu=False)
         assert raised.value.key == key
@@ -344,41 +458,121 @@ def test_unknown_keys_point_to_overrides():
     "overrides, gpu, key",
     [
         (["backend.provider=azure"], False, "backend.provider"),
-        (["backend.min_worker_nodes=3", "backend.max_worker_nodes=2"], False, "backend.min_worker_nodes"),
-        (["backend.worker.cpu.min_workers=3", "backend.worker.cpu.max_workers=1"], False, "backend.worker.cpu.min_workers"),
-        (["backend.worker.gpu.min_workers=2", "backend.worker.gpu.max_workers=1"], True, "backend.worker.gpu.min_workers"),
-        (["backend.worker.cpu.min_workers=2", "backend.worker.gpu.min_workers=1"], True, "backend.max_worker_nodes"),
-        (["backend.min_worker_nodes=2", "backend.worker.cpu.min_workers=1"], False, "backend.min_worker_nodes"),
+        (
+            ["backend.min_worker_nodes=3", "backend.max_worker_nodes=2"],
+            False,
+            "backend.min_worker_nodes",
+        ),
+        (
+            ["backend.worker.cpu.min_workers=3", "backend.worker.cpu.max_workers=1"],
+            False,
+            "backend.worker.cpu.min_workers",
+        ),
+        (
+            ["backend.worker.gpu.min_workers=2", "backend.worker.gpu.max_workers=1"],
+            True,
+            "backend.worker.gpu.min_workers",
+        ),
+        (
+            ["backend.worker.cpu.min_workers=2", "backend.worker.gpu.min_workers=1"],
+            True,
+            "backend.max_worker_nodes",
+        ),
+        (
+            ["backend.min_worker_nodes=2", "backend.worker.cpu.min_workers=1"],
+            False,
+            "backend.min_worker_nodes",
+        ),
         (["backend.max_worker_nodes=-1"], False, "backend.max_worker_nodes"),
         (["backend.num_cpus_head_node=-1"], False, "backend.num_cpus_head_node"),
         (["backend.num_gpus_head_node=0.5"], False, "backend.num_gpus_head_node"),
         (["backend.worker.cpu.num_cpus=-2"], False, "backend.worker.cpu.num_cpus"),
         (["backend.worker.cpu.num_cpus=1.5"], False, "backend.worker.cpu.num_cpus"),
-        (["backend.worker.cpu.num_cpus=null"], False, "backend.worker.cpu.num_cpus"),  # fake_multinode: nothing to detect
+        (
+            ["backend.worker.cpu.num_cpus=null"],
+            False,
+            "backend.worker.cpu.num_cpus",
+        ),  # fake_multinode: nothing to detect
         (["backend.worker.gpu.num_gpus=0.5"], True, "backend.worker.gpu.num_gpus"),
         (["backend.worker.gpu.num_gpus=0"], True, "backend.worker.gpu.num_gpus"),
         (["backend.worker.cpu.memory=0"], False, "backend.worker.cpu.memory"),
-        (["backend.worker.cpu.object_store_memory=1000"], False, "backend.worker.cpu.object_store_memory"),
+        (
+            ["backend.worker.cpu.object_store_memory=1000"],
+            False,
+            "backend.worker.cpu.object_store_memory",
+        ),
         (["backend.autoscale_upscaling_speed=0"], False, "backend.autoscale_upscaling_speed"),
         (["backend.autoscale_upscaling_speed=-1"], False, "backend.autoscale_upscaling_speed"),
-        (["backend.autoscale_idle_timeout_minutes=-1"], False, "backend.autoscale_idle_timeout_minutes"),
+        (
+            ["backend.autoscale_idle_timeout_minutes=-1"],
+            False,
+            "backend.autoscale_idle_timeout_minutes",
+        ),
         (["backend.start_timeout_s=0"], False, "backend.start_timeout_s"),
         (["backend.keep_cluster=maybe"], False, "backend.keep_cluster"),
         (["backend.cluster_name=My_Cluster"], False, "backend.cluster_name"),
         (["backend.ami=ami-123"], False, "backend.ami"),  # fake_multinode has no AMI
         (["backend.provider=gcp", "backend.ami=ami-123"], False, "backend.ami"),
         (["backend.cache_stopped_nodes=true"], False, "backend.cache_stopped_nodes"),
-        (["backend.provider=aws", "backend.region=us-east-1", "backend.availability_zone=us-west-2a"], False, "backend.availability_zone"),
-        (["backend.provider=local", "backend.worker.cpu.instance_type=m5.large"], False, "backend.worker.cpu.instance_type"),
-        (["backend.provider=local", "backend.worker.cpu.max_workers=3"], False, "backend.worker.cpu.max_workers"),
-        (["backend.provider=local", "backend.worker_ips=[10.0.0.2]", "backend.max_worker_nodes=2"], False, "backend.max_worker_nodes"),
-        (["backend.provider=local", "backend.worker_ips=[10.0.0.2,10.0.0.2]"], False, "backend.worker_ips"),
+        (
+            [
+                "backend.provider=aws",
+                "backend.region=us-east-1",
+                "backend.availability_zone=us-west-2a",
+            ],
+            False,
+            "backend.availability_zone",
+        ),
+        (
+            ["backend.provider=local", "backend.worker.cpu.instance_type=m5.large"],
+            False,
+            "backend.worker.cpu.instance_type",
+        ),
+        (
+            ["backend.provider=local", "backend.worker.cpu.max_workers=3"],
+            False,
+            "backend.worker.cpu.max_workers",
+        ),
+        (
+            [
+                "backend.provider=local",
+                "backend.worker_ips=[10.0.0.2]",
+                "backend.max_worker_nodes=2",
+            ],
+            False,
+            "backend.max_worker_nodes",
+        ),
+        (
+            ["backend.provider=local", "backend.worker_ips=[10.0.0.2,10.0.0.2]"],
+            False,
+            "backend.worker_ips",
+        ),
         (["backend.provider=local", "backend.worker_ips=10.0.0.2"], False, "backend.worker_ips"),
-        (["backend.provider=local", "backend.ssh_private_key=/nonexistent/id_rsa"], False, "backend.ssh_private_key"),
+        (
+            ["backend.provider=local", "backend.ssh_private_key=/nonexistent/id_rsa"],
+            False,
+            "backend.ssh_private_key",
+        ),
         (["backend.provider=local", "backend.ssh_private_key=/"], False, "backend.ssh_private_key"),
-        (["backend.provider=aws", "backend.ssh_private_key=/nonexistent/id_rsa"], False, "backend.ssh_private_key"),
-        (["backend.provider=gcp", "backend.region=us-west1", "backend.availability_zone=us-west10-a"], False, "backend.availability_zone"),
-        (["backend.min_worker_nodes=2", "backend.worker.cpu.max_workers=1"], False, "backend.worker.cpu.max_workers"),
+        (
+            ["backend.provider=aws", "backend.ssh_private_key=/nonexistent/id_rsa"],
+            False,
+            "backend.ssh_private_key",
+        ),
+        (
+            [
+                "backend.provider=gcp",
+                "backend.region=us-west1",
+                "backend.availability_zone=us-west10-a",
+            ],
+            False,
+            "backend.availability_zone",
+        ),
+        (
+            ["backend.min_worker_nodes=2", "backend.worker.cpu.max_workers=1"],
+            False,
+            "backend.worker.cpu.max_workers",
+        ),
     ],
 )
 def test_bad_values_name_their_key(overrides, gpu, key, ssh_tools):
@@ -390,7 +584,12 @@ def test_bad_values_name_their_key(overrides, gpu, key, ssh_tools):
 
 def test_the_ssh_key_path_stays_out_of_the_message(ssh_tools):
     with pytest.raises(ConfigError) as raised:
-        checks.check(section("backend.provider=local", "backend.ssh_private_key=/nonexistent/secret_dir/id_rsa"), gpu=False)
+        checks.check(
+            section(
+                "backend.provider=local", "backend.ssh_private_key=/nonexistent/secret_dir/id_rsa"
+            ),
+            gpu=False,
+        )
     assert "secret_dir" not in str(raised.value)
 
 
@@ -404,7 +603,9 @@ def test_an_exposed_dashboard_without_token_auth_is_refused():
 
 @pytest.mark.parametrize("provider", ["local", "aws"])
 @pytest.mark.parametrize("present, missing", [((), "ssh"), (("ssh",), "rsync")])
-def test_ray_up_needs_ssh_and_rsync_here(provider, present, missing, tmp_path, monkeypatch, key_file):
+def test_ray_up_needs_ssh_and_rsync_here(
+    provider, present, missing, tmp_path, monkeypatch, key_file
+):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in present:
@@ -412,17 +613,19 @@ def test_ray_up_needs_ssh_and_rsync_here(provider, present, missing, tmp_path, m
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
     with pytest.raises(ConfigError) as raised:
-        checks.check(section(f"backend.provider={provider}", *filled(provider, key_file)), gpu=False)
+        checks.check(
+            section(f"backend.provider={provider}", *filled(provider, key_file)), gpu=False
+        )
     assert raised.value.key == "backend.provider" and f"`{missing}`" in str(raised.value)
     checks.check(section(), gpu=False)  # fake_multinode starts its nodes here: no ssh
 
 
 def test_the_schema_takes_the_vm_booleans():
-    from rayflow import schema
+    from rayflow.orchestrator.compose import validate
 
-    schema.validate(compose_config("backend=vm"))
+    validate(compose_config("backend=vm"))
     with pytest.raises(ConfigError) as raised:
-        schema.validate(compose_config("backend=vm", "backend.cache_stopped_nodes=maybe"))
+        validate(compose_config("backend=vm", "backend.cache_stopped_nodes=maybe"))
     assert raised.value.key == "backend.cache_stopped_nodes"
 
 
@@ -430,8 +633,13 @@ def test_the_schema_takes_the_vm_booleans():
 
 
 def fill_placeholders(text: str) -> str:
-    values = {"backend.project_id": "rayflow-test-123456", "backend.head_ip": "10.213.0.11",
-              "backend.worker_ips": "10.213.0.12", "backend.ssh_user": "rayhost", "backend.ssh_private_key": "~/.ssh/id_test"}
+    values = {
+        "backend.project_id": "rayflow-test-123456",
+        "backend.head_ip": "10.213.0.11",
+        "backend.worker_ips": "10.213.0.12",
+        "backend.ssh_user": "rayhost",
+        "backend.ssh_private_key": "~/.ssh/id_test",
+    }
     return re.sub(r"<fill in: (backend\.[^>]+)>", lambda m: values[m.group(1)], text)
 
 
@@ -442,7 +650,9 @@ def test_starting_points_pass_rays_validation_once_filled_in(name):
     head = "\n".join(text.splitlines()[:12])
     assert "Fill in" in head and "ray up" in head  # says at the top what to fill in
     expected = [k for k in checks.USER_KEYS.get(name, ())]
-    assert sorted(set(re.findall(r"<fill in: (backend\.[^>]+)>", text))) == sorted(f"backend.{k}" for k in expected)
+    assert sorted(set(re.findall(r"<fill in: (backend\.[^>]+)>", text))) == sorted(
+        f"backend.{k}" for k in expected
+    )
     config = yaml.safe_load(fill_placeholders(text))
     vm_config.validate(config)
     assert config["provider"]["type"] == name
@@ -451,7 +661,14 @@ def test_starting_points_pass_rays_validation_once_filled_in(name):
         assert command.index("export RAY_AUTH_MODE=token;") < command.index("ray start")
     setup = " ".join(config["setup_commands"])
     assert f"ray[default,tune]=={RAY_VERSION}" in setup and "ray-wheels" not in text
-    rendered = vm_config.render(section(f"backend.provider={name}"), True, "token", RAY_VERSION, token_file="~/.ray/auth_token")
+    rendered = vm_config.render(
+        section(f"backend.provider={name}"),
+        True,
+        "token",
+        RAY_VERSION,
+        token_file="~/.ray/auth_token",
+    )
+
     # what rayflow renders today: the same commands and packages; the starting points pin the
     # versions of the machine they were written on, which a newer release of a dependency (a
     # new filelock here) moves on from, so only Ray's own pin must match
@@ -465,7 +682,6 @@ def test_starting_points_pass_rays_validation_once_filled_in(name):
         assert config["head_node_type"] == rendered["head_node_type"]
 
 
-
 def test_a_dashboard_that_never_answers_is_a_cluster_error_naming_the_key():
     """A failure the user can act on is rayflow's ClusterError (the CLI's one line, exit 1), not
     a RuntimeError with a traceback."""
@@ -477,5 +693,7 @@ def test_a_dashboard_that_never_answers_is_a_cluster_error_naming_the_key():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(ClusterError, match=r"did not answer within 0.5 s \(backend.start_timeout_s\)"):
+    with pytest.raises(
+        ClusterError, match=r"did not answer within 0.5 s \(backend.start_timeout_s\)"
+    ):
         wait_for_dashboard(f"http://127.0.0.1:{port}", 0.5, "backend=vm")

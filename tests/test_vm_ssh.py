@@ -51,8 +51,15 @@ def made_hosts():
 def hosts(made_hosts):
     yield made_hosts
     # Ray's processes (the hosts' sshd sessions of user `rayhost` are not Ray)
-    left = {pid: cmd for i in range(2) for pid, cmd in made_hosts.pids_in_host(i).items()
-            if any(mark in cmd for mark in ("raylet", "gcs_server", "site-packages/ray/", "ray::", "ray start"))}
+    left = {
+        pid: cmd
+        for i in range(2)
+        for pid, cmd in made_hosts.pids_in_host(i).items()
+        if any(
+            mark in cmd
+            for mark in ("raylet", "gcs_server", "site-packages/ray/", "ray::", "ray start")
+        )
+    }
     assert not left, f"Ray left in a host: {left}"
 
 
@@ -69,11 +76,28 @@ def shared_dir():
 @pytest.fixture
 def mlflow_server(hosts, tmp_path):
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", hosts.bridge_ip, "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                             "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1",
-                             "--allowed-hosts", f"{hosts.bridge_ip}:{port},{hosts.bridge_ip}"],
-                            stdout=open(tmp_path / "mlflow.log", "w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            hosts.bridge_ip,
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--workers",
+            "1",
+            "--allowed-hosts",
+            f"{hosts.bridge_ip}:{port},{hosts.bridge_ip}",
+        ],
+        stdout=open(tmp_path / "mlflow.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://{hosts.bridge_ip}:{port}"
 
     def up() -> bool:
@@ -91,39 +115,80 @@ def mlflow_server(hosts, tmp_path):
         proc.wait(timeout=30)
 
 
-def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(hosts, shared_dir, mlflow_server, tmp_path):
+def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(
+    hosts, shared_dir, mlflow_server, tmp_path
+):
     head, worker = hosts.ips
     env = hosts.launcher_env()  # its own HOME: a token made for this cluster, not the machine's
     env.pop("MLFLOW_TRACKING_URI", None)
     started = time.monotonic()
-    cluster = [sys.executable, "-m", "rayflow", "backend=vm", "backend.provider=local", f"backend.head_ip={head}",
-               f"backend.worker_ips=[{worker}]", f"backend.ssh_user={hosts.user}", f"backend.ssh_private_key={hosts.key_path}",
-               "backend.min_worker_nodes=1", "backend.max_worker_nodes=1", "backend.worker.cpu.num_cpus=1",
-               "backend.cluster_name=rayflow-ssh-test", "ray_auth_mode=token"]
+    cluster = [
+        sys.executable,
+        "-m",
+        "rayflow",
+        "backend=vm",
+        "backend.provider=local",
+        f"backend.head_ip={head}",
+        f"backend.worker_ips=[{worker}]",
+        f"backend.ssh_user={hosts.user}",
+        f"backend.ssh_private_key={hosts.key_path}",
+        "backend.min_worker_nodes=1",
+        "backend.max_worker_nodes=1",
+        "backend.worker.cpu.num_cpus=1",
+        "backend.cluster_name=rayflow-ssh-test",
+        "ray_auth_mode=token",
+    ]
     logs = tmp_path / "run.out", tmp_path / "run.err"
     proc = subprocess.Popen(
-        [*cluster, f"tracking.uri={mlflow_server}",
-         f"storage_path={shared_dir / 'ray_results'}", f"data.root={shared_dir / 'data'}", "data.synthetic=true",
-         "data.synthetic_train_size=1000", "data.synthetic_test_size=100", "workload.num_samples=2", "workload.max_epochs=1"],
-        cwd=tmp_path, env=env, stdout=open(logs[0], "w"), stderr=open(logs[1], "w"), text=True)
+        [
+            *cluster,
+            f"tracking.uri={mlflow_server}",
+            f"storage_path={shared_dir / 'ray_results'}",
+            f"data.root={shared_dir / 'data'}",
+            "data.synthetic=true",
+            "data.synthetic_train_size=1000",
+            "data.synthetic_test_size=100",
+            "workload.num_samples=2",
+            "workload.max_epochs=1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=open(logs[0], "w"),
+        stderr=open(logs[1], "w"),
+        text=True,
+    )
     try:
-        assert wait_until(lambda: "submitted job" in logs[0].read_text() or proc.poll() is not None, timeout=600), logs[1].read_text()[-3000:]
+        assert wait_until(
+            lambda: "submitted job" in logs[0].read_text() or proc.poll() is not None, timeout=600
+        ), logs[1].read_text()[-3000:]
         # Clusters have owners: while this run holds the cluster, a second run of the same name is
         # refused before it runs anything: by this user's record (the same HOME), and without one
         # (another HOME, as another user or machine) because the provider sees a live head of the name
-        for home, why in ((env["HOME"], "in use by another run of yours"), (str(tmp_path / "another-home"), "running (local) that no run of yours kept")):
-            second = subprocess.run([*cluster, "tracking=none", "data.synthetic=true"], cwd=tmp_path, env={**env, "HOME": home},
-                                    capture_output=True, text=True, timeout=300)
+        for home, why in (
+            (env["HOME"], "in use by another run of yours"),
+            (str(tmp_path / "another-home"), "running (local) that no run of yours kept"),
+        ):
+            second = subprocess.run(
+                [*cluster, "tracking=none", "data.synthetic=true"],
+                cwd=tmp_path,
+                env={**env, "HOME": home},
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             last = second.stderr.strip().splitlines()[-1:]
-            assert second.returncode == 2 and last[0].startswith("rayflow: error: backend.cluster_name: a cluster named "
-                                                                 f"'rayflow-ssh-test' is {why}"), second.stdout[-2000:] + second.stderr[-2000:]
+            assert second.returncode == 2 and last[0].startswith(
+                f"rayflow: error: backend.cluster_name: a cluster named 'rayflow-ssh-test' is {why}"
+            ), second.stdout[-2000:] + second.stderr[-2000:]
             assert "creating cluster" not in second.stdout + second.stderr
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=300)
-    out = subprocess.CompletedProcess(proc.args, proc.returncode, logs[0].read_text(), logs[1].read_text())
+    out = subprocess.CompletedProcess(
+        proc.args, proc.returncode, logs[0].read_text(), logs[1].read_text()
+    )
     print(f"\nray up -> job -> ray down over SSH: {time.monotonic() - started:.1f} s")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
@@ -131,7 +196,12 @@ def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(hosts, shared_dir, mlfl
     # every trial ran on the worker host (the head has 0 CPUs)
     results = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
     assert len(results) == 2
-    ips = {json.loads(line)["node_ip"] for path in results for line in path.read_text().splitlines() if line.strip()}
+    ips = {
+        json.loads(line)["node_ip"]
+        for path in results
+        for line in path.read_text().splitlines()
+        if line.strip()
+    }
     assert ips == {worker}
 
     from mlflow.tracking import MlflowClient
@@ -143,7 +213,9 @@ def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(hosts, shared_dir, mlfl
     assert parent.data.metrics["cluster_nodes_peak"] == 2
     assert len(runs) == 3
     token = (Path(env["HOME"]) / ".ray" / "auth_token").read_text().strip()
-    assert token and token not in out.stdout + out.stderr  # the token travelled by file, never printed
+    assert (
+        token and token not in out.stdout + out.stderr
+    )  # the token travelled by file, never printed
     for ip in hosts.ips:  # and is private on every node (rsync made ~/.ray 0755; Ray writes 0644)
         modes = hosts.ssh(ip, "stat -c %a ~/.ray ~/.ray/auth_token", timeout=20)
         assert modes.stdout.split() == ["700", "600"], (ip, modes.stdout, modes.stderr)
@@ -176,10 +248,26 @@ worker_start_ray_commands:
 def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shared_dir, tmp_path):
     head, worker = hosts.ips
     cluster_yaml = tmp_path / "my-hosts.yaml"
-    cluster_yaml.write_text(USER_WRITTEN.format(head=head, worker=worker, user=hosts.user, key=hosts.key_path))
+    cluster_yaml.write_text(
+        USER_WRITTEN.format(head=head, worker=worker, user=hosts.user, key=hosts.key_path)
+    )
     env = hosts.launcher_env()
-    common = [sys.executable, "-m", "rayflow", "backend=vm", f"backend.cluster_yaml={cluster_yaml}", "tracking=none"]
-    dry = subprocess.run([*common, "dry_run=true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    common = [
+        sys.executable,
+        "-m",
+        "rayflow",
+        "backend=vm",
+        f"backend.cluster_yaml={cluster_yaml}",
+        "tracking=none",
+    ]
+    dry = subprocess.run(
+        [*common, "dry_run=true"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dry.returncode == 0, dry.stderr
     assert "rayflow adds" in dry.stderr and "RAY_UP_enable_autoscaler_v2=0" in dry.stderr
     # the head's dashboard on its loopback only: nothing reaches HEAD:8265 over the network
@@ -187,15 +275,34 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shar
     assert head_start and all("--dashboard-host=127.0.0.1" in c for c in head_start)
     started = time.monotonic()
     # as a notebook runs it: rayflow.run(...) returns the RunResult the job on the head sent back
-    python_call = ("import json, sys, rayflow\nr = rayflow.run(*sys.argv[1:])\n"
-                   "print('RESULT', json.dumps({'type': type(r).__name__, 'best_metrics': r.best_metrics, "
-                   "'experiment_dir': str(r.experiment_dir), 'trials': len(r.trials)}))\n")
+    python_call = (
+        "import json, sys, rayflow\nr = rayflow.run(*sys.argv[1:])\n"
+        "print('RESULT', json.dumps({'type': type(r).__name__, 'best_metrics': r.best_metrics, "
+        "'experiment_dir': str(r.experiment_dir), 'trials': len(r.trials)}))\n"
+    )
     out = subprocess.run(
-        [sys.executable, "-c", python_call, *common[3:], f"storage_path={shared_dir / 'ray_results'}", f"data.root={shared_dir / 'data'}",
-         "data.synthetic=true", "data.synthetic_train_size=1000", "data.synthetic_test_size=100", "workload.num_samples=1",
-         "workload.max_epochs=1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    print(f"\nray up (a hand-written file) -> job -> ray down over SSH: {time.monotonic() - started:.1f} s")
+        [
+            sys.executable,
+            "-c",
+            python_call,
+            *common[3:],
+            f"storage_path={shared_dir / 'ray_results'}",
+            f"data.root={shared_dir / 'data'}",
+            "data.synthetic=true",
+            "data.synthetic_train_size=1000",
+            "data.synthetic_test_size=100",
+            "workload.num_samples=1",
+            "workload.max_epochs=1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(
+        f"\nray up (a hand-written file) -> job -> ray down over SSH: {time.monotonic() - started:.1f} s"
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
     # submitted through the SSH tunnel's local end, never to the head's address in clear
@@ -203,8 +310,14 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shar
     assert f"{head}:8265" not in out.stdout + out.stderr
     [line] = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     result = json.loads(line.split(" ", 1)[1])
-    assert result["type"] == "RunResult" and result["trials"] == 1 and "val_accuracy" in result["best_metrics"], result
-    assert result["experiment_dir"].startswith(str(shared_dir / "ray_results"))  # the head's folder (shared here)
+    assert (
+        result["type"] == "RunResult"
+        and result["trials"] == 1
+        and "val_accuracy" in result["best_metrics"]
+    ), result
+    assert result["experiment_dir"].startswith(
+        str(shared_dir / "ray_results")
+    )  # the head's folder (shared here)
     [result] = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
     ips = {json.loads(line)["node_ip"] for line in result.read_text().splitlines() if line.strip()}
     assert ips == {worker}  # the head has 0 CPUs: the trial ran on the worker host

@@ -18,7 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)  # Hydra writes it to the job's my_app.log
 
 # A resolver the app registers: it travels with every job to the node that runs it.
-OmegaConf.register_new_resolver("scaled", lambda lr, factor: float(lr) * float(factor), replace=True)
+OmegaConf.register_new_resolver(
+    "scaled", lambda lr, factor: float(lr) * float(factor), replace=True
+)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -27,7 +29,9 @@ def main(cfg: DictConfig) -> float:
     if cfg.fail:
         raise ValueError(f"job {cfg.name} was asked to fail")
     rng = random.Random(cfg.seed)
-    data = [(x, 3.0 * x + 0.5 + rng.gauss(0, 0.1)) for x in (rng.uniform(-1, 1) for _ in range(200))]
+    data = [
+        (x, 3.0 * x + 0.5 + rng.gauss(0, 0.1)) for x in (rng.uniform(-1, 1) for _ in range(200))
+    ]
     w = b = 0.0
     for _ in range(cfg.steps):
         gw = sum(2 * (w * x + b - y) * x for x, y in data) / len(data)
@@ -37,9 +41,21 @@ def main(cfg: DictConfig) -> float:
     time.sleep(cfg.hold_s)  # stands for real work: long enough to see jobs run side by side
     out = HydraConfig.get().runtime.output_dir
     with open(os.path.join(out, "metrics.json"), "w") as f:
-        json.dump({"name": cfg.name, "loss": loss, "w": w, "b": b, "decay": cfg.decay, "pid": os.getpid(),
-                   "host": os.uname().nodename, "job_num": HydraConfig.get().job.num,
-                   "started": started, "ended": time.time()}, f)
+        json.dump(
+            {
+                "name": cfg.name,
+                "loss": loss,
+                "w": w,
+                "b": b,
+                "decay": cfg.decay,
+                "pid": os.getpid(),
+                "host": os.uname().nodename,
+                "job_num": HydraConfig.get().job.num,
+                "started": started,
+                "ended": time.time(),
+            },
+            f,
+        )
     log.info(f"{cfg.name}: loss {loss:.4f} after {cfg.steps} steps at lr={cfg.lr}")
     return loss
 

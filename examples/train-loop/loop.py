@@ -10,20 +10,19 @@ A restarted run (a worker died, or resume) continues from the latest checkpoint.
 import os
 import tempfile
 
+import ray.train
+import ray.train.torch
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-import ray.train
-import ray.train.torch
 
 
 def make_data(n=12000, features=16, seed=0):
     """y = a smooth nonlinear function of x plus noise; 20% held out for val_loss."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, features, generator=g)
-    w = torch.randn(features, 1, generator=g) / features ** 0.5
+    w = torch.randn(features, 1, generator=g) / features**0.5
     y = torch.sin(3 * x @ w) + 0.5 * (x[:, :1] * x[:, 1:2]) + 0.1 * torch.randn(n, 1, generator=g)
     split = int(0.8 * n)
     return TensorDataset(x[:split], y[:split]), TensorDataset(x[split:], y[split:])
@@ -39,7 +38,9 @@ def train_loop(config):
     train_set, val_set = make_data()
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0)
     train_loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    model = nn.Sequential(
+        nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
 
     start = 0
@@ -76,8 +77,11 @@ def train_loop(config):
         with tempfile.TemporaryDirectory() as d:
             checkpoint = None
             if rank == 0:
-                state = {"model": getattr(model, "module", model).state_dict(),
-                         "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
+                state = {
+                    "model": getattr(model, "module", model).state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch + 1,
+                }
                 torch.save(state, os.path.join(d, "state.pt"))
                 checkpoint = ray.train.Checkpoint.from_directory(d)
             ray.train.report(metrics, checkpoint=checkpoint)

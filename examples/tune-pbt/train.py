@@ -12,9 +12,8 @@ import tempfile
 
 import numpy as np
 import torch
-from torch import nn
-
 from ray import tune
+from torch import nn
 
 
 def make_data(n=20000, features=8, seed=0):
@@ -27,16 +26,25 @@ def make_data(n=20000, features=8, seed=0):
     flip = rng.random(n) < 0.02
     y[flip] = 1 - y[flip]
     split = int(0.8 * n)
-    return (torch.from_numpy(x[:split]), torch.from_numpy(y[:split]),
-            torch.from_numpy(x[split:]), torch.from_numpy(y[split:]))
+    return (
+        torch.from_numpy(x[:split]),
+        torch.from_numpy(y[:split]),
+        torch.from_numpy(x[split:]),
+        torch.from_numpy(y[split:]),
+    )
 
 
 def objective(config):
     torch.manual_seed(config.get("seed", 0))
     x_train, y_train, x_val, y_val = make_data()
     width = int(config.get("width", 32))
-    model = nn.Sequential(nn.Linear(x_train.shape[1], width), nn.ReLU(),
-                          nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 2))
+    model = nn.Sequential(
+        nn.Linear(x_train.shape[1], width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 2),
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     batch_size = int(config.get("batch_size", 64))
 
@@ -65,7 +73,15 @@ def objective(config):
             accuracy = (logits.argmax(1) == y_val).float().mean().item()
 
         with tempfile.TemporaryDirectory() as d:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "epoch": epoch + 1}, os.path.join(d, "state.pt"))
-            tune.report({"loss": loss, "accuracy": accuracy, "epoch": epoch + 1},
-                        checkpoint=tune.Checkpoint.from_directory(d))
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch + 1,
+                },
+                os.path.join(d, "state.pt"),
+            )
+            tune.report(
+                {"loss": loss, "accuracy": accuracy, "epoch": epoch + 1},
+                checkpoint=tune.Checkpoint.from_directory(d),
+            )

@@ -5,7 +5,8 @@ loads when a multirun calls launch()."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn
@@ -15,7 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from rayflow.launcher.node import launcher_node
 
-ConfigStore.instance().store(group="hydra/launcher", name="rayflow", node=launcher_node(), provider="rayflow")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="rayflow", node=launcher_node(), provider="rayflow"
+)
 
 
 class RayflowLauncher(Launcher):
@@ -26,13 +29,21 @@ class RayflowLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
         from rayflow.launcher.launch import launch
 
-        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        assert (
+            self.config is not None
+            and self.hydra_context is not None
+            and self.task_function is not None
+        )
         return launch(self, job_overrides, initial_job_idx)

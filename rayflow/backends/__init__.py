@@ -1,40 +1,86 @@
-"""Backends by config name. Imported lazily, so `--help` never loads ray or pyspark.
+"""Backends by config name, registered once here. Imported lazily, so `--help` never loads ray or
+pyspark.
 
-Like fsspec's registry: each entry names its module and, where it needs an optional
-dependency, the extra that installs it, so a missing package gets an install hint.
+Like fsspec's registry: each entry names the class that implements the backend (rayflow.backends.base),
+the model of its `backend:` section (its keys, beside its code: rayflow.schema checks them) and,
+where it needs an optional dependency, the extra that installs it, so a missing package gets an
+install hint.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig
 
-from rayflow.backends.base import ClusterBackend
+from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.errors import ConfigError
 
-# name -> (module, class, pip extra that provides its dependencies or None)
-REGISTRY: dict[str, tuple[str, str, str | None]] = {
-    "local": ("rayflow.backends.local", "LocalCluster", None),
-    "attach": ("rayflow.backends.attach", "AttachedCluster", None),
-    "spark": ("rayflow.backends.spark.cluster", "SparkCluster", "spark"),
-    "vm": ("rayflow.backends.vm.cluster", "VMCluster", None),
-    "kuberay": ("rayflow.backends.kuberay.cluster", "KubeRayCluster", "kuberay"),
+
+@dataclass(frozen=True)
+class Entry:
+    backend: str  # "module:Class", a ClusterBackend
+    keys: str  # "module:Model", the schema of its config section
+    extra: str | None = None  # the pip extra that provides its dependencies
+
+
+REGISTRY: dict[str, Entry] = {
+    "local": Entry("rayflow.backends.local:LocalCluster", "rayflow.backends.keys:Local"),
+    "attach": Entry("rayflow.backends.attach:AttachedCluster", "rayflow.backends.keys:Attach"),
+    "spark": Entry(
+        "rayflow.backends.spark.cluster:SparkCluster", "rayflow.backends.spark.keys:Spark", "spark"
+    ),
+    "vm": Entry("rayflow.backends.vm.cluster:VMCluster", "rayflow.backends.vm.keys:Vm"),
+    "kuberay": Entry(
+        "rayflow.backends.kuberay.cluster:KubeRayCluster",
+        "rayflow.backends.kuberay.keys:Kuberay",
+        "kuberay",
+    ),
 }
 
 
-def backend_for(cfg: DictConfig) -> ClusterBackend:
-    name = cfg.backend.name
-    if name not in REGISTRY:
-        raise ConfigError("backend", f"unknown backend {name!r}; choose from {', '.join(REGISTRY)}")
-    module_name, class_name, extra = REGISTRY[name]
+def _load(name: str, target: str) -> Any:
+    module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
+        extra = REGISTRY[name].extra
         hint = f"pip install 'rayflow[{extra}]'" if extra else "reinstall rayflow"
         raise ConfigError("backend", f"backend {name!r} needs {err.name}: {hint}") from err
-    # A backend gets its own section and the auth mode, nothing else of the run's config.
-    return getattr(module, class_name)(cfg.backend, str(cfg.ray_auth_mode))
+    return getattr(module, attr)
 
 
-__all__ = ["ClusterBackend", "REGISTRY", "backend_for"]
+def _entry(name: str) -> Entry:
+    if name not in REGISTRY:
+        raise ConfigError("backend", f"unknown backend {name!r}; choose from {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def backend_keys(name: str) -> Any:
+    """The model of backend `name`'s config section (a rayflow.schema.root.Section)."""
+    return _load(name, _entry(name).keys)
+
+
+def backend_for(cfg: DictConfig) -> ClusterBackend:
+    """The backend a config chooses, built from its own section and the auth mode, nothing else of
+    the run's config."""
+    name = str(cfg.backend.name)
+    cls = _load(name, _entry(name).backend)
+    backend: ClusterBackend = cls(cfg.backend, str(cfg.ray_auth_mode))
+    return backend
+
+
+__all__ = [
+    "REGISTRY",
+    "ClusterBackend",
+    "ClusterHandle",
+    "Entry",
+    "Rendered",
+    "Submission",
+    "WorkerPreload",
+    "backend_for",
+    "backend_keys",
+]

@@ -10,17 +10,21 @@ from pathlib import Path
 
 import yaml
 
-from rayflow.auth import is_loopback, owned_privately, warn_auth_off
-from rayflow.backends.base import ClusterBackend
+from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ConfigError
-from rayflow.redaction import mask_text
+from rayflow.security.auth import is_loopback, owned_privately, warn_auth_off
+from rayflow.security.redaction import mask_text
 
 
 def _host_port(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     host = host.rpartition("@")[2]  # ray://user:token@host:port
     if not sep or not host or not port.isdigit():
-        raise ConfigError("backend.address", f"expected ray://HOST:PORT, HOST:PORT or auto; got {mask_text(address)!r}")
+        raise ConfigError(
+            "backend.address",
+            f"expected ray://HOST:PORT, HOST:PORT or auto; got {mask_text(address)!r}",
+        )
     return host.strip("[]"), int(port)
 
 
@@ -36,15 +40,21 @@ def _local_cluster_address() -> str | None:
     except FileNotFoundError:
         return None
     except OSError:  # ELOOP: a symlink, planted to point elsewhere; or not readable
-        raise ConfigError("backend.address", f"auto: {current} is a symlink or unreadable: not followed; "
-                                             "give the cluster's address (HOST:PORT)") from None
+        raise ConfigError(
+            "backend.address",
+            f"auto: {current} is a symlink or unreadable: not followed; "
+            "give the cluster's address (HOST:PORT)",
+        ) from None
     with os.fdopen(fd) as file:
         info = os.fstat(file.fileno())
         trusted = stat.S_ISREG(info.st_mode) and owned_privately(info) and _own_folder(folder)
         if not trusted:
-            raise ConfigError("backend.address", f"auto: {current} is not this user's own file (owner uid {info.st_uid}, "
-                                                 f"mode {stat.S_IMODE(info.st_mode):o}, or its folder another "
-                                                 "user's symlink): not followed; give the cluster's address (HOST:PORT)")
+            raise ConfigError(
+                "backend.address",
+                f"auto: {current} is not this user's own file (owner uid {info.st_uid}, "
+                f"mode {stat.S_IMODE(info.st_mode):o}, or its folder another "
+                "user's symlink): not followed; give the cluster's address (HOST:PORT)",
+            )
         return file.read().strip() or None
 
 
@@ -56,45 +66,56 @@ def _own_folder(folder: Path) -> bool:
 
 
 class AttachedCluster(ClusterBackend):
-    owns_cluster = False
+    """Joins a running cluster; its stop() disconnects this process and leaves the cluster running."""
 
     def target(self) -> str:
         address = str(self.section.address or "").strip()
         if not address:
-            raise ConfigError("backend.address", "is empty; give ray://HOST:PORT, HOST:PORT or auto")
+            raise ConfigError(
+                "backend.address", "is empty; give ray://HOST:PORT, HOST:PORT or auto"
+            )
         if address == "auto":
             found = _local_cluster_address()
             if not found:
-                raise ConfigError("backend.address", "auto found no running Ray cluster on this machine (ray start --head)")
+                raise ConfigError(
+                    "backend.address",
+                    "auto found no running Ray cluster on this machine (ray start --head)",
+                )
             return found
         return address
 
     def check(self) -> None:
-        timeout = float(self.section.connect_timeout_s)  # its kind: rayflow.schema.backends.Attach
+        timeout = float(self.section.connect_timeout_s)  # its kind: rayflow.backends.keys.Attach
         address = self.target()
         host, port = _host_port(address.removeprefix("ray://"))
         if not is_loopback(host):  # its dashboard's exposure is the cluster's own: unknown here
-            warn_auth_off(self.auth_mode, f"backend.address is {mask_text(address)} (beyond loopback)")
+            warn_auth_off(
+                self.auth_mode, f"backend.address is {mask_text(address)} (beyond loopback)"
+            )
         try:
             with socket.create_connection((host, port), timeout=timeout):
                 pass
         except OSError as err:
             reason = err.strerror or type(err).__name__
-            raise ConfigError("backend.address", f"cannot reach {mask_text(address)} ({reason}; waited up to {timeout:g} s, backend.connect_timeout_s)") from None
+            raise ConfigError(
+                "backend.address",
+                f"cannot reach {mask_text(address)} ({reason}; waited up to {timeout:g} s, backend.connect_timeout_s)",
+            ) from None
 
-    def render(self) -> str:
+    def render(self, preload: WorkerPreload | None = None) -> Rendered:
         spec = {
             "backend": "attach",
             "address": mask_text(str(self.section.address)),
             "auth_mode": os.environ.get("RAY_AUTH_MODE", self.auth_mode),
             "lifecycle": "joined, never stopped by rayflow",
         }
-        return yaml.safe_dump(spec, sort_keys=False)
+        return Rendered(yaml.safe_dump(spec, sort_keys=False))
 
-    def start(self) -> str:
+    def start(self, preload: WorkerPreload | None = None) -> ClusterHandle:
         import ray
 
-        address = self.target()
-        ray.init(address=address, log_to_driver=True)
-        self.on_stop("disconnect from the attached cluster (it keeps running)", ray.shutdown)
-        return address
+        handle = ClusterHandle(self.name, address=self.target())
+        with handle.unwound_on_error():
+            ray.init(address=handle.address, log_to_driver=True)
+            handle.on_stop("disconnect from the attached cluster (it keeps running)", ray.shutdown)
+        return handle

@@ -6,18 +6,29 @@ import contextlib
 import os
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from rayflow.auth import is_loopback, private_folder, private_token_folder, refuse_auth_off, secure_token_file
-from rayflow.backends.base import ClusterBackend
+from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ClusterError
-from rayflow.process_state import scoped_env
-from rayflow.progress import phase
+from rayflow.runtime.environment import scoped_env
+from rayflow.runtime.progress import phase
+from rayflow.security.auth import (
+    is_loopback,
+    private_folder,
+    private_token_folder,
+    refuse_auth_off,
+    secure_token_file,
+)
 
 DASHBOARD_PORT = 8265  # Ray's default; taken, the next free one (as Ray itself does)
-PORT_LOCK_TIMEOUT_S = 300  # several runs starting at once on a loaded machine each hold it for a ray.init
+PORT_LOCK_TIMEOUT_S = (
+    300  # several runs starting at once on a loaded machine each hold it for a ray.init
+)
 
 
 def free_dashboard_port(host: str, first: int = DASHBOARD_PORT, tries: int = 100) -> int:
@@ -39,7 +50,10 @@ def lock_dir() -> Path:
     /tmp is anyone's: another user's file there crashed the run (PermissionError), or was followed."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     candidates = [Path(runtime) / "rayflow"] if runtime else []
-    candidates += [Path.home() / ".cache" / "rayflow" / "locks", Path(tempfile.gettempdir()) / f"rayflow-{os.getuid()}"]
+    candidates += [
+        Path.home() / ".cache" / "rayflow" / "locks",
+        Path(tempfile.gettempdir()) / f"rayflow-{os.getuid()}",
+    ]
     for candidate in candidates[:-1]:
         try:
             return private_folder(candidate)
@@ -61,26 +75,16 @@ def total_memory_bytes() -> int:
 class LocalCluster(ClusterBackend):
     shares_filesystem = True  # its one node is this machine
 
-    def __init__(self, section, auth_mode: str = "token"):
-        super().__init__(section, auth_mode)
-        self.worker_imports: tuple[str, ...] = ()
-        self.warm_workers = 0
-        self.worker_threads = 1
-
-    def preload_worker_imports(self, modules: tuple[str, ...], processes: int, threads: int = 1) -> None:
-        # Ray's raylet starts one idle worker per CPU as it starts; with Ray's
-        # preload_python_modules each imports the modules right away, while the driver still
-        # sets up Tune, so a trial and its env runners start in warm processes.
-        if self.section.preload_worker_imports and modules:
-            self.worker_imports, self.warm_workers = tuple(modules), max(1, int(processes))
-            self.worker_threads = max(1, int(threads))
-
     def check(self) -> None:
         b = self.section
         if b.include_dashboard and not is_loopback(b.dashboard_host):
-            refuse_auth_off(self.auth_mode, "backend.dashboard_host", f"the dashboard on {b.dashboard_host!r} (beyond loopback)")
+            refuse_auth_off(
+                self.auth_mode,
+                "backend.dashboard_host",
+                f"the dashboard on {b.dashboard_host!r} (beyond loopback)",
+            )
 
-    def cluster_gpus(self) -> float | None:
+    def _gpus(self) -> float:
         b = self.section
         if b.num_gpus is not None:
             return float(b.num_gpus) if local_cuda_devices() else 0.0
@@ -89,43 +93,54 @@ class LocalCluster(ClusterBackend):
     def capacity(self, resources: set[str]) -> list[dict[str, float]]:
         """One node: this machine, or what backend.num_cpus / num_gpus give Ray of it."""
         b = self.section
-        node = {"CPU": float(b.num_cpus if b.num_cpus is not None else os.cpu_count()),
-                "memory": float(total_memory_bytes())}
+        node = {
+            "CPU": float(b.num_cpus if b.num_cpus is not None else os.cpu_count() or 1),
+            "memory": float(total_memory_bytes()),
+        }
         if "GPU" in resources:  # counting GPUs imports torch: only when asked for
-            node["GPU"] = self.cluster_gpus()
+            node["GPU"] = self._gpus()
         return [node]
 
-    def init_kwargs(self) -> dict:
+    def init_kwargs(self, preload: WorkerPreload | None = None) -> dict[str, Any]:
         b = self.section
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "address": "local",  # always a new cluster, even when RAY_ADDRESS points elsewhere
             "num_cpus": b.num_cpus if b.num_cpus is not None else os.cpu_count(),
             "num_gpus": b.num_gpus,
             "object_store_memory": b.object_store_memory,
             "include_dashboard": bool(b.include_dashboard),
         }
-        if self.worker_imports:
-            # Ray's default soft limit follows the CPUs left free, so a trial's placement group
-            # that takes them all gets the idle workers killed before its actors can use them;
-            # keep as many as one trial's processes (each holds its imports: ~0.45 GB for ppo).
-            kwargs["_system_config"] = {"preload_python_modules": list(self.worker_imports),
-                                        "num_workers_soft_limit": self.warm_workers}
+        if self._preloads(preload):
+            assert preload is not None
+            # Ray's raylet starts one idle worker per CPU as it starts; with Ray's
+            # preload_python_modules each imports the modules right away, while the driver still
+            # sets up Tune, so a trial and its env runners start in warm processes. Ray's default
+            # soft limit follows the CPUs left free, so a trial's placement group that takes them all
+            # gets the idle workers killed before its actors can use them; keep as many as one
+            # trial's processes (each holds its imports: ~0.45 GB for ppo).
+            kwargs["_system_config"] = {
+                "preload_python_modules": list(preload.modules),
+                "num_workers_soft_limit": max(1, preload.processes),
+            }
         if b.include_dashboard:
             kwargs["dashboard_host"] = b.dashboard_host
             if b.dashboard_port is not None:
                 kwargs["dashboard_port"] = int(b.dashboard_port)
         return kwargs
 
-    def render(self) -> str:
+    def _preloads(self, preload: WorkerPreload | None) -> bool:
+        return bool(self.section.preload_worker_imports and preload is not None and preload.modules)
+
+    def render(self, preload: WorkerPreload | None = None) -> Rendered:
         spec = {
             "backend": "local",
-            "ray.init": self.init_kwargs(),
+            "ray.init": self.init_kwargs(preload),
             "auth_mode": os.environ.get("RAY_AUTH_MODE", self.auth_mode),
         }
-        return yaml.safe_dump(spec, sort_keys=False)
+        return Rendered(yaml.safe_dump(spec, sort_keys=False))
 
     @contextlib.contextmanager
-    def _own_dashboard(self, kwargs: dict):
+    def _own_dashboard(self, kwargs: dict[str, Any], handle: ClusterHandle) -> Iterator[None]:
         """Point every process of the cluster about to start at its own dashboard.
 
         A Ray process asking the state API with no address (Ray Train's placement-group cleaner
@@ -146,51 +161,80 @@ class LocalCluster(ClusterBackend):
         try:
             lock.acquire(timeout=PORT_LOCK_TIMEOUT_S)
         except Timeout:
-            raise ClusterError(f"another Ray start of yours on this machine held {lock.lock_file} for {PORT_LOCK_TIMEOUT_S} s "
-                               "(rayflow waits for it to choose a dashboard port)") from None
+            raise ClusterError(
+                f"another Ray start of yours on this machine held {lock.lock_file} for {PORT_LOCK_TIMEOUT_S} s "
+                "(rayflow waits for it to choose a dashboard port)"
+            ) from None
         try:
             kwargs.setdefault("dashboard_port", free_dashboard_port(host))
             url_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-            own_api = scoped_env({"RAY_API_SERVER_ADDRESS": f"http://{url_host}:{kwargs['dashboard_port']}"})
+            own_api = scoped_env(
+                {"RAY_API_SERVER_ADDRESS": f"http://{url_host}:{kwargs['dashboard_port']}"}
+            )
             own_api.__enter__()
-            self.on_stop("put back RAY_API_SERVER_ADDRESS", own_api.__exit__, None, None, None)
+            handle.on_stop("put back RAY_API_SERVER_ADDRESS", own_api.__exit__, None, None, None)
             yield
         finally:
             lock.release()
 
-    def start(self) -> str:
+    def start(self, preload: WorkerPreload | None = None) -> ClusterHandle:
+        handle = ClusterHandle(self.name)
+        with handle.unwound_on_error():
+            handle.address = self._start(handle, preload)
+        return handle
+
+    def _start(self, handle: ClusterHandle, preload: WorkerPreload | None) -> str:
         import ray
 
-        kwargs = self.init_kwargs()
+        kwargs = self.init_kwargs(preload)
         gpus = f", num_gpus={kwargs['num_gpus']:g}" if kwargs["num_gpus"] is not None else ""
-        if self.worker_imports:
-            # Workers started ahead of use import the workload's modules, the user's own among them
-            # (workload=tune's trainable module): from the folder rayflow runs in, as the trials will
-            # (Ray gives them the driver's directory, py_driver_sys_path, once the job registers).
-            path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-            env = {"PYTHONPATH": path}
-            # torch sizes its thread pool when it is imported. Ray sets OMP_NUM_THREADS to a
-            # task's CPUs only when it gives the worker the task, after a prestarted worker has
-            # imported torch with one thread per core: 1-CPU trials then fight over the cores
-            # (6-13x slower on 2 cores). The workers start with the count a trial process reserves.
-            if "OMP_NUM_THREADS" not in os.environ:
-                env["OMP_NUM_THREADS"] = str(self.worker_threads)
-            workers_path = scoped_env(env)
-            workers_path.__enter__()
-            self.on_stop("put back PYTHONPATH and OMP_NUM_THREADS", workers_path.__exit__, None, None, None)
+        if self._preloads(preload):
+            assert preload is not None
+            self._warm_workers_env(handle, preload)
         token = os.environ.get("RAY_AUTH_MODE", self.auth_mode) == "token"
-        if token:  # ray.init writes a token it generates 0644: into a folder only this user can enter
+        if (
+            token
+        ):  # ray.init writes a token it generates 0644: into a folder only this user can enter
             private_token_folder()
-        with phase(f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"):
-            with self._own_dashboard(kwargs):
+        with phase(
+            f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"
+        ):
+            with self._own_dashboard(kwargs, handle):
                 context = ray.init(**kwargs, log_to_driver=True)
         if token:
             secure_token_file()  # and the file itself 0600
         node = ray._private.worker._global_node  # the GCS, raylet and dashboard this call started
         # Undo steps run newest first: a clean shutdown, then whatever of the node it left.
-        self.on_stop("kill what is left of the local Ray node", node.kill_all_processes, check_alive=False, allow_graceful=False)
-        self.on_stop("ray.shutdown() of the local cluster", ray.shutdown)
-        return context.address_info["address"]
+        handle.on_stop(
+            "kill what is left of the local Ray node",
+            node.kill_all_processes,
+            check_alive=False,
+            allow_graceful=False,
+        )
+        handle.on_stop("ray.shutdown() of the local cluster", ray.shutdown)
+        return str(context.address_info["address"])
+
+    @staticmethod
+    def _warm_workers_env(handle: ClusterHandle, preload: WorkerPreload) -> None:
+        """Workers started ahead of use import the workload's modules, the user's own among them
+        (workload=tune's trainable module): from the folder rayflow runs in, as the trials will (Ray
+        gives them the driver's directory, py_driver_sys_path, once the job registers). torch sizes
+        its thread pool when it is imported: Ray sets OMP_NUM_THREADS to a task's CPUs only when it
+        gives the worker the task, after a prestarted worker has imported torch with one thread per
+        core, and 1-CPU trials then fight over the cores (6-13x slower on 2 cores). So the workers
+        start with the count a trial process reserves."""
+        env = {
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p
+            )
+        }
+        if "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = str(max(1, preload.threads))
+        workers_env = scoped_env(env)
+        workers_env.__enter__()
+        handle.on_stop(
+            "put back PYTHONPATH and OMP_NUM_THREADS", workers_env.__exit__, None, None, None
+        )
 
 
 __all__ = ["LocalCluster"]

@@ -9,14 +9,15 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, open_dict, read_write
 
 from rayflow.errors import RunFailed
 from rayflow.launcher.outputs import pack
-from rayflow.placement import PlacementWatch
+from rayflow.runtime.placement import PlacementWatch
 
 
 @dataclass
@@ -53,7 +54,9 @@ class Finished:
     left_out: list[str] = field(default_factory=list)
     error: str | None = None
     in_output_dir: bool = False  # the task ran in its output folder (hydra.job.chdir)
-    cwd_files: bytes | None = None  # what it wrote in its working directory outside the output folder
+    cwd_files: bytes | None = (
+        None  # what it wrote in its working directory outside the output folder
+    )
 
 
 def run_on_node(shared: Shared, job: HydraJob) -> Finished:
@@ -63,7 +66,9 @@ def run_on_node(shared: Shared, job: HydraJob) -> Finished:
     from hydra.core.utils import run_job, setup_globals
 
     setup_globals()
-    Singleton.set_state(shared.singleton_state)  # resolvers, JobRuntime, HydraConfig of the launcher
+    Singleton.set_state(
+        shared.singleton_state
+    )  # resolvers, JobRuntime, HydraConfig of the launcher
     config = job.config
     before, scratch = os.getcwd(), None
     if shared.in_place:
@@ -76,16 +81,31 @@ def run_on_node(shared: Shared, job: HydraJob) -> Finished:
             with read_write(config.hydra.sweep), open_dict(config.hydra.sweep):
                 config.hydra.sweep.dir = os.path.join(scratch, sweep_dir.lstrip(os.sep))
     try:
-        job_return = run_job(hydra_context=shared.hydra_context, task_function=shared.task_function, config=config,
-                             job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        job_return = run_job(
+            hydra_context=shared.hydra_context,
+            task_function=shared.task_function,
+            config=config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
         if shared.in_place:
             return Finished(job.idx, job_return)
         output_dir = str(config.hydra.runtime.output_dir)
         files, left_out = pack(output_dir)
-        moved = os.path.realpath(job_return.working_dir or ".") == os.path.realpath(output_dir)  # cwd: scratch
+        moved = os.path.realpath(job_return.working_dir or ".") == os.path.realpath(
+            output_dir
+        )  # cwd: scratch
         # with hydra.job.chdir=false the scratch folder stands for the launching directory
         cwd_files, more = pack(scratch, skip=output_dir)
-        return Finished(job.idx, job_return, files, output_dir, left_out + more, in_output_dir=moved, cwd_files=cwd_files)
+        return Finished(
+            job.idx,
+            job_return,
+            files,
+            output_dir,
+            left_out + more,
+            in_output_dir=moved,
+            cwd_files=cwd_files,
+        )
     finally:
         os.chdir(before)
         if scratch is not None:
@@ -108,8 +128,14 @@ def job_failed(finished: Finished) -> str | None:
     return None
 
 
-def run_batch(shared: Shared, jobs: list[HydraJob], max_concurrent: int | None, on_failure: str,
-              schedule_timeout_s: float, say: Callable[[str], None]) -> list[Finished]:
+def run_batch(
+    shared: Shared,
+    jobs: list[HydraJob],
+    max_concurrent: int | None,
+    on_failure: str,
+    schedule_timeout_s: float,
+    say: Callable[[str], None],
+) -> list[Finished]:
     """Every job as a Ray task with its resources, at most `max_concurrent` at once, in order.
     A failing job ends as its own Finished; with on_failure=stop the jobs not started yet are not
     started. A job no node can hold for `schedule_timeout_s` fails the batch (RunFailed)."""
@@ -123,11 +149,22 @@ def run_batch(shared: Shared, jobs: list[HydraJob], max_concurrent: int | None, 
     with PlacementWatch(schedule_timeout_s, hint) as watch:
         try:
             while queue or running:
-                while queue and stopped_by is None and (max_concurrent is None or len(running) < max_concurrent):
+                while (
+                    queue
+                    and stopped_by is None
+                    and (max_concurrent is None or len(running) < max_concurrent)
+                ):
                     job = queue.pop(0)
-                    custom = {k: v for k, v in job.resources.items() if k not in ("CPU", "GPU", "memory")}
-                    options = {"num_cpus": job.resources.get("CPU", 0), "num_gpus": job.resources.get("GPU", 0),
-                               "memory": job.resources.get("memory"), "resources": custom, "name": f"hydra job #{job.idx}"}
+                    custom = {
+                        k: v for k, v in job.resources.items() if k not in ("CPU", "GPU", "memory")
+                    }
+                    options = {
+                        "num_cpus": job.resources.get("CPU", 0),
+                        "num_gpus": job.resources.get("GPU", 0),
+                        "memory": job.resources.get("memory"),
+                        "resources": custom,
+                        "name": f"hydra job #{job.idx}",
+                    }
                     running[task.options(**options).remote(shared_ref, job)] = job
                 if not running:
                     break
@@ -136,8 +173,12 @@ def run_batch(shared: Shared, jobs: list[HydraJob], max_concurrent: int | None, 
                     job = running.pop(ref)
                     try:
                         finished = ray.get(ref)
-                    except ray.exceptions.RayError as err:  # the worker died, the result did not travel
-                        finished = Finished(job.idx, error=_first_line(getattr(err, "cause", None) or err))
+                    except (
+                        ray.exceptions.RayError
+                    ) as err:  # the worker died, the result did not travel
+                        finished = Finished(
+                            job.idx, error=_first_line(getattr(err, "cause", None) or err)
+                        )
                     done[job.idx] = finished
                     failure = job_failed(finished)
                     if failure:
@@ -151,8 +192,11 @@ def run_batch(shared: Shared, jobs: list[HydraJob], max_concurrent: int | None, 
                 raise RunFailed(watch.message) from None
             raise
     for job in queue:
-        done[job.idx] = Finished(job.idx, error=f"not started: {stopped_by.what if stopped_by else 'an earlier job'} "
-                                                "failed and hydra.launcher.on_failure=stop")
+        done[job.idx] = Finished(
+            job.idx,
+            error=f"not started: {stopped_by.what if stopped_by else 'an earlier job'} "
+            "failed and hydra.launcher.on_failure=stop",
+        )
     return [done[job.idx] for job in jobs]
 
 
@@ -166,7 +210,12 @@ def ship_app_modules(app_dir: str) -> None:
     root = os.path.realpath(app_dir) + os.sep
     for name, module in list(sys.modules.items()):
         path = os.path.realpath(module.__file__) if getattr(module, "__file__", None) else None
-        if (path and path.startswith(root) and "site-packages" not in path and "." not in name
-                and name not in ("__main__", "rayflow", "hydra_plugins")
-                and not any(path.startswith(p + os.sep) for p in installed)):
+        if (
+            path
+            and path.startswith(root)
+            and "site-packages" not in path
+            and "." not in name
+            and name not in ("__main__", "rayflow", "hydra_plugins")
+            and not any(path.startswith(p + os.sep) for p in installed)
+        ):
             cloudpickle.register_pickle_by_value(module)

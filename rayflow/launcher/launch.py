@@ -1,5 +1,5 @@
 """One `launch()` of `hydra/launcher=rayflow`: every check before anything starts, then the cluster
-(rayflow.session.cluster_scope, the lifecycle of rayflow's own runs), the jobs as Ray tasks, their
+(rayflow.orchestrator.session.cluster_scope, the lifecycle of rayflow's own runs), the jobs as Ray tasks, their
 outputs under the local sweep dir, and Hydra's JobReturns, in the order of the jobs."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import copy
 import logging
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -18,8 +19,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from rayflow.errors import ClusterError, ConfigError, DataError, JobError, RunFailed
 from rayflow.launcher.jobs import Finished, HydraJob, Shared, run_batch, ship_app_modules
 from rayflow.launcher.outputs import SYNC_LIMIT, unpack
-from rayflow.launcher.settings import check_backend, check_fits_each, job_resources, rayflow_config, read_settings
-from rayflow.redaction import mask_text
+from rayflow.launcher.settings import (
+    check_backend,
+    check_fits_each,
+    job_resources,
+    rayflow_config,
+    read_settings,
+)
+from rayflow.security.redaction import mask_text
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +56,17 @@ def keep_clusters() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _cluster(cfg: DictConfig, backend) -> Iterator[Any]:
-    from rayflow.session import cluster_scope
-    from rayflow.shared_cluster import cluster_key
+def _cluster(cfg: DictConfig, backend: Any) -> Iterator[Any]:
+    from rayflow.orchestrator.cluster import cluster_key, cluster_scope
 
     if _kept is None:
-        with cluster_scope(cfg, backend) as cluster:
+        with cluster_scope(backend) as cluster:
             yield cluster
         return
     key = cluster_key(cfg)
     if key not in _kept:
         stack = contextlib.ExitStack()
-        _kept[key] = (stack, stack.enter_context(cluster_scope(cfg, backend)))
+        _kept[key] = (stack, stack.enter_context(cluster_scope(backend)))
     try:
         yield _kept[key][1]
     except BaseException:  # a cluster that failed a launch is not handed to the next one
@@ -87,7 +93,9 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     cwd = os.getcwd()
     jobs = []
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        config = launcher.hydra_context.config_loader.load_sweep_config(
+            launcher.config, list(overrides)
+        )
         with open_dict(config):
             config.hydra.job.id = idx  # as Hydra's basic launcher: no scheduler hands out ids
             config.hydra.job.num = idx
@@ -104,20 +112,32 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     for job in jobs:
         log.info(f"\t#{job.idx} : {' '.join(filter_overrides(job.overrides))}")
     with _cluster(cfg, backend) as cluster:
-        backend, _ = cluster.acquire()
-        in_place = backend.connects_driver and backend.shares_filesystem
-        shared = Shared(launcher.hydra_context, launcher.task_function, Singleton.get_state(), in_place, cwd)
+        handle, _ = cluster.acquire()
+        in_place = not backend.submits_jobs and backend.shares_filesystem
+        shared = Shared(
+            launcher.hydra_context, launcher.task_function, Singleton.get_state(), in_place, cwd
+        )
         if not in_place:
-            ship_app_modules(os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else cwd)
+            ship_app_modules(
+                os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else cwd
+            )
         if backend.submits_jobs:
             from rayflow.launcher.submit import submit_batch
 
-            finished = submit_batch(backend, shared, jobs, settings)
+            finished = submit_batch(handle, shared, jobs, settings)
         else:
-            finished = run_batch(shared, jobs, settings.max_concurrent, settings.on_failure,
-                                 settings.schedule_timeout_s, say=_say)
+            finished = run_batch(
+                shared,
+                jobs,
+                settings.max_concurrent,
+                settings.on_failure,
+                settings.schedule_timeout_s,
+                say=_say,
+            )
         # outputs land here before the cluster goes (nothing is left to fetch from it afterwards)
-        return [_job_return(job, done, local_dirs[job.idx], cwd) for job, done in zip(jobs, finished)]
+        return [
+            _job_return(job, done, local_dirs[job.idx], cwd) for job, done in zip(jobs, finished)
+        ]
 
 
 def _say(line: str) -> None:
@@ -149,9 +169,14 @@ def _job_return(job: HydraJob, done: Finished, local_dir: str, cwd: str):
         task_cfg = copy.deepcopy(config)
         with read_write(task_cfg), open_dict(task_cfg):
             del task_cfg["hydra"]
-        ret = JobReturn(overrides=OmegaConf.to_container(config.hydra.overrides.task), cfg=task_cfg,
-                        hydra_cfg=OmegaConf.create({"hydra": OmegaConf.to_container(config.hydra)}),
-                        working_dir=local_dir, task_name=str(config.hydra.job.name), status=JobStatus.FAILED)
+        ret = JobReturn(
+            overrides=OmegaConf.to_container(config.hydra.overrides.task),
+            cfg=task_cfg,
+            hydra_cfg=OmegaConf.create({"hydra": OmegaConf.to_container(config.hydra)}),
+            working_dir=local_dir,
+            task_name=str(config.hydra.job.name),
+            status=JobStatus.FAILED,
+        )
         ret.return_value = RuntimeError(f"{job.what}: {done.error}")
         return ret
     if done.files is None:  # ran in place: its outputs are where Hydra put them
@@ -160,9 +185,13 @@ def _job_return(job: HydraJob, done: Finished, local_dir: str, cwd: str):
     # written in its working directory (hydra.job.chdir=false): under its own folder, never into this
     # process's directory, where a node's files could replace the user's
     if done.cwd_files and unpack(done.cwd_files, os.path.join(local_dir, CWD_FOLDER)):
-        _say(f"[rayflow] {job.what}: what it wrote in its working directory is in {os.path.join(local_dir, CWD_FOLDER)}")
+        _say(
+            f"[rayflow] {job.what}: what it wrote in its working directory is in {os.path.join(local_dir, CWD_FOLDER)}"
+        )
     for item in done.left_out:
-        _say(f"[rayflow] {job.what}: left on the node, over the {SYNC_LIMIT // 2**20} MiB a job brings back: {item}")
+        _say(
+            f"[rayflow] {job.what}: left on the node, over the {SYNC_LIMIT // 2**20} MiB a job brings back: {item}"
+        )
     hydra = ret.hydra_cfg.hydra  # this machine's paths (Hydra marks these nodes read-only)
     with read_write(hydra.runtime), open_dict(hydra.runtime):
         hydra.runtime.output_dir = local_dir

@@ -19,7 +19,9 @@ DERIVED = ("name", "compute_device")
 
 @functools.cache
 def _own() -> dict:
-    return yaml.safe_load(resources.files("hydra_plugins.rayflow_launcher").joinpath("rayflow.yaml").read_text())
+    return yaml.safe_load(
+        resources.files("hydra_plugins.rayflow_launcher").joinpath("rayflow.yaml").read_text()
+    )
 
 
 def own_keys() -> dict:
@@ -29,7 +31,12 @@ def own_keys() -> dict:
 
 def backend_defaults(name: str) -> dict:
     """A backend's keys and defaults as rayflow's own runs compose them (conf/backend/NAME.yaml)."""
-    return yaml.safe_load(resources.files("rayflow.conf").joinpath("backend", f"{name}.yaml").read_text()) or {}
+    return (
+        yaml.safe_load(
+            resources.files("rayflow.conf").joinpath("backend", f"{name}.yaml").read_text()
+        )
+        or {}
+    )
 
 
 @functools.cache
@@ -46,5 +53,7 @@ def backend_keys() -> dict[str, tuple[str, ...]]:
 def launcher_node() -> dict:
     """What ConfigStore holds as hydra/launcher=rayflow."""
     node, backend = own_keys(), backend_keys()
-    assert not set(node) & set(backend), f"launcher keys shadow backend keys: {set(node) & set(backend)}"
-    return {**node, **{key: None for key in backend}}
+    assert not set(node) & set(backend), (
+        f"launcher keys shadow backend keys: {set(node) & set(backend)}"
+    )
+    return {**node, **dict.fromkeys(backend)}

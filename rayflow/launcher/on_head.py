@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    from rayflow.result_channel import emit, take_key
+    from rayflow.security.result_channel import emit, take_key
 
     take_key()  # before any of the app's code is unpickled
     import cloudpickle
@@ -18,12 +18,18 @@ def main(argv: list[str]) -> int:
 
     from rayflow.launcher.jobs import run_batch
     from rayflow.launcher.submit import result_line
-    from rayflow.redaction import mask_text
+    from rayflow.security.redaction import mask_text
 
     bundle = cloudpickle.loads(Path(argv[0]).read_bytes())  # what the launching process sent
     ray.init()  # the job's own cluster (RAY_ADDRESS)
-    finished = run_batch(bundle.shared, bundle.jobs, bundle.max_concurrent, bundle.on_failure,
-                         bundle.schedule_timeout_s, say=lambda line: print(mask_text(line), flush=True))
+    finished = run_batch(
+        bundle.shared,
+        bundle.jobs,
+        bundle.max_concurrent,
+        bundle.on_failure,
+        bundle.schedule_timeout_s,
+        say=lambda line: print(mask_text(line), flush=True),
+    )
     emit(result_line(finished))
     return 0
 

@@ -27,8 +27,14 @@ def pack(folder: str, limit: int = SYNC_LIMIT, skip: str | None = None) -> tuple
     the files left out: those that would take the archive past `limit`, smallest first kept."""
     root = Path(folder)
     skipped = Path(skip) if skip else None
-    files = sorted((p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
-                    and not (skipped and p.is_relative_to(skipped))), key=lambda p: p.stat().st_size)
+    files = sorted(
+        (
+            p
+            for p in root.rglob("*")
+            if p.is_file() and not p.is_symlink() and not (skipped and p.is_relative_to(skipped))
+        ),
+        key=lambda p: p.stat().st_size,
+    )
     buffer, total, left_out = io.BytesIO(), 0, []
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for path in files:
@@ -46,7 +52,9 @@ class UnsafeArchive(JobError):
     folder, more than the limit. Refused whole: what sent it is not to be trusted."""
 
 
-def unpack(archive: bytes, folder: str, limit: int = SYNC_LIMIT, max_members: int = MAX_MEMBERS) -> int:
+def unpack(
+    archive: bytes, folder: str, limit: int = SYNC_LIMIT, max_members: int = MAX_MEMBERS
+) -> int:
     """Files of `pack` into `folder` (made if missing; files already there are replaced), and
     nowhere else: only regular files, every path inside the folder, each folder on the way and
     the file itself opened without following a symlink (one planted there, or an earlier member,
@@ -59,12 +67,18 @@ def unpack(archive: bytes, folder: str, limit: int = SYNC_LIMIT, max_members: in
                 count += 1
                 total += max(member.size, 0)
                 if count > max_members or total > limit:
-                    raise UnsafeArchive(f"a job's outputs hold more than {max_members} files or {limit // 2**20} MiB")
+                    raise UnsafeArchive(
+                        f"a job's outputs hold more than {max_members} files or {limit // 2**20} MiB"
+                    )
                 parts = _parts(member.name)
-                if not member.isfile():  # links, devices, fifos: pack makes none (folders come with their files)
+                if (
+                    not member.isfile()
+                ):  # links, devices, fifos: pack makes none (folders come with their files)
                     if member.isdir():
                         continue
-                    raise UnsafeArchive(f"a job's outputs hold {member.name!r}, which is not a plain file")
+                    raise UnsafeArchive(
+                        f"a job's outputs hold {member.name!r}, which is not a plain file"
+                    )
                 if root is None:  # made with its first file: an empty archive leaves no folder
                     Path(folder).mkdir(parents=True, exist_ok=True)
                     root = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -74,7 +88,9 @@ def unpack(archive: bytes, folder: str, limit: int = SYNC_LIMIT, max_members: in
                     _write_below(root, parts, source)
                 written += 1
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise UnsafeArchive(f"a job's outputs could not be unpacked safely: {type(err).__name__}: {err}") from None
+        raise UnsafeArchive(
+            f"a job's outputs could not be unpacked safely: {type(err).__name__}: {err}"
+        ) from None
     finally:
         if root is not None:
             os.close(root)
@@ -100,7 +116,9 @@ def _write_below(root: int, parts: list[str], source) -> None:
             child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = child
-        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666, dir_fd=fd)
+        out = os.open(
+            parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666, dir_fd=fd
+        )
         with os.fdopen(out, "wb") as target:
             shutil.copyfileobj(source, target)
     finally:

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rayflow.errors import ConfigError
 from rayflow.launcher.node import backend_keys, own_keys
-from rayflow.placement import Bundle, check_fits
+from rayflow.runtime.placement import Bundle, check_fits
 
 PREFIX = "hydra.launcher"
 RAY_NAMES = {"cpu": "CPU", "gpu": "GPU", "memory": "memory"}
@@ -30,52 +30,81 @@ class Settings:
 
 
 def read_settings(node: DictConfig) -> Settings:
-    """The launcher's node, checked: its own keys against rayflow.schema.launcher, the backend keys
+    """The launcher's node, checked: its own keys against rayflow.launcher.keys, the backend keys
     against the chosen backend (a key of another backend is refused, naming whose it is)."""
+    from rayflow.launcher.keys import Launcher
     from rayflow.schema import validate_section
-    from rayflow.schema.launcher import Launcher
 
     data = OmegaConf.to_container(node, resolve=True)
     assert isinstance(data, dict)
     keys = own_keys()
-    own = {k: v for k, v in data.items() if k in keys and k != "_target_"}  # Hydra used _target_ already
+    own = {
+        k: v for k, v in data.items() if k in keys and k != "_target_"
+    }  # Hydra used _target_ already
     validate_section(PREFIX, Launcher, own, data)
     name, known = own["backend"], backend_keys()
     values = {k: v for k, v in data.items() if k not in own and v is not None}
     for key in values:
         if key not in known:
-            raise ConfigError(f"{PREFIX}.{key}", "not a key of the rayflow launcher or of any backend")
+            raise ConfigError(
+                f"{PREFIX}.{key}", "not a key of the rayflow launcher or of any backend"
+            )
         if name not in known[key]:
-            raise ConfigError(f"{PREFIX}.{key}", f"not a key of backend={name} (it is one of {', '.join(known[key])})")
-    return Settings(name, own["ray_auth_mode"], own["resources"], own["job_resources_key"], own["max_concurrent"],
-                    own["on_failure"], float(own["schedule_timeout_s"]), values)
+            raise ConfigError(
+                f"{PREFIX}.{key}",
+                f"not a key of backend={name} (it is one of {', '.join(known[key])})",
+            )
+    return Settings(
+        name,
+        own["ray_auth_mode"],
+        own["resources"],
+        own["job_resources_key"],
+        own["max_concurrent"],
+        own["on_failure"],
+        float(own["schedule_timeout_s"]),
+        values,
+    )
 
 
 def job_resources(settings: Settings, job_config: DictConfig, what: str) -> tuple[dict, dict]:
     """A job's Ray resources ({"CPU": 1.0, "GPU": 0.0, "memory": bytes, custom...}) and, for each,
     the key that set it: the launcher's `resources`, under the section `job_resources_key` of the
     job's own config where it has one."""
+    from rayflow.launcher.keys import JobResources
     from rayflow.schema import validate_section
-    from rayflow.schema.launcher import JobResources
 
-    merged, keys = dict(settings.resources), {n: f"{PREFIX}.resources.{n}" for n in settings.resources}
+    merged, keys = (
+        dict(settings.resources),
+        {n: f"{PREFIX}.resources.{n}" for n in settings.resources},
+    )
     key = settings.job_resources_key
     own = OmegaConf.select(job_config, key) if key else None
     if own is not None:
         section = OmegaConf.to_container(own, resolve=True) if isinstance(own, DictConfig) else own
         if not isinstance(section, dict):
-            raise ConfigError(key, f"must be a mapping of cpu, gpu, memory, custom, got {section!r} ({what})")
+            raise ConfigError(
+                key, f"must be a mapping of cpu, gpu, memory, custom, got {section!r} ({what})"
+            )
         merged.update(section)
         keys.update({n: f"{key}.{n}" for n in section})
         try:
             validate_section("", JobResources, merged, {})
-        except ConfigError as err:  # named as the user set it: in the job's section, or the launcher's
+        except (
+            ConfigError
+        ) as err:  # named as the user set it: in the job's section, or the launcher's
             where = key if err.key.split(".")[0] in section else f"{PREFIX}.resources"
-            raise ConfigError(f"{where}.{err.key}", f"{str(err).split(': ', 1)[1]} ({what})") from None
+            raise ConfigError(
+                f"{where}.{err.key}", f"{str(err).split(': ', 1)[1]} ({what})"
+            ) from None
     ray = {RAY_NAMES[n]: float(merged[n]) for n in ("cpu", "gpu", "memory") if merged.get(n)}
     ray.update({str(n): float(v) for n, v in (merged.get("custom") or {}).items() if v})
     names = {RAY_NAMES.get(n, n): k for n, k in keys.items() if n != "custom"}
-    names.update({str(n): f"{keys.get('custom', PREFIX + '.resources.custom')}.{n}" for n in merged.get("custom") or {}})
+    names.update(
+        {
+            str(n): f"{keys.get('custom', PREFIX + '.resources.custom')}.{n}"
+            for n in merged.get("custom") or {}
+        }
+    )
     return ray, names
 
 
@@ -83,26 +112,34 @@ def rayflow_config(settings: Settings, gpu: bool) -> DictConfig:
     """The rayflow config whose backend section is the launcher's cluster: `backend=NAME`, the keys
     set beside it merged over its defaults; `compute=gpu` where a job asks for a GPU (the GPU
     worker types of vm and kuberay are rendered); no tracking of rayflow's own (the app has its)."""
-    from rayflow.composition import compose_config, config_errors
-
     from hydra.core.singleton import Singleton
+
+    from rayflow.orchestrator.compose import compose_config, config_errors
 
     state = Singleton.get_state()  # composing replaces Hydra's global state, which is the app's
     try:
-        cfg = config_errors(lambda: compose_config(f"backend={settings.backend}", "tracking=none",
-                                                    f"compute={'gpu' if gpu else 'cpu'}", f"ray_auth_mode={settings.auth_mode}"))
+        cfg = config_errors(
+            lambda: compose_config(
+                f"backend={settings.backend}",
+                "tracking=none",
+                f"compute={'gpu' if gpu else 'cpu'}",
+                f"ray_auth_mode={settings.auth_mode}",
+            )
+        )
     finally:
         Singleton.set_state(state)
-    OmegaConf.set_struct(cfg, False)  # free-form mappings (spark_conf, overrides, ...) take new keys
+    OmegaConf.set_struct(
+        cfg, False
+    )  # free-form mappings (spark_conf, overrides, ...) take new keys
     cfg.backend = OmegaConf.merge(cfg.backend, settings.backend_values)
     OmegaConf.set_struct(cfg, True)
     return cfg
 
 
 def check_backend(cfg: DictConfig):
-    """rayflow's own checks of the cluster (composition.check_backend), naming the launcher's keys
+    """rayflow's own checks of the cluster (rayflow.orchestrator.preflight.check_backend), naming the launcher's keys
     as the user wrote them: hydra.launcher.*, not backend.*. Returns the backend (nothing started)."""
-    from rayflow.composition import check_backend as check
+    from rayflow.orchestrator.preflight import check_backend as check
 
     try:
         return check(cfg)
@@ -111,7 +148,7 @@ def check_backend(cfg: DictConfig):
 
 
 def _launcher_key(key: str) -> str:
-    return f"{PREFIX}.{key[len('backend.'):]}" if key.startswith("backend.") else key
+    return f"{PREFIX}.{key[len('backend.') :]}" if key.startswith("backend.") else key
 
 
 def check_fits_each(backend, jobs: list) -> None:

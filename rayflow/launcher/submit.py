@@ -4,7 +4,7 @@ unpickles what it was sent); there rayflow.launcher.on_head runs the same loop a
 launcher would, and ends its log with one line holding every job's end (outputs included).
 
 That line comes back through the job's log, which every task of the sweep prints into, so it is
-data, never code: JSON through rayflow.result_channel, signed with a key made for this submission,
+data, never code: JSON through rayflow.security.result_channel, signed with a key made for this submission,
 read only from a job that SUCCEEDED. A job's return value travels as JSON: one that JSON cannot
 hold (an object, a tuple's kind) comes back as its repr string; a failed job's exception comes back
 as its type's name and message (a builtin exception type as itself, any other as RuntimeError
@@ -16,12 +16,12 @@ from __future__ import annotations
 import base64
 import builtins
 import json
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayflow.backends import ClusterHandle
 from rayflow.errors import RunFailed
 from rayflow.launcher.jobs import Finished, HydraJob, Shared
 
@@ -38,49 +38,65 @@ class SweepBundle:
     schedule_timeout_s: float
 
 
-def submit_batch(backend, shared: Shared, jobs: list[HydraJob], settings) -> list[Finished]:
+def submit_batch(
+    handle: ClusterHandle, shared: Shared, jobs: list[HydraJob], settings: Any
+) -> list[Finished]:
+    """The sweep as one Ray Job on the head of the cluster behind `handle`; every job's end, from
+    the job's signed line (rayflow.orchestrator.submission, the protocol a run's job uses too)."""
     import cloudpickle
 
-    from rayflow.job_files import merge_runtime_env
-    from rayflow.remote import run_as_job
-    from rayflow.result_channel import KEY_ENV, new_key
+    from rayflow.orchestrator.submission import print_last_lines, submit
 
-    bundle = SweepBundle(shared, jobs, settings.max_concurrent, settings.on_failure, settings.schedule_timeout_s)
-    key = new_key()  # this submission's: only this process and the job's driver hold it
+    assert handle.submission is not None
+    in_place = handle.submission.in_place
+    bundle = SweepBundle(
+        shared, jobs, settings.max_concurrent, settings.on_failure, settings.schedule_timeout_s
+    )
     with tempfile.TemporaryDirectory(prefix="rayflow-sweep-") as staging:
         Path(staging, BUNDLE).write_bytes(cloudpickle.dumps(bundle))
-        # fake_multinode's nodes are this machine: the folder is used where it is (rayflow.job_files)
-        working_dir = f"local://{staging}" if backend.shares_filesystem else staging
-        python = sys.executable if backend.shares_filesystem else "python"
-        env = {"PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": settings.auth_mode, KEY_ENV: key}
-        outcome = run_as_job(backend.address, [python, "-m", "rayflow.launcher.on_head", BUNDLE], env,
-                             headers=backend.job_headers(), runtime_env=merge_runtime_env(backend.job_runtime_env(), {"working_dir": working_dir}),
-                             on_submitted=backend.job_submitted, hidden=MARKER.strip())
-    finished = read_result(outcome.log, bytes.fromhex(key)) if outcome.status == "SUCCEEDED" else None
+        # fake_multinode's nodes are this machine: the folder is used where it is (rayflow.orchestrator.job_files)
+        working_dir = f"local://{staging}" if in_place else staging
+        env = {"PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": settings.auth_mode}
+        done = submit(
+            handle,
+            [handle.submission.python, "-m", "rayflow.launcher.on_head", BUNDLE],
+            env,
+            MARKER,
+            runtime_env={"working_dir": working_dir},
+        )
+    finished = read_result(done.outcome.log, done.key) if done.succeeded else None
     if finished is None:
-        from rayflow.result_channel import without
-        from rayflow.session import print_last_lines
-
-        print_last_lines(without(outcome.log, MARKER), outcome.job_id)
-        reason = f": {outcome.error}" if outcome.error else "" if outcome.status != "SUCCEEDED" else ": it ended without its result line"
-        raise RunFailed(f"the sweep's job on backend={backend.name} ended {outcome.status}{reason}")
+        print_last_lines(done.log(), done.outcome.job_id)
+        status, error = done.outcome.status, done.outcome.error
+        reason = (
+            f": {error}"
+            if error
+            else ""
+            if status != "SUCCEEDED"
+            else ": it ended without its result line"
+        )
+        raise RunFailed(f"the sweep's job on backend={handle.backend} ended {status}{reason}")
     return finished
-
-
-def result_line(finished: list[Finished]) -> str:
-    """The head's last line: every job's end, signed (rayflow.result_channel.take_key, at the start)."""
-    from rayflow.result_channel import signed_line
-
-    line = signed_line(MARKER, [finished_data(f) for f in finished])
-    return line if line is not None else "[rayflow] no result key in this job's environment: no result line"
 
 
 def read_result(log: str, key: bytes) -> list[Finished] | None:
     """The jobs' ends from the line of `log` that `key` verifies (None: there is none)."""
-    from rayflow.result_channel import read
+    from rayflow.security.result_channel import read
 
     data = read(log, MARKER, key)
     return [finished_from(item) for item in data] if isinstance(data, list) else None
+
+
+def result_line(finished: list[Finished]) -> str:
+    """The head's last line: every job's end, signed (rayflow.security.result_channel.take_key, at the start)."""
+    from rayflow.security.result_channel import signed_line
+
+    line = signed_line(MARKER, [finished_data(f) for f in finished])
+    return (
+        line
+        if line is not None
+        else "[rayflow] no result key in this job's environment: no result line"
+    )
 
 
 # --- Finished as JSON ------------------------------------------------------------------------------
@@ -139,13 +155,28 @@ def finished_data(finished: Finished) -> dict:
     job_return = None
     if ret is not None:
         failed = ret.status == JobStatus.FAILED
-        job_return = {"overrides": list(ret.overrides or []), "cfg": _container(ret.cfg), "hydra_cfg": _container(ret.hydra_cfg),
-                      "working_dir": ret.working_dir, "task_name": ret.task_name, "status": ret.status.name,
-                      "error": _error_data(ret._return_value) if failed and isinstance(ret._return_value, BaseException) else None,
-                      "value": None if failed else returned_value(ret._return_value)}
-    return {"idx": finished.idx, "job_return": job_return, "files": _b64(finished.files),
-            "node_output_dir": finished.node_output_dir, "left_out": list(finished.left_out), "error": finished.error,
-            "in_output_dir": finished.in_output_dir, "cwd_files": _b64(finished.cwd_files)}
+        job_return = {
+            "overrides": list(ret.overrides or []),
+            "cfg": _container(ret.cfg),
+            "hydra_cfg": _container(ret.hydra_cfg),
+            "working_dir": ret.working_dir,
+            "task_name": ret.task_name,
+            "status": ret.status.name,
+            "error": _error_data(ret._return_value)
+            if failed and isinstance(ret._return_value, BaseException)
+            else None,
+            "value": None if failed else returned_value(ret._return_value),
+        }
+    return {
+        "idx": finished.idx,
+        "job_return": job_return,
+        "files": _b64(finished.files),
+        "node_output_dir": finished.node_output_dir,
+        "left_out": list(finished.left_out),
+        "error": finished.error,
+        "in_output_dir": finished.in_output_dir,
+        "cwd_files": _b64(finished.cwd_files),
+    }
 
 
 def finished_from(data: dict) -> Finished:
@@ -156,15 +187,32 @@ def finished_from(data: dict) -> Finished:
     if data.get("job_return") is not None:
         item = data["job_return"]
         status = JobStatus[item["status"]]
-        ret = JobReturn(overrides=list(item["overrides"]),
-                        cfg=OmegaConf.create(item["cfg"]) if item["cfg"] is not None else None,
-                        hydra_cfg=OmegaConf.create(item["hydra_cfg"]) if item["hydra_cfg"] is not None else None,
-                        working_dir=item["working_dir"], task_name=item["task_name"], status=status)
+        ret = JobReturn(
+            overrides=list(item["overrides"]),
+            cfg=OmegaConf.create(item["cfg"]) if item["cfg"] is not None else None,
+            hydra_cfg=OmegaConf.create(item["hydra_cfg"])
+            if item["hydra_cfg"] is not None
+            else None,
+            working_dir=item["working_dir"],
+            task_name=item["task_name"],
+            status=status,
+        )
         if status == JobStatus.FAILED:
-            ret.return_value = _error_from(item["error"] or {"type": "RuntimeError", "message": "the job failed"})
+            ret.return_value = _error_from(
+                item["error"] or {"type": "RuntimeError", "message": "the job failed"}
+            )
         elif item["value"] is not None:
-            ret.return_value = item["value"]["json"] if "json" in item["value"] else item["value"]["repr"]
+            ret.return_value = (
+                item["value"]["json"] if "json" in item["value"] else item["value"]["repr"]
+            )
     files, cwd_files = data.get("files"), data.get("cwd_files")
-    return Finished(int(data["idx"]), ret, base64.b64decode(files) if files is not None else None, data.get("node_output_dir"),
-                    list(data.get("left_out") or []), data.get("error"), bool(data.get("in_output_dir")),
-                    base64.b64decode(cwd_files) if cwd_files is not None else None)
+    return Finished(
+        int(data["idx"]),
+        ret,
+        base64.b64decode(files) if files is not None else None,
+        data.get("node_output_dir"),
+        list(data.get("left_out") or []),
+        data.get("error"),
+        bool(data.get("in_output_dir")),
+        base64.b64decode(cwd_files) if cwd_files is not None else None,
+    )

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ValidationInfo
 
@@ -63,6 +64,7 @@ def _integer(minimum: int, maximum: int) -> Callable[[Any], int]:
         if value > maximum:
             raise ValueError(f"must be at most {maximum}, got {value!r}")
         return value
+
     return check
 
 
@@ -73,6 +75,7 @@ def _number(allow_zero: bool, at_most: float) -> Callable[[Any], float]:
         if value > at_most:
             raise ValueError(f"must be at most {at_most:g}, got {value!r}")
         return float(value)
+
     return check
 
 
@@ -85,8 +88,11 @@ def _boolean(value: Any) -> bool:
 def _one_of(choices: tuple, optional: bool = False) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if value not in choices:
-            raise ValueError(f"must be one of {', '.join(map(str, choices))}{' or null' if optional else ''}; got {value!r}")
+            raise ValueError(
+                f"must be one of {', '.join(map(str, choices))}{' or null' if optional else ''}; got {value!r}"
+            )
         return value
+
     return check
 
 
@@ -106,10 +112,15 @@ def _folder_name(max_bytes: int) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         text = _text(value) if isinstance(value, str) else str(value)
         if text in (".", "..") or "/" in text or os.sep in text or "\0" in text or not text.strip():
-            raise ValueError(f"must be a name used as one folder (no '/', not '.' or '..'); got {value!r}")
+            raise ValueError(
+                f"must be a name used as one folder (no '/', not '.' or '..'); got {value!r}"
+            )
         if len(text.encode("utf-8", "surrogateescape")) > max_bytes:
-            raise ValueError(f"must be at most {max_bytes} bytes (a folder's name), got {len(text.encode('utf-8', 'surrogateescape'))}")
+            raise ValueError(
+                f"must be at most {max_bytes} bytes (a folder's name), got {len(text.encode('utf-8', 'surrogateescape'))}"
+            )
         return text
+
     return check
 
 
@@ -141,7 +152,9 @@ def writable_dir_error(value: Any) -> str | None:
         return f"must be a directory path, got {value!r}"
     if "://" in value:  # s3://, gs://: storage Tune writes through pyarrow; checked where used
         return None
-    too_long = path_length_error(value) or path_length_error(str(Path(value).expanduser().absolute()))
+    too_long = path_length_error(value) or path_length_error(
+        str(Path(value).expanduser().absolute())
+    )
     if too_long:
         return f"{value[:80]}{'...' if len(value) > 80 else ''} {too_long}"
     path = Path(value).expanduser()
@@ -177,7 +190,11 @@ def Integer(minimum: int = 1, maximum: int = COUNT_MAX, optional: bool = False) 
 
 
 def Number(allow_zero: bool = False, at_most: float = NUMBER_MAX, optional: bool = False) -> Any:
-    return kind(f"number in {'[' if allow_zero else '('}0, {at_most:g}]", _number(allow_zero, at_most), optional)
+    return kind(
+        f"number in {'[' if allow_zero else '('}0, {at_most:g}]",
+        _number(allow_zero, at_most),
+        optional,
+    )
 
 
 def Seconds(at_most: float = SECONDS_MAX, optional: bool = False) -> Any:
@@ -207,6 +224,13 @@ Boolean = kind("true or false", _boolean)
 Fraction = kind("number between 0 and 1 (exclusive)", _fraction)
 Text = kind("string", _text)
 OptionalText = kind("string", _text, optional=True)
-WritableDir = Annotated[Any, BeforeValidator(_writable_dir), Kind("a directory that must be creatable and writable")]
+LOCAL_FOLDER = Kind("a directory that must be creatable and writable")
+WritableDir = Annotated[Any, BeforeValidator(_writable_dir), LOCAL_FOLDER]
 Anything = Annotated[Any, Kind("any value")]
 Mapping = Annotated[dict, Kind("a mapping")]
+
+
+def local_folder_keys(model: Any) -> list[str]:
+    """The keys of a model whose kind is a folder of this machine (WritableDir): storage_path, a
+    preset's data.root. A run submitted to nodes that share this machine's files gets them resolved."""
+    return [name for name, field in model.model_fields.items() if LOCAL_FOLDER in field.metadata]

@@ -1,12 +1,24 @@
-"""The root config's own keys and the groups every job has: data, compute, tracking."""
-
+"""The root config's own keys and the groups every job has: compute and tracking; `Section`, the
+base of every model of a config section (the backends' and workloads' beside their code)."""
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rayflow.schema.kinds import (NAME_MAX, Boolean, FolderName, Fraction, Integer, Number, OneOf, OptionalText,
-                                  Seconds, Text, WritableDir, kind, path_length_error)
+from rayflow.schema.kinds import (
+    NAME_MAX,
+    Boolean,
+    FolderName,
+    Integer,
+    Number,
+    OneOf,
+    OptionalText,
+    Seconds,
+    Text,
+    WritableDir,
+    kind,
+    path_length_error,
+)
 
 
 def _resume(value: Any) -> Any:
@@ -36,10 +48,9 @@ def _nonblank_uri(value: Any) -> str:
 
 
 SEED_MAX = 2**32 - 1  # numpy's seeds
-# An experiment folder that exists already gets a suffix (`-1`, `-2`, ...: rayflow.tuning), which
+# An experiment folder that exists already gets a suffix (`-1`, `-2`, ...: rayflow.workloads.tune_runner), which
 # must still fit one folder name.
 EXPERIMENT_NAME_MAX = NAME_MAX - 15
-SYNTHETIC_MAX = 100_000  # images of 3 KB each: 300 MB, twice CIFAR-10's own training set
 
 ResumeKind = kind("true, false or an experiment folder", _resume)
 RayAuthModeKind = OneOf("token", "disabled")
@@ -76,56 +87,68 @@ class Root(Section):
     dry_run: Boolean = Field(description="validate, print the cluster spec as YAML, start nothing")
     resume: ResumeKind = Field(
         description="`true`: continue the latest experiment of this workload; a path: that experiment. Refused "
-                    "when the tracking store does not hold the experiment's parent run (run from the folder of "
-                    "the first run, give its `tracking.uri`, or `tracking=none`)")
-    storage_path: WritableDir = Field(description="Tune's experiment state and checkpoints (`s3://`, `gs://` too); "
-                                                  "on a cluster sharing this machine's files it must be creatable and writable here")
+        "when the tracking store does not hold the experiment's parent run (run from the folder of "
+        "the first run, give its `tracking.uri`, or `tracking=none`)"
+    )
+    storage_path: WritableDir = Field(
+        description="Tune's experiment state and checkpoints (`s3://`, `gs://` too); "
+        "on a cluster sharing this machine's files it must be creatable and writable here"
+    )
     experiment_name: FolderName(EXPERIMENT_NAME_MAX) = Field(
         description="the experiment folder under `storage_path` (default `<workload>-<date>-<time>`); one that exists "
-                    "already, or is being made by another run, gets a suffix `-1`, `-2`, ...")
+        "already, or is being made by another run, gets a suffix `-1`, `-2`, ..."
+    )
     seed: Integer(0, SEED_MAX) = Field(description="data split and synthetic data (numpy's seeds)")
-    schedule_timeout_s: Seconds() = Field(description="how long a trial, Train worker or env runner that no node of the running "
-                                                     "cluster can hold may stay pending, while the cluster does not grow, before "
-                                                     "the run fails")
+    schedule_timeout_s: Seconds() = Field(
+        description="how long a trial, Train worker or env runner that no node of the running "
+        "cluster can hold may stay pending, while the cluster does not grow, before "
+        "the run fails"
+    )
     verbose: VerboseKind = Field(
         description="what a run prints besides rayflow's own lines and the results: `0` (`false`, the default) nothing "
-                    "more, the autoscaler's lines summarised as one line per scale event; `1` the autoscaler's own lines; "
-                    "`2` (`true`) also Ray Tune's trial status tables and start/end boxes; `3` also Tune's box of every "
-                    "reported result")
-    ray_auth_mode: RayAuthModeKind = Field(description="Ray token auth for every cluster rayflow starts or joins, "
-                                                                  "exported as `RAY_AUTH_MODE` (default `$RAY_AUTH_MODE`, else `token`)")
-
-
-class Data(Section):
-    root: WritableDir = Field(description="CIFAR-10 python batches, shared by the trials of a node")
-    download: Boolean = Field(description="fetch `data.url` once (checked against `data.md5`) when the batches are missing")
-    url: Text = Field(description="the archive's address: point at a mirror of the same file")
-    md5: Text = Field(description="the archive's md5")
-    synthetic: Boolean = Field(description="write and use a small CIFAR-format set with a learnable signal")
-    synthetic_train_size: Integer(10, SYNTHETIC_MAX) = Field(description="images in the synthetic data batches (3 KB each)")
-    synthetic_test_size: Integer(1, SYNTHETIC_MAX) = Field(description="images in the synthetic test batch")
-    val_fraction: Fraction = Field(description="share of the training batches held out for `val_loss`")
-    timeout_s: Seconds() = Field(description="the download may stall this long (each connect and read), and a trial waits "
-                                            "this long for another's download of the same set")
+        "more, the autoscaler's lines summarised as one line per scale event; `1` the autoscaler's own lines; "
+        "`2` (`true`) also Ray Tune's trial status tables and start/end boxes; `3` also Tune's box of every "
+        "reported result"
+    )
+    ray_auth_mode: RayAuthModeKind = Field(
+        description="Ray token auth for every cluster rayflow starts or joins, "
+        "exported as `RAY_AUTH_MODE` (default `$RAY_AUTH_MODE`, else `token`)"
+    )
 
 
 class Compute(Section):
     device: DeviceKind = Field(description="the device trials use (`compute=cpu|gpu|auto`)")
-    gpus_per_trial: Number(allow_zero=True, optional=True) = Field(description="GPUs per trial or worker; null with "
-                                                                               "`compute=auto`: decided once the cluster is up")
+    gpus_per_trial: Number(allow_zero=True, optional=True) = Field(
+        description="GPUs per trial or worker; null with "
+        "`compute=auto`: decided once the cluster is up"
+    )
 
 
 class Mlflow(Section):
     enabled: Boolean = Field(description="log to MLflow (`tracking=none` turns it off)")
     uri: UriKind = Field(
-        description="the MLflow store, relative to where you run (default `$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db`)")
+        description="the MLflow store, relative to where you run (default `$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db`)"
+    )
     experiment: Text = Field(description="the MLflow experiment (default: the workload's name)")
-    log_best_checkpoint: Boolean = Field(description="copy the best trial's checkpoint into the parent run")
-    timeout_s: Seconds() = Field(description="how long the tracking server (`http(s)://`) or database may take to answer the preflight check")
+    log_best_checkpoint: Boolean = Field(
+        description="copy the best trial's checkpoint into the parent run"
+    )
+    timeout_s: Seconds() = Field(
+        description="how long the tracking server (`http(s)://`) or database may take to answer the preflight check"
+    )
 
 
 class NoTracking(Section):
     enabled: Boolean = Field(description="false: nothing is logged to MLflow")
 
 
-__all__ = ["Compute", "Data", "DeviceKind", "Mlflow", "NoTracking", "OptionalText", "Part", "Root", "Section"]
+__all__ = [
+    "Compute",
+    "DeviceKind",
+    "Mlflow",
+    "NoTracking",
+    "OptionalText",
+    "Part",
+    "Root",
+    "Section",
+]

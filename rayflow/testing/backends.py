@@ -6,9 +6,10 @@
         teardown_faults = [("step one",), ("step two",)]
         def overrides(self): return ["backend=mine", ...]
 
-A backend renders its spec as YAML, checks its config without starting anything, and
-stops what it started, and only that, on success, on an exception, on SIGINT and SIGTERM,
-and when a step of its own teardown fails; stop() may be called again.
+A backend renders its spec as YAML, checks its config without starting anything, and, run by
+the one cluster lifecycle (rayflow.orchestrator.cluster.running), stops what it started, and only
+that, on success, on an exception, on SIGINT and SIGTERM, and when a step of its own teardown
+fails; stop(handle) may be called again.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import pytest
 import yaml
 
 from rayflow.backends import REGISTRY, ClusterBackend, backend_for
-from rayflow.composition import compose_config
+from rayflow.orchestrator.cluster import running
+from rayflow.orchestrator.compose import compose_config
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 
 
@@ -44,7 +46,10 @@ class BackendSuite:
         return backend_for(compose_config(*self.overrides()))
 
     def _script_env(self) -> dict:
-        return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+        return dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
+        )
 
 
 class LifecycleSuite(BackendSuite):
@@ -58,7 +63,7 @@ class LifecycleSuite(BackendSuite):
     def test_check_and_render_start_nothing(self, backend):
         before = ray_daemon_pids()
         backend.check()
-        spec = yaml.safe_load(backend.render())
+        spec = yaml.safe_load(backend.render().text)
         # the backend's own document (vm: the cluster YAML, kuberay: the manifest), a mapping
         assert isinstance(spec, dict) and spec
         assert ray_daemon_pids() == before
@@ -68,7 +73,7 @@ class LifecycleSuite(BackendSuite):
 
         before = ray_daemon_pids()
         with pytest.raises(RuntimeError, match="boom"):
-            with backend:
+            with running(backend) as handle:
                 started = ray_daemon_pids() - before
                 raise RuntimeError("boom")
         assert not ray.is_initialized()
@@ -77,9 +82,8 @@ class LifecycleSuite(BackendSuite):
             assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20)
         else:
             assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
-        backend.stop()  # stopped already: each undo step ran once, these are no-ops
-        backend.stop()
-        backend.__exit__(None, None, None)
+        backend.stop(handle)  # stopped already: each undo step ran once, these are no-ops
+        backend.stop(handle)
         assert not ray.is_initialized()
 
     # The processes of the two tests below run side by side, one per signal or per set of faults:
@@ -92,10 +96,11 @@ class LifecycleSuite(BackendSuite):
             f"""
             import os, signal, sys, time
             signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if the runner ignores it
-            from rayflow.composition import compose_config
+            from rayflow.orchestrator.compose import compose_config
+            from rayflow.orchestrator.cluster import running
             from rayflow.backends import backend_for
             cfg = compose_config(*{self.overrides()!r})
-            with backend_for(cfg):
+            with running(backend_for(cfg)):
                 print("ready", flush=True)
                 time.sleep(240)
             """
@@ -103,12 +108,25 @@ class LifecycleSuite(BackendSuite):
         before = ray_daemon_pids()
         runs = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
-            out = tmp_path / f"{signum.name}.log"  # a file, not a pipe: Ray's launchers print a lot there too
-            runs[signum] = (subprocess.Popen([sys.executable, "-c", script], stdout=open(out, "w"), stderr=subprocess.STDOUT,
-                                             cwd=tmp_path, env=self._script_env()), out)
+            out = (
+                tmp_path / f"{signum.name}.log"
+            )  # a file, not a pipe: Ray's launchers print a lot there too
+            runs[signum] = (
+                subprocess.Popen(
+                    [sys.executable, "-c", script],
+                    stdout=open(out, "w"),
+                    stderr=subprocess.STDOUT,
+                    cwd=tmp_path,
+                    env=self._script_env(),
+                ),
+                out,
+            )
         try:
             for signum, (proc, out) in runs.items():
-                ready = wait_until(lambda: "ready\n" in out.read_text().splitlines(keepends=True), timeout=self.start_timeout_s)
+                ready = wait_until(
+                    lambda: "ready\n" in out.read_text().splitlines(keepends=True),
+                    timeout=self.start_timeout_s,
+                )
                 assert ready, f"{signum.name}: " + out.read_text()[-3000:]
             started = ray_daemon_pids() - before
             for signum, (proc, _) in runs.items():
@@ -118,14 +136,19 @@ class LifecycleSuite(BackendSuite):
                 if signum == signal.SIGTERM:
                     assert code == 128 + signum, (code, out.read_text()[-2000:])
                 else:  # KeyboardInterrupt unwinds the with-block; Python then exits by SIGINT or with 1
-                    assert code in (-signal.SIGINT, 1) and "KeyboardInterrupt" in out.read_text(), (code, out.read_text()[-2000:])
+                    assert code in (-signal.SIGINT, 1) and "KeyboardInterrupt" in out.read_text(), (
+                        code,
+                        out.read_text()[-2000:],
+                    )
         finally:
             for proc, _ in runs.values():
                 if proc.poll() is None:
                     proc.kill()
         if self.owns_cluster:
             assert started
-            assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20), sorted(ray_daemon_pids() & started)
+            assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20), sorted(
+                ray_daemon_pids() & started
+            )
         else:
             assert ray_daemon_pids() >= before
 
@@ -137,28 +160,34 @@ class LifecycleSuite(BackendSuite):
             script = textwrap.dedent(
                 f"""
                 import json
-                from rayflow.backends import backend_for, base
-                from rayflow.composition import compose_config
-                registered, original = [], base.ClusterBackend.on_stop
+                from rayflow.backends import backend_for, handle
+                from rayflow.orchestrator.cluster import running
+                from rayflow.orchestrator.compose import compose_config
+                registered, original = [], handle.ClusterHandle.on_stop
                 def on_stop(self, what, undo, *args, **kwargs):
                     registered.append(what)
                     if what.startswith({faults!r}):  # the step fails before doing anything
                         def undo(*args, **kwargs):
                             raise RuntimeError("injected teardown failure")
                     original(self, what, undo, *args, **kwargs)
-                base.ClusterBackend.on_stop = on_stop
+                handle.ClusterHandle.on_stop = on_stop
                 backend = backend_for(compose_config(*{self.overrides()!r}))
-                with backend:
+                with running(backend) as started:
                     print("STARTED", flush=True)
-                backend.stop()  # again, after the failures: a no-op
+                backend.stop(started)  # again, after the failures: a no-op
                 print("REGISTERED", json.dumps(registered))
-                print("ERRORS", json.dumps(backend.teardown_errors))
+                print("ERRORS", json.dumps(started.teardown_errors))
                 """
             )
             # files, not pipes: a full pipe would stall one process while the other is waited for
             out, err = tmp_path / f"faults-{len(runs)}.out", tmp_path / f"faults-{len(runs)}.err"
-            proc = subprocess.Popen([sys.executable, "-c", script], stdout=open(out, "w"), stderr=open(err, "w"),
-                                    cwd=tmp_path, env=self._script_env())
+            proc = subprocess.Popen(
+                [sys.executable, "-c", script],
+                stdout=open(out, "w"),
+                stderr=open(err, "w"),
+                cwd=tmp_path,
+                env=self._script_env(),
+            )
             runs.append((faults, proc, out, err))
         try:
             codes = [proc.wait(timeout=300) for _, proc, _, _ in runs]
@@ -169,14 +198,27 @@ class LifecycleSuite(BackendSuite):
         for (faults, _, out, err), code in zip(runs, codes):
             stdout, stderr = out.read_text(), err.read_text()
             assert code == 0, (faults, stderr[-3000:])
-            lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in stdout.splitlines() if line.startswith(("REGISTERED", "ERRORS"))}
+            lines = {
+                line.split(" ", 1)[0]: line.split(" ", 1)[1]
+                for line in stdout.splitlines()
+                if line.startswith(("REGISTERED", "ERRORS"))
+            }
             registered, errors = json.loads(lines["REGISTERED"]), json.loads(lines["ERRORS"])
             failed = [step for step in registered if step.startswith(faults)]
-            assert all(any(step.startswith(f) for step in registered) for f in faults), (faults, registered)
-            assert len(errors) == len(failed) and all("injected teardown failure" in e for e in errors), (faults, errors)
-            assert stderr.count("rayflow: warning: teardown step failed, going on") == len(failed), (faults, stderr[-3000:])
+            assert all(any(step.startswith(f) for step in registered) for f in faults), (
+                faults,
+                registered,
+            )
+            assert len(errors) == len(failed) and all(
+                "injected teardown failure" in e for e in errors
+            ), (faults, errors)
+            assert stderr.count("rayflow: warning: teardown step failed, going on") == len(
+                failed
+            ), (faults, stderr[-3000:])
         if self.owns_cluster:
-            assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), f"left behind after {self.teardown_faults} failed"
+            assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), (
+                f"left behind after {self.teardown_faults} failed"
+            )
         else:
             assert ray_daemon_pids() >= before, "attach must never stop the cluster it joined"
 
@@ -187,7 +229,7 @@ class DriverConnectionSuite(BackendSuite):
     def test_start_connects_the_driver(self, backend):
         import ray
 
-        with backend as started:
+        with running(backend) as started:
             assert started.address
             assert ray.is_initialized()
             assert ray.get(ray.remote(lambda x: x * 2).remote(21)) == 42
@@ -204,13 +246,23 @@ class JobSubmissionSuite(BackendSuite):
         import ray
         from ray.job_submission import JobStatus, JobSubmissionClient
 
-        with backend as started:
+        with running(backend) as started:
             assert started.address.startswith(("http://", "https://"))
             assert not ray.is_initialized(), "a submitting backend must not connect this process"
-            client = JobSubmissionClient(started.address, headers=started.job_headers())
-            job = client.submit_job(entrypoint="python -c \"import ray; ray.init(); print('nodes', len(ray.nodes()))\"")
-            status = wait_until(lambda: client.get_job_status(job) in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED) and client.get_job_status(job),
-                                timeout=self.job_timeout_s, interval=1.0)
+            assert started.submission is not None
+            client = JobSubmissionClient(started.address, headers=started.submission.headers)
+            job = client.submit_job(
+                entrypoint="python -c \"import ray; ray.init(); print('nodes', len(ray.nodes()))\""
+            )
+            status = wait_until(
+                lambda: (
+                    client.get_job_status(job)
+                    in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+                    and client.get_job_status(job)
+                ),
+                timeout=self.job_timeout_s,
+                interval=1.0,
+            )
             assert status == JobStatus.SUCCEEDED, client.get_job_logs(job)[-3000:]
             assert "nodes " in client.get_job_logs(job)
         assert not ray.is_initialized()

@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from rayflow.processes import is_own
+from rayflow.runtime.processes import is_own
 
 SESSION_MARK = "RAYFLOW_TEST_SESSION"
 
@@ -62,7 +62,9 @@ def process_pids(title: bytes | str) -> set[int]:
     """Pids of processes whose command line starts with `title`: Ray names an actor's
     process after its class, e.g. "ray::RayTrainWorker" or "ray::ImplicitFunc"."""
     prefix = title.decode() if isinstance(title, bytes) else title
-    return {proc.pid for proc, argv in _cmdlines() if " ".join(argv).startswith(prefix) and _ours(proc)}
+    return {
+        proc.pid for proc, argv in _cmdlines() if " ".join(argv).startswith(prefix) and _ours(proc)
+    }
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.25):

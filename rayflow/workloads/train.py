@@ -5,7 +5,7 @@ Train run with sampled values in its `train_loop_config`.
     python -m rayflow workload=train workload.train_loop=loop:train_loop workload.num_workers=4 compute=gpu
 
 workload=ddp is this workload with rayflow's CIFAR loop and keys of its own
-(rayflow.workloads.ddp), run by `run_training` and `run_sweep`.
+(rayflow.workloads.presets.ddp), run by `run_training` and `run_sweep`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,23 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rayflow import user_code
-from rayflow.config import to_container
-from rayflow.mlflow_runs import create_nested_run
-from rayflow.placement import Bundle
-from rayflow.plots_data import EPOCHS_FILE
-from rayflow.process_state import termination_exit_code
-from rayflow.tuning import TuneJob, read_state, write_state
-from rayflow.workloads.train_parts import ReportLog, TrainJob, TrainSummary, summarize_result, trainer
+from rayflow.results.experiment import read_state, write_state
+from rayflow.results.records import EPOCHS_FILE
+from rayflow.runtime.placement import Bundle
+from rayflow.runtime.signals import termination_exit_code
+from rayflow.schema.values import to_container
+from rayflow.tracking.mlflow_runs import create_nested_run
+from rayflow.workloads import user_code
+from rayflow.workloads.train_runner import (
+    ReportLog,
+    TrainJob,
+    TrainSummary,
+    summarize_result,
+    trainer,
+)
+from rayflow.workloads.tune_runner import TuneJob
 
 KIND = "train"
-USES_DATA = False  # the loop brings its own data
 
 
 def train_loop(cfg):
@@ -39,7 +45,10 @@ def worker_resources(section) -> dict:
         amounts["GPU"] = float(section.gpu)
     if section.get("memory"):
         amounts["memory"] = int(section.memory)
-    return {**amounts, **{k: float(v) for k, v in (to_container(section.get("custom")) or {}).items()}}
+    return {
+        **amounts,
+        **{k: float(v) for k, v in (to_container(section.get("custom")) or {}).items()},
+    }
 
 
 def job(cfg) -> TrainJob:
@@ -58,12 +67,16 @@ def job(cfg) -> TrainJob:
 
 
 def check(cfg) -> None:
-    from rayflow.workloads.tune_parts import check_tune_parts
+    from rayflow.workloads.tune_search import check_tune_parts
 
     train_loop(cfg)
     sweep = to_container(cfg.workload.get("sweep"))
     if sweep:
         check_tune_parts(sweep, prefix="workload.sweep")
+
+
+def prepare(cfg, here: bool) -> None:
+    """Nothing: the loop brings its own data."""
 
 
 def worker_imports(cfg) -> tuple[str, ...]:
@@ -83,9 +96,21 @@ def demand(cfg) -> list[Bundle]:
     w = cfg.workload
     resources = worker_resources(w.resources_per_worker)
     prefix = "workload.resources_per_worker"
-    keys = {"CPU": f"{prefix}.cpu", "GPU": f"{prefix}.gpu", "memory": f"{prefix}.memory",
-            **{k: f"{prefix}.custom.{k}" for k in resources if k not in ("CPU", "GPU", "memory")}}
-    return [Bundle("a Train worker", resources, keys, count=int(w.num_workers), count_key="workload.num_workers")]
+    keys = {
+        "CPU": f"{prefix}.cpu",
+        "GPU": f"{prefix}.gpu",
+        "memory": f"{prefix}.memory",
+        **{k: f"{prefix}.custom.{k}" for k in resources if k not in ("CPU", "GPU", "memory")},
+    }
+    return [
+        Bundle(
+            "a Train worker",
+            resources,
+            keys,
+            count=int(w.num_workers),
+            count_key="workload.num_workers",
+        )
+    ]
 
 
 # Ray Train's own record of a run's checkpoints (ray.train.v2 CHECKPOINT_MANAGER_SNAPSHOT_FILENAME),
@@ -112,15 +137,24 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
     tracker = ctx.tracker
     run_id = state.get("train_run_id") if ctx.resume else None
     if tracker.run_id and run_id is None:
-        run_id = create_nested_run(tracker.client, tracker.experiment_id, tracker.run_id, "train", mlflow_params)
+        run_id = create_nested_run(
+            tracker.client, tracker.experiment_id, tracker.run_id, "train", mlflow_params
+        )
         write_state(path, {**state, "train_run_id": run_id})
     if run_id:
         tracker.client.update_run(run_id, status="RUNNING")
     if ctx.resume and not any(path.glob("checkpoint_*")):  # Ray Train's own, in the run's folder
-        print("[rayflow] resume: the Train run saved no checkpoint (its train_loop reports none): it restarts from the start",
-              flush=True)
+        print(
+            "[rayflow] resume: the Train run saved no checkpoint (its train_loop reports none): it restarts from the start",
+            flush=True,
+        )
     mlflow = {"uri": tracker.absolute_uri, "run_id": run_id} if run_id else None
-    fit = trainer(train, name=path.name, storage=str(path.parent), callbacks=[ReportLog(str(path / EPOCHS_FILE), mlflow)])
+    fit = trainer(
+        train,
+        name=path.name,
+        storage=str(path.parent),
+        callbacks=[ReportLog(str(path / EPOCHS_FILE), mlflow)],
+    )
     errored = interrupted = False
     error = None
     try:
@@ -133,12 +167,16 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
         # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
         if termination_exit_code():
             if run_id:
-                tracker.write("the Train run's end", lambda client, _: client.set_terminated(run_id, "KILLED"))
+                tracker.write(
+                    "the Train run's end", lambda client, _: client.set_terminated(run_id, "KILLED")
+                )
             raise
         result, interrupted = _saved_result(path), True
     summary = summarize_result(result, train, errored, interrupted)
     summary.error = error
-    name = ((result.metrics or {}) if result else {}).get("device_name")  # what the workers reported
+    name = ((result.metrics or {}) if result else {}).get(
+        "device_name"
+    )  # what the workers reported
     if name:
         tracker.set_tags({"device_name": name})
     if run_id:  # after the run: a tracking store that failed meanwhile is a warning (Tracker.write)
@@ -148,6 +186,7 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
             if name:
                 client.set_tag(run_id, "device_name", name)
             client.set_terminated(run_id, status)
+
         tracker.write("the Train run's end", end)
     return summary
 
@@ -159,7 +198,13 @@ def train_trial(config: dict, train: TrainJob, storage: str) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = tune.get_context().get_trial_id()
-    trainer(train, f"train-{trial_id}", storage, [TuneReportCallback()], config={**train.config, **config}).fit()
+    trainer(
+        train,
+        f"train-{trial_id}",
+        storage,
+        [TuneReportCallback()],
+        config={**train.config, **config},
+    ).fit()
 
 
 def sweep_job(train: TrainJob, ctx, sweep: TuneJob) -> TuneJob:
@@ -170,7 +215,9 @@ def sweep_job(train: TrainJob, ctx, sweep: TuneJob) -> TuneJob:
 
     per_run = train.resources.get("CPU", 1) * train.num_workers
     free = ray.cluster_resources().get("CPU", 1) // per_run
-    sweep.trainable = tune.with_parameters(train_trial, train=train, storage=str(ctx.experiment_dir))
+    sweep.trainable = tune.with_parameters(
+        train_trial, train=train, storage=str(ctx.experiment_dir)
+    )
     sweep.resources = {"cpu": 0, "memory": 1}  # Tune wants a non-empty request; 1 byte is not a CPU
     sweep.reuse_actors = False  # a stopped trial's actor goes, and with it its Train workers
     room = max(1, int(free))
@@ -185,15 +232,24 @@ def run(cfg, ctx):
     sweep = to_container(cfg.workload.get("sweep"))
     if not sweep:
         return run_training(train, ctx, {**train.config, "num_workers": train.num_workers})
-    keys = OmegaConf.create({"workload": {**sweep, "resources_per_trial": {"cpu": 1}, "max_failures": 0,
-                                          "reuse_actors": False, "num_samples": sweep.get("num_samples", 1)},
-                            "verbose": cfg.get("verbose")})  # Tune's tables only when `verbose` asks
+    keys = OmegaConf.create(
+        {
+            "workload": {
+                **sweep,
+                "resources_per_trial": {"cpu": 1},
+                "max_failures": 0,
+                "reuse_actors": False,
+                "num_samples": sweep.get("num_samples", 1),
+            },
+            "verbose": cfg.get("verbose"),
+        }
+    )  # Tune's tables only when `verbose` asks
     return tune_kind.run_job(sweep_job(train, ctx, tune_kind.job(keys, train_trial)), ctx)
 
 
 def figures(cfg, experiment_dir: Path) -> list:
-    from rayflow.plots import reports
-    from rayflow.plots_data import train_epochs
+    from rayflow.results.plots import reports
+    from rayflow.results.records import train_epochs
     from rayflow.workloads import tune as tune_kind
 
     sweep = to_container(cfg.workload.get("sweep"))

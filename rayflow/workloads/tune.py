@@ -4,23 +4,22 @@ algorithm from YAML.
     python -m rayflow workload=tune workload.trainable=train:objective workload.metric=loss \
         workload.mode=min 'workload.search_space={lr: {loguniform: [1e-4, 1e-1]}}'
 
-`job(cfg, trainable)` turns the keys into a TuneJob (rayflow.tuning), the one seam every tuning
+`job(cfg, trainable)` turns the keys into a TuneJob (rayflow.workloads.tune_runner), the one seam every tuning
 workload goes through: workload=cifar is this workload with rayflow's CIFAR trainable and keys
-of its own (rayflow.workloads.cifar), and scripts/bench.py times a user trainable through it.
+of its own (rayflow.workloads.presets.cifar), and scripts/bench.py times a user trainable through it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rayflow import user_code
-from rayflow.config import to_container
-from rayflow.placement import Bundle, section_bundle
-from rayflow.progress import tune_verbose
-from rayflow.tuning import TuneJob, TuneSummary, run_tune, summarize
+from rayflow.runtime.placement import Bundle, section_bundle
+from rayflow.runtime.progress import tune_verbose
+from rayflow.schema.values import to_container
+from rayflow.workloads import user_code
+from rayflow.workloads.tune_runner import TuneJob, TuneSummary, run_tune, summarize
 
 KIND = "tune"
-USES_DATA = False  # the trainable brings its own data
 
 
 def trainable(cfg):
@@ -28,6 +27,10 @@ def trainable(cfg):
 
 
 TUNE_WRAPPER = "ray.tune.trainable.function_trainable"
+
+
+def prepare(cfg, here: bool) -> None:
+    """Nothing: the trainable brings its own data."""
 
 
 def worker_imports(cfg) -> tuple[str, ...]:
@@ -50,7 +53,7 @@ def params(cfg) -> None:
 def check(cfg) -> None:
     """What the schema cannot know: the trainable imports and is callable, and Tune builds the
     scheduler and search algorithm from their keys."""
-    from rayflow.workloads.tune_parts import check_tune_parts
+    from rayflow.workloads.tune_search import check_tune_parts
 
     trainable(cfg)
     check_tune_parts(to_container(cfg.workload))
@@ -62,7 +65,9 @@ def demand(cfg) -> list[Bundle]:
     if not custom:
         return [bundle]
     keys = {**bundle.keys, **{r: f"workload.resources_per_trial.custom.{r}" for r in custom}}
-    return [Bundle(bundle.what, {**bundle.resources, **{r: float(v) for r, v in custom.items()}}, keys)]
+    return [
+        Bundle(bundle.what, {**bundle.resources, **{r: float(v) for r, v in custom.items()}}, keys)
+    ]
 
 
 def resources(section) -> dict:
@@ -71,11 +76,18 @@ def resources(section) -> dict:
     if section.get("memory"):
         amounts["memory"] = int(section.memory)
     custom = to_container(section.get("custom")) or {}
-    return {**amounts, **({"custom_resources": {k: float(v) for k, v in custom.items()}} if custom else {})}
+    return {
+        **amounts,
+        **({"custom_resources": {k: float(v) for k, v in custom.items()}} if custom else {}),
+    }
 
 
 # How the table names a scheduler that stops trials before their limit (None: it never does).
-SCHEDULER_LABELS = {"asha": "ASHA", "hyperband": "HyperBand", "median_stopping": "the median stopping rule"}
+SCHEDULER_LABELS = {
+    "asha": "ASHA",
+    "hyperband": "HyperBand",
+    "median_stopping": "the median stopping rule",
+}
 
 
 def progress(scheduler_value, stop: dict | None) -> tuple[str, str, int | None, list[int]]:
@@ -84,34 +96,51 @@ def progress(scheduler_value, stop: dict | None) -> tuple[str, str, int | None, 
     defaults for those not given, capped by the stop mapping's limit on the same attribute."""
     import inspect
 
-    from rayflow.schema.search_space import scheduler_spec
-    from rayflow.workloads.tune_parts import scheduler_class
+    from rayflow.workloads.search_space import scheduler_spec
+    from rayflow.workloads.tune_search import scheduler_class
 
     name, given = scheduler_spec(scheduler_value)
     cls = scheduler_class(name)
-    defaults = {} if cls is None else {
-        k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not inspect.Parameter.empty}
+    defaults = (
+        {}
+        if cls is None
+        else {
+            k: p.default
+            for k, p in inspect.signature(cls).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
+    )
     settings = {**defaults, **given}
-    time_attr = str(given.get("time_attr") or "training_iteration")  # make_scheduler's default, not the class's
-    max_t = given.get("max_t") if name in SCHEDULER_LABELS else None  # Tune's default is no limit a trainable knows of
+    time_attr = str(
+        given.get("time_attr") or "training_iteration"
+    )  # make_scheduler's default, not the class's
+    max_t = (
+        given.get("max_t") if name in SCHEDULER_LABELS else None
+    )  # Tune's default is no limit a trainable knows of
     limit = (stop or {}).get(time_attr)
     if isinstance(limit, (int, float)) and not isinstance(limit, bool):
         max_t = min(max_t, limit) if max_t else limit
     rungs = []
     if name == "asha":
-        from rayflow.plots import asha_rungs
+        from rayflow.results.plots import asha_rungs
 
-        rungs = asha_rungs(int(settings.get("grace_period", 1)), int(settings.get("reduction_factor", 4)),
-                           int(max_t or settings.get("max_t") or 0))
+        rungs = asha_rungs(
+            int(settings.get("grace_period", 1)),
+            int(settings.get("reduction_factor", 4)),
+            int(max_t or settings.get("max_t") or 0),
+        )
     return name, time_attr, int(max_t) if max_t else None, rungs
 
 
 def job(cfg, fn, callbacks=()) -> TuneJob:
     """The TuneJob the `workload=tune` keys describe, for the trainable `fn`."""
-    from rayflow.workloads.tune_parts import make_scheduler, make_search_alg, to_tune
+    from rayflow.workloads.tune_search import make_scheduler, make_search_alg, to_tune
 
     w = cfg.workload
-    space = {**(to_container(w.get("config")) or {}), **to_tune(to_container(w.get("search_space")) or {})}
+    space = {
+        **(to_container(w.get("config")) or {}),
+        **to_tune(to_container(w.get("search_space")) or {}),
+    }
     metric, mode = str(w.metric), str(w.mode)
     stop = to_container(w.get("stop")) or None
     name, time_attr, max_t, _ = progress(to_container(w.get("scheduler")), stop)
@@ -124,7 +153,12 @@ def job(cfg, fn, callbacks=()) -> TuneJob:
         num_samples=int(w.num_samples),
         resources=resources(w.resources_per_trial),
         scheduler=make_scheduler(to_container(w.get("scheduler")), metric, mode),
-        search_alg=make_search_alg(to_container(w.get("search_alg")), metric, mode, to_container(w.get("search_space")) or {}),
+        search_alg=make_search_alg(
+            to_container(w.get("search_alg")),
+            metric,
+            mode,
+            to_container(w.get("search_space")) or {},
+        ),
         max_failures=int(w.max_failures),
         checkpoints_to_keep=checkpoint.get("num_to_keep"),
         checkpoint_score_attribute=checkpoint.get("score_attribute"),
@@ -159,8 +193,18 @@ def run(cfg, ctx) -> TuneSummary:
 
 def figures(cfg, experiment_dir: Path) -> list:
     """Learning curves of the chosen metric over the scheduler's time attribute, and the search view."""
-    from rayflow.plots import tune_figures
+    from rayflow.results.plots import tune_figures
 
     w = cfg.workload
-    name, time_attr, max_t, rungs = progress(to_container(w.get("scheduler")), to_container(w.get("stop")) or None)
-    return tune_figures(experiment_dir, str(w.metric), str(w.mode), time_attr, max_t, rungs, SCHEDULER_LABELS.get(name))
+    name, time_attr, max_t, rungs = progress(
+        to_container(w.get("scheduler")), to_container(w.get("stop")) or None
+    )
+    return tune_figures(
+        experiment_dir,
+        str(w.metric),
+        str(w.mode),
+        time_attr,
+        max_t,
+        rungs,
+        SCHEDULER_LABELS.get(name),
+    )

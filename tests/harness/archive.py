@@ -17,7 +17,7 @@ from pathlib import Path
 
 def cifar_archive(folder: Path) -> bytes:
     """A tiny archive laid out like the official cifar-10-python.tar.gz."""
-    from rayflow import data
+    from rayflow.workloads.presets import cifar_data as data
 
     data.write_synthetic(folder / "src" / data.BATCH_DIR, 50, 10, seed=1)
     buffer = io.BytesIO()
@@ -51,7 +51,7 @@ def archive_server(tmp_path: Path):
             self.end_headers()
             chunk = 8192
             for start in range(0, len(payload), chunk):
-                self.wfile.write(payload[start:start + chunk])
+                self.wfile.write(payload[start : start + chunk])
                 self.wfile.flush()
                 time.sleep(chunk / rate)
             self.close_connection = True

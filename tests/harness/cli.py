@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+DATA_WORKLOADS = (
+    "cifar",
+    "ddp",
+)  # the presets whose data set (conf/workload/data/) sits at the root as `data`
+
 
 class Rayflow:
     """Runs `python -m rayflow` in a work folder of its own, with small, isolated defaults."""
@@ -27,22 +32,50 @@ class Rayflow:
         self.env.pop("MLFLOW_TRACKING_URI", None)  # each test has its own store in its work folder
         self.env.pop("RAY_AUTH_MODE", None)  # rayflow must make driver and cluster agree by itself
 
+    def base_for(self, args) -> list[str]:
+        """The defaults for a command line: the data keys only where its workload reads the CIFAR
+        data set (the presets cifar, the default, and ddp bring the `data` section; others have none)."""
+        workload = next(
+            (a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == "workload"), "cifar"
+        )
+        return (
+            self.base
+            if workload in DATA_WORKLOADS
+            else [b for b in self.base if not b.startswith("data.")]
+        )
+
     def argv(self, *args: str, base: bool = True) -> list[str]:
         flags = [a for a in args if a.startswith("-")]  # Hydra wants -m before the overrides
         overrides = [a for a in args if not a.startswith("-")]
-        return [sys.executable, "-m", "rayflow", *flags, *(self.base if base else []), *overrides]
+        return [
+            sys.executable,
+            "-m",
+            "rayflow",
+            *flags,
+            *(self.base_for(overrides) if base else []),
+            *overrides,
+        ]
 
-    def run(self, *args: str, base: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, base: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(
-            self.argv(*args, base=base), cwd=self.workdir, env=self.env,
-            capture_output=True, text=True, timeout=timeout,
+            self.argv(*args, base=base),
+            cwd=self.workdir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def start(self, *args: str, log_name: str = "run.log") -> tuple[subprocess.Popen, Path]:
         log = self.workdir / log_name
         proc = subprocess.Popen(
-            self.argv(*args), cwd=self.workdir, env=self.env,
-            stdout=open(log, "w"), stderr=subprocess.STDOUT,
+            self.argv(*args),
+            cwd=self.workdir,
+            env=self.env,
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
         )
         return proc, log
 
@@ -52,17 +85,23 @@ class Rayflow:
         config share one cluster, started once."""
         script = (
             "import json, sys\n"
-            "from rayflow.composition import preflight\n"
-            "from rayflow.session import run_jobs\n"
+            "from rayflow.orchestrator.preflight import preflight\n"
+            "from rayflow.orchestrator.session import run_jobs\n"
             "results = run_jobs([job for c in json.loads(sys.argv[1]) for job in preflight([a for a in c if a != '-m'], '-m' in c)])\n"
             # what each job returned, as a caller of rayflow.run sees it (RunResult's public values)
             "print('RUN_RESULTS', json.dumps([r and {'type': type(r).__name__, 'workload': r.workload,\n"
             "    'best_metrics': r.best_metrics, 'best_config': r.best_config, 'mlflow_run_id': r.mlflow_run_id,\n"
             "    'experiment_dir': str(r.experiment_dir), 'trials': len(r.trials)} for r in results], default=str))\n"
         )
-        lines = [[*self.base, *command] for command in commands]
-        return subprocess.run([sys.executable, "-c", script, json.dumps(lines)], cwd=self.workdir, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        lines = [[*self.base_for(command), *command] for command in commands]
+        return subprocess.run(
+            [sys.executable, "-c", script, json.dumps(lines)],
+            cwd=self.workdir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     @staticmethod
     def run_results(out: subprocess.CompletedProcess) -> list[dict | None]:
@@ -85,12 +124,17 @@ class Rayflow:
         assert found is not None, f"no MLflow experiment {experiment!r} in {self.db}"
         runs = client.search_runs([found.experiment_id], max_results=1000)
         parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-        children = {p.info.run_id: [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id] for p in parents}
+        children = {
+            p.info.run_id: [
+                r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id
+            ]
+            for p in parents
+        }
         return client, parents, children
 
     def plots(self, client, run) -> dict[str, dict]:
-        """{PNG name: the summary it stores} of the plots/ artifacts of an MLflow run (rayflow.plots)."""
-        from rayflow.plots import read_meta
+        """{PNG name: the summary it stores} of the plots/ artifacts of an MLflow run (rayflow.results.plots)."""
+        from rayflow.results.plots import read_meta
 
         names = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
         folder = self.workdir / "downloaded" / run.info.run_id

@@ -10,9 +10,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # examples/tune-pbt, small: 2 trials of 3 iterations; its train.py goes with a submitted job
 # (workload.working_dir defaults to the folder rayflow runs from).
-USER_TUNE = ["workload=tune", "workload.trainable=train:objective", "workload.metric=loss", "workload.mode=min",
-             "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}}", "workload.num_samples=2",
-             "workload.stop={training_iteration: 3}"]
+USER_TUNE = [
+    "workload=tune",
+    "workload.trainable=train:objective",
+    "workload.metric=loss",
+    "workload.mode=min",
+    "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}}",
+    "workload.num_samples=2",
+    "workload.stop={training_iteration: 3}",
+]
 
 
 def copy_example(name: str, folder: Path) -> Path:

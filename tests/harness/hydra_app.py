@@ -25,20 +25,42 @@ class HydraApp:
         self.sweep_dir = self.folder / "sweep"
 
     def sweep(self, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        argv = [sys.executable, "my_app.py", "-m", "hydra/launcher=rayflow", f"hydra.sweep.dir={self.sweep_dir}", *overrides]
-        return subprocess.run(argv, cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=timeout)
+        argv = [
+            sys.executable,
+            "my_app.py",
+            "-m",
+            "hydra/launcher=rayflow",
+            f"hydra.sweep.dir={self.sweep_dir}",
+            *overrides,
+        ]
+        return subprocess.run(
+            argv, cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
 
     def job_dirs(self) -> list[Path]:
-        return sorted((p for p in self.sweep_dir.iterdir() if p.is_dir()), key=lambda p: int(p.name))
+        return sorted(
+            (p for p in self.sweep_dir.iterdir() if p.is_dir()), key=lambda p: int(p.name)
+        )
 
     def metrics(self) -> dict[int, dict]:
         """metrics.json of each job that wrote one, by job number."""
-        return {int(p.name): json.loads((p / "metrics.json").read_text()) for p in self.job_dirs() if (p / "metrics.json").exists()}
+        return {
+            int(p.name): json.loads((p / "metrics.json").read_text())
+            for p in self.job_dirs()
+            if (p / "metrics.json").exists()
+        }
 
     def assert_hydra_outputs(self, job_dir: Path) -> None:
         """What Hydra writes for every job, found where the user looks: the local sweep dir."""
-        for name in (".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "my_app.log"):
-            assert (job_dir / name).is_file(), f"{job_dir / name} is missing; {sorted(p.name for p in job_dir.rglob('*'))}"
+        for name in (
+            ".hydra/config.yaml",
+            ".hydra/overrides.yaml",
+            ".hydra/hydra.yaml",
+            "my_app.log",
+        ):
+            assert (job_dir / name).is_file(), (
+                f"{job_dir / name} is missing; {sorted(p.name for p in job_dir.rglob('*'))}"
+            )
 
 
 class KeptCluster:
@@ -67,7 +89,9 @@ class KeptCluster:
         before = ray_daemon_pids()
         with keep_clusters():
             yield
-        assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the suite's cluster was left running"
+        assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), (
+            "the suite's cluster was left running"
+        )
 
 
 def sweep_comes_home(folder: Path, backend: list[str]) -> subprocess.CompletedProcess:
@@ -83,10 +107,16 @@ def sweep_comes_home(folder: Path, backend: list[str]) -> subprocess.CompletedPr
     for job_dir in dirs:
         app.assert_hydra_outputs(job_dir)
         ran_in = OmegaConf.load(job_dir / ".hydra" / "hydra.yaml").hydra.runtime.output_dir
-        assert "rayflow-hydra-job-" in ran_in, "the job ran in a scratch folder of its node, and came back"
+        assert "rayflow-hydra-job-" in ran_in, (
+            "the job ran in a scratch folder of its node, and came back"
+        )
         assert "loss" in (job_dir / "my_app.log").read_text()
     metrics = app.metrics()
-    assert [metrics[n]["job_num"] for n in (0, 1)] == [0, 1] and all(m["decay"] > 0 for m in metrics.values())
+    assert [metrics[n]["job_num"] for n in (0, 1)] == [0, 1] and all(
+        m["decay"] > 0 for m in metrics.values()
+    )
     assert metrics[0]["loss"] > metrics[1]["loss"]  # lr=0.1 fits the line better in 100 steps
-    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "the cluster was left running"
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), (
+        "the cluster was left running"
+    )
     return out

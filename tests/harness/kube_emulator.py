@@ -55,14 +55,34 @@ RESOURCES: dict[str, tuple[str, str, str, bool, bool]] = {
     "rayclusters": ("ray.io", "v1", "RayCluster", True, True),
     "rayjobs": ("ray.io", "v1", "RayJob", True, True),
 }
-MANAGED_BY_VALUES = ("ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue")  # RayCluster spec.managedBy's CEL rule
+MANAGED_BY_VALUES = (
+    "ray.io/kuberay-operator",
+    "kueue.x-k8s.io/multikueue",
+)  # RayCluster spec.managedBy's CEL rule
 # The field selectors the API server accepts beyond metadata.name/namespace; anything else is a 400.
 FIELD_LABELS = {
-    "events": {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-               "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
-               "involvedObject.fieldPath", "reason", "reportingComponent", "type", "source"},
-    "pods": {"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-             "status.phase", "status.podIP", "status.nominatedNodeName"},
+    "events": {
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "type",
+        "source",
+    },
+    "pods": {
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    },
 }
 
 
@@ -83,8 +103,14 @@ def api_error(status: int, reason: str, message: str, **details: Any) -> Kuberne
 
 def not_found(plural: str, name: str) -> KubernetesError:
     group = RESOURCES[plural][0]
-    return api_error(404, "NotFound", f'{plural}{"." + group if group else ""} "{name}" not found',
-                     name=name, group=group, kind=plural)
+    return api_error(
+        404,
+        "NotFound",
+        f'{plural}{"." + group if group else ""} "{name}" not found',
+        name=name,
+        group=group,
+        kind=plural,
+    )
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -104,7 +130,9 @@ def json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
     """RFC 6902 add/remove/replace/test (what clients send); a failed op is a 422 like the server's."""
     doc = copy.deepcopy(doc)
     for op in ops:
-        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        *parents, last = [
+            p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]
+        ]
         node = doc
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
@@ -115,9 +143,15 @@ def json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
         kind = op["op"]
         if kind == "test" and node[index] != op["value"]:
             raise api_error(422, "Invalid", f"testing value {op['path']} failed")
-        if kind in ("remove", "replace") and (index not in node if isinstance(node, dict) else index >= len(node)):
-            raise api_error(422, "Invalid", f"the server rejected our request due to an error in our request: "
-                                            f"missing value at {op['path']}")
+        if kind in ("remove", "replace") and (
+            index not in node if isinstance(node, dict) else index >= len(node)
+        ):
+            raise api_error(
+                422,
+                "Invalid",
+                f"the server rejected our request due to an error in our request: "
+                f"missing value at {op['path']}",
+            )
         if kind == "add" and isinstance(node, list):
             node.insert(index, op["value"])
         elif kind in ("add", "replace"):
@@ -170,8 +204,12 @@ def fields_match(plural: str, obj: dict[str, Any], selector: str | None) -> bool
             raise api_error(400, "BadRequest", f"invalid field selector: {term!r}")
         path, op, wanted = m.groups()
         if path not in {"metadata.name", "metadata.namespace"} | FIELD_LABELS.get(plural, set()):
-            raise api_error(400, "BadRequest", f'"{path}" is not a known field selector: only '
-                                               f'"metadata.name", "metadata.namespace"')
+            raise api_error(
+                400,
+                "BadRequest",
+                f'"{path}" is not a known field selector: only '
+                f'"metadata.name", "metadata.namespace"',
+            )
         value: Any = obj
         for part in ("source.component" if path == "source" else path).split("."):
             value = value.get(part) if isinstance(value, dict) else None
@@ -190,9 +228,13 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
     store: dict[tuple[str, str | None, str], dict[str, Any]] = attrs.field(factory=dict)
     seen: list[SeenRequest] = attrs.field(factory=list)
     upstreams: dict[tuple[str, str, str | None], str] = attrs.field(factory=dict)
-    listeners: list[Callable[[str, str, dict | None, dict | None], None]] = attrs.field(factory=list)
+    listeners: list[Callable[[str, str, dict | None, dict | None], None]] = attrs.field(
+        factory=list
+    )
     _rv: int = 0
-    _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(factory=dict)  # (key, manager) -> config
+    _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(
+        factory=dict
+    )  # (key, manager) -> config
     _history: list[tuple[int, str, dict | None, dict | None]] = attrs.field(factory=list)
     _watchers: list[tuple[str, asyncio.Queue]] = attrs.field(factory=list)
     _session: aiohttp.ClientSession | None = None
@@ -204,18 +246,34 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         for plural, (group, version, kind, namespaced, has_status) in RESOURCES.items():
-            self.resources[f"{group}/{version}/{plural}" if group else f"v1/{plural}"] = kmock.ResourceInfo(
-                kind=kind, singular=kind.lower(), namespaced=namespaced,
-                subresources={"status"} if has_status else set(),
-                verbs={"create", "delete", "get", "list", "patch", "update", "watch"})
+            self.resources[f"{group}/{version}/{plural}" if group else f"v1/{plural}"] = (
+                kmock.ResourceInfo(
+                    kind=kind,
+                    singular=kind.lower(),
+                    namespaced=namespaced,
+                    subresources={"status"} if has_status else set(),
+                    verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
+                )
+            )
 
     # -- HTTP entry: auth, the request log and the proxy come before kmock buffers the body --------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        self.seen.append(SeenRequest(raw.method, raw.path, dict(raw.query), raw.headers.get("Content-Type")))
+        self.seen.append(
+            SeenRequest(raw.method, raw.path, dict(raw.query), raw.headers.get("Content-Type"))
+        )
         if raw.headers.get("Authorization") != f"Bearer {self.token}":
             return aiohttp.web.json_response(
-                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                 "message": "Unauthorized", "reason": "Unauthorized", "code": 401}, status=401)
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": "Unauthorized",
+                    "reason": "Unauthorized",
+                    "code": 401,
+                },
+                status=401,
+            )
         if m := PROXY_PATH.match(raw.path):
             try:
                 return await self._proxy(raw, m[1], m[2], m[3] or "/")
@@ -225,17 +283,33 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
-        if res is None or res.plural is None:  # discovery (/api, /apis/ray.io/v1, /version): kmock's
+        if (
+            res is None or res.plural is None
+        ):  # discovery (/api, /apis/ray.io/v1, /version): kmock's
             return await kmock.RawHandler._handle(self, request)
         plural, ns, name, sub = res.plural, request.namespace, request.name, request.subresource
         if plural not in RESOURCES or RESOURCES[plural][:2] != (res.group, res.version):
             raise api_error(404, "NotFound", "the server could not find the requested resource")
         q, method = request.params, request.method
-        if method == "GET" and q.get("watch") in ("1", "t", "T", "TRUE", "true", "True"):  # Go's ParseBool
+        if method == "GET" and q.get("watch") in (
+            "1",
+            "t",
+            "T",
+            "TRUE",
+            "true",
+            "True",
+        ):  # Go's ParseBool
             return await self._watch(request._raw_request, plural, ns, q)
-        if method in ("POST", "PUT", "PATCH", "DELETE"):  # synchronous on the loop: the flags cover one write
+        if method in (
+            "POST",
+            "PUT",
+            "PATCH",
+            "DELETE",
+        ):  # synchronous on the loop: the flags cover one write
             if q.get("dryRun") not in (None, "All"):
-                raise api_error(400, "BadRequest", f"Invalid dry run value: {q['dryRun']!r} (only All)")
+                raise api_error(
+                    400, "BadRequest", f"Invalid dry run value: {q['dryRun']!r} (only All)"
+                )
             self._dry_run, self._admitting = q.get("dryRun") == "All", True
             try:
                 return await self._write(request, plural, ns, name, sub, q, method)
@@ -243,50 +317,89 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
                 self._dry_run, self._admitting = False, False
         if method == "GET" and name is None:
             items = self.list(plural, ns, q.get("labelSelector"), q.get("fieldSelector"))
-            return aiohttp.web.json_response({
-                "apiVersion": _api_version(plural), "kind": RESOURCES[plural][2] + "List",
-                "metadata": {"resourceVersion": str(self._rv)}, "items": items})
+            return aiohttp.web.json_response(
+                {
+                    "apiVersion": _api_version(plural),
+                    "kind": RESOURCES[plural][2] + "List",
+                    "metadata": {"resourceVersion": str(self._rv)},
+                    "items": items,
+                }
+            )
         if name is None:
-            raise api_error(405, "MethodNotAllowed", f"the server does not allow this method on {plural}")
+            raise api_error(
+                405, "MethodNotAllowed", f"the server does not allow this method on {plural}"
+            )
         if method == "GET":
             return aiohttp.web.json_response(self.read(plural, ns, name))
         raise api_error(405, "MethodNotAllowed", f"{method} is not allowed")
 
-    async def _write(self, request: kmock.Request, plural: str, ns: str | None, name: str | None, sub: str | None,
-                     q: dict, method: str) -> aiohttp.web.StreamResponse:
+    async def _write(
+        self,
+        request: kmock.Request,
+        plural: str,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        q: dict,
+        method: str,
+    ) -> aiohttp.web.StreamResponse:
         if method == "POST" and name is None:
             return aiohttp.web.json_response(self.create(plural, ns, _body(request)), status=201)
         if name is None:
-            raise api_error(405, "MethodNotAllowed", f"the server does not allow this method on {plural}")
+            raise api_error(
+                405, "MethodNotAllowed", f"the server does not allow this method on {plural}"
+            )
         if method == "PUT":
             return aiohttp.web.json_response(self.replace(plural, ns, name, _body(request), sub))
         if method == "PATCH":
-            obj, created = self.patch(plural, ns, name, _body(request), request._raw_request.headers.get("Content-Type", ""),
-                                      q.get("fieldManager"), sub)
+            obj, created = self.patch(
+                plural,
+                ns,
+                name,
+                _body(request),
+                request._raw_request.headers.get("Content-Type", ""),
+                q.get("fieldManager"),
+                sub,
+            )
             return aiohttp.web.json_response(obj, status=201 if created else 200)
         if method == "DELETE":
             body = _body(request) if request.body else {}
             return aiohttp.web.json_response(
-                self.delete(plural, ns, name, q.get("propagationPolicy") or body.get("propagationPolicy")))
+                self.delete(
+                    plural, ns, name, q.get("propagationPolicy") or body.get("propagationPolicy")
+                )
+            )
         raise api_error(405, "MethodNotAllowed", f"{method} is not allowed")
 
     # -- admission -------------------------------------------------------------------------------
     def _admit(self, plural: str, obj: dict[str, Any]) -> None:
         """The CRD's validation of a Ray object, then the test's hooks; refusals as the server words them."""
         if RESOURCES[plural][0] == "ray.io":
-            from rayflow.backends.kuberay.schema import schema_errors
+            from rayflow.backends.kuberay.crd import schema_errors
 
             kind, name = RESOURCES[plural][2], obj["metadata"].get("name")
-            body = {k: v for k, v in obj.items() if k != "status"}  # status: the subresource's, not validated here
+            body = {
+                k: v for k, v in obj.items() if k != "status"
+            }  # status: the subresource's, not validated here
             body["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
             errors = schema_errors(body)
             managed_by = (obj.get("spec") or {}).get("managedBy")
-            if managed_by is not None and managed_by not in MANAGED_BY_VALUES:  # the CRD's x-kubernetes-validations
-                errors.append(f"spec.managedBy: Invalid value: \"string\": the managedBy field value must be either "
-                              "'ray.io/kuberay-operator' or 'kueue.x-k8s.io/multikueue'")
+            if (
+                managed_by is not None and managed_by not in MANAGED_BY_VALUES
+            ):  # the CRD's x-kubernetes-validations
+                errors.append(
+                    'spec.managedBy: Invalid value: "string": the managedBy field value must be either '
+                    "'ray.io/kuberay-operator' or 'kueue.x-k8s.io/multikueue'"
+                )
             if errors:
-                raise api_error(422, "Invalid", f'{kind}.ray.io "{name}" is invalid: {"; ".join(errors)}',
-                                name=name, group="ray.io", kind=kind)
+                raise api_error(
+                    422,
+                    "Invalid",
+                    f'{kind}.ray.io "{name}" is invalid: {"; ".join(errors)}',
+                    name=name,
+                    group="ray.io",
+                    kind=kind,
+                )
         for hook in self.admission:
             hook(plural, copy.deepcopy(obj))
 
@@ -296,11 +409,17 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             raise not_found(plural, name)
         return copy.deepcopy(self.store[plural, ns, name])
 
-    def list(self, plural: str, ns: str | None, labels: str | None = None,
-             fields: str | None = None) -> list[dict[str, Any]]:
-        return [copy.deepcopy(o) for (p, n, _), o in self.store.items()
-                if p == plural and (ns is None or n == ns)
-                and labels_match(o["metadata"].get("labels", {}), labels) and fields_match(p, o, fields)]
+    def list(
+        self, plural: str, ns: str | None, labels: str | None = None, fields: str | None = None
+    ) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o)
+            for (p, n, _), o in self.store.items()
+            if p == plural
+            and (ns is None or n == ns)
+            and labels_match(o["metadata"].get("labels", {}), labels)
+            and fields_match(p, o, fields)
+        ]
 
     def create(self, plural: str, ns: str | None, body: dict[str, Any]) -> dict[str, Any]:
         meta = body.setdefault("metadata", {})
@@ -308,7 +427,9 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             meta["name"] = meta["generateName"] + _suffix()
         name = meta.get("name")
         if not name:
-            raise api_error(422, "Invalid", f"{RESOURCES[plural][2]} is invalid: metadata.name: Required value")
+            raise api_error(
+                422, "Invalid", f"{RESOURCES[plural][2]} is invalid: metadata.name: Required value"
+            )
         ns = ns or meta.get("namespace") if RESOURCES[plural][3] else None
         if ns is not None and ("namespaces", None, ns) not in self.store:
             raise not_found("namespaces", ns)
@@ -322,25 +443,45 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             meta["namespace"] = ns
         return self._commit(plural, ns, name, None, body)
 
-    def replace(self, plural: str, ns: str | None, name: str, body: dict[str, Any],
-                sub: str | None = None) -> dict[str, Any]:
+    def replace(
+        self, plural: str, ns: str | None, name: str, body: dict[str, Any], sub: str | None = None
+    ) -> dict[str, Any]:
         old = self.read(plural, ns, name)
         rv = body.get("metadata", {}).get("resourceVersion")
-        if rv and rv != old["metadata"]["resourceVersion"]:  # optimistic concurrency, as the server does
-            raise api_error(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": the object '
-                                             f'has been modified; please apply your changes to the latest '
-                                             f'version and try again', name=name)
+        if (
+            rv and rv != old["metadata"]["resourceVersion"]
+        ):  # optimistic concurrency, as the server does
+            raise api_error(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {plural} "{name}": the object '
+                f"has been modified; please apply your changes to the latest "
+                f"version and try again",
+                name=name,
+            )
         return self._commit(plural, ns, name, old, self._scoped(plural, old, body, sub))
 
-    def patch(self, plural: str, ns: str | None, name: str, body: Any, content_type: str,
-              manager: str | None = None, sub: str | None = None) -> tuple[dict[str, Any], bool]:
+    def patch(
+        self,
+        plural: str,
+        ns: str | None,
+        name: str,
+        body: Any,
+        content_type: str,
+        manager: str | None = None,
+        sub: str | None = None,
+    ) -> tuple[dict[str, Any], bool]:
         content_type = content_type.split(";")[0].strip()
         key = (plural, ns, name)
         if content_type == "application/apply-patch+yaml":
             if not manager:
-                raise api_error(400, "BadRequest", "PATCH requests with apply content type require fieldManager")
+                raise api_error(
+                    400, "BadRequest", "PATCH requests with apply content type require fieldManager"
+                )
             if body.get("metadata", {}).get("name") not in (None, name):
-                raise api_error(400, "BadRequest", "the name of the object does not match the name on the URL")
+                raise api_error(
+                    400, "BadRequest", "the name of the object does not match the name on the URL"
+                )
             if key not in self.store:
                 created = self.create(plural, ns, copy.deepcopy(body))
                 if not self._dry_run:
@@ -352,7 +493,8 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
                 self._applied[key, manager, sub] = copy.deepcopy(body)
             new = merge_patch(pruned, body)
         elif content_type == "application/merge-patch+json" or (
-                content_type == "application/strategic-merge-patch+json" and RESOURCES[plural][0] == ""):
+            content_type == "application/strategic-merge-patch+json" and RESOURCES[plural][0] == ""
+        ):
             # Strategic merge is approximated as a merge patch (no list merge keys); CRDs reject it.
             old = self.read(plural, ns, name)
             new = merge_patch(old, body)
@@ -360,12 +502,18 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             old = self.read(plural, ns, name)
             new = json_patch(old, body)
         else:
-            raise api_error(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
-                            "accepted media types include: application/json-patch+json, "
-                            "application/merge-patch+json, application/apply-patch+yaml")
+            raise api_error(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - "
+                "accepted media types include: application/json-patch+json, "
+                "application/merge-patch+json, application/apply-patch+yaml",
+            )
         return self.replace(plural, ns, name, new, sub), False
 
-    def delete(self, plural: str, ns: str | None, name: str, propagation: str | None = None) -> dict[str, Any]:
+    def delete(
+        self, plural: str, ns: str | None, name: str, propagation: str | None = None
+    ) -> dict[str, Any]:
         old = self.read(plural, ns, name)
         if self._dry_run:  # what would be deleted, still there
             return old
@@ -375,21 +523,35 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         if meta.get("finalizers"):  # kept, marked, until whoever owns each finalizer removes it
             if not meta.get("deletionTimestamp"):
                 new = copy.deepcopy(old)
-                new["metadata"].update(deletionTimestamp=now_iso(), deletionGracePeriodSeconds=0,
-                                       finalizers=meta["finalizers"])
-                old = self._commit(plural, ns, name, self.store[plural, ns, name], new, deleting=True)
+                new["metadata"].update(
+                    deletionTimestamp=now_iso(),
+                    deletionGracePeriodSeconds=0,
+                    finalizers=meta["finalizers"],
+                )
+                old = self._commit(
+                    plural, ns, name, self.store[plural, ns, name], new, deleting=True
+                )
             if propagation == "Foreground":
-                asyncio.get_running_loop().create_task(self._collect(old["metadata"]["uid"], foreground=(plural, ns, name)))
+                asyncio.get_running_loop().create_task(
+                    self._collect(old["metadata"]["uid"], foreground=(plural, ns, name))
+                )
             return old
         gone = self._commit(plural, ns, name, old, None)
         if propagation != "Orphan":
             asyncio.get_running_loop().create_task(self._collect(meta["uid"]))
         if RESOURCES[plural][0] == "" and plural not in ("pods", "namespaces"):
-            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                    "details": {"name": name, "kind": plural, "uid": meta["uid"]}}
+            return {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {"name": name, "kind": plural, "uid": meta["uid"]},
+            }
         return gone
 
-    async def _collect(self, owner_uid: str, foreground: tuple[str, str | None, str] | None = None) -> None:
+    async def _collect(
+        self, owner_uid: str, foreground: tuple[str, str | None, str] | None = None
+    ) -> None:
         """The garbage collector: dependents (by ownerReferences uid) go after their owner."""
         await asyncio.sleep(self.gc_delay_s)
         for (plural, ns, name), obj in list(self.store.items()):
@@ -401,19 +563,33 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             owner["metadata"]["finalizers"].remove("foregroundDeletion")
             self.replace(*foreground, owner)
 
-    def _scoped(self, plural: str, old: dict[str, Any], body: dict[str, Any], sub: str | None) -> dict[str, Any]:
+    def _scoped(
+        self, plural: str, old: dict[str, Any], body: dict[str, Any], sub: str | None
+    ) -> dict[str, Any]:
         """The status subresource writes only status; the main resource ignores status changes."""
         if sub == "status":
             return {**old, "status": body.get("status", {})}
         if sub is not None:
-            raise api_error(404, "NotFound", f"the server could not find the requested resource ({sub})")
+            raise api_error(
+                404, "NotFound", f"the server could not find the requested resource ({sub})"
+            )
         if RESOURCES[plural][4]:
-            body = {**body, "status": old.get("status")} if "status" in old else {
-                k: v for k, v in body.items() if k != "status"}
+            body = (
+                {**body, "status": old.get("status")}
+                if "status" in old
+                else {k: v for k, v in body.items() if k != "status"}
+            )
         return body
 
-    def _commit(self, plural: str, ns: str | None, name: str, old: dict | None, new: dict | None,
-                deleting: bool = False) -> dict:
+    def _commit(
+        self,
+        plural: str,
+        ns: str | None,
+        name: str,
+        old: dict | None,
+        new: dict | None,
+        deleting: bool = False,
+    ) -> dict:
         """Store a change: bump resourceVersion/generation, finish released deletions, notify.
 
         Only the server sets deletionTimestamp (`deleting`); writers cannot change it or the identity.
@@ -423,19 +599,29 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             self._admit(plural, new)
         if self._dry_run:  # validated and admitted: answered as stored, nothing kept or announced
             result = copy.deepcopy(new if new is not None else old)
-            result["metadata"].setdefault("resourceVersion", (old or {}).get("metadata", {}).get("resourceVersion", str(self._rv)))
+            result["metadata"].setdefault(
+                "resourceVersion",
+                (old or {}).get("metadata", {}).get("resourceVersion", str(self._rv)),
+            )
             return result
         if new is not None and old is not None:
             meta, was = new.setdefault("metadata", {}), old["metadata"]
             for immutable in ("uid", "creationTimestamp", "name", "namespace", "generation") + (
-                    () if deleting else ("deletionTimestamp", "deletionGracePeriodSeconds")):
+                () if deleting else ("deletionTimestamp", "deletionGracePeriodSeconds")
+            ):
                 if immutable in was:
                     meta[immutable] = was[immutable]
                 else:
                     meta.pop(immutable, None)
-            if was.get("deletionTimestamp") and set(meta.get("finalizers", [])) - set(was.get("finalizers", [])):
-                raise api_error(422, "Invalid", f'{RESOURCES[plural][2]} "{name}" is invalid: metadata.finalizers: '
-                                                f"Forbidden: no new finalizers can be added if the object is being deleted")
+            if was.get("deletionTimestamp") and set(meta.get("finalizers", [])) - set(
+                was.get("finalizers", [])
+            ):
+                raise api_error(
+                    422,
+                    "Invalid",
+                    f'{RESOURCES[plural][2]} "{name}" is invalid: metadata.finalizers: '
+                    f"Forbidden: no new finalizers can be added if the object is being deleted",
+                )
             meta["resourceVersion"] = was["resourceVersion"]
             if new == old:  # a no-op write changes nothing, not even resourceVersion
                 return copy.deepcopy(old)
@@ -467,11 +653,16 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         return copy.deepcopy(result)
 
     # -- watch -----------------------------------------------------------------------------------
-    async def _watch(self, raw: aiohttp.web.BaseRequest, plural: str, ns: str | None,
-                     q: dict[str, str]) -> aiohttp.web.StreamResponse:
+    async def _watch(
+        self, raw: aiohttp.web.BaseRequest, plural: str, ns: str | None, q: dict[str, str]
+    ) -> aiohttp.web.StreamResponse:
         def matches(obj: dict | None) -> bool:
-            return obj is not None and (ns is None or obj["metadata"].get("namespace") == ns) and labels_match(
-                obj["metadata"].get("labels", {}), q.get("labelSelector")) and fields_match(plural, obj, q.get("fieldSelector"))
+            return (
+                obj is not None
+                and (ns is None or obj["metadata"].get("namespace") == ns)
+                and labels_match(obj["metadata"].get("labels", {}), q.get("labelSelector"))
+                and fields_match(plural, obj, q.get("fieldSelector"))
+            )
 
         def event(old: dict | None, new: dict | None, rv: int) -> dict | None:
             # Objects moving in or out of the selector show up as ADDED / DELETED, as the server does.
@@ -488,11 +679,26 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         if since == "0":
             backlog = [{"type": "ADDED", "object": o} for o in self.list(plural, ns) if matches(o)]
         elif self._history and int(since) < self._history[0][0] - 1:
-            backlog = [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "code": 410, "reason": "Expired", "message": f"too old resource version: {since}"}}]
+            backlog = [
+                {
+                    "type": "ERROR",
+                    "object": {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "code": 410,
+                        "reason": "Expired",
+                        "message": f"too old resource version: {since}",
+                    },
+                }
+            ]
         else:
-            backlog = [e for rv, p, old, new in self._history if p == plural and rv > int(since)
-                       if (e := event(old, new, rv))]
+            backlog = [
+                e
+                for rv, p, old, new in self._history
+                if p == plural and rv > int(since)
+                if (e := event(old, new, rv))
+            ]
         self._watchers.append((plural, queue))
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(raw)
@@ -561,19 +767,36 @@ class KubeEmulator:
             raise self._failure
         for ns in self._namespaces:
             self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        Path(self.kubeconfig_path).write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": self.token}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
-                                                          "namespace": self._namespaces[0]}}]}))
+        Path(self.kubeconfig_path).write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "emulator",
+                    "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": self.token}}],
+                    "contexts": [
+                        {
+                            "name": "emulator",
+                            "context": {
+                                "cluster": "emulator",
+                                "user": "tester",
+                                "namespace": self._namespaces[0],
+                            },
+                        }
+                    ],
+                }
+            )
+        )
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
         self._tmp.cleanup()
-        if self._bugs and exc_info[0] is None:  # server-side failures other than API errors are bugs
+        if (
+            self._bugs and exc_info[0] is None
+        ):  # server-side failures other than API errors are bugs
             raise ExceptionGroup("the Kubernetes emulator failed while serving", self._bugs)
 
     def _serve(self) -> None:
@@ -584,19 +807,24 @@ class KubeEmulator:
                     self.url = f"http://127.0.0.1:{server.port}"
                     self._started.set()
                     await self._stop.wait()
-                    self._bugs = [e for e in self.handler.errors if not isinstance(e, KubernetesError)]
+                    self._bugs = [
+                        e for e in self.handler.errors if not isinstance(e, KubernetesError)
+                    ]
                     if self.handler._session is not None:
                         await self.handler._session.close()
             except BaseException as e:
                 self._failure = e
                 self._started.set()
                 raise
+
         asyncio.run(main())
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the emulator loop and return its result (or raise its error)."""
+
         async def run() -> Any:
             return fn(*args)
+
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
 
     def get(self, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -618,17 +846,29 @@ class KubeEmulator:
             new = copy.deepcopy(obj)
             new["metadata"] = {**self.handler.store[key]["metadata"], **new["metadata"]}
             return self.handler._commit(plural, ns, meta["name"], self.handler.store[key], new)
+
         return self.call(put)
 
-    def patch(self, plural: str, namespace: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def patch(
+        self, plural: str, namespace: str | None, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
         """RFC 7386 merge patch of the object, status included."""
+
         def do() -> dict[str, Any]:
             old = self.handler.read(plural, namespace, name)
-            return self.handler._commit(plural, namespace, name, self.handler.store[plural, namespace, name],
-                                        merge_patch(old, patch))
+            return self.handler._commit(
+                plural,
+                namespace,
+                name,
+                self.handler.store[plural, namespace, name],
+                merge_patch(old, patch),
+            )
+
         return self.call(do)
 
-    def delete(self, plural: str, namespace: str | None, name: str, propagation: str | None = None) -> dict:
+    def delete(
+        self, plural: str, namespace: str | None, name: str, propagation: str | None = None
+    ) -> dict:
         return self.call(self.handler.delete, plural, namespace, name, propagation)
 
     @property

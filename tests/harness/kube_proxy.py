@@ -17,8 +17,18 @@ import aiohttp
 import aiohttp.web
 from kmock import KubernetesError
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-              "trailer", "transfer-encoding", "upgrade", "host", "authorization"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "authorization",
+}
 PROXY_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)/proxy(/.*)?$")
 
 
@@ -36,20 +46,41 @@ class ServicesProxy:
     upstreams: dict[tuple[str, str, str | None], str]
     _session: aiohttp.ClientSession | None
 
-    async def _proxy(self, raw: aiohttp.web.BaseRequest, ns: str, target: str, path: str) -> aiohttp.web.StreamResponse:
+    async def _proxy(
+        self, raw: aiohttp.web.BaseRequest, ns: str, target: str, path: str
+    ) -> aiohttp.web.StreamResponse:
         parts = target.split(":")
-        name, port = (parts[1], parts[2]) if len(parts) == 3 else (parts[0], parts[1] if len(parts) == 2 else "")
+        name, port = (
+            (parts[1], parts[2])
+            if len(parts) == 3
+            else (parts[0], parts[1] if len(parts) == 2 else "")
+        )
         svc = self.read("services", ns, name)
         ports = svc.get("spec", {}).get("ports", [])
-        chosen = next((p for p in ports if port in (p.get("name"), str(p.get("port")))), None) if port else (
-            ports[0] if ports else None)
+        chosen = (
+            next((p for p in ports if port in (p.get("name"), str(p.get("port")))), None)
+            if port
+            else (ports[0] if ports else None)
+        )
         if chosen is None:
             raise _unavailable(f'no service port "{port}" found for service "{name}"')
         selector = svc.get("spec", {}).get("selector")
-        ready = [p for p in self.list("pods", ns, ",".join(f"{k}={v}" for k, v in (selector or {}).items()))
-                 if any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
-        upstream = self.upstreams.get((ns, name, chosen.get("name"))) or self.upstreams.get((ns, name, None))
-        if (selector and not ready) or upstream is None:  # no endpoints: nothing ready behind the service
+        ready = [
+            p
+            for p in self.list(
+                "pods", ns, ",".join(f"{k}={v}" for k, v in (selector or {}).items())
+            )
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions", [])
+            )
+        ]
+        upstream = self.upstreams.get((ns, name, chosen.get("name"))) or self.upstreams.get(
+            (ns, name, None)
+        )
+        if (
+            selector and not ready
+        ) or upstream is None:  # no endpoints: nothing ready behind the service
             raise _unavailable(f'no endpoints available for service "{name}"')
         url = upstream.rstrip("/") + path + (f"?{raw.query_string}" if raw.query_string else "")
         headers = {k: v for k, v in raw.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -59,24 +90,38 @@ class ServicesProxy:
             return await self._bridge_websocket(raw, url, headers)
         try:
             upstream_response = await self._session.request(
-                raw.method, url, headers=headers, data=raw.content if raw.body_exists else None,
-                allow_redirects=False)
+                raw.method,
+                url,
+                headers=headers,
+                data=raw.content if raw.body_exists else None,
+                allow_redirects=False,
+            )
         except aiohttp.ClientConnectorError as e:
             raise _unavailable(f"error trying to reach service: {e}") from e
         async with upstream_response:
-            response = aiohttp.web.StreamResponse(status=upstream_response.status, headers={
-                k: v for k, v in upstream_response.headers.items() if k.lower() not in HOP_BY_HOP})
+            response = aiohttp.web.StreamResponse(
+                status=upstream_response.status,
+                headers={
+                    k: v
+                    for k, v in upstream_response.headers.items()
+                    if k.lower() not in HOP_BY_HOP
+                },
+            )
             await response.prepare(raw)
             async for chunk in upstream_response.content.iter_any():
                 await response.write(chunk)
         await response.write_eof()
         return response
 
-    async def _bridge_websocket(self, raw: aiohttp.web.BaseRequest, url: str, headers: dict[str, str]):
+    async def _bridge_websocket(
+        self, raw: aiohttp.web.BaseRequest, url: str, headers: dict[str, str]
+    ):
         headers = {k: v for k, v in headers.items() if not k.lower().startswith("sec-websocket")}
         try:
             upstream = await self._session.ws_connect(url, headers=headers)
-        except aiohttp.WSServerHandshakeError as e:  # the upstream's refusal reaches the client as is
+        except (
+            aiohttp.WSServerHandshakeError
+        ) as e:  # the upstream's refusal reaches the client as is
             return aiohttp.web.Response(status=e.status, text=e.message)
         async with upstream:
             downstream = aiohttp.web.WebSocketResponse()
@@ -90,11 +135,13 @@ class ServicesProxy:
                         await sink.send_bytes(msg.data)
                 await sink.close()
 
-            tasks = [asyncio.ensure_future(pump(upstream, downstream)), asyncio.ensure_future(pump(downstream, upstream))]
+            tasks = [
+                asyncio.ensure_future(pump(upstream, downstream)),
+                asyncio.ensure_future(pump(downstream, upstream)),
+            ]
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
             for task in done:
                 task.result()
         return downstream
-

@@ -7,8 +7,12 @@ from pathlib import Path
 
 SPARK_SECRETS = {
     "+backend.spark_conf.spark.ssl.keyPassword=PLANTED-key-password": ["PLANTED-key-password"],
-    "+backend.spark_conf.spark.ssl.trustStorePassword=PLANTED-trust-password": ["PLANTED-trust-password"],
-    "+backend.spark_conf.fs.azure.account.key.acct.blob.core.windows.net=PLANTED-azure-key": ["PLANTED-azure-key"],
+    "+backend.spark_conf.spark.ssl.trustStorePassword=PLANTED-trust-password": [
+        "PLANTED-trust-password"
+    ],
+    "+backend.spark_conf.fs.azure.account.key.acct.blob.core.windows.net=PLANTED-azure-key": [
+        "PLANTED-azure-key"
+    ],
     "+backend.spark_conf.fs.s3a.secret.key=PLANTED-s3-secret": ["PLANTED-s3-secret"],
 }
 
@@ -38,9 +42,16 @@ def assert_nowhere(secrets: list[str], texts: list[str], folders: list[Path]) ->
 
 
 # Secrets that no key name gives away: beside a secret name, after a secret flag, inside a
-# setup command (rayflow/redaction.py masks them by their structure).
+# setup command (rayflow/security/redaction.py masks them by their structure).
 STRUCTURAL_VM_SECRETS = {
-    "+backend.overrides.setup_commands=['export WANDB_API_KEY=PLANTED-export', 'run --db-password PLANTED-flag']": ["PLANTED-export", "PLANTED-flag"],
-    "+backend.overrides.provider.env=[{name:AWS_SECRET_ACCESS_KEY,value:PLANTED-env-pair}]": ["PLANTED-env-pair"],
-    "+backend.overrides.head_start_ray_commands=['ray start --head', 'curl -H \"Authorization: Bearer PLANTED-bearer-token\" h']": ["PLANTED-bearer-token"],
+    "+backend.overrides.setup_commands=['export WANDB_API_KEY=PLANTED-export', 'run --db-password PLANTED-flag']": [
+        "PLANTED-export",
+        "PLANTED-flag",
+    ],
+    "+backend.overrides.provider.env=[{name:AWS_SECRET_ACCESS_KEY,value:PLANTED-env-pair}]": [
+        "PLANTED-env-pair"
+    ],
+    "+backend.overrides.head_start_ray_commands=['ray start --head', 'curl -H \"Authorization: Bearer PLANTED-bearer-token\" h']": [
+        "PLANTED-bearer-token"
+    ],
 }

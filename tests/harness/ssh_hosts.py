@@ -114,8 +114,11 @@ def unavailable_reason() -> str | None:
     """Why SshHosts cannot run here (for pytest.skip), or None."""
     if os.geteuid() != 0:
         return "SSH test hosts need root (network namespaces, mounts)"
-    missing = [c for c in ("ip", "unshare", "tini", "ssh", "ssh-keygen", "rsync", "mount", "umount")
-               if shutil.which(c) is None]
+    missing = [
+        c
+        for c in ("ip", "unshare", "tini", "ssh", "ssh-keygen", "rsync", "mount", "umount")
+        if shutil.which(c) is None
+    ]
     if not os.access(SSHD, os.X_OK):
         missing.append(SSHD)
     if missing:
@@ -123,13 +126,17 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _run(argv: list[str], timeout: float = 30, check: bool = True, what: str | None = None) -> subprocess.CompletedProcess:
+def _run(
+    argv: list[str], timeout: float = 30, check: bool = True, what: str | None = None
+) -> subprocess.CompletedProcess:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise SshHostsError(f"{what or shlex.join(argv)}: no answer within {timeout:g} s") from None
     if check and done.returncode != 0:
-        raise SshHostsError(f"{what or shlex.join(argv)} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+        raise SshHostsError(
+            f"{what or shlex.join(argv)} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+        )
     return done
 
 
@@ -145,20 +152,26 @@ def access_plan(paths: list[str | Path]) -> tuple[dict[Path, set[str]], list[str
         path = Path(os.path.realpath(raw))
         for private in HOST_PRIVATE:
             if (path == Path(private) or Path(private) in path.parents) and not carried_dir(path):
-                problems.append(f"{path} lies under {private}, which each host mounts its own: put the venv elsewhere")
+                problems.append(
+                    f"{path} lies under {private}, which each host mounts its own: put the venv elsewhere"
+                )
         chain = [*reversed(path.parents), path]
         for parent, entry in zip(chain, chain[1:]):
             if not os.stat(parent).st_mode & stat.S_IXOTH:
                 blocked.setdefault(parent, set()).add(entry.name)
         st = os.stat(path)
-        need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR else 0)
+        need = stat.S_IROTH | (
+            stat.S_IXOTH if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR else 0
+        )
         if st.st_mode & need != need:
             try:
                 owner = pwd.getpwuid(st.st_uid).pw_name
             except KeyError:
                 owner = str(st.st_uid)
-            problems.append(f"{path} is {stat.filemode(st.st_mode)} (owner {owner}): others cannot "
-                            f"{'enter and read' if stat.S_ISDIR(st.st_mode) else 'read'} it")
+            problems.append(
+                f"{path} is {stat.filemode(st.st_mode)} (owner {owner}): others cannot "
+                f"{'enter and read' if stat.S_ISDIR(st.st_mode) else 'read'} it"
+            )
     return blocked, problems
 
 
@@ -188,7 +201,9 @@ def _link_chain(path: Path) -> list[Path]:
 def carry_scripts(paths: list[str | Path]) -> tuple[str, str]:
     """Shell lines for a host's mount namespace: stage each carried folder before the host's own
     /tmp and /home hide it, then move it back in at the same path."""
-    hops = [hop for p in paths for hop in _link_chain(Path(p))]  # a symlinked python's every hop must resolve
+    hops = [
+        hop for p in paths for hop in _link_chain(Path(p))
+    ]  # a symlinked python's every hop must resolve
     folders = sorted({d for d in (carried_dir(hop) for hop in hops) if d})
     stage, move = [], []
     for k, folder in enumerate(folders):
@@ -209,8 +224,13 @@ def expose_script(blocked: dict[Path, set[str]]) -> str:
             k += 1
             make = "mkdir" if src.is_dir() else "touch"
             lines += [f"{make} {stage}", f"mount --rbind {shlex.quote(str(src))} {stage}"]
-            moves += [f"{make} {shlex.quote(str(src))}", f"mount --move {stage} {shlex.quote(str(src))}"]
-        lines.append(f"mount -t tmpfs -o mode=0755,size=1m rfssh-hide {shlex.quote(str(directory))}")
+            moves += [
+                f"{make} {shlex.quote(str(src))}",
+                f"mount --move {stage} {shlex.quote(str(src))}",
+            ]
+        lines.append(
+            f"mount -t tmpfs -o mode=0755,size=1m rfssh-hide {shlex.quote(str(directory))}"
+        )
         lines += moves
     return "\n".join(lines)
 
@@ -226,7 +246,9 @@ def _netns_names() -> list[str]:
 
 def _link_names() -> list[str]:
     done = _run(["ip", "-o", "link", "show"], check=False)
-    return [line.split(":")[1].strip().split("@")[0] for line in done.stdout.splitlines() if ":" in line]
+    return [
+        line.split(":")[1].strip().split("@")[0] for line in done.stdout.splitlines() if ":" in line
+    ]
 
 
 def _pid_ns(pid: int) -> str | None:
@@ -266,13 +288,24 @@ class SshHosts:
     bridge_ip, names (namespace = hostname per host), workdir, venv_bin, pids (the recorded
     `unshare` PIDs), timings (seconds of start/close)."""
 
-    def __init__(self, n: int = 2, venv_bin: str | Path | None = None, *, user: str = "rayhost",
-                 prefix: str = "rfssh", subnet: str = "10.213.0.0/24", ready_timeout: float = 30,
-                 lock_timeout: float = 300, expose_blocked: bool = True):
+    def __init__(
+        self,
+        n: int = 2,
+        venv_bin: str | Path | None = None,
+        *,
+        user: str = "rayhost",
+        prefix: str = "rfssh",
+        subnet: str = "10.213.0.0/24",
+        ready_timeout: float = 30,
+        lock_timeout: float = 300,
+        expose_blocked: bool = True,
+    ):
         if not 1 <= n <= 200:
             raise ValueError(f"n must be 1..200, not {n}")
         self.n = n
-        self.venv_bin = Path(venv_bin if venv_bin is not None else Path(sys.executable).parent).absolute()
+        self.venv_bin = Path(
+            venv_bin if venv_bin is not None else Path(sys.executable).parent
+        ).absolute()
         self.user, self.prefix = user, prefix
         self.network = ipaddress.ip_network(subnet)
         if self.network.prefixlen > 24:
@@ -284,7 +317,11 @@ class SshHosts:
         self.veths = [f"{prefix}-v{i}" for i in range(n)]
         if len(self.veths[-1]) > 15:
             raise ValueError(f"prefix {prefix!r} too long for interface names (15 characters)")
-        self.ready_timeout, self.lock_timeout, self.expose_blocked = ready_timeout, lock_timeout, expose_blocked
+        self.ready_timeout, self.lock_timeout, self.expose_blocked = (
+            ready_timeout,
+            lock_timeout,
+            expose_blocked,
+        )
         self.workdir: Path | None = None
         self.uid = self.gid = None
         self.key_path: Path | None = None
@@ -298,14 +335,14 @@ class SshHosts:
         self._started = self._closed = False
 
     # ---- lifecycle -----------------------------------------------------------------------
-    def __enter__(self) -> "SshHosts":
+    def __enter__(self) -> SshHosts:
         self.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def start(self) -> "SshHosts":
+    def start(self) -> SshHosts:
         if self._started:
             raise SshHostsError("SshHosts.start() called twice")
         self._started = True
@@ -349,11 +386,13 @@ class SshHosts:
 
     def _undo(self, fn, *args, what: str) -> None:
         """Register an undo step that never stops the ones after it (its error is reported)."""
+
         def step():
             try:
                 fn(*args)
             except Exception as e:  # noqa: BLE001
                 self._undo_errors.append(f"{what}: {e}")
+
         self._stack.callback(step)
 
     def _start(self) -> None:
@@ -364,20 +403,50 @@ class SshHosts:
         plan_paths = self._venv_paths()
         blocked, problems = access_plan(plan_paths)
         if blocked and not self.expose_blocked:
-            problems += [f"{d} is {stat.filemode(os.stat(d).st_mode)}: user {self.user} cannot pass it "
-                         "(expose_blocked=True hides it in the hosts instead; or chmod o+x it yourself)"
-                         for d in sorted(blocked)]
+            problems += [
+                f"{d} is {stat.filemode(os.stat(d).st_mode)}: user {self.user} cannot pass it "
+                "(expose_blocked=True hides it in the hosts instead; or chmod o+x it yourself)"
+                for d in sorted(blocked)
+            ]
         if problems:
-            raise SshHostsError(f"the venv {self.venv_bin} is not usable by the hosts' user: " + "; ".join(problems))
+            raise SshHostsError(
+                f"the venv {self.venv_bin} is not usable by the hosts' user: " + "; ".join(problems)
+            )
         expose = expose_script(blocked)
         self._carry = carry_scripts([*plan_paths, self.venv_bin / "python"])
 
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         self._undo(shutil.rmtree, self.workdir, what=f"remove {self.workdir}")
         self.key_path = self.workdir / "id_ed25519"
-        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rayflow-ssh-hosts", "-f", str(self.key_path)])
+        _run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "rayflow-ssh-hosts",
+                "-f",
+                str(self.key_path),
+            ]
+        )
         host_key = self.workdir / "ssh_host_ed25519_key"
-        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rayflow-ssh-hosts-host", "-f", str(host_key)])
+        _run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "rayflow-ssh-hosts-host",
+                "-f",
+                str(host_key),
+            ]
+        )
         (self.workdir / "launcher" / "home").mkdir(parents=True)
         (self.workdir / "launcher" / "tmp").mkdir()
 
@@ -395,8 +464,10 @@ class SshHosts:
     @contextlib.contextmanager
     def _lock(self):
         if _HELD_HERE:
-            raise SshHostsError("this process already runs an SshHosts (one at a time per machine: "
-                                "close it first, e.g. mind the scope of a shared fixture)")
+            raise SshHostsError(
+                "this process already runs an SshHosts (one at a time per machine: "
+                "close it first, e.g. mind the scope of a shared fixture)"
+            )
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # not inherited by children
         deadline = time.monotonic() + self.lock_timeout
         try:
@@ -410,7 +481,8 @@ class SshHosts:
                     if time.monotonic() >= deadline:
                         raise SshHostsError(
                             f"another SshHosts (this process or another) held the machine-wide lock "
-                            f"(abstract unix socket @{LOCK_NAME[1:].decode()}) for {self.lock_timeout:g} s") from None
+                            f"(abstract unix socket @{LOCK_NAME[1:].decode()}) for {self.lock_timeout:g} s"
+                        ) from None
                     time.sleep(0.5)
             self._lock_socket = sock
             _HELD_HERE.append(self)
@@ -444,8 +516,23 @@ class SshHosts:
                     taken.append(f"address {cidr} on {fields[1]}")
         for line in _run(["ip", "-4", "-o", "route", "show", "table", "all"]).stdout.splitlines():
             fields = line.split()
-            dest = fields[1] if fields[0] in ("local", "broadcast", "unicast", "multicast", "unreachable",
-                                               "blackhole", "prohibit", "throw", "anycast", "nat") else fields[0]
+            dest = (
+                fields[1]
+                if fields[0]
+                in (
+                    "local",
+                    "broadcast",
+                    "unicast",
+                    "multicast",
+                    "unreachable",
+                    "blackhole",
+                    "prohibit",
+                    "throw",
+                    "anycast",
+                    "nat",
+                )
+                else fields[0]
+            )
             if dest == "default":
                 continue
             try:
@@ -454,15 +541,21 @@ class SshHosts:
             except ValueError:
                 continue
         if taken:
-            raise SshHostsError(f"subnet {self.network} is already used on this machine ({'; '.join(taken)}): pass another subnet=")
+            raise SshHostsError(
+                f"subnet {self.network} is already used on this machine ({'; '.join(taken)}): pass another subnet="
+            )
 
     def _venv_paths(self) -> list[str]:
         python = self.venv_bin / "python"
         if not os.access(python, os.X_OK):
             raise SshHostsError(f"no python in venv_bin {self.venv_bin}")
-        probe = ("import os, sys; print(os.path.realpath(sys.executable)); print(sys.prefix); print(sys.base_prefix);"
-                 "[print(p) for p in sys.path if p and os.path.exists(p)]")
-        out = _run([str(python), "-s", "-c", probe], what=f"{python} (probing its paths)").stdout.split("\n")
+        probe = (
+            "import os, sys; print(os.path.realpath(sys.executable)); print(sys.prefix); print(sys.base_prefix);"
+            "[print(p) for p in sys.path if p and os.path.exists(p)]"
+        )
+        out = _run(
+            [str(python), "-s", "-c", probe], what=f"{python} (probing its paths)"
+        ).stdout.split("\n")
         self._venv_prefix = out[1]
         paths = [str(self.venv_bin), str(python), *[p for p in out if p]]
         return list(dict.fromkeys(os.path.realpath(p) for p in paths))
@@ -471,16 +564,20 @@ class SshHosts:
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         self._undo(_del_link, self.bridge, what=f"delete bridge {self.bridge}")
         _disable_ipv6(self.bridge)
-        _run(["ip", "addr", "add", f"{self.bridge_ip}/{self.network.prefixlen}", "dev", self.bridge])
+        _run(
+            ["ip", "addr", "add", f"{self.bridge_ip}/{self.network.prefixlen}", "dev", self.bridge]
+        )
         _run(["ip", "link", "set", self.bridge, "up"])
 
     def _user_files(self, etc: Path) -> None:
         """The machine's passwd/group/shadow/gshadow plus the hosts' user (replacing any of its name)."""
         days = int(time.time() // 86400)
-        extra = {"passwd": f"{self.user}:x:{self.uid}:{self.gid}:{MARKER}:/home/{self.user}:/bin/bash",
-                 "group": f"{self.user}:x:{self.gid}:",
-                 "shadow": f"{self.user}:*:{days}:0:99999:7:::",
-                 "gshadow": f"{self.user}:!::"}
+        extra = {
+            "passwd": f"{self.user}:x:{self.uid}:{self.gid}:{MARKER}:/home/{self.user}:/bin/bash",
+            "group": f"{self.user}:x:{self.gid}:",
+            "shadow": f"{self.user}:*:{days}:0:99999:7:::",
+            "gshadow": f"{self.user}:!::",
+        }
         for name, line in extra.items():
             src = Path("/etc") / name
             if not src.exists():
@@ -504,9 +601,16 @@ class SshHosts:
         (home / ".bashrc").write_text(
             "# written by tests/ssh_hosts.py: the venv the hosts run Ray from\n"
             f"export PATH={shlex.quote(str(self.venv_bin))}:$PATH\n"
-            "export RAY_USAGE_STATS_ENABLED=0\n")
-        (home / ".profile").write_text('[ -f ~/.bashrc ] && . ~/.bashrc\n')
-        for p in (home, home / ".ssh", home / ".ssh" / "authorized_keys", home / ".bashrc", home / ".profile"):
+            "export RAY_USAGE_STATS_ENABLED=0\n"
+        )
+        (home / ".profile").write_text("[ -f ~/.bashrc ] && . ~/.bashrc\n")
+        for p in (
+            home,
+            home / ".ssh",
+            home / ".ssh" / "authorized_keys",
+            home / ".bashrc",
+            home / ".profile",
+        ):
             os.chown(p, self.uid, self.gid)
         home.chmod(0o755)
         (home / ".ssh").chmod(0o700)
@@ -514,7 +618,9 @@ class SshHosts:
         shutil.copy(host_key, d / "etc" / "ssh_host_ed25519_key")
         (d / "etc" / "ssh_host_ed25519_key").chmod(0o600)
         (d / "etc" / "hosts").write_text(
-            "127.0.0.1\tlocalhost\n" + "".join(f"{ip}\t{name}\n" for ip, name in zip(self.ips, self.names)))
+            "127.0.0.1\tlocalhost\n"
+            + "".join(f"{ip}\t{name}\n" for ip, name in zip(self.ips, self.names))
+        )
         (d / "etc" / "resolv.conf").write_text("# no DNS on rayflow's test hosts\n")
         self._user_files(d / "etc")
         (d / "etc" / "sshd_config").write_text(f"""\
@@ -549,27 +655,77 @@ LogLevel INFO
         self._undo(_del_link, veth, what=f"delete link {veth}")
         _disable_ipv6(veth)
         _run(["ip", "link", "set", veth, "master", self.bridge, "up"])
-        _run(["ip", "netns", "exec", ns, "sh", "-c",
-              "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6"])
-        _run(["ip", "-n", ns, "addr", "add", f"{self.ips[i]}/{self.network.prefixlen}", "dev", "eth0"])
+        _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "sh",
+                "-c",
+                "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6",
+            ]
+        )
+        _run(
+            [
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                f"{self.ips[i]}/{self.network.prefixlen}",
+                "dev",
+                "eth0",
+            ]
+        )
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
         _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
 
     def _start_host(self, i: int, expose: str) -> None:
         d = self.workdir / "hosts" / str(i)
         carry_stage, carry_move = getattr(self, "_carry", ("", ""))
-        script = HOST_SCRIPT.format(expose=expose, sshd=SSHD, carry_stage=carry_stage, carry_move=carry_move)
-        argv = ["ip", "netns", "exec", self.names[i],
-                "unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--mount", "--uts",
-                "--propagation", "private",
-                "tini", "-s", "-g", "--", "bash", "-c", script, "host", str(d), self.names[i]]
+        script = HOST_SCRIPT.format(
+            expose=expose, sshd=SSHD, carry_stage=carry_stage, carry_move=carry_move
+        )
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            self.names[i],
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child=SIGKILL",
+            "--mount-proc",
+            "--mount",
+            "--uts",
+            "--propagation",
+            "private",
+            "tini",
+            "-s",
+            "-g",
+            "--",
+            "bash",
+            "-c",
+            script,
+            "host",
+            str(d),
+            self.names[i],
+        ]
         with open(d / "sshd.log", "wb") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
         self._procs.append(proc)
         self.pids.append(proc.pid)
         self._pid_namespaces.append(None)
         self._undo(self._stop_host, i, what=f"stop host {self.names[i]} (unshare PID {proc.pid})")
+
         # The host's PID namespace is its PID 1's (tini, the child of unshare).
         def child_ns():
             if proc.poll() is not None:
@@ -580,11 +736,14 @@ LogLevel INFO
                 if child and child != ns:
                     return child
             return None
+
         ns = _wait(child_ns, timeout=10)
         if ns in (None, "exited"):
-            raise SshHostsError(f"host {self.names[i]}: its PID 1 did not appear within 10 s"
-                                f"{' (unshare exited ' + str(proc.returncode) + ')' if ns == 'exited' else ''}; "
-                                f"log: {self._log_tail(i)}")
+            raise SshHostsError(
+                f"host {self.names[i]}: its PID 1 did not appear within 10 s"
+                f"{' (unshare exited ' + str(proc.returncode) + ')' if ns == 'exited' else ''}; "
+                f"log: {self._log_tail(i)}"
+            )
         self._pid_namespaces[i] = ns
 
     def _stop_host(self, i: int) -> None:
@@ -595,7 +754,9 @@ LogLevel INFO
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                raise SshHostsError(f"unshare PID {proc.pid} still alive 10 s after SIGKILL") from None
+                raise SshHostsError(
+                    f"unshare PID {proc.pid} still alive 10 s after SIGKILL"
+                ) from None
         ns = self._pid_namespaces[i]
         if ns is None:
             return
@@ -604,7 +765,9 @@ LogLevel INFO
             for pid in left:  # not expected: the kernel kills a PID namespace with its PID 1
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            raise SshHostsError(f"processes alive in host {self.names[i]} 10 s after its PID 1 died: {left}")
+            raise SshHostsError(
+                f"processes alive in host {self.names[i]} 10 s after its PID 1 died: {left}"
+            )
 
     def _wait_ready(self, i: int) -> None:
         ip, proc = self.ips[i], self._procs[i]
@@ -619,23 +782,35 @@ LogLevel INFO
                     return "up"
                 except OSError:
                     return None
+
         state = _wait(listening, timeout=self.ready_timeout, interval=0.05)
         if state != "up":
-            why = f"the host exited ({proc.returncode})" if state == "exited" else f"nothing listened within {self.ready_timeout:g} s"
-            raise SshHostsError(f"host {self.names[i]}: waited for sshd on {ip}:22, {why}; log: {self._log_tail(i)}")
+            why = (
+                f"the host exited ({proc.returncode})"
+                if state == "exited"
+                else f"nothing listened within {self.ready_timeout:g} s"
+            )
+            raise SshHostsError(
+                f"host {self.names[i]}: waited for sshd on {ip}:22, {why}; log: {self._log_tail(i)}"
+            )
 
     def _check_venv(self, i: int) -> None:
-        done = self.ssh(self.ips[i], 'python -c "import sys; print(sys.prefix)"', timeout=30, login=True)
+        done = self.ssh(
+            self.ips[i], 'python -c "import sys; print(sys.prefix)"', timeout=30, login=True
+        )
         got = done.stdout.strip().splitlines()[-1:] if done.stdout.strip() else []
         if done.returncode != 0 or got != [self._venv_prefix]:
             raise SshHostsError(
                 f"host {self.names[i]}: the venv's python does not run as {self.user} through "
                 f"`bash --login -c -i 'source ~/.bashrc; ...'` (exit {done.returncode}, prefix {got}, "
-                f"want {self._venv_prefix}): {done.stderr.strip()[-800:]}")
+                f"want {self._venv_prefix}): {done.stderr.strip()[-800:]}"
+            )
 
     def _log_tail(self, i: int) -> str:
         try:
-            return (self.workdir / "hosts" / str(i) / "sshd.log").read_text(errors="replace")[-1500:].strip() or "(empty)"
+            return (self.workdir / "hosts" / str(i) / "sshd.log").read_text(errors="replace")[
+                -1500:
+            ].strip() or "(empty)"
         except OSError as e:
             return f"(unreadable: {e})"
 
@@ -645,20 +820,50 @@ LogLevel INFO
 
     def ssh_argv(self, host: str | int) -> list[str]:
         """The ssh command line (no remote command) for a host, by IP or index."""
-        return ["ssh", "-F", "/dev/null", "-i", str(self.key_path), "-o", "IdentitiesOnly=yes",
-                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-                "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", f"{self.user}@{self._ip(host)}"]
+        return [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(self.key_path),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            "-o",
+            "LogLevel=ERROR",
+            f"{self.user}@{self._ip(host)}",
+        ]
 
-    def ssh(self, host: str | int, command: str, timeout: float = 30, *, login: bool = False,
-            check: bool = False) -> subprocess.CompletedProcess:
+    def ssh(
+        self,
+        host: str | int,
+        command: str,
+        timeout: float = 30,
+        *,
+        login: bool = False,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess:
         """Run `command` on a host (IP or index) as the user; text output. login=True wraps it the
         way Ray's command runner does: bash --login -c -i 'source ~/.bashrc; ...'. Raises
         subprocess.TimeoutExpired after `timeout` s (ssh is killed; what it started stays in the host
         until close()), CalledProcessError with check=True."""
         if login:
             command = "bash --login -c -i " + shlex.quote(f"source ~/.bashrc; {command}")
-        return subprocess.run([*self.ssh_argv(host), command], stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=timeout, check=check)
+        return subprocess.run(
+            [*self.ssh_argv(host), command],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
 
     def pids_in_host(self, i: int) -> dict[int, str]:
         """{PID on this machine: command line} of every process in host i (its PID namespace),
@@ -688,7 +893,9 @@ LogLevel INFO
             if ns and _pids_in_pid_ns(ns):
                 left.append(f"processes in host {self.names[i]}: {_pids_in_pid_ns(ns)}")
         left += [f"namespace {ns}" for ns in _netns_names() if ns in self.names]
-        left += [f"link {link}" for link in _link_names() if link == self.bridge or link in self.veths]
+        left += [
+            f"link {link}" for link in _link_names() if link == self.bridge or link in self.veths
+        ]
         if self._made_netns_dir and os.path.isdir("/run/netns") and not os.listdir("/run/netns"):
             left.append("directory /run/netns (made by ip netns add)")
         if self.workdir is not None and self.workdir.exists():
@@ -705,7 +912,9 @@ def _children(pid: int) -> list[int]:
 
 def _free_id(first: int = 60100, last: int = 60999) -> int:
     """A number that is neither a uid nor a gid on this machine, nor the uid of a running process."""
-    running = {proc.info["uids"].real for proc in psutil.process_iter(["uids"]) if proc.info["uids"]}
+    running = {
+        proc.info["uids"].real for proc in psutil.process_iter(["uids"]) if proc.info["uids"]
+    }
     for n in range(first, last + 1):
         if n in running:
             continue
@@ -751,7 +960,10 @@ def _disable_ipv6(link: str) -> None:
 def _is_mount_point(path: str) -> bool:
     """From mountinfo: os.path.ismount misses a bind mount of a directory onto itself (ip's)."""
     try:
-        return any(line.split()[4] == path for line in Path("/proc/self/mountinfo").read_text().splitlines())
+        return any(
+            line.split()[4] == path
+            for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        )
     except OSError:
         return False
 
@@ -789,13 +1001,16 @@ def ssh_hosts_fixture(n: int = 2, *, scope: str = "function", **kwargs):
             pytest.skip(reason)
         with SshHosts(n, **kwargs) as hosts:
             yield hosts
+
     return _ssh_hosts
 
 
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description="SSH test hosts from network namespaces (tests/ssh_hosts.py)")
+    parser = argparse.ArgumentParser(
+        description="SSH test hosts from network namespaces (tests/ssh_hosts.py)"
+    )
     parser.add_argument("action", choices=["sweep"], help="sweep: remove what a killed run left")
     parser.add_argument("--prefix", default="rfssh")
     args = parser.parse_args()

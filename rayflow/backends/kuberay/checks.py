@@ -1,6 +1,6 @@
 """backend=kuberay: the checks of the `backend:` section, before anything is applied.
 
-`check` holds the section to its schema (rayflow.schema.kuberay: every key's kind and the rules
+`check` holds the section to its schema (rayflow.backends.kuberay.keys: every key's kind and the rules
 between keys), then renders the manifest and holds it to KubeRay's CRD schema
 (kuberay_schema.schema_errors) and to the operator's own rules (`operator_errors`, mirroring
 ray-operator/controllers/ray/utils/validation.go of KubeRay v1.7.0), which is where what
@@ -11,19 +11,24 @@ is reported as backend.overrides. Pure functions: no Kubernetes cluster, no cred
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from omegaconf import DictConfig
 
 from rayflow.backends.kuberay import manifest as km
 from rayflow.backends.kuberay import user_layers, user_manifest
-from rayflow.auth import refuse_auth_off
+from rayflow.backends.kuberay.keys import DNS_1035, MAX_NAME, Kuberay, image_ray_version
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
-from rayflow.schema.kuberay import DNS_1035, MAX_NAME, Kuberay, image_ray_version
+from rayflow.security.auth import refuse_auth_off
 
 TOKEN_AUTH_MIN_RAY = (2, 52, 0)  # ValidateRayClusterSpec: authOptions.mode token needs Ray 2.52.0
-K8S_TOKEN_AUTH_MIN_RAY = (2, 55, 0)  # Ray delegates token checks to Kubernetes (TokenReview) from 2.55.0
+K8S_TOKEN_AUTH_MIN_RAY = (
+    2,
+    55,
+    0,
+)  # Ray delegates token checks to Kubernetes (TokenReview) from 2.55.0
 START_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
 
 
@@ -37,8 +42,17 @@ def _check_token_auth(b: dict, auth_mode: str, installed_ray: str) -> None:
     image's tag, else the Ray installed here (which is why this is not the schema's)."""
     version = km.ray_version_of(b, installed_ray)
     if auth_mode == "token" and (_version(version) or (0,)) < TOKEN_AUTH_MIN_RAY:
-        key = "backend.ray_version" if b.get("ray_version") is not None else "backend.image" if image_ray_version(b.get("image")) else "ray_auth_mode"
-        raise ConfigError(key, f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use Ray >= 2.52.0 or ray_auth_mode=disabled)")
+        key = (
+            "backend.ray_version"
+            if b.get("ray_version") is not None
+            else "backend.image"
+            if image_ray_version(b.get("image"))
+            else "ray_auth_mode"
+        )
+        raise ConfigError(
+            key,
+            f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use Ray >= 2.52.0 or ray_auth_mode=disabled)",
+        )
 
 
 # --- auth off beside a head reachable from outside the cluster ---------------------------------
@@ -51,7 +65,11 @@ def exposures(manifest: Mapping) -> list[tuple[str, str]]:
     cluster's own network: a NodePort or LoadBalancer head service (serviceType, or headService's
     own spec.type), an Ingress (enableIngress), the node's network (hostNetwork) or a hostPort."""
     cluster = km.cluster_of(manifest)
-    base = "spec.rayClusterSpec.headGroupSpec" if manifest.get("kind") == "RayJob" else "spec.headGroupSpec"
+    base = (
+        "spec.rayClusterSpec.headGroupSpec"
+        if manifest.get("kind") == "RayJob"
+        else "spec.headGroupSpec"
+    )
     head = cluster.get("headGroupSpec") or {}
     out = []
     if head.get("serviceType") in EXPOSING_SERVICE_TYPES:
@@ -63,12 +81,21 @@ def exposures(manifest: Mapping) -> list[tuple[str, str]]:
         out.append((f"{base}.enableIngress", "an Ingress to the head's dashboard"))
     pod = (head.get("template") or {}).get("spec") or {}
     if pod.get("hostNetwork"):
-        out.append((f"{base}.template.spec.hostNetwork", "the head pod on its node's network (hostNetwork)"))
+        out.append(
+            (
+                f"{base}.template.spec.hostNetwork",
+                "the head pod on its node's network (hostNetwork)",
+            )
+        )
     for container in pod.get("containers") or []:
         for port in container.get("ports") or []:
             if isinstance(port, dict) and port.get("hostPort"):
-                out.append((f"{base}.template.spec.containers[{container.get('name')}].ports[{port.get('name')}].hostPort",
-                            f"the head's port {port.get('containerPort')} on its node's address (hostPort {port['hostPort']})"))
+                out.append(
+                    (
+                        f"{base}.template.spec.containers[{container.get('name')}].ports[{port.get('name')}].hostPort",
+                        f"the head's port {port.get('containerPort')} on its node's address (hostPort {port['hostPort']})",
+                    )
+                )
     return out
 
 
@@ -85,10 +112,16 @@ def refuse_bad_k8s_auth(manifest: Mapping, key: str, ray_version: str | None = N
     if auth is None or not auth["k8s"]:
         return
     if auth["mode"] != "token":
-        raise ConfigError(key, f"Kubernetes token auth (enableK8sTokenAuth) needs Ray's token auth on (authOptions.mode: token), got mode {auth['mode']!r}")
+        raise ConfigError(
+            key,
+            f"Kubernetes token auth (enableK8sTokenAuth) needs Ray's token auth on (authOptions.mode: token), got mode {auth['mode']!r}",
+        )
     version = km.cluster_of(manifest).get("rayVersion") or ray_version
     if (_version(version) or (0,)) < K8S_TOKEN_AUTH_MIN_RAY:
-        raise ConfigError(key, f"Kubernetes token auth (enableK8sTokenAuth) needs Ray >= 2.55.0 on the cluster, got {version or 'no rayVersion'}")
+        raise ConfigError(
+            key,
+            f"Kubernetes token auth (enableK8sTokenAuth) needs Ray >= 2.55.0 on the cluster, got {version or 'no rayVersion'}",
+        )
 
 
 def refuse_exposed_auth_off(manifest: Mapping, without_overrides: Mapping, own_key) -> None:
@@ -102,7 +135,9 @@ def refuse_exposed_auth_off(manifest: Mapping, without_overrides: Mapping, own_k
     own = {path for path, _ in exposures(without_overrides)}
     for path, what in exposures(manifest):
         key = own_key(path) if path in own else "backend.overrides"
-        refuse_auth_off(mode, key, f"{what} ({path}) puts the dashboard (Jobs API) beyond the cluster")
+        refuse_auth_off(
+            mode, key, f"{what} ({path}) puts the dashboard (Jobs API) beyond the cluster"
+        )
 
 
 # --- the operator's rules on a rendered manifest -----------------------------------------------
@@ -115,7 +150,9 @@ def _findings(manifest: Mapping, ray_version: str | None = None) -> list[tuple[s
     name = str((manifest.get("metadata") or {}).get("name", ""))
     if kind in MAX_NAME:  # ValidateRayClusterMetadata, ValidateRayJobMetadata
         if len(name) > MAX_NAME[kind]:
-            out.append(("metadata.name", f"{kind} name should be no more than {MAX_NAME[kind]} characters"))
+            out.append(
+                ("metadata.name", f"{kind} name should be no more than {MAX_NAME[kind]} characters")
+            )
         elif not DNS_1035.fullmatch(name):
             out.append(("metadata.name", f"{kind} name should be a valid DNS1035 label"))
     spec = manifest.get("spec") or {}
@@ -123,9 +160,19 @@ def _findings(manifest: Mapping, ray_version: str | None = None) -> list[tuple[s
     if kind == "RayJob":  # ValidateRayJobSpec, validateDeletionConfiguration
         ttl = spec.get("ttlSecondsAfterFinished") or 0
         if ttl < 0:
-            out.append(("spec.ttlSecondsAfterFinished", "TTLSecondsAfterFinished must be a non-negative integer"))
+            out.append(
+                (
+                    "spec.ttlSecondsAfterFinished",
+                    "TTLSecondsAfterFinished must be a non-negative integer",
+                )
+            )
         if not spec.get("shutdownAfterJobFinishes") and ttl > 0:
-            out.append(("spec.ttlSecondsAfterFinished", "a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished"))
+            out.append(
+                (
+                    "spec.ttlSecondsAfterFinished",
+                    "a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished",
+                )
+            )
         for field in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
             if spec.get(field) is not None and spec[field] <= 0:
                 out.append((f"spec.{field}", f"{field} must be a positive integer"))
@@ -135,44 +182,116 @@ def _findings(manifest: Mapping, ray_version: str | None = None) -> list[tuple[s
     autoscaling = bool(cluster.get("enableInTreeAutoscaling"))
     v2 = (cluster.get("autoscalerOptions") or {}).get("version") == "v2"  # IsAutoscalingV2Enabled
     head = cluster.get("headGroupSpec") or {}
-    head_env = [e.get("name") for c in ((head.get("template") or {}).get("spec") or {}).get("containers", [])[:1] for e in c.get("env") or []]
+    head_env = [
+        e.get("name")
+        for c in ((head.get("template") or {}).get("spec") or {}).get("containers", [])[:1]
+        for e in c.get("env") or []
+    ]
     groups = [("Head", f"{base}.headGroupSpec", head)]
-    groups += [(g.get("groupName"), f"{base}.workerGroupSpecs[{g.get('groupName')}]", g) for g in cluster.get("workerGroupSpecs") or []]
+    groups += [
+        (g.get("groupName"), f"{base}.workerGroupSpecs[{g.get('groupName')}]", g)
+        for g in cluster.get("workerGroupSpecs") or []
+    ]
     for group_name, path, group in groups:  # ValidateRayClusterSpec, per group
         params = group.get("rayStartParams") or {}
-        if any(params.get(p) not in (None, "") for p in START_RESOURCE_PARAMS) and group.get("resources"):  # validateRayGroupResources
-            out.append((f"{path}.resources", f"resource fields should not be set in both rayStartParams and Resources for {group_name} group; please use only one"))
+        if any(params.get(p) not in (None, "") for p in START_RESOURCE_PARAMS) and group.get(
+            "resources"
+        ):  # validateRayGroupResources
+            out.append(
+                (
+                    f"{path}.resources",
+                    f"resource fields should not be set in both rayStartParams and Resources for {group_name} group; please use only one",
+                )
+            )
         if "labels" in params:  # validateRayGroupLabels
-            out.append((f"{path}.rayStartParams.labels", f"rayStartParams['labels'] is not supported for {group_name} group; please use the top-level Labels field instead"))
+            out.append(
+                (
+                    f"{path}.rayStartParams.labels",
+                    f"rayStartParams['labels'] is not supported for {group_name} group; please use the top-level Labels field instead",
+                )
+            )
         policy = ((group.get("template") or {}).get("spec") or {}).get("restartPolicy")
         if autoscaling and v2 and policy not in (None, "", "Never"):
             who = "head Pod" if group_name == "Head" else f"worker group {group_name}"
-            out.append((f"{path}.template.spec.restartPolicy", f"restartPolicy for {who} should be Never or unset when using autoscaler V2"))
+            out.append(
+                (
+                    f"{path}.template.spec.restartPolicy",
+                    f"restartPolicy for {who} should be Never or unset when using autoscaler V2",
+                )
+            )
         if group_name == "Head":
             continue
         low, high = group.get("minReplicas"), group.get("maxReplicas")
         if not autoscaling and (low is None or high is None):
-            out.append((f"{path}.minReplicas", f"worker group {group_name} must set both minReplicas and maxReplicas when autoscaling is disabled"))
+            out.append(
+                (
+                    f"{path}.minReplicas",
+                    f"worker group {group_name} must set both minReplicas and maxReplicas when autoscaling is disabled",
+                )
+            )
         for field, value in (("minReplicas", low), ("maxReplicas", high)):
             if value is not None and value < 0:
-                out.append((f"{path}.{field}", f"worker group {group_name} has negative {field} {value}"))
+                out.append(
+                    (f"{path}.{field}", f"worker group {group_name} has negative {field} {value}")
+                )
         if low is not None and high is not None and low > high:
-            out.append((f"{path}.minReplicas", f"worker group {group_name} has minReplicas {low} greater than maxReplicas {high}"))
-        if group.get("idleTimeoutSeconds") is not None and not v2 and "RAY_enable_autoscaler_v2" not in head_env:  # validateWorkerGroupIdleTimeout
-            out.append((f"{path}.idleTimeoutSeconds", f"worker group {group_name}: idleTimeoutSeconds is set, but autoscaler v2 is not enabled"))
+            out.append(
+                (
+                    f"{path}.minReplicas",
+                    f"worker group {group_name} has minReplicas {low} greater than maxReplicas {high}",
+                )
+            )
+        if (
+            group.get("idleTimeoutSeconds") is not None
+            and not v2
+            and "RAY_enable_autoscaler_v2" not in head_env
+        ):  # validateWorkerGroupIdleTimeout
+            out.append(
+                (
+                    f"{path}.idleTimeoutSeconds",
+                    f"worker group {group_name}: idleTimeoutSeconds is set, but autoscaler v2 is not enabled",
+                )
+            )
     options = cluster.get("autoscalerOptions") or {}
     if autoscaling and options.get("version") and "RAY_enable_autoscaler_v2" in head_env:
-        out.append((f"{base}.autoscalerOptions.version", "both .spec.autoscalerOptions.version and head Pod env var RAY_enable_autoscaler_v2 are set, please only use the former"))
+        out.append(
+            (
+                f"{base}.autoscalerOptions.version",
+                "both .spec.autoscalerOptions.version and head Pod env var RAY_enable_autoscaler_v2 are set, please only use the former",
+            )
+        )
     if (options.get("idleTimeoutSeconds") or 0) < 0:
-        out.append((f"{base}.autoscalerOptions.idleTimeoutSeconds", f"autoscalerOptions.idleTimeoutSeconds must be non-negative, got {options['idleTimeoutSeconds']}"))
-    if (cluster.get("authOptions") or {}).get("mode") == "token":  # ValidateRayClusterSpec, IsAuthEnabled
+        out.append(
+            (
+                f"{base}.autoscalerOptions.idleTimeoutSeconds",
+                f"autoscalerOptions.idleTimeoutSeconds must be non-negative, got {options['idleTimeoutSeconds']}",
+            )
+        )
+    if (cluster.get("authOptions") or {}).get(
+        "mode"
+    ) == "token":  # ValidateRayClusterSpec, IsAuthEnabled
         version = cluster.get("rayVersion") or ray_version
         if not version:
-            out.append((f"{base}.rayVersion", "authOptions.mode is 'token' but RayVersion was not specified. Ray version 2.52.0 or later is required"))
+            out.append(
+                (
+                    f"{base}.rayVersion",
+                    "authOptions.mode is 'token' but RayVersion was not specified. Ray version 2.52.0 or later is required",
+                )
+            )
         elif _version(version) is None:
-            out.append((f"{base}.rayVersion", f"authOptions.mode is 'token' but RayVersion format is invalid: {version}"))
+            out.append(
+                (
+                    f"{base}.rayVersion",
+                    f"authOptions.mode is 'token' but RayVersion format is invalid: {version}",
+                )
+            )
         elif _version(version) < TOKEN_AUTH_MIN_RAY:
-            out.append((f"{base}.rayVersion", f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version}"))
+            out.append(
+                (
+                    f"{base}.rayVersion",
+                    f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version}",
+                )
+            )
     return out
 
 
@@ -183,7 +302,8 @@ def config_key(path: str) -> str | None:
     if group:
         return f"backend.worker_groups.{group.group(1)}.{'min_replicas' if group.group(2) == 'minReplicas' else 'max_replicas'}"
     return {
-        "metadata.name": "backend.cluster_name", "spec.rayVersion": "backend.ray_version",
+        "metadata.name": "backend.cluster_name",
+        "spec.rayVersion": "backend.ray_version",
         "spec.autoscalerOptions.idleTimeoutSeconds": "backend.autoscale_idle_timeout_minutes",
         "spec.ttlSecondsAfterFinished": "backend.rayjob.ttl_seconds_after_finished",
         "spec.activeDeadlineSeconds": "backend.rayjob.active_deadline_seconds",
@@ -195,25 +315,38 @@ def operator_errors(manifest: Mapping, ray_version: str | None = None) -> list[t
     """(where, message) for each rule of the KubeRay operator the manifest breaks: where is the
     `backend:` key the field is rendered from, else the manifest path (message: "<path>: ...").
     ray_version: the rayVersion to assume where the manifest gives none."""
-    return [(config_key(path) or path, f"{path}: {message}") for path, message in _findings(manifest, ray_version)]
+    return [
+        (config_key(path) or path, f"{path}: {message}")
+        for path, message in _findings(manifest, ray_version)
+    ]
 
 
-def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version: str, python_version: str) -> None:
+def check(
+    section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version: str, python_version: str
+) -> None:
     """Raise ConfigError naming the key for a bad `backend:` section of backend=kuberay."""
     b = km.plain(section)
-    if gpu != (b.get("compute_device") == "cuda"):  # the schema's rules read the device from the section
+    if gpu != (
+        b.get("compute_device") == "cuda"
+    ):  # the schema's rules read the device from the section
         b["compute_device"] = "cuda" if gpu else "cpu"
     validate_section("backend", Kuberay, b, {"ray_auth_mode": auth_mode})
     _check_token_auth(b, auth_mode, ray_version)
     manifest = km.render(b, gpu, auth_mode, ray_version, python_version, {})
     rendered = km.render({**b, "overrides": {}}, gpu, auth_mode, ray_version, python_version, {})
-    for where, line in _schema_errors(manifest, rendered):  # first: the rules below assume the types
+    for where, line in _schema_errors(
+        manifest, rendered
+    ):  # first: the rules below assume the types
         raise ConfigError(where, f"{line} (KubeRay's CRD schema)")
     own = set(_findings(rendered, ray_version))
     for path, message in _findings(manifest, ray_version):
         key = (config_key(path) or "backend") if (path, message) in own else "backend.overrides"
         raise ConfigError(key, f"{path}: {message} (the KubeRay operator refuses it)")
-    refuse_exposed_auth_off(manifest, rendered, lambda path: "backend.service_type" if path.endswith(".serviceType") else "backend")
+    refuse_exposed_auth_off(
+        manifest,
+        rendered,
+        lambda path: "backend.service_type" if path.endswith(".serviceType") else "backend",
+    )
     refuse_bad_k8s_auth(manifest, "backend.overrides", ray_version)
 
 
@@ -221,13 +354,18 @@ def _schema_errors(manifest: Mapping, rendered: Mapping) -> list[tuple[str, str]
     """("backend" | "backend.overrides", "path: message") for each error of KubeRay's CRD schema:
     an error the manifest without overrides lacks comes from backend.overrides."""
     try:
-        from rayflow.backends.kuberay.schema import schema_errors, with_defaults
-    except ModuleNotFoundError as err:  # the schema module lands separately; nothing else is skipped
-        if err.name != "rayflow.backends.kuberay.schema":
+        from rayflow.backends.kuberay.crd import schema_errors, with_defaults
+    except (
+        ModuleNotFoundError
+    ) as err:  # the schema module lands separately; nothing else is skipped
+        if err.name != "rayflow.backends.kuberay.crd":
             raise
         return []
     own = set(schema_errors(rendered))
-    return [("backend" if line in own else "backend.overrides", line) for line in schema_errors(manifest)]
+    return [
+        ("backend" if line in own else "backend.overrides", line)
+        for line in schema_errors(manifest)
+    ]
 
 
 def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str) -> None:
@@ -235,7 +373,7 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
     rayflow applies (kuberay.user_layers) against KubeRay's CRD schema and the operator's rules.
     ConfigError of backend.manifest naming the file, the object and the field; of
     backend.overrides when only the overrides bring the error in."""
-    from rayflow.backends.kuberay.schema import schema_errors, with_defaults
+    from rayflow.backends.kuberay.crd import schema_errors, with_defaults
 
     b = km.plain(section)
     if gpu != (b.get("compute_device") == "cuda"):
@@ -243,21 +381,38 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
     validate_section("backend", Kuberay, b, {"ray_auth_mode": auth_mode})
     user = user_manifest.read(b["manifest"])
     manifest, _ = user_layers.render(user, b, gpu, auth_mode, {})
-    plain, _ = user_layers.render(user_manifest.read(b["manifest"]), {**b, "overrides": {}}, gpu, auth_mode, {})
+    plain, _ = user_layers.render(
+        user_manifest.read(b["manifest"]), {**b, "overrides": {}}, gpu, auth_mode, {}
+    )
     what = user_manifest.describe(manifest)
     own = set(schema_errors(plain))
     for line in schema_errors(manifest):
-        raise ConfigError("backend.manifest" if line in own else "backend.overrides", f"{user.path}: {what}: {line} (KubeRay's CRD schema)")
+        raise ConfigError(
+            "backend.manifest" if line in own else "backend.overrides",
+            f"{user.path}: {what}: {line} (KubeRay's CRD schema)",
+        )
     # The operator reads the object as stored: the CRD's defaults applied (an unset maxReplicas
     # is 2147483647), and rayVersion as written (it assumes none).
     own_findings = set(_findings(with_defaults(plain)))
     added_token = user_layers.auth_of(km.cluster_of(user.document)) is None and auth_mode == "token"
     for path, message in _findings(with_defaults(manifest)):
-        hint = (" (rayflow adds token auth where the manifest configures none: a rayVersion >= 2.52.0, or ray_auth_mode=disabled)"
-                if added_token and "authOptions.mode is 'token'" in message else "")
+        hint = (
+            " (rayflow adds token auth where the manifest configures none: a rayVersion >= 2.52.0, or ray_auth_mode=disabled)"
+            if added_token and "authOptions.mode is 'token'" in message
+            else ""
+        )
         key = "backend.manifest" if (path, message) in own_findings else "backend.overrides"
-        raise ConfigError(key, f"{user.path}: {what}: {path}: {message} (the KubeRay operator refuses it){hint}")
+        raise ConfigError(
+            key, f"{user.path}: {what}: {path}: {message} (the KubeRay operator refuses it){hint}"
+        )
     service_type_set = "service_type" in user_layers.set_keys(b)
-    refuse_exposed_auth_off(manifest, plain, lambda path: "backend.service_type" if service_type_set and path.endswith(".serviceType")
-                            else "backend.manifest")
+    refuse_exposed_auth_off(
+        manifest,
+        plain,
+        lambda path: (
+            "backend.service_type"
+            if service_type_set and path.endswith(".serviceType")
+            else "backend.manifest"
+        ),
+    )
     refuse_bad_k8s_auth(manifest, "backend.manifest")

@@ -9,7 +9,7 @@ overwrite: each run labels what it creates with its own run id and deletes only 
 for the head (kuberay.wait), reaches
 the dashboard through the API server's service proxy (kuberay.relay: answering only this
 process, relaying only the Jobs API) and submits the run
-through the seam backend=vm uses (rayflow.remote). `kubernetes` is imported inside the methods.
+through the seam backend=vm uses (rayflow.orchestrator.submission). `kubernetes` is imported inside the methods.
 """
 
 from __future__ import annotations
@@ -17,18 +17,22 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
-from rayflow.backends.base import ClusterBackend
+from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kuberay import checks as kuberay_checks
 from rayflow.backends.kuberay import manifest as kuberay_manifest
 from rayflow.backends.kuberay import resources as kuberay_resources
 from rayflow.backends.kuberay import user_layers, user_manifest
 from rayflow.backends.kuberay.wait import wait_for_head
 from rayflow.errors import ClusterError, ConfigError
-from rayflow.progress import phase
-from rayflow.redaction import mask_text
+from rayflow.runtime.progress import phase
+from rayflow.security.redaction import mask_text
 
 DASHBOARD_PORT = 8265  # the head container's port named `dashboard`
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -36,14 +40,66 @@ RUN_LABEL = "rayflow.io/run"  # the run that created the object: the only one th
 KEPT_LABEL = "rayflow.io/keep"  # "true": created with backend.keep_cluster=true, open to later runs
 
 
-class KubeRayCluster(ClusterBackend):
-    connects_driver = False
-    submits_jobs = True
-    shares_filesystem = False  # pods have their own filesystems
+@dataclass
+class _Applied:
+    """One start of a KubeRay cluster: the object applied (or joined), the client, the relay."""
+
+    handle: ClusterHandle
+    run_id: str  # this run's objects carry it; teardown deletes only those
+    manifest: dict[str, Any]
+    kube: Any
+    joined: bool = False
+    relay: Any = None
+    ray_token: str | None = None
 
     @property
-    def owns_cluster(self) -> bool:
-        return not bool(self.section.keep_cluster)
+    def kind(self) -> str:
+        return str(self.manifest["kind"])
+
+    @property
+    def object_name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.manifest["metadata"]["namespace"])
+
+    @property
+    def where(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.object_name}"
+
+    def headers(self) -> dict[str, str]:
+        """The relay's per-run secret (it answers nothing else) and the Ray token from the Secret
+        KubeRay made, for the Jobs client (the relay turns it into X-Ray-Authorization for the API
+        server's proxy). Never printed, never logged."""
+        headers = dict(self.relay.client_headers()) if self.relay is not None else {}
+        if self.ray_token:
+            headers["Authorization"] = f"Bearer {self.ray_token}"
+        return headers
+
+    def cluster_name(self) -> str | None:
+        if self.kind == "RayCluster":
+            return self.object_name
+        status = (self.kube.get("RayJob", self.object_name) or {}).get("status") or {}
+        if status.get("jobDeploymentStatus") in (
+            "ValidationFailed",
+            "Failed",
+        ):  # the operator refused or gave up on it
+            raise ClusterError(
+                f"KubeRay marked RayJob {self.namespace}/{self.object_name} "
+                f"{status['jobDeploymentStatus']}: {status.get('message') or status.get('reason') or ''}".rstrip(
+                    ": "
+                )
+            )
+        return status.get("rayClusterName") or None  # named by the operator
+
+
+class KubeRayCluster(ClusterBackend):
+    submits_jobs = True
+
+    @property
+    def keeps_cluster(self) -> bool:
+        return bool(self.section.keep_cluster)
 
     def gpu(self) -> bool:
         """The run uses GPUs (compute=gpu): the GPU worker group is rendered too."""
@@ -53,18 +109,29 @@ class KubeRayCluster(ClusterBackend):
         """backend.manifest: the user's own RayCluster/RayJob file, or None (rayflow renders one)."""
         return self.section.get("manifest") or None
 
-    def _user_render(self, labels: dict) -> tuple[dict, list[str]]:
-        return user_layers.render(user_manifest.read(self.user_manifest()), kuberay_manifest.plain(self.section),
-                                  self.gpu(), self.auth_mode, labels)
+    def _user_render(self, labels: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+        return user_layers.render(
+            user_manifest.read(self.user_manifest()),
+            kuberay_manifest.plain(self.section),
+            self.gpu(),
+            self.auth_mode,
+            labels,
+        )
 
-    def manifest(self, labels: dict | None = None) -> dict:
+    def manifest(self, labels: dict[str, str] | None = None) -> dict[str, Any]:
         """The one object rayflow applies (RayCluster or RayJob)."""
         import ray
 
         if self.user_manifest():
             return self._user_render(labels or {})[0]
-        return kuberay_manifest.render(self.section, self.gpu(), self.auth_mode, ray.__version__,
-                                       f"{sys.version_info.major}.{sys.version_info.minor}", labels or {})
+        return kuberay_manifest.render(
+            self.section,
+            self.gpu(),
+            self.auth_mode,
+            ray.__version__,
+            f"{sys.version_info.major}.{sys.version_info.minor}",
+            labels or {},
+        )
 
     def check(self) -> None:
         import ray
@@ -72,26 +139,36 @@ class KubeRayCluster(ClusterBackend):
         if self.user_manifest():
             kuberay_checks.check_user_manifest(self.section, self.gpu(), self.auth_mode)
             return
-        kuberay_checks.check(self.section, self.gpu(), self.auth_mode, ray.__version__,
-                             f"{sys.version_info.major}.{sys.version_info.minor}")
+        kuberay_checks.check(
+            self.section,
+            self.gpu(),
+            self.auth_mode,
+            ray.__version__,
+            f"{sys.version_info.major}.{sys.version_info.minor}",
+        )
 
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
         if self.user_manifest():
             manifest = self.manifest()
             group = user_layers.run_group(manifest, self.gpu())
-            return kuberay_resources.nodes_at_full_scale(manifest, group.get("groupName") if group else None)
+            return kuberay_resources.nodes_at_full_scale(
+                manifest, group.get("groupName") if group else None
+            )
         return kuberay_resources.capacity(self.section, self.gpu())
 
-    def render(self) -> str:
+    def render(self, preload: WorkerPreload | None = None) -> Rendered:
         """Exactly the object applied, so `dry_run=true | kubectl apply -f -` takes it (no token in it)."""
-        return yaml.safe_dump(self.manifest(), sort_keys=False)
+        # its notes name each literal secret with the Kubernetes Secret that should hold it
+        return Rendered(
+            yaml.safe_dump(self.manifest(), sort_keys=False), self.notes, secrets_noted=True
+        )
 
-    def teardown_command(self) -> str | None:
+    def teardown_command(self, manifest: dict[str, Any] | None = None) -> str | None:
         """What deletes the cluster if this process dies before it can (printed on every error path);
-        None for one this run does not delete (kept, or joined)."""
-        if not self.owns_cluster or getattr(self, "_joined", False):
+        None for one this run does not delete (kept)."""
+        if self.keeps_cluster:
             return None
-        manifest = getattr(self, "_manifest", None) or self.manifest()  # what start() applied, once it has
+        manifest = manifest or self.manifest()
         metadata = manifest["metadata"]
         return f"kubectl delete {manifest['kind'].lower()} {metadata['name']} -n {metadata['namespace']}"
 
@@ -102,122 +179,172 @@ class KubeRayCluster(ClusterBackend):
         notes = self._user_render({})[1] if self.user_manifest() else []
         return [mask_text(note) for note in notes] + kuberay_manifest.secret_notes(self.manifest())
 
-    # --- the seam (rayflow.remote): what the submitted job needs from this backend -----------------
-
-    def job_headers(self) -> dict[str, str]:
-        """The relay's per-run secret (it answers nothing else) and the Ray token from the Secret
-        KubeRay made, for the Jobs client (the relay turns it into X-Ray-Authorization for the API
-        server's proxy). Never printed, never logged."""
-        relay = getattr(self, "_relay_server", None)
-        headers = dict(relay.client_headers()) if relay is not None else {}
-        if getattr(self, "_ray_token", None):
-            headers["Authorization"] = f"Bearer {self._ray_token}"
-        return headers
-
-    def job_runtime_env(self) -> dict:
+    def job_runtime_env(self) -> dict[str, Any]:
         """rayproject/ray images lack rayflow's dependencies unless built with them
         (backends/kuberay/Dockerfile): the job installs `backend.job_pip` (null: them, pinned to
         this machine's versions; the image already has Ray, numpy and pyyaml)."""
-        from rayflow.dependencies import pinned
+        from rayflow.runtime.requirements import pinned
 
         pip = self.section.get("job_pip")
         if pip is None:
-            pip = pinned(("torch", "mlflow", "hydra-core", "omegaconf", "filelock"), {"mlflow": "mlflow-skinny"})
+            pip = pinned(
+                ("torch", "mlflow", "hydra-core", "omegaconf", "filelock"),
+                {"mlflow": "mlflow-skinny"},
+            )
         return {"pip": list(pip)} if pip else {}
-
-    def job_submitted(self, job_id: str) -> None:
-        """A RayJob in InteractiveMode learns its job from spec.jobId and tracks it from then on."""
-        if self._kind == "RayJob":
-            self.kube.merge_patch("RayJob", self._object_name, {"spec": {"jobId": job_id}})
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> str:
+    def start(self, preload: WorkerPreload | None = None) -> ClusterHandle:
         from rayflow.backends.kuberay.kube import Kube
 
         s = self.section
-        for note in self.notes():  # what rayflow adds to the user's file, what it leaves to them, literal secrets
+        for note in (
+            self.notes()
+        ):  # what rayflow adds to the user's file, what it leaves to them, literal secrets
             print(f"[rayflow] kuberay: {note}", file=sys.stderr, flush=True)
-        self._run_id = uuid.uuid4().hex[:12]  # this run's objects carry it; teardown deletes only those
-        labels = {RUN_LABEL: self._run_id, **({KEPT_LABEL: "true"} if s.keep_cluster else {})}
+        run_id = uuid.uuid4().hex[:12]
+        labels = {RUN_LABEL: run_id, **({KEPT_LABEL: "true"} if s.keep_cluster else {})}
         manifest = self.manifest(labels)
-        self._manifest = manifest
-        self._kind, self._object_name = manifest["kind"], manifest["metadata"]["name"]
-        self._namespace = manifest["metadata"]["namespace"]
-        self.kube = Kube(self._namespace, s.kubeconfig, s.context)
-        self.on_stop("close the Kubernetes client", self.kube.close)
-        where = f"{self._kind} {self._namespace}/{self._object_name}"
-        existing = self.kube.get(self._kind, self._object_name)
-        if existing is None:
-            with phase(f"server-side dry run of {where}", "kuberay") as step:
-                self.kube.create(manifest, dry_run=True)  # the API server's admission speaks before anything exists
-                step.done(f"the API server accepts {where} (server-side dry run)")
-            if self.owns_cluster:  # registered before the create: a client killed right after it still deletes
-                self.on_stop(f"delete {where}", self._delete)
-            with phase(f"applying {where}", "kuberay") as step:
-                created = self.kube.create(manifest)  # refused (None) if another run made one meanwhile
-                step.done(f"applied {where}" if created is not None else f"{where} was made by someone else meanwhile")
-            if created is None:
-                existing = self.kube.get(self._kind, self._object_name)
-                if existing is None:
-                    raise ClusterError(f"{where} was made and deleted by someone else while this run created it: run again")
-        if existing is not None:
-            self._join(existing, where)
-        deadline = time.monotonic() + float(s.start_timeout_s)
-        with phase(f"waiting for the head pod of {where} (HeadPodReady)", "kuberay") as step:
-            head = wait_for_head(self.kube, self._cluster_name, float(s.start_timeout_s), float(s.schedule_grace_s), step=step)
-            step.done(f"head pod {head['metadata']['name']} ready")
-        cluster = self._cluster_name()
-        if self._token_secret(cluster) is not None:
-            with phase(f"reading the Ray token from its Secret ({cluster})", "kuberay"):
-                self._ray_token = self._read_token(cluster, deadline)
-        else:
-            self._ray_token = None
-        with phase(f"waiting for the dashboard of {cluster} through {self._access()}", "kuberay") as step:
-            relay = self._relay(cluster)
-            url = relay.start()
-            self._relay_server = relay
-            self.on_stop("stop the dashboard relay", relay.stop)
-            self._wait_for_jobs_api(url, deadline, step)
-            step.done(f"dashboard of {cluster} reachable through {self._access()}")
-        return url
+        handle = ClusterHandle(
+            self.name,
+            name=manifest["metadata"]["name"],
+            owner_run=run_id,
+            kept=self.keeps_cluster,
+            teardown_command=self.teardown_command(manifest),
+        )
+        with handle.unwound_on_error():
+            kube = Kube(manifest["metadata"]["namespace"], s.kubeconfig, s.context)
+            handle.on_stop("close the Kubernetes client", kube.close)
+            applied = _Applied(handle, run_id, manifest, kube)
+            self._apply_or_join(applied)
+            handle.address = self._reach(applied)
+            handle.submission = Submission(
+                headers=applied.headers(),
+                runtime_env=self.job_runtime_env(),
+                on_submitted=self._job_submitted(applied),
+            )
+        return handle
 
-    def _join(self, existing: dict, where: str) -> None:
+    def _apply_or_join(self, run: _Applied) -> None:
+        existing = run.kube.get(run.kind, run.object_name)
+        if existing is None:
+            with phase(f"server-side dry run of {run.where}", "kuberay") as step:
+                run.kube.create(
+                    run.manifest, dry_run=True
+                )  # the API server's admission speaks before anything exists
+                step.done(f"the API server accepts {run.where} (server-side dry run)")
+            if (
+                not self.keeps_cluster
+            ):  # registered before the create: a client killed right after it still deletes
+                run.handle.on_stop(f"delete {run.where}", self._delete, run)
+            with phase(f"applying {run.where}", "kuberay") as step:
+                created = run.kube.create(
+                    run.manifest
+                )  # refused (None) if another run made one meanwhile
+                step.done(
+                    f"applied {run.where}"
+                    if created is not None
+                    else f"{run.where} was made by someone else meanwhile"
+                )
+            if created is None:
+                existing = run.kube.get(run.kind, run.object_name)
+                if existing is None:
+                    raise ClusterError(
+                        f"{run.where} was made and deleted by someone else while this run created it: run again"
+                    )
+        if existing is not None:
+            self._join(run, existing)
+
+    def _reach(self, run: _Applied) -> str:
+        """Wait for the head, read its Ray token, and reach its dashboard through the relay: its URL."""
+        s = self.section
+        deadline = time.monotonic() + float(s.start_timeout_s)
+        with phase(f"waiting for the head pod of {run.where} (HeadPodReady)", "kuberay") as step:
+            head = wait_for_head(
+                run.kube,
+                run.cluster_name,
+                float(s.start_timeout_s),
+                float(s.schedule_grace_s),
+                step=step,
+            )
+            step.done(f"head pod {head['metadata']['name']} ready")
+        cluster = run.cluster_name()
+        assert cluster is not None  # the head is ready: its cluster has a name
+        if _token_secret(run, cluster) is not None:
+            with phase(f"reading the Ray token from its Secret ({cluster})", "kuberay"):
+                run.ray_token = self._read_token(run, cluster, deadline)
+        with phase(
+            f"waiting for the dashboard of {cluster} through {self._access()}", "kuberay"
+        ) as step:
+            relay = self._relay(run, cluster)
+            url = relay.start()
+            run.relay = relay
+            run.handle.on_stop("stop the dashboard relay", relay.stop)
+            self._wait_for_jobs_api(run, url, deadline, step)
+            step.done(f"dashboard of {cluster} reachable through {self._access()}")
+        return str(url)
+
+    @staticmethod
+    def _job_submitted(run: _Applied) -> Callable[[str], None] | None:
+        """A RayJob in InteractiveMode learns its job from spec.jobId and tracks it from then on."""
+        if run.kind != "RayJob":
+            return None
+        return lambda job_id: run.kube.merge_patch(
+            "RayJob", run.object_name, {"spec": {"jobId": job_id}}
+        )
+
+    def _join(self, run: _Applied, existing: dict[str, Any]) -> None:
         """Run on an object that already exists, or refuse in one line. Joined only: a RayCluster,
         with backend.keep_cluster=true (so this run leaves it running), that a rayflow run kept or
         rayflow did not make. A RayCluster another rayflow run is using (and deletes at its end) and
         any existing RayJob are refused; neither is touched."""
         meta = existing["metadata"]
         labels = meta.get("labels") or {}
-        delete = f"kubectl delete {self._kind.lower()} {self._object_name} -n {self._namespace}"
+        delete = f"kubectl delete {run.kind.lower()} {run.object_name} -n {run.namespace}"
         if meta.get("deletionTimestamp"):
-            raise ClusterError(f"{where} is being deleted: run again once it is gone")
+            raise ClusterError(f"{run.where} is being deleted: run again once it is gone")
         rayflows = labels.get(MANAGED_BY) == "rayflow"
-        owner = f"made by rayflow run {labels.get(RUN_LABEL, '?')}" if rayflows else "rayflow did not make it"
-        if self._kind == "RayJob":
-            raise ConfigError("backend.cluster_name", f"{where} already exists ({owner}) and a RayJob runs one job: "
-                                                      f"choose another backend.cluster_name, or delete it ({delete})")
+        owner = (
+            f"made by rayflow run {labels.get(RUN_LABEL, '?')}"
+            if rayflows
+            else "rayflow did not make it"
+        )
+        if run.kind == "RayJob":
+            raise ConfigError(
+                "backend.cluster_name",
+                f"{run.where} already exists ({owner}) and a RayJob runs one job: "
+                f"choose another backend.cluster_name, or delete it ({delete})",
+            )
         if rayflows and labels.get(KEPT_LABEL) != "true":
-            raise ConfigError("backend.cluster_name", f"{where} belongs to another rayflow run ({RUN_LABEL}={labels.get(RUN_LABEL, '?')}), "
-                                                      f"which deletes it when it ends: choose another backend.cluster_name "
-                                                      f"(if that run is gone: {delete})")
+            raise ConfigError(
+                "backend.cluster_name",
+                f"{run.where} belongs to another rayflow run ({RUN_LABEL}={labels.get(RUN_LABEL, '?')}), "
+                f"which deletes it when it ends: choose another backend.cluster_name "
+                f"(if that run is gone: {delete})",
+            )
         if not self.section.keep_cluster:
-            why = "was kept by an earlier rayflow run" if rayflows else "exists and rayflow did not make it"
-            raise ConfigError("backend.keep_cluster", f"{where} {why}: to run on it as it is, set backend.keep_cluster=true "
-                                                      f"(rayflow then leaves it running); else choose another backend.cluster_name")
-        self._manifest, self._joined = existing, True  # its auth decides how the dashboard is reached
-        print(f"[rayflow] kuberay: reusing the existing {where} as it is (delete it to apply a changed spec); "
-              + ("it was kept by an earlier run and stays running" if rayflows else "rayflow did not make it and leaves it running"),
-              flush=True)
-
-    def _cluster_name(self) -> str | None:
-        if self._kind == "RayCluster":
-            return self._object_name
-        status = (self.kube.get("RayJob", self._object_name) or {}).get("status") or {}
-        if status.get("jobDeploymentStatus") in ("ValidationFailed", "Failed"):  # the operator refused or gave up on it
-            raise ClusterError(f"KubeRay marked RayJob {self._namespace}/{self._object_name} "
-                               f"{status['jobDeploymentStatus']}: {status.get('message') or status.get('reason') or ''}".rstrip(": "))
-        return status.get("rayClusterName") or None  # named by the operator
+            why = (
+                "was kept by an earlier rayflow run"
+                if rayflows
+                else "exists and rayflow did not make it"
+            )
+            raise ConfigError(
+                "backend.keep_cluster",
+                f"{run.where} {why}: to run on it as it is, set backend.keep_cluster=true "
+                f"(rayflow then leaves it running); else choose another backend.cluster_name",
+            )
+        run.manifest, run.joined = existing, True  # its auth decides how the dashboard is reached
+        run.handle.kept, run.handle.teardown_command = True, None
+        print(
+            f"[rayflow] kuberay: reusing the existing {run.where} as it is (delete it to apply a changed spec); "
+            + (
+                "it was kept by an earlier run and stays running"
+                if rayflows
+                else "rayflow did not make it and leaves it running"
+            ),
+            flush=True,
+        )
 
     def _access(self) -> str:
         from rayflow.backends.kuberay.kube import in_cluster
@@ -225,113 +352,155 @@ class KubeRayCluster(ClusterBackend):
         access = str(self.section.dashboard_access)
         return access if access != "auto" else ("service" if in_cluster() else "proxy")
 
-    def _relay(self, cluster: str):
+    def _relay(self, run: _Applied, cluster: str) -> Any:
         from rayflow.backends.kuberay.relay import DashboardRelay, ssl_context
 
         service = f"{cluster}-head-svc"  # KubeRay's name for the head service
         ray_credentials = None
-        if self._k8s_auth():
-            self._k8s_credentials()  # no bearer token: refused before the relay starts
-            ray_credentials = self._k8s_credentials
+        if _k8s_auth(run):
+            _k8s_credentials(run)  # no bearer token: refused before the relay starts
+            ray_credentials = lambda: _k8s_credentials(run)  # noqa: E731  (fetched per request: exec plugins refresh it)
         if self._access() == "service":
-            return DashboardRelay(f"http://{service}.{self._namespace}.svc:{DASHBOARD_PORT}", dict, ray_credentials=ray_credentials)
-        return DashboardRelay(self.kube.service_proxy_url(service, "dashboard"), self.kube.auth_headers,
-                              ssl_context(self.kube.configuration), ray_credentials=ray_credentials)
+            return DashboardRelay(
+                f"http://{service}.{run.namespace}.svc:{DASHBOARD_PORT}",
+                dict,
+                ray_credentials=ray_credentials,
+            )
+        return DashboardRelay(
+            run.kube.service_proxy_url(service, "dashboard"),
+            run.kube.auth_headers,
+            ssl_context(run.kube.configuration),
+            ray_credentials=ray_credentials,
+        )
 
-    def _token_secret(self, cluster: str) -> tuple[str, str] | None:
-        """(Secret, key) of the Ray token the applied cluster requires, or None (no token auth):
-        what KubeRay generates for authOptions.mode token (named after the cluster, or
-        authOptions.secretName), or the Secret a head's RAY_AUTH_TOKEN reads in a user's manifest."""
-        auth = user_layers.auth_of(kuberay_manifest.cluster_of(self._manifest))
-        if auth is None or auth["mode"] != "token" or auth["k8s"]:  # Kubernetes token auth: no Ray token, no Secret
-            return None
-        return auth["secret"] or cluster, auth["key"]
-
-    def _k8s_auth(self) -> bool:
-        """The cluster delegates Ray's token check to Kubernetes (enableK8sTokenAuth): the dashboard
-        takes this client's own Kubernetes bearer token (TokenReview, RBAC verb ray:write)."""
-        auth = user_layers.auth_of(kuberay_manifest.cluster_of(self._manifest))
-        return auth is not None and auth["mode"] == "token" and auth["k8s"]
-
-    def _k8s_credentials(self) -> dict[str, str]:
-        """This client's Kubernetes bearer token as Ray's header, fetched per request (exec plugins
-        refresh it). Without one (a client certificate) the dashboard cannot be reached: one line."""
-        token = {k.lower(): v for k, v in self.kube.auth_headers().items()}.get("authorization")
-        if not token:
-            raise ClusterError(f"{self._cluster_name()} uses Kubernetes token auth (enableK8sTokenAuth), but these Kubernetes "
-                               "credentials hold no bearer token (a client certificate cannot be passed on to Ray's dashboard): "
-                               "use a kubeconfig user with a token or an exec plugin (backend.kubeconfig, backend.context)")
-        return {"X-Ray-Authorization": token}
-
-    def _read_token(self, cluster: str, deadline: float) -> str:
-        secret, key = self._token_secret(cluster)
+    def _read_token(self, run: _Applied, cluster: str, deadline: float) -> str:
+        found = _token_secret(run, cluster)
+        assert found is not None
+        secret, key = found
         while True:
-            token = self.kube.secret_value(secret, key)
+            token = run.kube.secret_value(secret, key)
             if token:
-                return token
+                return str(token)
             if time.monotonic() > deadline:
-                raise ClusterError(f"no Secret {self._namespace}/{secret} with the Ray token (key {key}) "
-                                   f"within backend.start_timeout_s ({self.section.start_timeout_s} s)")
+                raise ClusterError(
+                    f"no Secret {run.namespace}/{secret} with the Ray token (key {key}) "
+                    f"within backend.start_timeout_s ({self.section.start_timeout_s} s)"
+                )
             time.sleep(1.0)
 
-    def _wait_for_jobs_api(self, url: str, deadline: float, step=None) -> None:
+    def _wait_for_jobs_api(
+        self, run: _Applied, url: str, deadline: float, step: Any = None
+    ) -> None:
         """Until the Jobs API answers through the relay (the service may have no endpoint yet: 503)."""
         import urllib.error
         import urllib.request
 
-        request = urllib.request.Request(f"{url}/api/version", headers=self.job_headers())
+        request = urllib.request.Request(f"{url}/api/version", headers=run.headers())
         while True:
             try:
                 with urllib.request.urlopen(request, timeout=10):
                     return
             except urllib.error.HTTPError as err:
                 if err.code in (401, 403):
-                    raise ClusterError(f"the dashboard of {self._cluster_name()} refused the token from its Secret ({err.code})") from None
+                    raise ClusterError(
+                        f"the dashboard of {run.cluster_name()} refused the token from its Secret ({err.code})"
+                    ) from None
                 status = f"HTTP {err.code}"
             except (urllib.error.URLError, OSError) as err:
                 status = str(getattr(err, "reason", err))
             if step is not None:
                 step.status(f"last answer: {status}")
             if time.monotonic() > deadline:
-                raise ClusterError(f"the dashboard of {self._cluster_name()} did not answer through {self._access()} "
-                                   f"within backend.start_timeout_s ({self.section.start_timeout_s} s): {status}")
+                raise ClusterError(
+                    f"the dashboard of {run.cluster_name()} did not answer through {self._access()} "
+                    f"within backend.start_timeout_s ({self.section.start_timeout_s} s): {status}"
+                )
             time.sleep(1.0)
 
-    def _delete(self) -> None:
+    def _delete(self, run: _Applied) -> None:
         """Delete the RayCluster (or RayJob; its cluster goes with it) and wait until its pods are
         gone. A finalizer that holds it past backend.delete_timeout_s is reported by name."""
-        current = self.kube.get(self._kind, self._object_name)
-        run = ((current or {}).get("metadata", {}).get("labels") or {}).get(RUN_LABEL)
-        if current is not None and run != self._run_id:  # another run's (it made one first, or since)
-            print(f"[rayflow] kuberay: {self._kind} {self._namespace}/{self._object_name} is not this run's "
-                  f"({RUN_LABEL}={run or 'none'}): left alone", flush=True)
+        current = run.kube.get(run.kind, run.object_name)
+        owner = ((current or {}).get("metadata", {}).get("labels") or {}).get(RUN_LABEL)
+        if (
+            current is not None and owner != run.run_id
+        ):  # another run's (it made one first, or since)
+            print(
+                f"[rayflow] kuberay: {run.where} is not this run's ({RUN_LABEL}={owner or 'none'}): left alone",
+                flush=True,
+            )
             return
-        cluster = self._cluster_name() if self._kind == "RayCluster" else self._last_cluster_name()
-        if current is None or not self.kube.delete(self._kind, self._object_name, uid=current["metadata"].get("uid")):
-            print(f"[rayflow] kuberay: {self._kind} {self._object_name} was already gone", flush=True)
+        cluster = run.cluster_name() if run.kind == "RayCluster" else _last_cluster_name(run)
+        if current is None or not run.kube.delete(
+            run.kind, run.object_name, uid=current["metadata"].get("uid")
+        ):
+            print(f"[rayflow] kuberay: {run.kind} {run.object_name} was already gone", flush=True)
+        self._wait_deleted(run, cluster)
+
+    def _wait_deleted(self, run: _Applied, cluster: str | None) -> None:
         timeout = float(self.section.delete_timeout_s)
         deadline = time.monotonic() + timeout
         while True:
-            left = self.kube.get(self._kind, self._object_name)
-            pods = self.kube.pods(f"ray.io/cluster={cluster}") if cluster else []
+            left = run.kube.get(run.kind, run.object_name)
+            pods = run.kube.pods(f"ray.io/cluster={cluster}") if cluster else []
             if left is None and not pods:
-                print(f"[rayflow] kuberay: deleted {self._kind} {self._namespace}/{self._object_name}"
-                      + (" and its pods" if cluster else ""), flush=True)
+                print(
+                    f"[rayflow] kuberay: deleted {run.where}"
+                    + (" and its pods" if cluster else ""),
+                    flush=True,
+                )
                 return
             if time.monotonic() > deadline:
                 finalizers = (left or {}).get("metadata", {}).get("finalizers") or []
                 if finalizers:
-                    raise ClusterError(f"{self._kind} {self._object_name} is held by finalizer(s) {', '.join(finalizers)} "
-                                       f"after {timeout:g} s; whatever owns them must finish, or remove them with kubectl patch")
-                raise ClusterError(f"{len(pods)} pod(s) of {cluster} still there after {timeout:g} s: "
-                                   + ", ".join(p["metadata"]["name"] for p in pods[:5]))
+                    raise ClusterError(
+                        f"{run.kind} {run.object_name} is held by finalizer(s) {', '.join(finalizers)} "
+                        f"after {timeout:g} s; whatever owns them must finish, or remove them with kubectl patch"
+                    )
+                raise ClusterError(
+                    f"{len(pods)} pod(s) of {cluster} still there after {timeout:g} s: "
+                    + ", ".join(p["metadata"]["name"] for p in pods[:5])
+                )
             time.sleep(1.0)
 
-    def _last_cluster_name(self) -> str | None:
-        try:
-            return self._cluster_name()
-        except ClusterError:  # the API server went away: delete() reports it
-            return None
+
+def _token_secret(run: _Applied, cluster: str) -> tuple[str, str] | None:
+    """(Secret, key) of the Ray token the applied cluster requires, or None (no token auth):
+    what KubeRay generates for authOptions.mode token (named after the cluster, or
+    authOptions.secretName), or the Secret a head's RAY_AUTH_TOKEN reads in a user's manifest."""
+    auth = user_layers.auth_of(kuberay_manifest.cluster_of(run.manifest))
+    if (
+        auth is None or auth["mode"] != "token" or auth["k8s"]
+    ):  # Kubernetes token auth: no Ray token, no Secret
+        return None
+    return auth["secret"] or cluster, auth["key"]
+
+
+def _k8s_auth(run: _Applied) -> bool:
+    """The cluster delegates Ray's token check to Kubernetes (enableK8sTokenAuth): the dashboard
+    takes this client's own Kubernetes bearer token (TokenReview, RBAC verb ray:write)."""
+    auth = user_layers.auth_of(kuberay_manifest.cluster_of(run.manifest))
+    return auth is not None and auth["mode"] == "token" and bool(auth["k8s"])
+
+
+def _k8s_credentials(run: _Applied) -> dict[str, str]:
+    """This client's Kubernetes bearer token as Ray's header, fetched per request (exec plugins
+    refresh it). Without one (a client certificate) the dashboard cannot be reached: one line."""
+    token = {k.lower(): v for k, v in run.kube.auth_headers().items()}.get("authorization")
+    if not token:
+        raise ClusterError(
+            f"{run.cluster_name()} uses Kubernetes token auth (enableK8sTokenAuth), but these Kubernetes "
+            "credentials hold no bearer token (a client certificate cannot be passed on to Ray's dashboard): "
+            "use a kubeconfig user with a token or an exec plugin (backend.kubeconfig, backend.context)"
+        )
+    return {"X-Ray-Authorization": token}
+
+
+def _last_cluster_name(run: _Applied) -> str | None:
+    try:
+        return run.cluster_name()
+    except ClusterError:  # the API server went away: delete() reports it
+        return None
 
 
 __all__ = ["KubeRayCluster"]

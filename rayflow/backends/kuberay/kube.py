@@ -22,7 +22,8 @@ FIELD_MANAGER = "rayflow"
 def in_cluster() -> bool:
     """This process runs in a pod with a service account (rayflow submitted from inside the cluster)."""
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(
-        "/var/run/secrets/kubernetes.io/serviceaccount/token")
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )
 
 
 class Kube:
@@ -32,14 +33,21 @@ class Kube:
 
         self.namespace = namespace
         try:
-            if kubeconfig is None and context is None and in_cluster() and not os.environ.get("KUBECONFIG"):
+            if (
+                kubeconfig is None
+                and context is None
+                and in_cluster()
+                and not os.environ.get("KUBECONFIG")
+            ):
                 config.load_incluster_config()
                 self.api_client = client.ApiClient()
             else:
                 path = os.path.expanduser(kubeconfig) if kubeconfig else None
                 self.api_client = config.new_client_from_config(config_file=path, context=context)
         except (ConfigException, OSError) as err:  # no kubeconfig, an unknown context
-            raise ClusterError(f"backend.kubeconfig: no usable Kubernetes credentials: {_first_line(err)}") from None
+            raise ClusterError(
+                f"backend.kubeconfig: no usable Kubernetes credentials: {_first_line(err)}"
+            ) from None
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
 
@@ -47,7 +55,15 @@ class Kube:
     def configuration(self):
         return self.api_client.configuration
 
-    def _call(self, what: str, fn, *args: Any, missing_ok: bool = False, conflict_ok: bool = False, **kwargs: Any):
+    def _call(
+        self,
+        what: str,
+        fn,
+        *args: Any,
+        missing_ok: bool = False,
+        conflict_ok: bool = False,
+        **kwargs: Any,
+    ):
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -56,9 +72,13 @@ class Kube:
         except ApiException as err:
             if (err.status == 404 and missing_ok) or (err.status == 409 and conflict_ok):
                 return None
-            raise ClusterError(f"Kubernetes refused to {what}: {err.status} {_api_message(err)}") from None
+            raise ClusterError(
+                f"Kubernetes refused to {what}: {err.status} {_api_message(err)}"
+            ) from None
         except HTTPError as err:  # unreachable API server, TLS failure
-            raise ClusterError(f"the Kubernetes API server at {self.configuration.host} did not answer ({what}): {_first_line(err)}") from None
+            raise ClusterError(
+                f"the Kubernetes API server at {self.configuration.host} did not answer ({what}): {_first_line(err)}"
+            ) from None
 
     # --- Ray custom objects -------------------------------------------------------------------
 
@@ -67,33 +87,73 @@ class Kube:
         API server validates and admits it (`dryRun=All`: schema, CEL rules, admission webhooks,
         quotas) and answers with the object it would store, storing nothing."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
-        what = f"accept {kind} {self.namespace}/{name} in a server-side dry run (nothing was applied)" if dry_run \
+        what = (
+            f"accept {kind} {self.namespace}/{name} in a server-side dry run (nothing was applied)"
+            if dry_run
             else f"apply {kind} {self.namespace}/{name}"
+        )
         return self._call(
-            what, self.custom.patch_namespaced_custom_object,
-            GROUP, VERSION, self.namespace, PLURALS[kind], name, manifest,
-            field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml",
-            **({"dry_run": "All"} if dry_run else {}))
+            what,
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURALS[kind],
+            name,
+            manifest,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+            **({"dry_run": "All"} if dry_run else {}),
+        )
 
     def create(self, manifest: dict, dry_run: bool = False) -> dict | None:
         """Create the object, only if none of its name exists: None when one does (409), so a run
         never overwrites another's object. dry_run: the API server's whole admission (schema, CEL
         rules, webhooks, quotas) answers with the object it would store, storing nothing."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
-        what = f"accept {kind} {self.namespace}/{name} in a server-side dry run (nothing was applied)" if dry_run \
+        what = (
+            f"accept {kind} {self.namespace}/{name} in a server-side dry run (nothing was applied)"
+            if dry_run
             else f"create {kind} {self.namespace}/{name}"
-        return self._call(what, self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace,
-                          PLURALS[kind], manifest, field_manager=FIELD_MANAGER, conflict_ok=True,
-                          **({"dry_run": "All"} if dry_run else {}))
+        )
+        return self._call(
+            what,
+            self.custom.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURALS[kind],
+            manifest,
+            field_manager=FIELD_MANAGER,
+            conflict_ok=True,
+            **({"dry_run": "All"} if dry_run else {}),
+        )
 
     def get(self, kind: str, name: str) -> dict | None:
-        return self._call(f"read {kind} {self.namespace}/{name}", self.custom.get_namespaced_custom_object,
-                          GROUP, VERSION, self.namespace, PLURALS[kind], name, missing_ok=True)
+        return self._call(
+            f"read {kind} {self.namespace}/{name}",
+            self.custom.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURALS[kind],
+            name,
+            missing_ok=True,
+        )
 
     def merge_patch(self, kind: str, name: str, patch: dict) -> dict:
-        return self._call(f"update {kind} {self.namespace}/{name}", self.custom.patch_namespaced_custom_object,
-                          GROUP, VERSION, self.namespace, PLURALS[kind], name, patch,
-                          _content_type="application/merge-patch+json")
+        return self._call(
+            f"update {kind} {self.namespace}/{name}",
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURALS[kind],
+            name,
+            patch,
+            _content_type="application/merge-patch+json",
+        )
 
     def delete(self, kind: str, name: str, uid: str | None = None) -> bool:
         """Ask for deletion; False when it was already gone (404 counts as deleted). uid: only that
@@ -101,27 +161,50 @@ class Kube:
         from kubernetes import client
 
         preconditions = client.V1Preconditions(uid=uid) if uid else None
-        found = self._call(f"delete {kind} {self.namespace}/{name}", self.custom.delete_namespaced_custom_object,
-                           GROUP, VERSION, self.namespace, PLURALS[kind], name,
-                           body=client.V1DeleteOptions(propagation_policy="Background", preconditions=preconditions),
-                           missing_ok=True)
+        found = self._call(
+            f"delete {kind} {self.namespace}/{name}",
+            self.custom.delete_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURALS[kind],
+            name,
+            body=client.V1DeleteOptions(
+                propagation_policy="Background", preconditions=preconditions
+            ),
+            missing_ok=True,
+        )
         return found is not None
 
     # --- core objects -------------------------------------------------------------------------
 
     def pods(self, label_selector: str) -> list[dict]:
-        listed = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=label_selector)
+        listed = self._call(
+            "list pods",
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=label_selector,
+        )
         return listed.get("items") or []
 
     def events(self, involved_name: str) -> list[dict]:
-        listed = self._call("list events", self.core.list_namespaced_event, self.namespace,
-                            field_selector=f"involvedObject.name={involved_name}")
+        listed = self._call(
+            "list events",
+            self.core.list_namespaced_event,
+            self.namespace,
+            field_selector=f"involvedObject.name={involved_name}",
+        )
         return listed.get("items") or []
 
     def secret_value(self, name: str, key: str) -> str | None:
         """A Secret's value, decoded; None when the Secret or the key is not there (yet)."""
-        secret = self._call(f"read Secret {self.namespace}/{name}", self.core.read_namespaced_secret,
-                            name, self.namespace, missing_ok=True)
+        secret = self._call(
+            f"read Secret {self.namespace}/{name}",
+            self.core.read_namespaced_secret,
+            name,
+            self.namespace,
+            missing_ok=True,
+        )
         data = (secret or {}).get("data") or {}
         return base64.b64decode(data[key]).decode() if key in data else None
 

@@ -9,12 +9,13 @@ backend=vm (backends/kuberay/README.md prints the same rows).
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from rayflow.config import merge_overrides
-from rayflow.schema.kuberay import image_ray_version, replica_bounds
+from rayflow.backends.kuberay.keys import image_ray_version, replica_bounds
+from rayflow.schema.values import merge_overrides
 
 API_VERSION = "ray.io/v1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rayflow"}
@@ -29,21 +30,63 @@ IMAGE_REPOSITORY = "rayproject/ray"
 
 
 class AutoscalingRow(NamedTuple):
-    key: str       # backend.<key>, the same name in conf/backend/{spark,vm,kuberay}.yaml
-    spark: str     # ray.util.spark.setup_ray_cluster's argument
-    vm: str        # Ray's cluster YAML
-    kuberay: str   # the RayCluster field
-    ray: str       # what Ray's autoscaler, underneath all three, runs with (its units)
+    key: str  # backend.<key>, the same name in conf/backend/{spark,vm,kuberay}.yaml
+    spark: str  # ray.util.spark.setup_ray_cluster's argument
+    vm: str  # Ray's cluster YAML
+    kuberay: str  # the RayCluster field
+    ray: str  # what Ray's autoscaler, underneath all three, runs with (its units)
 
 
 AUTOSCALING = (
-    AutoscalingRow("min_worker_nodes", "min_worker_nodes", "min_workers of the node type the run uses", "workerGroupSpecs[].minReplicas of the group the run uses", "min_workers of a node type (nodes)"),
-    AutoscalingRow("max_worker_nodes", "max_worker_nodes", "max_workers", "workerGroupSpecs[].maxReplicas", "max_workers (nodes)"),
-    AutoscalingRow("autoscale_idle_timeout_minutes", "autoscale_idle_timeout_minutes", "idle_timeout_minutes", "autoscalerOptions.idleTimeoutSeconds (x 60, rounded)", "idle_timeout_minutes (minutes)"),
-    AutoscalingRow("autoscale_upscaling_speed", "autoscale_upscaling_speed", "upscaling_speed", "autoscalerOptions.upscalingMode (<= 1: Conservative, > 1: Default)", "upscaling_speed (nodes added at once, a multiple of those running)"),
-    AutoscalingRow("upscaling_mode", "-", "-", "autoscalerOptions.upscalingMode (set: wins over the speed)", "upscaling_speed 1 (Conservative) or 1000 (Default, Aggressive)"),
-    AutoscalingRow("enable_in_tree_autoscaling", "- (on when min < max)", "- (always on)", "enableInTreeAutoscaling", "the autoscaler runs (KubeRay: a sidecar of the head pod)"),
-    AutoscalingRow("autoscaler_version", "-", "- (v2 on clouds, v1 local)", "autoscalerOptions.version", "autoscaler v1 or v2"),
+    AutoscalingRow(
+        "min_worker_nodes",
+        "min_worker_nodes",
+        "min_workers of the node type the run uses",
+        "workerGroupSpecs[].minReplicas of the group the run uses",
+        "min_workers of a node type (nodes)",
+    ),
+    AutoscalingRow(
+        "max_worker_nodes",
+        "max_worker_nodes",
+        "max_workers",
+        "workerGroupSpecs[].maxReplicas",
+        "max_workers (nodes)",
+    ),
+    AutoscalingRow(
+        "autoscale_idle_timeout_minutes",
+        "autoscale_idle_timeout_minutes",
+        "idle_timeout_minutes",
+        "autoscalerOptions.idleTimeoutSeconds (x 60, rounded)",
+        "idle_timeout_minutes (minutes)",
+    ),
+    AutoscalingRow(
+        "autoscale_upscaling_speed",
+        "autoscale_upscaling_speed",
+        "upscaling_speed",
+        "autoscalerOptions.upscalingMode (<= 1: Conservative, > 1: Default)",
+        "upscaling_speed (nodes added at once, a multiple of those running)",
+    ),
+    AutoscalingRow(
+        "upscaling_mode",
+        "-",
+        "-",
+        "autoscalerOptions.upscalingMode (set: wins over the speed)",
+        "upscaling_speed 1 (Conservative) or 1000 (Default, Aggressive)",
+    ),
+    AutoscalingRow(
+        "enable_in_tree_autoscaling",
+        "- (on when min < max)",
+        "- (always on)",
+        "enableInTreeAutoscaling",
+        "the autoscaler runs (KubeRay: a sidecar of the head pod)",
+    ),
+    AutoscalingRow(
+        "autoscaler_version",
+        "-",
+        "- (v2 on clouds, v1 local)",
+        "autoscalerOptions.version",
+        "autoscaler v1 or v2",
+    ),
 )
 
 
@@ -64,7 +107,9 @@ def upscaling_mode(b: Mapping) -> str:
 def autoscaler_options(b: Mapping) -> dict:
     """spec.autoscalerOptions: the one place the shared vocabulary becomes KubeRay's."""
     return {
-        "version": str(b["autoscaler_version"]),  # explicit: the operator's default changes across releases
+        "version": str(
+            b["autoscaler_version"]
+        ),  # explicit: the operator's default changes across releases
         "idleTimeoutSeconds": round(float(b["autoscale_idle_timeout_minutes"]) * 60),
         "upscalingMode": upscaling_mode(b),
         "resources": _resources(b["autoscaler"]["cpu"], b["autoscaler"]["memory"]),
@@ -117,12 +162,15 @@ def _pod_spec(container: dict, node_selector: Mapping, tolerations: list, v2: bo
     return spec
 
 
-def cluster_spec(b: Mapping, gpu: bool, auth_mode: str, ray_version: str, python_version: str) -> dict:
+def cluster_spec(
+    b: Mapping, gpu: bool, auth_mode: str, ray_version: str, python_version: str
+) -> dict:
     autoscaling = bool(b["enable_in_tree_autoscaling"])
     v2 = autoscaling and b["autoscaler_version"] == "v2"
     head = b["head"]
     head_container = {
-        "name": HEAD_CONTAINER, "image": image_for(b, ray_version, python_version, False),
+        "name": HEAD_CONTAINER,
+        "image": image_for(b, ray_version, python_version, False),
         "ports": [{"containerPort": port, "name": name} for name, port in HEAD_PORTS],
         "resources": _resources(head["cpu"], head["memory"]),
     }
@@ -134,49 +182,87 @@ def cluster_spec(b: Mapping, gpu: bool, auth_mode: str, ray_version: str, python
     spec["headGroupSpec"] = {
         "serviceType": str(b["service_type"]),
         "rayStartParams": {"num-cpus": str(head["num_cpus"])},  # rayStartParams values are strings
-        "template": {"spec": _pod_spec(head_container, head.get("node_selector") or {}, head.get("tolerations") or [], v2)},
+        "template": {
+            "spec": _pod_spec(
+                head_container, head.get("node_selector") or {}, head.get("tolerations") or [], v2
+            )
+        },
     }
     workers = []
     for name in group_names(b, gpu):
         group = b["worker_groups"][name]
         gpus = group.get("gpu") or 0
-        container = {"name": WORKER_CONTAINER, "image": image_for(b, ray_version, python_version, float(gpus) > 0),
-                     "resources": _resources(group["cpu"], group["memory"], gpus)}
+        container = {
+            "name": WORKER_CONTAINER,
+            "image": image_for(b, ray_version, python_version, float(gpus) > 0),
+            "resources": _resources(group["cpu"], group["memory"], gpus),
+        }
         tolerations = list(group.get("tolerations") or [])
         if float(gpus) > 0 and GPU_TOLERATION not in tolerations:
             tolerations.append(dict(GPU_TOLERATION))
         replicas, low, high = replica_bounds(b, name, gpu)
-        workers.append({"groupName": name, "replicas": replicas, "minReplicas": low, "maxReplicas": high,
-                        "template": {"spec": _pod_spec(container, group.get("node_selector") or {}, tolerations, v2)}})
+        workers.append(
+            {
+                "groupName": name,
+                "replicas": replicas,
+                "minReplicas": low,
+                "maxReplicas": high,
+                "template": {
+                    "spec": _pod_spec(container, group.get("node_selector") or {}, tolerations, v2)
+                },
+            }
+        )
     spec["workerGroupSpecs"] = workers
     return spec
 
 
-def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version: str,
-           python_version: str, labels: Mapping) -> dict:
+def render(
+    section: DictConfig | Mapping,
+    gpu: bool,
+    auth_mode: str,
+    ray_version: str,
+    python_version: str,
+    labels: Mapping,
+) -> dict:
     """The RayCluster (mode=cluster) or RayJob (mode=rayjob) for a `backend:` section, with
     backend.overrides deep-merged last. ray_version: the installed Ray (used when neither
     backend.ray_version nor an explicit image's tag says otherwise)."""
     b = plain(section)
     version = ray_version_of(b, ray_version)
-    metadata = {"name": str(b["cluster_name"]), "namespace": str(b["namespace"]),
-                "labels": {**MANAGED_BY, **{str(k): str(v) for k, v in labels.items()}}}
+    metadata = {
+        "name": str(b["cluster_name"]),
+        "namespace": str(b["namespace"]),
+        "labels": {**MANAGED_BY, **{str(k): str(v) for k, v in labels.items()}},
+    }
     spec = cluster_spec(b, gpu, auth_mode, version, python_version)
     if b["mode"] == "rayjob":
         lifecycle = b.get("rayjob") or {}
         # InteractiveMode: the operator starts the cluster and waits; rayflow submits the job
         # itself, then writes its id into spec.jobId for the operator to follow.
-        job: dict[str, Any] = {"submissionMode": "InteractiveMode",
-                               "shutdownAfterJobFinishes": bool(lifecycle.get("shutdown_after_job_finishes"))}
-        for key, field in (("ttl_seconds_after_finished", "ttlSecondsAfterFinished"),
-                           ("active_deadline_seconds", "activeDeadlineSeconds"),
-                           ("pre_running_deadline_seconds", "preRunningDeadlineSeconds")):
+        job: dict[str, Any] = {
+            "submissionMode": "InteractiveMode",
+            "shutdownAfterJobFinishes": bool(lifecycle.get("shutdown_after_job_finishes")),
+        }
+        for key, field in (
+            ("ttl_seconds_after_finished", "ttlSecondsAfterFinished"),
+            ("active_deadline_seconds", "activeDeadlineSeconds"),
+            ("pre_running_deadline_seconds", "preRunningDeadlineSeconds"),
+        ):
             if lifecycle.get(key) is not None:
                 job[field] = int(lifecycle[key])
-        manifest = {"apiVersion": API_VERSION, "kind": "RayJob", "metadata": metadata,
-                    "spec": {**job, "rayClusterSpec": spec}}
+        manifest = {
+            "apiVersion": API_VERSION,
+            "kind": "RayJob",
+            "metadata": metadata,
+            "spec": {**job, "rayClusterSpec": spec},
+        }
     else:
-        manifest = {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": spec}
+        manifest = {
+            "apiVersion": API_VERSION,
+            "kind": "RayCluster",
+            "metadata": metadata,
+            "spec": spec,
+        }
     return merge_overrides(manifest, b.get("overrides") or {})
 
 
@@ -190,22 +276,29 @@ def cluster_of(manifest: Mapping) -> Mapping:
 
 def literal_secrets(value: Any, path: str = "") -> list[tuple[str, str]]:
     """(path, variable) of each `env` item anywhere in the manifest whose name says it is secret
-    (rayflow.redaction.is_secret_name) and whose value is written in it: the object stored in the
+    (rayflow.security.redaction.is_secret_name) and whose value is written in it: the object stored in the
     API server would hold it in clear for anyone who may read it. valueFrom items are fine."""
-    from rayflow.redaction import is_secret_name
+    from rayflow.security.redaction import is_secret_name
 
     out: list[tuple[str, str]] = []
     if isinstance(value, Mapping):
         for key, child in value.items():
             where = f"{path}.{key}" if path else str(key)
             if key == "env" and isinstance(child, list):
-                out += [(f"{where}[{item['name']}]", str(item["name"])) for item in child
-                        if isinstance(item, Mapping) and isinstance(item.get("name"), str) and is_secret_name(item["name"])
-                        and item.get("value") not in (None, "")]
+                out += [
+                    (f"{where}[{item['name']}]", str(item["name"]))
+                    for item in child
+                    if isinstance(item, Mapping)
+                    and isinstance(item.get("name"), str)
+                    and is_secret_name(item["name"])
+                    and item.get("value") not in (None, "")
+                ]
             out += literal_secrets(child, where)
     elif isinstance(value, list):
         for index, child in enumerate(value):
-            name = child.get("name") or child.get("groupName") if isinstance(child, Mapping) else None
+            name = (
+                child.get("name") or child.get("groupName") if isinstance(child, Mapping) else None
+            )
             out += literal_secrets(child, f"{path}[{name if isinstance(name, str) else index}]")
     return out
 
@@ -213,8 +306,10 @@ def literal_secrets(value: Any, path: str = "") -> list[tuple[str, str]]:
 def secret_notes(manifest: Mapping) -> list[str]:
     """One warning per literal secret of literal_secrets, naming the Kubernetes Secret alternative."""
     kind, meta = manifest.get("kind"), manifest.get("metadata") or {}
-    return [f"warning: {where}: {name} is a literal value in the {kind} (masked in rayflow's output, but stored in clear "
-            f"in the object, readable by whoever may read {kind}s in namespace {meta.get('namespace')}): keep it in a "
-            f"Kubernetes Secret (kubectl create secret generic NAME --from-literal={name}=...) and refer to it "
-            f"with valueFrom.secretKeyRef in place of value"
-            for where, name in literal_secrets(manifest)]
+    return [
+        f"warning: {where}: {name} is a literal value in the {kind} (masked in rayflow's output, but stored in clear "
+        f"in the object, readable by whoever may read {kind}s in namespace {meta.get('namespace')}): keep it in a "
+        f"Kubernetes Secret (kubectl create secret generic NAME --from-literal={name}=...) and refer to it "
+        f"with valueFrom.secretKeyRef in place of value"
+        for where, name in literal_secrets(manifest)
+    ]

@@ -11,15 +11,27 @@ from __future__ import annotations
 
 import re
 
-from rayflow.schema.kuberay import is_dns_label
+from rayflow.backends.kuberay.keys import is_dns_label
 
 # ObjectMeta of the root object: the CRD schema leaves it to the API server, which checks it
 # as for every object (k8s.io/apimachinery validation: ValidateObjectMetaAccessor with
 # NameIsDNSSubdomain for custom resources).
 _OBJECT_META_FIELDS = {
-    "name", "generateName", "namespace", "labels", "annotations", "finalizers", "ownerReferences",
-    "uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
-    "deletionGracePeriodSeconds", "managedFields", "selfLink",
+    "name",
+    "generateName",
+    "namespace",
+    "labels",
+    "annotations",
+    "finalizers",
+    "ownerReferences",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "selfLink",
 }
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
@@ -59,8 +71,11 @@ def object_meta_errors(meta) -> list[str]:
     """Every way the root `metadata` breaks Kubernetes' ObjectMeta rules, one "<path>: <message>" each."""
     if not isinstance(meta, dict):
         return [f"metadata: must be an object, got {describe(meta)}"]
-    errors = [f"{join_path('metadata', key)}: unknown field (not a field of Kubernetes ObjectMeta)"
-              for key in meta if key not in _OBJECT_META_FIELDS]
+    errors = [
+        f"{join_path('metadata', key)}: unknown field (not a field of Kubernetes ObjectMeta)"
+        for key in meta
+        if key not in _OBJECT_META_FIELDS
+    ]
     string_maps = {key: meta[key] for key in ("labels", "annotations") if key in meta}
     for key, value in [(k, meta[k]) for k in ("name", "generateName", "namespace") if k in meta]:
         if not isinstance(value, str):
@@ -70,18 +85,27 @@ def object_meta_errors(meta) -> list[str]:
             errors.append(f"metadata.{key}: must be an object, got {describe(mapping)}")
             string_maps[key] = {}
             continue
-        errors += [f"{join_path('metadata.' + key, k)}: must be a string, got {describe(v)}"
-                   for k, v in mapping.items() if not isinstance(v, str)]
+        errors += [
+            f"{join_path('metadata.' + key, k)}: must be a string, got {describe(v)}"
+            for k, v in mapping.items()
+            if not isinstance(v, str)
+        ]
     if errors:
         return errors
     name, generate_name = meta.get("name"), meta.get("generateName")
     if not name and not generate_name:
         errors.append("metadata.name: required field missing (or set metadata.generateName)")
     if name and not _is_dns_subdomain(name):
-        errors.append(f"metadata.name: {name!r} is not a DNS-1123 subdomain (lowercase a-z, 0-9, '-', '.')")
+        errors.append(
+            f"metadata.name: {name!r} is not a DNS-1123 subdomain (lowercase a-z, 0-9, '-', '.')"
+        )
     # The server appends random characters to generateName; a trailing '-' is fine.
-    if generate_name and not _is_dns_subdomain(generate_name[:-1] + "a" if generate_name.endswith("-") else generate_name):
-        errors.append(f"metadata.generateName: {generate_name!r} is not a DNS-1123 subdomain prefix")
+    if generate_name and not _is_dns_subdomain(
+        generate_name[:-1] + "a" if generate_name.endswith("-") else generate_name
+    ):
+        errors.append(
+            f"metadata.generateName: {generate_name!r} is not a DNS-1123 subdomain prefix"
+        )
     namespace = meta.get("namespace")
     if namespace and not is_dns_label(namespace):
         errors.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label")
@@ -89,13 +113,20 @@ def object_meta_errors(meta) -> list[str]:
         if not _is_qualified_name(key):
             errors.append(f"{join_path('metadata.labels', key)}: {key!r} is not a qualified name")
         if len(value) > 63 or not _LABEL_VALUE.match(value):
-            errors.append(f"{join_path('metadata.labels', key)}: {value!r} is not a label value (<= 63 of A-Za-z0-9-_.)")
+            errors.append(
+                f"{join_path('metadata.labels', key)}: {value!r} is not a label value (<= 63 of A-Za-z0-9-_.)"
+            )
     annotations = string_maps.get("annotations", {})
-    errors += [f"{join_path('metadata.annotations', key)}: {key!r} is not a qualified name"
-               for key in annotations if not _is_qualified_name(key.lower())]
+    errors += [
+        f"{join_path('metadata.annotations', key)}: {key!r} is not a qualified name"
+        for key in annotations
+        if not _is_qualified_name(key.lower())
+    ]
     if sum(len(k) + len(v) for k, v in annotations.items()) > _ANNOTATIONS_MAX_BYTES:
         errors.append(f"metadata.annotations: longer than {_ANNOTATIONS_MAX_BYTES} bytes in total")
     finalizers = meta.get("finalizers", [])
-    if not isinstance(finalizers, list) or not all(isinstance(f, str) and _is_qualified_name(f) for f in finalizers):
+    if not isinstance(finalizers, list) or not all(
+        isinstance(f, str) and _is_qualified_name(f) for f in finalizers
+    ):
         errors.append("metadata.finalizers: must be a list of qualified names")
     return errors

@@ -26,15 +26,31 @@ import re
 import secrets
 import ssl
 import threading
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import unquote
 
-from rayflow.redaction import mask_text
+from rayflow.security.redaction import mask_text
 
 # Connection-level headers a proxy must not forward (RFC 9110 7.6.1), and those aiohttp sets itself.
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-              "transfer-encoding", "upgrade", "host", "content-length", "content-encoding"}
-WS_HEADERS = {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-protocol"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "content-encoding",
+}
+WS_HEADERS = {
+    "sec-websocket-key",
+    "sec-websocket-version",
+    "sec-websocket-extensions",
+    "sec-websocket-protocol",
+}
 RELAY_HEADER = "X-Rayflow-Relay"  # the per-run secret; stripped before anything is forwarded
 
 # What Ray 2.60's JobSubmissionClient calls (ray/dashboard/modules/job/sdk.py and
@@ -58,7 +74,9 @@ def jobs_api_path(raw_path: str, method: str) -> str | None:
     path = raw_path.partition("?")[0]
     if not path.startswith("/") or "\\" in path:
         return None
-    segments = [unquote(part, errors="replace") if "%" in part else part for part in path[1:].split("/")]
+    segments = [
+        unquote(part, errors="replace") if "%" in part else part for part in path[1:].split("/")
+    ]
     for index, segment in enumerate(segments):
         if segment in (".", "..") or any(c in segment for c in "/\\%") or not segment.isprintable():
             return None
@@ -85,18 +103,27 @@ def ssl_context(configuration) -> ssl.SSLContext | bool | None:
 
 
 class DashboardRelay:
-    def __init__(self, upstream: str, upstream_headers: Callable[[], dict[str, str]], tls=None,
-                 ray_credentials: Callable[[], dict[str, str]] | None = None):
+    def __init__(
+        self,
+        upstream: str,
+        upstream_headers: Callable[[], dict[str, str]],
+        tls=None,
+        ray_credentials: Callable[[], dict[str, str]] | None = None,
+    ):
         self.upstream = upstream.rstrip("/")
         self.upstream_headers = upstream_headers  # the API server's credentials, per request
         # Kubernetes token auth: the dashboard's credential is this client's Kubernetes token
         # (X-Ray-Authorization), per request; it replaces whatever the Jobs client sent.
         self.ray_credentials = ray_credentials
         self.tls = tls
-        self.secret = secrets.token_urlsafe(32)  # what only the process that started the relay holds
+        self.secret = secrets.token_urlsafe(
+            32
+        )  # what only the process that started the relay holds
         self.url: str | None = None
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="rayflow-dashboard-relay", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rayflow-dashboard-relay", daemon=True
+        )
         self._runner = None
         self._session = None
 
@@ -114,8 +141,11 @@ class DashboardRelay:
     async def _serve(self) -> str:
         from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-        self._session = ClientSession(connector=TCPConnector(ssl=self.tls), auto_decompress=False,
-                                      timeout=ClientTimeout(total=None, sock_connect=30))
+        self._session = ClientSession(
+            connector=TCPConnector(ssl=self.tls),
+            auto_decompress=False,
+            timeout=ClientTimeout(total=None, sock_connect=30),
+        )
         app = web.Application(client_max_size=1024**3)  # runtime_env packages are uploaded whole
         app.router.add_route("*", "/{path:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None)
@@ -155,7 +185,10 @@ class DashboardRelay:
         from aiohttp import ClientError, WSMsgType, web
 
         if not self._authorised(request):
-            return web.Response(status=401, text="rayflow relay: this relay answers only the rayflow process that started it\n")
+            return web.Response(
+                status=401,
+                text="rayflow relay: this relay answers only the rayflow process that started it\n",
+            )
         path = jobs_api_path(request.raw_path, request.method)
         if path is None:
             return web.Response(status=404, text="rayflow relay: only Ray's Jobs API is relayed\n")
@@ -165,6 +198,7 @@ class DashboardRelay:
             client = web.WebSocketResponse()
             await client.prepare(request)
             async with self._session.ws_connect(target, headers=self._headers(request)) as upstream:
+
                 async def pump(source, sink):
                     async for message in source:
                         if message.type == WSMsgType.TEXT:
@@ -175,20 +209,31 @@ class DashboardRelay:
                             break
                     await sink.close()
 
-                await asyncio.gather(pump(upstream, client), pump(client, upstream), return_exceptions=True)
+                await asyncio.gather(
+                    pump(upstream, client), pump(client, upstream), return_exceptions=True
+                )
             return client
         body = request.content.iter_chunked(1 << 16) if request.body_exists else None
         try:
-            upstream_response = await self._session.request(request.method, target, headers=self._headers(request),
-                                                            data=body, allow_redirects=False)
+            upstream_response = await self._session.request(
+                request.method,
+                target,
+                headers=self._headers(request),
+                data=body,
+                allow_redirects=False,
+            )
         except (ClientError, OSError) as err:  # the API server is unreachable: what a gateway says
-            return web.Response(status=502, text=mask_text(f"rayflow relay: {type(err).__name__}: {err}"))
+            return web.Response(
+                status=502, text=mask_text(f"rayflow relay: {type(err).__name__}: {err}")
+            )
         async with upstream_response as upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():
                 if key.lower() not in HOP_BY_HOP:
                     response.headers.add(key, value)
-            if "Content-Encoding" in upstream.headers:  # passed through undecoded (auto_decompress off)
+            if (
+                "Content-Encoding" in upstream.headers
+            ):  # passed through undecoded (auto_decompress off)
                 response.headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
             await response.prepare(request)
             async for chunk in upstream.content.iter_chunked(1 << 16):

@@ -1,18 +1,19 @@
 """backend=kuberay: the Ray resources a rendered manifest's pods will have, derived the way the
-KubeRay operator derives them from Kubernetes quantities (parsed by rayflow.schema.kuberay, which
+KubeRay operator derives them from Kubernetes quantities (parsed by rayflow.backends.kuberay.keys, which
 holds the keys' kinds) (`capacity`, the Ray nodes at full scale that placement checks a run's
 demand against). Pure functions, no `kubernetes` import.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import ROUND_UP
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import DictConfig
 
+from rayflow.backends.kuberay.keys import parse_quantity, run_group
 from rayflow.backends.kuberay.manifest import cluster_of, render
-from rayflow.schema.kuberay import parse_quantity, run_group
 
 
 def quantity_value(value: Any) -> int | None:
@@ -36,14 +37,21 @@ def ray_resources(group: Mapping) -> dict[str, float] | None:
         value, lower = quantity_value(amount), str(name).lower()
         if value is None:
             return None
-        key = {"cpu": "num-cpus", "memory": "memory"}.get(lower, "num-gpus" if lower.endswith("gpu") else None)
+        key = {"cpu": "num-cpus", "memory": "memory"}.get(
+            lower, "num-gpus" if lower.endswith("gpu") else None
+        )
         if key:
             params[key] = str(value)
     containers = (((group.get("template") or {}).get("spec") or {}).get("containers")) or [{}]
     resources = containers[0].get("resources") or {}
     limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
-    derived = {"num-cpus": limits.get("cpu", requests.get("cpu")), "memory": limits.get("memory"),
-               "num-gpus": next((v for k, v in sorted(limits.items()) if k.endswith("gpu") and parse_quantity(v)), None)}
+    derived = {
+        "num-cpus": limits.get("cpu", requests.get("cpu")),
+        "memory": limits.get("memory"),
+        "num-gpus": next(
+            (v for k, v in sorted(limits.items()) if k.endswith("gpu") and parse_quantity(v)), None
+        ),
+    }
     for key, amount in derived.items():
         if key not in params and amount is not None:
             value = quantity_value(amount)
@@ -61,7 +69,9 @@ def ray_resources(group: Mapping) -> dict[str, float] | None:
 
 def capacity(section: DictConfig | Mapping, gpu: bool) -> list[dict[str, float]] | None:
     """The Ray nodes at full scale of the manifest rayflow renders from the section (overrides included)."""
-    return nodes_at_full_scale(render(section, gpu, "disabled", "0.0.0", "3.11", {}), run_group(gpu))
+    return nodes_at_full_scale(
+        render(section, gpu, "disabled", "0.0.0", "3.11", {}), run_group(gpu)
+    )
 
 
 def nodes_at_full_scale(manifest: Mapping, group_name: str | None) -> list[dict[str, float]] | None:

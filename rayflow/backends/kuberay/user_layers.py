@@ -16,27 +16,55 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Mapping
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
 from rayflow.backends.kuberay import manifest as km
 from rayflow.backends.kuberay.user_manifest import UserManifest, refuse
-from rayflow.config import merge_overrides
+from rayflow.schema.values import merge_overrides
 
 # Keys that become manifest fields when set; the others of the section steer rayflow itself.
-ON_TOP = ("cluster_name", "namespace", "mode", "image", "ray_version", "service_type", "enable_in_tree_autoscaling",
-          "autoscaler_version", "min_worker_nodes", "max_worker_nodes", "autoscale_idle_timeout_minutes",
-          "autoscale_upscaling_speed", "upscaling_mode", "autoscaler", "rayjob")
-PODS_IN_THE_MANIFEST = ("head", "worker_groups")  # the manifest describes its pods; refused when set
-SUBMITTER_FIELDS = ("entrypoint", "runtimeEnvYAML", "entrypointNumCpus", "entrypointNumGpus", "entrypointResources",
-                    "submitterPodTemplate", "submitterConfig", "backoffLimit")
+ON_TOP = (
+    "cluster_name",
+    "namespace",
+    "mode",
+    "image",
+    "ray_version",
+    "service_type",
+    "enable_in_tree_autoscaling",
+    "autoscaler_version",
+    "min_worker_nodes",
+    "max_worker_nodes",
+    "autoscale_idle_timeout_minutes",
+    "autoscale_upscaling_speed",
+    "upscaling_mode",
+    "autoscaler",
+    "rayjob",
+)
+PODS_IN_THE_MANIFEST = (
+    "head",
+    "worker_groups",
+)  # the manifest describes its pods; refused when set
+SUBMITTER_FIELDS = (
+    "entrypoint",
+    "runtimeEnvYAML",
+    "entrypointNumCpus",
+    "entrypointNumGpus",
+    "entrypointResources",
+    "submitterPodTemplate",
+    "submitterConfig",
+    "backoffLimit",
+)
 
 
 @functools.cache
 def packaged_defaults() -> dict:
-    return yaml.safe_load(resources.files("rayflow.conf").joinpath("backend", "kuberay.yaml").read_text())
+    return yaml.safe_load(
+        resources.files("rayflow.conf").joinpath("backend", "kuberay.yaml").read_text()
+    )
 
 
 def set_keys(b: Mapping) -> dict[str, Any]:
@@ -83,62 +111,105 @@ def auth_of(cluster: Mapping) -> dict | None:
     """How the manifest configures Ray's auth: {"mode", "secret", "key", "k8s"}; None: not at all.
     `secret`/`key`: where the token is (KubeRay's generated Secret, or the head's RAY_AUTH_TOKEN)."""
     options = cluster.get("authOptions") or {}
-    head = (((cluster.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [{}]
+    head = (((cluster.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers"
+    ) or [{}]
     env = {e.get("name"): e for e in head[0].get("env") or [] if isinstance(e, dict)}
-    k8s = bool(options.get("enableK8sTokenAuth")) or str((env.get("RAY_ENABLE_K8S_TOKEN_AUTH") or {}).get("value")).lower() == "true"
+    k8s = (
+        bool(options.get("enableK8sTokenAuth"))
+        or str((env.get("RAY_ENABLE_K8S_TOKEN_AUTH") or {}).get("value")).lower() == "true"
+    )
     if options.get("mode"):
-        return {"mode": options["mode"], "secret": options.get("secretName"), "key": "auth_token", "k8s": k8s}
+        return {
+            "mode": options["mode"],
+            "secret": options.get("secretName"),
+            "key": "auth_token",
+            "k8s": k8s,
+        }
     if "RAY_AUTH_MODE" in env:
         ref = ((env.get("RAY_AUTH_TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
-        return {"mode": env["RAY_AUTH_MODE"].get("value") or "", "secret": ref.get("name"), "key": ref.get("key") or "auth_token",
-                "k8s": k8s, "env": True}
+        return {
+            "mode": env["RAY_AUTH_MODE"].get("value") or "",
+            "secret": ref.get("name"),
+            "key": ref.get("key") or "auth_token",
+            "k8s": k8s,
+            "env": True,
+        }
     return None
 
 
-def render(user: UserManifest, b: Mapping, gpu: bool, auth_mode: str, labels: Mapping) -> tuple[dict, list[str]]:
+def render(
+    user: UserManifest, b: Mapping, gpu: bool, auth_mode: str, labels: Mapping
+) -> tuple[dict, list[str]]:
     """The object rayflow applies for `user`'s manifest and the section `b`, and a note for each
     thing rayflow changed or added. ConfigError (backend.manifest, or the key) for what cannot be."""
     m, notes, path, what = copy.deepcopy(user.document), list(user.notes), user.path, user.what
     keys = set_keys(b)
     for key in keys:
         if key.split(".")[0] in PODS_IN_THE_MANIFEST:
-            raise refuse(path, f"backend.{key} is set, but with backend.manifest the pods are the manifest's: "
-                               "write it in the file, or use backend.overrides")
+            raise refuse(
+                path,
+                f"backend.{key} is set, but with backend.manifest the pods are the manifest's: "
+                "write it in the file, or use backend.overrides",
+            )
     meta = m.setdefault("metadata", {})
     m.setdefault("spec", {})
     if m["kind"] == "RayJob":
         notes += _interactive(m, path, what)
     if "mode" in keys and (keys["mode"] == "rayjob") != (m["kind"] == "RayJob"):
-        raise refuse(path, f"backend.mode={keys['mode']}, but the manifest is {what}: the manifest's kind decides (drop backend.mode)")
+        raise refuse(
+            path,
+            f"backend.mode={keys['mode']}, but the manifest is {what}: the manifest's kind decides (drop backend.mode)",
+        )
     if "cluster_name" in keys or not meta.get("name"):
         if meta.pop("generateName", None):  # rayflow deletes what it applied by name
-            notes.append(f"backend.manifest: metadata.generateName dropped: rayflow names the object (backend.cluster_name)")
-        notes.append(f"backend.manifest: metadata.name {meta.get('name') or '(none)'} -> {b['cluster_name']} (backend.cluster_name)")
+            notes.append(
+                "backend.manifest: metadata.generateName dropped: rayflow names the object (backend.cluster_name)"
+            )
+        notes.append(
+            f"backend.manifest: metadata.name {meta.get('name') or '(none)'} -> {b['cluster_name']} (backend.cluster_name)"
+        )
         meta["name"] = str(b["cluster_name"])
     if meta.get("namespace"):
         if "namespace" in keys and keys["namespace"] != meta["namespace"]:
-            raise refuse(path, f"{what} is in namespace {meta['namespace']}, but backend.namespace={keys['namespace']}: "
-                               "drop one of them")
+            raise refuse(
+                path,
+                f"{what} is in namespace {meta['namespace']}, but backend.namespace={keys['namespace']}: "
+                "drop one of them",
+            )
     else:
         meta["namespace"] = str(b["namespace"])
-        notes.append(f"backend.manifest: metadata.namespace {meta['namespace']} added (backend.namespace)")
+        notes.append(
+            f"backend.manifest: metadata.namespace {meta['namespace']} added (backend.namespace)"
+        )
     cluster = km.cluster_of(m)
     notes += _keys_on_top(m, cluster, keys, b, gpu, path)
     if gpu and run_group(m, True) is None:
-        raise refuse(path, f"compute=gpu, but no worker group of {what} requests {km.GPU_RESOURCE} (limits or requests)")
+        raise refuse(
+            path,
+            f"compute=gpu, but no worker group of {what} requests {km.GPU_RESOURCE} (limits or requests)",
+        )
     added = {**km.MANAGED_BY, **{str(k): str(v) for k, v in labels.items()}}
     meta["labels"] = {**(meta.get("labels") or {}), **added}
-    notes.append(f"backend.manifest: labels {', '.join(f'{k}={v}' for k, v in km.MANAGED_BY.items())} and rayflow.io/run=<run id> added")
+    notes.append(
+        f"backend.manifest: labels {', '.join(f'{k}={v}' for k, v in km.MANAGED_BY.items())} and rayflow.io/run=<run id> added"
+    )
     auth = auth_of(cluster)
     if auth is not None and auth["k8s"]:
-        notes.append("backend.manifest: Kubernetes token auth (enableK8sTokenAuth): rayflow authenticates to the dashboard "
-                     "with your Kubernetes credentials (the kubeconfig's bearer token), which need RBAC verb ray:write on rayclusters")
+        notes.append(
+            "backend.manifest: Kubernetes token auth (enableK8sTokenAuth): rayflow authenticates to the dashboard "
+            "with your Kubernetes credentials (the kubeconfig's bearer token), which need RBAC verb ray:write on rayclusters"
+        )
     if auth is None and auth_mode == "token":
         cluster["authOptions"] = {"mode": "token"}
         where = "spec.rayClusterSpec" if m["kind"] == "RayJob" else "spec"
-        notes.append(f"backend.manifest: {where}.authOptions {{mode: token}} added (ray_auth_mode=token; KubeRay keeps the token in a Secret)")
+        notes.append(
+            f"backend.manifest: {where}.authOptions {{mode: token}} added (ray_auth_mode=token; KubeRay keeps the token in a Secret)"
+        )
     elif auth is not None and auth["mode"] != "token":
-        notes.append(f"backend.manifest: the manifest sets Ray's auth mode {auth['mode']!r}: kept as it is, whatever ray_auth_mode says")
+        notes.append(
+            f"backend.manifest: the manifest sets Ray's auth mode {auth['mode']!r}: kept as it is, whatever ray_auth_mode says"
+        )
     overrides = b.get("overrides") or {}
     if overrides:
         notes.append("backend.manifest: backend.overrides merged last")
@@ -148,8 +219,11 @@ def render(user: UserManifest, b: Mapping, gpu: bool, auth_mode: str, labels: Ma
 def _interactive(m: dict, path: str, what: str) -> list[str]:
     spec = m.setdefault("spec", {})
     if spec.get("clusterSelector") or not spec.get("rayClusterSpec"):
-        raise refuse(path, f"{what} has no spec.rayClusterSpec (it runs on an existing RayCluster): to run there, use "
-                           "backend.cluster_name=<that RayCluster> backend.keep_cluster=true without backend.manifest")
+        raise refuse(
+            path,
+            f"{what} has no spec.rayClusterSpec (it runs on an existing RayCluster): to run there, use "
+            "backend.cluster_name=<that RayCluster> backend.keep_cluster=true without backend.manifest",
+        )
     dropped = [f for f in SUBMITTER_FIELDS if f in spec]
     for field in dropped:
         del spec[field]
@@ -157,11 +231,15 @@ def _interactive(m: dict, path: str, what: str) -> list[str]:
     spec["submissionMode"] = "InteractiveMode"
     if mode == "InteractiveMode" and not dropped:
         return []
-    return [f"backend.manifest: spec.submissionMode {mode} -> InteractiveMode: rayflow submits the run itself"
-            + (f" (dropped: {', '.join('spec.' + f for f in dropped)})" if dropped else "")]
+    return [
+        f"backend.manifest: spec.submissionMode {mode} -> InteractiveMode: rayflow submits the run itself"
+        + (f" (dropped: {', '.join('spec.' + f for f in dropped)})" if dropped else "")
+    ]
 
 
-def _keys_on_top(m: dict, cluster: dict, keys: Mapping, b: Mapping, gpu: bool, path: str) -> list[str]:
+def _keys_on_top(
+    m: dict, cluster: dict, keys: Mapping, b: Mapping, gpu: bool, path: str
+) -> list[str]:
     notes = []
 
     def put(node: dict, field: str, value: Any, key: str, where: str) -> None:
@@ -171,46 +249,107 @@ def _keys_on_top(m: dict, cluster: dict, keys: Mapping, b: Mapping, gpu: bool, p
     if "ray_version" in keys:
         put(cluster, "rayVersion", str(b["ray_version"]), "ray_version", "spec.rayVersion")
     if "service_type" in keys:
-        put(cluster.setdefault("headGroupSpec", {}), "serviceType", str(b["service_type"]), "service_type", "headGroupSpec.serviceType")
+        put(
+            cluster.setdefault("headGroupSpec", {}),
+            "serviceType",
+            str(b["service_type"]),
+            "service_type",
+            "headGroupSpec.serviceType",
+        )
     if "image" in keys:  # containers[0] is the Ray container to the operator
         for group in [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]:
             containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or []
             if containers:
-                put(containers[0], "image", str(b["image"]), "image", f"{group.get('groupName', 'head')} containers[0].image")
+                put(
+                    containers[0],
+                    "image",
+                    str(b["image"]),
+                    "image",
+                    f"{group.get('groupName', 'head')} containers[0].image",
+                )
     if "enable_in_tree_autoscaling" in keys:
-        put(cluster, "enableInTreeAutoscaling", bool(b["enable_in_tree_autoscaling"]), "enable_in_tree_autoscaling", "spec.enableInTreeAutoscaling")
+        put(
+            cluster,
+            "enableInTreeAutoscaling",
+            bool(b["enable_in_tree_autoscaling"]),
+            "enable_in_tree_autoscaling",
+            "spec.enableInTreeAutoscaling",
+        )
     options = cluster.get("autoscalerOptions") or {}
-    for key, field, value in (("autoscaler_version", "version", lambda: str(b["autoscaler_version"])),
-                              ("autoscale_idle_timeout_minutes", "idleTimeoutSeconds", lambda: round(float(b["autoscale_idle_timeout_minutes"]) * 60)),
-                              ("autoscale_upscaling_speed", "upscalingMode", lambda: km.upscaling_mode(b)),
-                              ("upscaling_mode", "upscalingMode", lambda: km.upscaling_mode(b))):
+    for key, field, value in (
+        ("autoscaler_version", "version", lambda: str(b["autoscaler_version"])),
+        (
+            "autoscale_idle_timeout_minutes",
+            "idleTimeoutSeconds",
+            lambda: round(float(b["autoscale_idle_timeout_minutes"]) * 60),
+        ),
+        ("autoscale_upscaling_speed", "upscalingMode", lambda: km.upscaling_mode(b)),
+        ("upscaling_mode", "upscalingMode", lambda: km.upscaling_mode(b)),
+    ):
         if key in keys:
             put(options, field, value(), key, f"autoscalerOptions.{field}")
     if any(k.startswith("autoscaler.") for k in keys):
-        put(options, "resources", km.autoscaler_options(b)["resources"], "autoscaler", "autoscalerOptions.resources")
+        put(
+            options,
+            "resources",
+            km.autoscaler_options(b)["resources"],
+            "autoscaler",
+            "autoscalerOptions.resources",
+        )
     if options:
         cluster["autoscalerOptions"] = options
     bounds = [k for k in ("min_worker_nodes", "max_worker_nodes") if k in keys]
     if bounds:
         group = run_group(m, gpu)
         if group is None:
-            raise refuse(path, f"backend.{bounds[0]} is set, but the manifest has no worker group to apply it to")
+            raise refuse(
+                path,
+                f"backend.{bounds[0]} is set, but the manifest has no worker group to apply it to",
+            )
         name = group.get("groupName")
         if "min_worker_nodes" in keys:
-            put(group, "minReplicas", int(b["min_worker_nodes"]), "min_worker_nodes", f"workerGroupSpecs[{name}].minReplicas")
+            put(
+                group,
+                "minReplicas",
+                int(b["min_worker_nodes"]),
+                "min_worker_nodes",
+                f"workerGroupSpecs[{name}].minReplicas",
+            )
         if "max_worker_nodes" in keys:
-            put(group, "maxReplicas", int(b["max_worker_nodes"]), "max_worker_nodes", f"workerGroupSpecs[{name}].maxReplicas")
+            put(
+                group,
+                "maxReplicas",
+                int(b["max_worker_nodes"]),
+                "max_worker_nodes",
+                f"workerGroupSpecs[{name}].maxReplicas",
+            )
         replicas, high = group.get("replicas"), group.get("maxReplicas")
         if replicas is not None:  # within the new bounds (rayflow renders replicas = min)
-            group["replicas"] = max(int(group.get("minReplicas") or 0), min(int(replicas), int(replicas if high is None else high)))
+            group["replicas"] = max(
+                int(group.get("minReplicas") or 0),
+                min(int(replicas), int(replicas if high is None else high)),
+            )
     if m["kind"] == "RayJob":
-        for key, field in (("shutdown_after_job_finishes", "shutdownAfterJobFinishes"), ("ttl_seconds_after_finished", "ttlSecondsAfterFinished"),
-                           ("active_deadline_seconds", "activeDeadlineSeconds"), ("pre_running_deadline_seconds", "preRunningDeadlineSeconds")):
+        for key, field in (
+            ("shutdown_after_job_finishes", "shutdownAfterJobFinishes"),
+            ("ttl_seconds_after_finished", "ttlSecondsAfterFinished"),
+            ("active_deadline_seconds", "activeDeadlineSeconds"),
+            ("pre_running_deadline_seconds", "preRunningDeadlineSeconds"),
+        ):
             if f"rayjob.{key}" in keys:
                 value = b["rayjob"][key]
-                put(m["spec"], field, value if value is None or isinstance(value, bool) else int(value), f"rayjob.{key}", f"spec.{field}")
+                put(
+                    m["spec"],
+                    field,
+                    value if value is None or isinstance(value, bool) else int(value),
+                    f"rayjob.{key}",
+                    f"spec.{field}",
+                )
     elif any(k.startswith("rayjob.") for k in keys):
-        raise refuse(path, f"backend.rayjob.* is set, but the manifest is {m['kind']}/{m['metadata'].get('name')}, not a RayJob")
+        raise refuse(
+            path,
+            f"backend.rayjob.* is set, but the manifest is {m['kind']}/{m['metadata'].get('name')}, not a RayJob",
+        )
     return notes
 
 

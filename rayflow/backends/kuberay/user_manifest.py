@@ -32,13 +32,15 @@ API_VERSION, V1ALPHA1 = "ray.io/v1", "ray.io/v1alpha1"
 # Text a template leaves for someone to fill in: ${var} (envsubst, Terraform; Kubernetes itself
 # expands only $(VAR) in env values), <your-value>, CHANGE_ME. Shell scripts use ${VAR} and <<EOF
 # for real, so what a container or the job runs (command, args, entrypoint, ...) is not searched.
-PLACEHOLDER = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|<[a-z][a-z0-9 _.-]*>|\b(?:CHANGE_?ME|REPLACE_?ME|FILL_?ME_?IN)\b")
+PLACEHOLDER = re.compile(
+    r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|<[a-z][a-z0-9 _.-]*>|\b(?:CHANGE_?ME|REPLACE_?ME|FILL_?ME_?IN)\b"
+)
 SCRIPT_FIELDS = frozenset({"command", "args", "entrypoint", "runtimeEnvYAML", "script"})
 
 
 class UserManifest(NamedTuple):
     path: str
-    document: dict            # the RayCluster or RayJob, as read (a v1alpha1 apiVersion rewritten)
+    document: dict  # the RayCluster or RayJob, as read (a v1alpha1 apiVersion rewritten)
     left_out: tuple[str, ...]  # "Kind/name" of every other document, in file order
     notes: tuple[str, ...]
 
@@ -51,7 +53,9 @@ def describe(doc: Any) -> str:
     if not isinstance(doc, dict):
         return f"a {type(doc).__name__}"
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName") else "<no name>")
+    name = meta.get("name") or (
+        f"{meta['generateName']}*" if meta.get("generateName") else "<no name>"
+    )
     return f"{doc.get('kind') or '<no kind>'}/{name}"
 
 
@@ -91,30 +95,46 @@ def _read(expanded: str, size: int, mtime: int, shown: str) -> UserManifest:
         raise refuse(shown, f"is not YAML: {problem}{where}") from None
     for index, doc in enumerate(documents):
         if not isinstance(doc, dict):
-            raise refuse(shown, f"document {index + 1} is {describe(doc)}, not a Kubernetes object (kind, metadata, ...)")
+            raise refuse(
+                shown,
+                f"document {index + 1} is {describe(doc)}, not a Kubernetes object (kind, metadata, ...)",
+            )
     ray = [d for d in documents if d.get("kind") in RAY_KINDS]
     if not ray:
         found = ", ".join(describe(d) for d in documents) or "nothing"
         raise refuse(shown, f"holds no RayCluster or RayJob document (found: {found})")
     if len(ray) > 1:
-        raise refuse(shown, f"holds {len(ray)} RayCluster/RayJob documents ({', '.join(describe(d) for d in ray)}): "
-                            "rayflow applies exactly one; keep the one to run in a file of its own")
+        raise refuse(
+            shown,
+            f"holds {len(ray)} RayCluster/RayJob documents ({', '.join(describe(d) for d in ray)}): "
+            "rayflow applies exactly one; keep the one to run in a file of its own",
+        )
     document, notes = ray[0], []
     left_out = tuple(describe(d) for d in documents if d is not document)
     if left_out:
-        notes.append(f"backend.manifest: rayflow applies only {describe(document)} of {shown}; it leaves "
-                     f"{', '.join(left_out)} to you: kubectl apply them first (rayflow neither applies nor deletes them)")
+        notes.append(
+            f"backend.manifest: rayflow applies only {describe(document)} of {shown}; it leaves "
+            f"{', '.join(left_out)} to you: kubectl apply them first (rayflow neither applies nor deletes them)"
+        )
     api_version = document.get("apiVersion")
     if api_version == V1ALPHA1:
         document["apiVersion"] = API_VERSION
-        notes.append(f"backend.manifest: {describe(document)} is apiVersion {V1ALPHA1}; applied as {API_VERSION}, "
-                     "as KubeRay v1.7.0's API server stores it (same fields; set apiVersion: ray.io/v1 in the file to drop this note)")
+        notes.append(
+            f"backend.manifest: {describe(document)} is apiVersion {V1ALPHA1}; applied as {API_VERSION}, "
+            "as KubeRay v1.7.0's API server stores it (same fields; set apiVersion: ray.io/v1 in the file to drop this note)"
+        )
     elif api_version != API_VERSION:
-        raise refuse(shown, f"{describe(document)}: apiVersion {api_version!r} is not one KubeRay v1.7.0 serves "
-                            f"(use {API_VERSION}; {V1ALPHA1} is converted)")
+        raise refuse(
+            shown,
+            f"{describe(document)}: apiVersion {api_version!r} is not one KubeRay v1.7.0 serves "
+            f"(use {API_VERSION}; {V1ALPHA1} is converted)",
+        )
     for where, value, found in placeholders(document):
-        raise refuse(shown, f"{describe(document)}: {where}: {value!r} holds the placeholder {found}: fill it in "
-                            "(rayflow applies the manifest as it is)")
+        raise refuse(
+            shown,
+            f"{describe(document)}: {where}: {value!r} holds the placeholder {found}: fill it in "
+            "(rayflow applies the manifest as it is)",
+        )
     return UserManifest(shown, document, left_out, tuple(notes))
 
 

@@ -13,10 +13,10 @@ grace period: a cluster autoscaler may be adding a node), a spec the operator re
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from rayflow.errors import ClusterError
-from rayflow.progress import Phase
+from rayflow.runtime.progress import Phase
 
 PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
@@ -29,7 +29,11 @@ def head_ready(cluster: dict | None) -> bool:
 
 def _latest(events: list[dict], reason: str) -> dict | None:
     found = [e for e in events if e.get("reason") == reason and e.get("type") == "Warning"]
-    return max(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "") if found else None
+    return (
+        max(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        if found
+        else None
+    )
 
 
 def _statuses(pod: dict) -> list[dict]:
@@ -39,12 +43,22 @@ def _statuses(pod: dict) -> list[dict]:
 
 def unschedulable(pod: dict) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-               for c in conditions)
+    return any(
+        c.get("type") == "PodScheduled"
+        and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in conditions
+    )
 
 
-def diagnose(cluster_name: str, cluster_events: list[dict], head: dict | None, head_events: list[dict],
-             unschedulable_for_s: float, grace_s: float) -> str | None:
+def diagnose(
+    cluster_name: str,
+    cluster_events: list[dict],
+    head: dict | None,
+    head_events: list[dict],
+    unschedulable_for_s: float,
+    grace_s: float,
+) -> str | None:
     """Why the head will not come up, as one line; None while it may still come up."""
     invalid = _latest(cluster_events, "InvalidRayClusterSpec")
     if invalid is not None:
@@ -56,22 +70,34 @@ def diagnose(cluster_name: str, cluster_events: list[dict], head: dict | None, h
         waiting = (status.get("state") or {}).get("waiting") or {}
         reason, message = waiting.get("reason"), (waiting.get("message") or "").strip()
         if reason in PULL_FAILURES:
-            return f"the head pod {name} cannot pull its image {status.get('image')}: {reason}" + (f": {message}" if message else "")
+            return f"the head pod {name} cannot pull its image {status.get('image')}: {reason}" + (
+                f": {message}" if message else ""
+            )
         if reason in CONFIG_FAILURES:
-            return f"the head pod {name} cannot start container {status.get('name')}: {reason}" + (f": {message}" if message else "")
+            return f"the head pod {name} cannot start container {status.get('name')}: {reason}" + (
+                f": {message}" if message else ""
+            )
         if reason == "CrashLoopBackOff":
             last = (status.get("lastState") or {}).get("terminated") or {}
             detail = f"last exit {last.get('reason', '?')} (code {last.get('exitCode', '?')})"
             if last.get("message"):
                 detail += f": {last['message'].strip().splitlines()[-1]}"
-            return (f"the head pod {name}'s container {status.get('name')} keeps crashing "
-                    f"(CrashLoopBackOff, {status.get('restartCount', 0)} restarts), {detail}")
+            return (
+                f"the head pod {name}'s container {status.get('name')} keeps crashing "
+                f"(CrashLoopBackOff, {status.get('restartCount', 0)} restarts), {detail}"
+            )
     if (head.get("status") or {}).get("phase") == "Failed":
         return f"the head pod {name} failed: {(head.get('status') or {}).get('message') or (head.get('status') or {}).get('reason')}"
     if unschedulable(head) and unschedulable_for_s >= grace_s:
         event = _latest(head_events, "FailedScheduling")
         why = (event or {}).get("message") or next(
-            (c.get("message") for c in head["status"].get("conditions", []) if c.get("type") == "PodScheduled"), "")
+            (
+                c.get("message")
+                for c in head["status"].get("conditions", [])
+                if c.get("type") == "PodScheduled"
+            ),
+            "",
+        )
         return f"no node can hold the head pod {name} (FailedScheduling for {unschedulable_for_s:.0f} s): {why.strip()}"
     return None
 
@@ -88,8 +114,14 @@ def describe(head: dict | None) -> str:
     return "unschedulable" if unschedulable(head) else str(status.get("phase") or "Pending")
 
 
-def wait_for_head(kube, cluster_name: Callable[[], str | None], timeout_s: float, grace_s: float,
-                  poll_s: float = 2.0, step: Phase | None = None) -> dict:
+def wait_for_head(
+    kube,
+    cluster_name: Callable[[], str | None],
+    timeout_s: float,
+    grace_s: float,
+    poll_s: float = 2.0,
+    step: Phase | None = None,
+) -> dict:
     """Until the RayCluster's HeadPodReady; returns the head pod. `cluster_name` names the
     RayCluster once known (a RayJob's cluster is named by the operator). Raises ClusterError.
     `step` (a progress phase) is told what the head pod is doing: its ticker shows it on a terminal."""
@@ -108,14 +140,22 @@ def wait_for_head(kube, cluster_name: Callable[[], str | None], timeout_s: float
         else:
             unschedulable_since = None
         if name:
-            problem = diagnose(name, kube.events(name), head, kube.events(head["metadata"]["name"]) if head else [],
-                               now - unschedulable_since if unschedulable_since else 0.0, grace_s)
+            problem = diagnose(
+                name,
+                kube.events(name),
+                head,
+                kube.events(head["metadata"]["name"]) if head else [],
+                now - unschedulable_since if unschedulable_since else 0.0,
+                grace_s,
+            )
             if problem:
                 raise ClusterError(problem)
         waited = now - started
         if waited > timeout_s:
-            raise ClusterError(f"the head of RayCluster {name or '(not created yet)'} was not ready within "
-                               f"{timeout_s:g} s (backend.start_timeout_s); it is {describe(head)}")
+            raise ClusterError(
+                f"the head of RayCluster {name or '(not created yet)'} was not ready within "
+                f"{timeout_s:g} s (backend.start_timeout_s); it is {describe(head)}"
+            )
         if step is not None:
             step.status(f"head pod {describe(head)}, limit {timeout_s:g} s")
         time.sleep(poll_s)

@@ -22,20 +22,33 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from rayflow.auth import ensure_token, refuse_auth_off, secure_token_file
-from rayflow.backends.base import ClusterBackend
+from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.handle import ClusterHandle
 from rayflow.backends.spark.plan import active_session, sizing_plan
-from rayflow.config import flatten, renamed_key_error
 from rayflow.errors import ConfigError
-from rayflow.progress import phase
-from rayflow.redaction import mask_text, redact
+from rayflow.runtime.progress import phase
+from rayflow.schema.values import flatten, renamed_key_error
+from rayflow.security.auth import ensure_token, refuse_auth_off, secure_token_file
+from rayflow.security.redaction import mask_text, redact
 
 SETUP_KEYS = (
-    "min_worker_nodes", "max_worker_nodes", "num_cpus_worker_node", "num_gpus_worker_node",
-    "num_cpus_head_node", "num_gpus_head_node", "memory_worker_node", "memory_head_node",
-    "object_store_memory_worker_node", "object_store_memory_head_node", "head_node_options",
-    "worker_node_options", "ray_temp_root_dir", "strict_mode", "collect_log_to_path",
-    "autoscale_upscaling_speed", "autoscale_idle_timeout_minutes",
+    "min_worker_nodes",
+    "max_worker_nodes",
+    "num_cpus_worker_node",
+    "num_gpus_worker_node",
+    "num_cpus_head_node",
+    "num_gpus_head_node",
+    "memory_worker_node",
+    "memory_head_node",
+    "object_store_memory_worker_node",
+    "object_store_memory_head_node",
+    "head_node_options",
+    "worker_node_options",
+    "ray_temp_root_dir",
+    "strict_mode",
+    "collect_log_to_path",
+    "autoscale_upscaling_speed",
+    "autoscale_idle_timeout_minutes",
 )
 SUPPORTED_MASTER = re.compile(r"^(local(\[[^\]]*\])?|local-cluster\[.*\]|spark://.+)$")
 HOOK = "rayflow.backends.spark.hook.RayflowStartHook"
@@ -58,14 +71,20 @@ class SparkCluster(ClusterBackend):
             if error:
                 raise error
         if importlib.util.find_spec("pyspark") is None:
-            raise ConfigError("backend", "backend 'spark' needs pyspark: pip install 'rayflow[spark]'")
+            raise ConfigError(
+                "backend", "backend 'spark' needs pyspark: pip install 'rayflow[spark]'"
+            )
         # Ray on Spark binds the head's dashboard to every interface (its dashboard_host is not
         # ours to set) and its GCS and Ray client ports to the Spark driver's address, which the
         # worker nodes must reach: turning the dashboard off would leave those open. So auth off
         # is refused whatever the dashboard (docs/backends/spark.md).
-        refuse_auth_off(self.auth_mode, "ray_auth_mode", "Ray on Spark's dashboard (all interfaces) and its GCS and "
-                                                         "Ray client ports (the Spark driver's address)",
-                        fix="keep token auth (ray_auth_mode=token): Ray on Spark has no setting that keeps them on loopback")
+        refuse_auth_off(
+            self.auth_mode,
+            "ray_auth_mode",
+            "Ray on Spark's dashboard (all interfaces) and its GCS and "
+            "Ray client ports (the Spark driver's address)",
+            fix="keep token auth (ray_auth_mode=token): Ray on Spark has no setting that keeps them on loopback",
+        )
         if b.hybrid:
             self._check_hybrid()
         if active_session() is None:
@@ -77,75 +96,93 @@ class SparkCluster(ClusterBackend):
         must fit one Spark worker: Ray on Spark would otherwise fail, or wait, after starting Spark."""
         b = self.section
         match = re.match(r"local-cluster\[\s*\d+\s*,\s*(\d+)\s*,", str(b.master))
-        if b.num_cpus_worker_node is not None and match and b.num_cpus_worker_node > int(match.group(1)):
-            raise ConfigError("backend.num_cpus_worker_node", f"({b.num_cpus_worker_node}) exceeds the {match.group(1)} cores of each Spark worker of {b.master}")
+        if (
+            b.num_cpus_worker_node is not None
+            and match
+            and b.num_cpus_worker_node > int(match.group(1))
+        ):
+            raise ConfigError(
+                "backend.num_cpus_worker_node",
+                f"({b.num_cpus_worker_node}) exceeds the {match.group(1)} cores of each Spark worker of {b.master}",
+            )
         if not str(b.master).startswith("local"):
             return  # the workers are other machines: their size is known once Spark runs
         from rayflow.backends.spark.plan import _worker_facts
 
         try:
-            _worker_facts(b.num_cpus_worker_node, b.num_gpus_worker_node, b.memory_worker_node, b.object_store_memory_worker_node)
+            _worker_facts(
+                b.num_cpus_worker_node,
+                b.num_gpus_worker_node,
+                b.memory_worker_node,
+                b.object_store_memory_worker_node,
+            )
         except ValueError as err:  # Ray's own check of these sizes against the worker
-            raise ConfigError("backend.num_cpus_worker_node", f"Ray on Spark refuses the worker node size: {str(err).splitlines()[0]}") from None
+            raise ConfigError(
+                "backend.num_cpus_worker_node",
+                f"Ray on Spark refuses the worker node size: {str(err).splitlines()[0]}",
+            ) from None
 
     def _check_master(self) -> None:
         master = str(self.section.master)
         if not SUPPORTED_MASTER.match(master):
-            raise ConfigError("backend.master", f"{master!r} is not supported by Ray on Spark; use spark://HOST:PORT, local-cluster[...] or local[...]")
+            raise ConfigError(
+                "backend.master",
+                f"{master!r} is not supported by Ray on Spark; use spark://HOST:PORT, local-cluster[...] or local[...]",
+            )
         if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-            raise ConfigError("backend.master", "Spark needs a Java 17 runtime: apt-get install openjdk-17-jre-headless")
+            raise ConfigError(
+                "backend.master",
+                "Spark needs a Java 17 runtime: apt-get install openjdk-17-jre-headless",
+            )
 
     def _check_hybrid(self) -> None:
         """Databricks guidance for Spark work beside Ray: leave head resources unset, keep Spark capacity."""
         b = self.section  # (head resources left unset: rayflow.schema.backends.Spark)
         workers = self.spark_workers()
         if workers is not None and b.max_worker_nodes >= workers:
-            raise ConfigError("backend.max_worker_nodes", f"({b.max_worker_nodes}) must stay below the Spark workers ({workers}) with backend.hybrid=true, so Spark keeps capacity")
+            raise ConfigError(
+                "backend.max_worker_nodes",
+                f"({b.max_worker_nodes}) must stay below the Spark workers ({workers}) with backend.hybrid=true, so Spark keeps capacity",
+            )
 
     def spark_workers(self) -> int | None:
         match = re.match(r"local-cluster\[\s*(\d+)\s*,", str(self.section.master))
         return int(match.group(1)) if match else None
 
-    def tags(self) -> dict:
+    def _tags(self, source: str) -> dict[str, str]:
+        """For the MLflow parent run: whose SparkSession the cluster ran in (and where its logs went)."""
         path = self.section.collect_log_to_path
-        # asked after start(), when the session rayflow built is the active one too: start() knows whose it is
-        source = getattr(self, "_session_source", None) or self.session_source()
         tags = {"spark_session": source}
         if source == "built by rayflow":
             tags["spark_master"] = str(self.section.master)
-        return {**tags, "collect_log_to_path": path} if path else tags
-
-    def metrics(self) -> dict:
-        return {**super().metrics(), **getattr(self, "timings", {})}
-
-    def cluster_gpus(self) -> float | None:
-        b = self.section
-        if b.num_gpus_worker_node is None:
-            return None  # Spark decides: known once the cluster is up
-        return float(b.num_gpus_worker_node * b.max_worker_nodes + (b.num_gpus_head_node or 0))
+        return {**tags, "collect_log_to_path": str(path)} if path else tags
 
     def session_source(self) -> str:
         return "active SparkSession" if active_session() is not None else "built by rayflow"
 
-    def render(self) -> str:
+    def render(self, preload: WorkerPreload | None = None) -> Rendered:
         """What `ray.util.spark.setup_ray_cluster(**args)` is called with, and only that (a dry
         run's stdout, the parent run's cluster/spec.yaml); the SparkSession and the sizing plan
         are notes."""
-        return yaml.safe_dump(self.setup_args(), sort_keys=False)
+        return Rendered(yaml.safe_dump(self.setup_args(), sort_keys=False), self._notes)
 
-    def notes(self) -> list[str]:
+    def _notes(self) -> list[str]:
         b = self.section
         if active_session() is not None:
             lines = ["spark: the active SparkSession (used and left running)"]
         else:
             conf = ", ".join(f"{k}={v}" for k, v in redact(self.spark_conf()).items())
-            lines = [f"spark: a SparkSession rayflow builds and stops: master={b.master}, app_name={b.app_name}"
-                     + (f", spark_conf: {conf}" if conf else "")]
-        plan = sizing_plan(self.root, self.spark_conf())
+            lines = [
+                f"spark: a SparkSession rayflow builds and stops: master={b.master}, app_name={b.app_name}"
+                + (f", spark_conf: {conf}" if conf else "")
+            ]
+        plan = sizing_plan(OmegaConf.create({"backend": b}), self.spark_conf())
         nodes, node = plan["ray_worker_nodes"], plan["ray_worker_node"]
-        lines.append(f"sizing plan: {plan['spark_workers']} Spark worker(s) ({plan['source']}), {plan['cores_per_spark_worker']} "
-                     f"core(s) each; Ray worker nodes min {nodes['min']}, max {nodes['max']}, possible {nodes['possible']}; "
-                     f"each {node['cpus']} CPU(s), {node['gpus']} GPU(s), heap {node['heap_bytes']} bytes")
+        lines.append(
+            f"sizing plan: {plan['spark_workers']} Spark worker(s) ({plan['source']}), {plan['cores_per_spark_worker']} "
+            f"core(s) each; Ray worker nodes min {nodes['min']}, max {nodes['max']}, possible {nodes['possible']}; "
+            f"each {node['cpus']} CPU(s), {node['gpus']} GPU(s), heap {node['heap_bytes']} bytes"
+        )
         lines += [f"sizing plan: {warning}" for warning in plan["warnings"]]
         lines.append(f"auth mode: {os.environ.get('RAY_AUTH_MODE', self.auth_mode)}")
         return lines
@@ -166,67 +203,117 @@ class SparkCluster(ClusterBackend):
 
     # --- lifecycle: every step registers its undo as soon as it succeeds -----------------
 
-    def _set_env(self, key: str, value: str) -> None:
+    @staticmethod
+    def _set_env(handle: ClusterHandle, key: str, value: str) -> None:
         old = os.environ.get(key)
         os.environ[key] = value
-        self.on_stop(f"restore ${key}", _restore_env, key, old)
+        handle.on_stop(f"restore ${key}", _restore_env, key, old)
 
-    def _environment(self) -> None:
+    def _environment(self, handle: ClusterHandle) -> None:
         """What Ray-on-Spark's launchers need from the driver's environment."""
         bin_dir = str(Path(sys.executable).parent)
-        self._set_env("PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))  # they run `which ray`
+        self._set_env(
+            handle, "PATH", bin_dir + os.pathsep + os.environ.get("PATH", "")
+        )  # they run `which ray`
         if "PYSPARK_PYTHON" not in os.environ:
-            self._set_env("PYSPARK_PYTHON", sys.executable)  # executors run this interpreter
-        if "SPARK_WORKER_DIR" not in os.environ:  # local-cluster scratch space, not site-packages/pyspark/work
+            self._set_env(
+                handle, "PYSPARK_PYTHON", sys.executable
+            )  # executors run this interpreter
+        if (
+            "SPARK_WORKER_DIR" not in os.environ
+        ):  # local-cluster scratch space, not site-packages/pyspark/work
             worker_dir = tempfile.mkdtemp(prefix="rayflow-spark-")
-            self.on_stop("remove the Spark worker scratch folder", shutil.rmtree, worker_dir, ignore_errors=True)
-            self._set_env("SPARK_WORKER_DIR", worker_dir)
-        self._set_env("RAY_ON_SPARK_START_HOOK", HOOK)
+            handle.on_stop(
+                "remove the Spark worker scratch folder",
+                shutil.rmtree,
+                worker_dir,
+                ignore_errors=True,
+            )
+            self._set_env(handle, "SPARK_WORKER_DIR", worker_dir)
+        self._set_env(handle, "RAY_ON_SPARK_START_HOOK", HOOK)
         if os.environ.get("RAY_AUTH_MODE") == "token":
             ensure_token()  # one token for head, workers and driver, made before any starts
 
-    def start(self) -> str:
+    def start(self, preload: WorkerPreload | None = None) -> ClusterHandle:
+        handle = ClusterHandle(self.name)
+        with handle.unwound_on_error():
+            self._environment(handle)
+            started = time.monotonic()
+            self._session(handle)
+            handle.metrics["spark_ready_s"] = time.monotonic() - started
+            handle.address = self._ray_on_spark(handle)
+            handle.metrics["ray_ready_s"] = time.monotonic() - started
+            self._connect(handle)
+        return handle
+
+    def _session(self, handle: ClusterHandle) -> None:
+        """The SparkSession: the active one (a notebook's, never stopped), else one built here."""
         from pyspark.sql import SparkSession
 
-        logging.getLogger("py4j").setLevel(logging.WARNING)  # Hydra's INFO root logger makes it chatty
-        self._environment()
-        self.timings: dict[str, float] = {}
-        started = time.monotonic()
+        logging.getLogger("py4j").setLevel(
+            logging.WARNING
+        )  # Hydra's INFO root logger makes it chatty
         spark = active_session()
-        self._session_source = self.session_source()
+        handle.tags.update(self._tags(self.session_source()))
         if spark is None:  # ours to stop; an active session (a notebook's) never is
             with phase(f"starting Spark ({mask_text(str(self.section.master))})", "spark"):
-                builder = SparkSession.builder.master(str(self.section.master)).appName(str(self.section.app_name))
+                builder = SparkSession.builder.master(str(self.section.master)).appName(
+                    str(self.section.app_name)
+                )
                 for key, value in self.spark_conf().items():
                     builder = builder.config(key, value)
                 spark = builder.getOrCreate()
-            self.on_stop("shut down Spark's py4j gateway JVM", shutdown_gateway_jvm)
-            self.on_stop("stop the SparkSession rayflow built", spark.stop)
+            handle.on_stop("shut down Spark's py4j gateway JVM", shutdown_gateway_jvm)
+            handle.on_stop("stop the SparkSession rayflow built", spark.stop)
         else:
-            print(f"[rayflow] spark: using the active SparkSession ({mask_text(str(spark.sparkContext.master))})", flush=True)
-        self.timings["spark_ready_s"] = time.monotonic() - started
+            print(
+                f"[rayflow] spark: using the active SparkSession ({mask_text(str(spark.sparkContext.master))})",
+                flush=True,
+            )
 
-        import ray
+    def _ray_on_spark(self, handle: ClusterHandle) -> str:
+        """The Ray cluster inside Spark (setup_ray_cluster): its head here, its workers in Spark tasks."""
         from ray.util.spark import cluster_init, setup_ray_cluster, shutdown_ray_cluster
 
         args = self.setup_args()
-        low = args["min_worker_nodes"] if args["min_worker_nodes"] is not None else args["max_worker_nodes"]
-        with phase(f"starting Ray on Spark (head node, then {low} of up to {args['max_worker_nodes']} worker nodes)", "spark") as step:
+        low = (
+            args["min_worker_nodes"]
+            if args["min_worker_nodes"] is not None
+            else args["max_worker_nodes"]
+        )
+        with phase(
+            f"starting Ray on Spark (head node, then {low} of up to {args['max_worker_nodes']} worker nodes)",
+            "spark",
+        ) as step:
             # setup_ray_cluster starts the head, then waits for min_worker_nodes: say which, on a terminal
-            step.status(lambda: "waiting for worker nodes" if cluster_init._active_ray_cluster is not None else "starting the head node")
+            step.status(
+                lambda: (
+                    "waiting for worker nodes"
+                    if cluster_init._active_ray_cluster is not None
+                    else "starting the head node"
+                )
+            )
             try:
                 address, _ = setup_ray_cluster(**args)
                 secure_token_file()  # whatever Ray wrote meanwhile: 0600 in a 0700 ~/.ray
             finally:  # a setup that failed halfway may still have left its head node running
                 cluster = cluster_init._active_ray_cluster
                 if cluster is not None:
-                    self.on_stop("terminate what is left of the Ray-on-Spark head node", _terminate, cluster.head_proc)
-                    self.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
-        self.timings["ray_ready_s"] = time.monotonic() - started
-        with phase(f"connecting this driver to {address}", "spark"):
-            ray.init(address=address, log_to_driver=True)
-        self.on_stop("ray.shutdown() of this driver", ray.shutdown)
-        return address
+                    handle.on_stop(
+                        "terminate what is left of the Ray-on-Spark head node",
+                        _terminate,
+                        cluster.head_proc,
+                    )
+                    handle.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
+        return str(address)
+
+    @staticmethod
+    def _connect(handle: ClusterHandle) -> None:
+        import ray
+
+        with phase(f"connecting this driver to {handle.address}", "spark"):
+            ray.init(address=handle.address, log_to_driver=True)
+        handle.on_stop("ray.shutdown() of this driver", ray.shutdown)
 
 
 def _restore_env(key: str, value: str | None) -> None:

@@ -13,7 +13,7 @@ import os
 from ray.util.spark.start_hook_base import RayOnSparkStartHook
 from ray.util.spark.utils import is_in_databricks_runtime
 
-from rayflow.auth import auth_token
+from rayflow.security.auth import auth_token
 
 if is_in_databricks_runtime():  # keep Databricks' own defaults (temp dir, dashboard proxy, creds)
     from ray.util.spark.databricks_hook import (

@@ -31,10 +31,20 @@ def _worker_facts(num_cpus, num_gpus, heap, object_store) -> dict:
     cores, gpus = _get_cpu_cores(), _get_num_physical_gpus()
     cpus = num_cpus if num_cpus is not None else cores
     gpus_per_node = num_gpus if num_gpus is not None else gpus
-    heap_bytes, store_bytes, err, warning = _get_avail_mem_per_ray_worker_node(cpus, gpus_per_node, heap, object_store)
-    return {"cores": cores, "gpus": gpus, "memory_bytes": _get_spark_worker_total_physical_memory(),
-            "node_cpus": cpus, "node_gpus": gpus_per_node, "heap_bytes": heap_bytes,
-            "object_store_bytes": store_bytes, "error": err, "warning": warning}
+    heap_bytes, store_bytes, err, warning = _get_avail_mem_per_ray_worker_node(
+        cpus, gpus_per_node, heap, object_store
+    )
+    return {
+        "cores": cores,
+        "gpus": gpus,
+        "memory_bytes": _get_spark_worker_total_physical_memory(),
+        "node_cpus": cpus,
+        "node_gpus": gpus_per_node,
+        "heap_bytes": heap_bytes,
+        "object_store_bytes": store_bytes,
+        "error": err,
+        "warning": warning,
+    }
 
 
 def _spark_workers(cfg, session) -> tuple[str, int | None, int | None]:
@@ -46,7 +56,11 @@ def _spark_workers(cfg, session) -> tuple[str, int | None, int | None]:
     match = re.match(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,", str(cfg.backend.master))
     if match:
         return "local-cluster master", int(match.group(1)), int(match.group(2))
-    return "unknown until the cluster is reached (the plan below assumes this machine's size)", None, None
+    return (
+        "unknown until the cluster is reached (the plan below assumes this machine's size)",
+        None,
+        None,
+    )
 
 
 def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
@@ -54,9 +68,18 @@ def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
     b = cfg.backend
     session = active_session()
     source, workers, cores = _spark_workers(cfg, session)
-    args = (b.num_cpus_worker_node, b.num_gpus_worker_node, b.memory_worker_node, b.object_store_memory_worker_node)
+    args = (
+        b.num_cpus_worker_node,
+        b.num_gpus_worker_node,
+        b.memory_worker_node,
+        b.object_store_memory_worker_node,
+    )
     if session is not None:
-        facts = session.sparkContext.parallelize([1], 1).map(lambda _: _worker_facts(*args)).collect()[0]
+        facts = (
+            session.sparkContext.parallelize([1], 1)
+            .map(lambda _: _worker_facts(*args))
+            .collect()[0]
+        )
     else:
         facts = _worker_facts(*args)
     task_cpus = int(spark_conf.get("spark.task.cpus", 1))
@@ -65,18 +88,30 @@ def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
     possible = per_worker * workers if workers is not None else None
     warnings = []
     if facts["node_cpus"] < 4:
-        warnings.append(f"Ray warns: {facts['node_cpus']} CPUs per Ray worker node is below the recommended 4")
+        warnings.append(
+            f"Ray warns: {facts['node_cpus']} CPUs per Ray worker node is below the recommended 4"
+        )
     if facts["heap_bytes"] < 10 * GIB:
-        warnings.append(f"Ray warns: {facts['heap_bytes'] / GIB:.1f} GiB heap per Ray worker node is below the recommended 10 GiB")
+        warnings.append(
+            f"Ray warns: {facts['heap_bytes'] / GIB:.1f} GiB heap per Ray worker node is below the recommended 10 GiB"
+        )
     if facts["warning"]:
         warnings.append(f"Ray warns: {facts['warning']}")
     if facts["error"]:
         warnings.append(f"Ray fails: {facts['error'].splitlines()[0]}")
     if possible is not None and b.max_worker_nodes > possible:
-        warnings.append(f"max_worker_nodes={b.max_worker_nodes} exceeds the {possible} Ray worker nodes the Spark workers can hold")
+        warnings.append(
+            f"max_worker_nodes={b.max_worker_nodes} exceeds the {possible} Ray worker nodes the Spark workers can hold"
+        )
     if b.hybrid and workers is None:
-        warnings.append("hybrid: keep max_worker_nodes below the Spark workers so Spark jobs keep capacity")
-    head_default = (b.num_cpus_head_node or 0) == 0 and (b.num_gpus_head_node or 0) == 0 and b.object_store_memory_head_node is None
+        warnings.append(
+            "hybrid: keep max_worker_nodes below the Spark workers so Spark jobs keep capacity"
+        )
+    head_default = (
+        (b.num_cpus_head_node or 0) == 0
+        and (b.num_gpus_head_node or 0) == 0
+        and b.object_store_memory_head_node is None
+    )
     return {
         "source": source,
         "spark_workers": workers,
@@ -85,12 +120,23 @@ def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
         "physical_memory_bytes_per_spark_worker": facts["memory_bytes"],
         "spark_task_slots_per_worker": max(cores // max(task_cpus, 1), 1),
         "ray_worker_nodes_per_spark_worker": per_worker,
-        "ray_worker_nodes": {"min": b.min_worker_nodes, "max": b.max_worker_nodes, "possible": possible,
-                             "autoscaling": b.min_worker_nodes < b.max_worker_nodes},
-        "ray_worker_node": {"cpus": facts["node_cpus"], "gpus": facts["node_gpus"],
-                            "heap_bytes": facts["heap_bytes"], "object_store_bytes": facts["object_store_bytes"]},
-        "ray_head_node": {"cpus": b.num_cpus_head_node or 0, "gpus": b.num_gpus_head_node or 0,
-                          "heap_bytes": GIB if head_default else b.memory_head_node,
-                          "object_store_bytes": GIB if head_default else b.object_store_memory_head_node},
+        "ray_worker_nodes": {
+            "min": b.min_worker_nodes,
+            "max": b.max_worker_nodes,
+            "possible": possible,
+            "autoscaling": b.min_worker_nodes < b.max_worker_nodes,
+        },
+        "ray_worker_node": {
+            "cpus": facts["node_cpus"],
+            "gpus": facts["node_gpus"],
+            "heap_bytes": facts["heap_bytes"],
+            "object_store_bytes": facts["object_store_bytes"],
+        },
+        "ray_head_node": {
+            "cpus": b.num_cpus_head_node or 0,
+            "gpus": b.num_gpus_head_node or 0,
+            "heap_bytes": GIB if head_default else b.memory_head_node,
+            "object_store_bytes": GIB if head_default else b.object_store_memory_head_node,
+        },
         "warnings": warnings,
     }

@@ -1,6 +1,6 @@
 """backend=vm: the checks of the `backend:` section, before anything starts.
 
-`check` holds the section to its schema (rayflow.schema.vm: every key's kind and the rules
+`check` holds the section to its schema (rayflow.backends.vm.keys: every key's kind and the rules
 between keys, keys of outdated guides named with what replaced them) and then to what `ray up`
 needs on this machine; `placeholders` lists what only the user can fill in, `placeholder_note`
 is the line a dry run prints about them, and `require_filled` refuses them before a real start.
@@ -12,18 +12,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Mapping
+from collections.abc import Mapping
 
 from omegaconf import DictConfig
 
-from rayflow.auth import is_loopback, refuse_auth_off, warn_auth_off
 from rayflow.backends.vm.defaults import gcp_zone, plain_section, with_defaults
+from rayflow.backends.vm.keys import Vm, cluster_name_problem
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
-from rayflow.schema.vm import Vm, cluster_name_problem
+from rayflow.security.auth import is_loopback, refuse_auth_off, warn_auth_off
 
 # What only the user can fill in, per provider.
-USER_KEYS = {"gcp": ("project_id",), "local": ("head_ip", "worker_ips", "ssh_user", "ssh_private_key")}
+USER_KEYS = {
+    "gcp": ("project_id",),
+    "local": ("head_ip", "worker_ips", "ssh_user", "ssh_private_key"),
+}
 
 
 def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") -> None:
@@ -35,7 +38,9 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
     a real start. gpu: the run uses GPUs (the GPU node type is rendered); auth_mode: the run's
     ray_auth_mode (an exposed dashboard needs `token`)."""
     raw = plain_section(section)
-    if gpu != (raw.get("compute_device") == "cuda"):  # the schema's rules read the device from the section
+    if gpu != (
+        raw.get("compute_device") == "cuda"
+    ):  # the schema's rules read the device from the section
         raw["compute_device"] = "cuda" if gpu else "cpu"
     validate_section("backend", Vm, raw, {"ray_auth_mode": auth_mode})
     b = with_defaults(raw)
@@ -44,8 +49,13 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
         path = os.path.expanduser(key_file)
         # The path itself stays out of the message: secret-named keys are masked everywhere.
         if not os.path.isfile(path) or not os.access(path, os.R_OK):
-            raise ConfigError("backend.ssh_private_key", "cannot be read: no such file, not a file, or no permission to read it")
-    if b["provider"] != "fake_multinode" and b.get("cluster_yaml") is None:  # a file's provider: check_tools
+            raise ConfigError(
+                "backend.ssh_private_key",
+                "cannot be read: no such file, not a file, or no permission to read it",
+            )
+    if (
+        b["provider"] != "fake_multinode" and b.get("cluster_yaml") is None
+    ):  # a file's provider: check_tools
         check_tools(b["provider"])
 
 
@@ -54,7 +64,10 @@ def check_tools(provider: str, key: str = "backend.provider") -> None:
     (its own config on the head, the token) with rsync."""
     for tool, package in (("ssh", "openssh-client"), ("rsync", "rsync")):
         if shutil.which(tool) is None:
-            raise ConfigError(key, f"provider={provider} runs `{tool}` from this machine (ray up), and it is not on PATH: apt-get install {package}")
+            raise ConfigError(
+                key,
+                f"provider={provider} runs `{tool}` from this machine (ray up), and it is not on PATH: apt-get install {package}",
+            )
 
 
 # --- placeholders ---------------------------------------------------------------------------
@@ -64,7 +77,11 @@ def placeholders(section: DictConfig | Mapping) -> list[str]:
     """The keys only the user can fill in that are still unset (`backend.project_id`, ...),
     in the order they should be filled in."""
     b = with_defaults(section)
-    keys = [f"backend.{key}" for key in USER_KEYS.get(b.get("provider"), ()) if b.get(key) in (None, "", [])]
+    keys = [
+        f"backend.{key}"
+        for key in USER_KEYS.get(b.get("provider"), ())
+        if b.get(key) in (None, "", [])
+    ]
     if b.get("provider") == "gcp" and gcp_zone(b) is None:
         keys.append("backend.availability_zone")
     return keys
@@ -83,7 +100,10 @@ def require_filled(section: DictConfig | Mapping) -> None:
     keys = placeholders(section)
     if keys:
         provider = with_defaults(section).get("provider")
-        raise ConfigError(keys[0], f"must be filled in before provider={provider} can start (see backends/vm/{provider}.yaml); still unset: {', '.join(keys)}")
+        raise ConfigError(
+            keys[0],
+            f"must be filled in before provider={provider} can start (see backends/vm/{provider}.yaml); still unset: {', '.join(keys)}",
+        )
 
 
 # --- the document rayflow writes: its name and the head's exposure ------------------------
@@ -101,7 +121,9 @@ def check_cluster_name(doc: Mapping, section: Mapping) -> str:
         if "cluster_name" in (section.get("overrides") or {}):
             raise ConfigError("backend.overrides.cluster_name", problem)
         if section.get("cluster_yaml"):
-            raise ConfigError("backend.cluster_yaml", f"{section['cluster_yaml']}: cluster_name: {problem}")
+            raise ConfigError(
+                "backend.cluster_yaml", f"{section['cluster_yaml']}: cluster_name: {problem}"
+            )
         raise ConfigError("backend.cluster_name", problem)
     return name
 
@@ -110,7 +132,7 @@ def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
     """The head's dashboard beyond loopback without token auth, however the document came to say
     so (backend.overrides or the user's file putting back `--dashboard-host=0.0.0.0`, or dropping
     `export RAY_AUTH_MODE=token` before the head's `ray start`): refused in one line naming the key
-    (rayflow.auth.refuse_auth_off); a host only the head's shell knows (`$VAR`) is a warning.
+    (rayflow.security.auth.refuse_auth_off); a host only the head's shell knows (`$VAR`) is a warning.
     fake_multinode: rayflow starts the head itself, on 127.0.0.1."""
     if (doc.get("provider") or {}).get("type") == "fake_multinode":
         return
@@ -129,8 +151,10 @@ def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
         modes = _AUTH_MODE.findall(command.split("ray start")[0])
         mode = modes[-1] if modes else None  # no export: the head runs with Ray's default, auth off
         if any(c in host for c in "$`("):
-            warn_auth_off(auth_mode if mode == "token" else "disabled",
-                          f"the head's --dashboard-host is {host} ({where}), which only the head's shell knows")
+            warn_auth_off(
+                auth_mode if mode == "token" else "disabled",
+                f"the head's --dashboard-host is {host} ({where}), which only the head's shell knows",
+            )
             continue
         if is_loopback(host):
             continue
@@ -138,10 +162,17 @@ def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
         if auth_mode != "token":
             refuse_auth_off(auth_mode, key, exposure)
         if mode != "token":
-            refuse_auth_off("disabled", key, f"{exposure}, its `ray start` without `export RAY_AUTH_MODE=token;` before it")
+            refuse_auth_off(
+                "disabled",
+                key,
+                f"{exposure}, its `ray start` without `export RAY_AUTH_MODE=token;` before it",
+            )
     # Whatever the dashboard does, a head on another machine serves Ray Client (port 10001) and
     # the GCS on its node address, for the other nodes to reach: beyond loopback by design.
     provider = (doc.get("provider") or {}).get("type")
-    refuse_auth_off(auth_mode, "backend.cluster_yaml" if section.get("cluster_yaml") else "backend.provider",
-                    f"provider={provider}: the head's Ray Client server (port 10001) and GCS on its node address, "
-                    "which the other nodes reach over the network,")
+    refuse_auth_off(
+        auth_mode,
+        "backend.cluster_yaml" if section.get("cluster_yaml") else "backend.provider",
+        f"provider={provider}: the head's Ray Client server (port 10001) and GCS on its node address, "
+        "which the other nodes reach over the network,",
+    )

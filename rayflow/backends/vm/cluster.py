@@ -5,7 +5,7 @@ on this machine: rayflow starts the head itself (`RAY_FAKE_CLUSTER=1 ray start -
 an autoscaling config it writes completely) in a temp dir of its own, and stops exactly the
 processes that name it. `local` (SSH hosts), `aws` and `gcp` go through Ray's SDK
 (`create_or_update_cluster`, `teardown_cluster`), the library behind `ray up`/`ray down`.
-The run itself is submitted to the head (rayflow.remote); nothing connects this driver. A
+The run itself is submitted to the head (rayflow.orchestrator.submission); nothing connects this driver. A
 head on another machine is reached through an SSH tunnel to its loopback (vm.tunnel).
 With `backend.cluster_yaml` the user's own cluster YAML is the cluster (vm.user_file,
 vm.user_additions), started the same way by its provider.
@@ -28,27 +28,38 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from rayflow.auth import auth_token, ensure_token, token_path
-from rayflow.backends.base import ClusterBackend
+from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.vm import state, tunnel, user_file
-from rayflow.backends.vm.checks import check, check_cluster_name, check_exposure, check_tools, placeholder_note, require_filled
-from rayflow.backends.vm.defaults import with_defaults
+from rayflow.backends.vm.checks import (
+    check,
+    check_cluster_name,
+    check_exposure,
+    check_tools,
+    placeholder_note,
+    require_filled,
+)
 from rayflow.backends.vm.commands import dashboard_port, head_args, launch_note, launcher_env
 from rayflow.backends.vm.config import render
+from rayflow.backends.vm.defaults import with_defaults
 from rayflow.backends.vm.user_additions import render_file
 from rayflow.errors import ClusterError
-from rayflow.process_state import scoped_env
-from rayflow.processes import (
+from rayflow.runtime.environment import scoped_env
+from rayflow.runtime.processes import (
     kill_processes_mentioning,
     pids_mentioning,
     stop_processes_mentioning,
 )
-from rayflow.progress import phase
-from rayflow.redaction import mask_text
+from rayflow.runtime.progress import phase
+from rayflow.security.auth import auth_token, ensure_token, token_path
+from rayflow.security.redaction import mask_text
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -73,12 +84,28 @@ def wait_for_dashboard(url: str, timeout_s: float, what: str) -> None:
             return
         except (urllib.error.URLError, OSError):
             if time.monotonic() > deadline:
-                raise ClusterError(f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s (backend.start_timeout_s)") from None
+                raise ClusterError(
+                    f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s (backend.start_timeout_s)"
+                ) from None
             time.sleep(1.0)
 
 
+@dataclass
+class _Start:
+    """One start of a vm cluster: the run that claims its name, and where its files are."""
+
+    handle: ClusterHandle
+    run_id: str
+    name: str
+    temp_dir: str = ""
+    config_file: str = ""
+
+    def stop_path(self, provider: str) -> str:
+        """What `python -m rayflow.teardown` takes: the fake cluster's temp dir, else its cluster YAML."""
+        return self.temp_dir if provider == "fake_multinode" else self.config_file
+
+
 class VMCluster(ClusterBackend):
-    connects_driver = False
     submits_jobs = True
 
     @property
@@ -94,12 +121,12 @@ class VMCluster(ClusterBackend):
         return str(self.section.provider)
 
     @property
-    def shares_filesystem(self) -> bool:  # fake nodes are processes on this machine
+    def shares_filesystem(self) -> bool:  # type: ignore[override]  # fake nodes are processes on this machine
         return self.provider == "fake_multinode"
 
     @property
-    def owns_cluster(self) -> bool:
-        return not bool(self.section.keep_cluster)
+    def keeps_cluster(self) -> bool:
+        return bool(self.section.keep_cluster)
 
     def gpu(self) -> bool:
         """The run uses GPUs (compute=gpu): the GPU worker type is rendered too."""
@@ -107,10 +134,14 @@ class VMCluster(ClusterBackend):
 
     def check(self) -> None:
         check(self.section, self.gpu(), self.auth_mode)
-        config = self.cluster_config()  # a file: loaded, with rayflow's additions, checked as `ray up` would
+        config = (
+            self.cluster_config()
+        )  # a file: loaded, with rayflow's additions, checked as `ray up` would
         section = with_defaults(self.section)
         check_cluster_name(config, section)  # wherever it came from, before it names a file
-        check_exposure(config, section, self.auth_mode)  # the head's dashboard beyond loopback without auth
+        check_exposure(
+            config, section, self.auth_mode
+        )  # the head's dashboard beyond loopback without auth
         if self.cluster_yaml and self.provider != "fake_multinode":
             check_tools(self.provider, "backend.cluster_yaml")
 
@@ -118,7 +149,9 @@ class VMCluster(ClusterBackend):
         """The head and max_worker_nodes workers of the type the run uses, where sizes are set."""
         b = self.section
         if self.cluster_yaml:
-            return None  # the file's node types may leave their sizes to Ray: the running cluster says
+            return (
+                None  # the file's node types may leave their sizes to Ray: the running cluster says
+            )
         worker = b.worker.gpu if self.gpu() else b.worker.cpu
         if worker.num_cpus is None:
             return None  # the node's own size, known once it runs
@@ -129,178 +162,305 @@ class VMCluster(ClusterBackend):
         head = {"CPU": float(b.num_cpus_head_node or 0), "GPU": float(b.num_gpus_head_node or 0)}
         return [head] + [dict(node) for _ in range(int(high))]
 
-    def cluster_config(self, gcs_address: str | None = None) -> dict:
+    def cluster_config(self, gcs_address: str | None = None) -> dict[str, Any]:
         """The cluster YAML rayflow writes and starts (`ray up`, or the fake head's autoscaling
         config): rendered from the section, or the user's file with rayflow's additions."""
+        return self._config_and_notes(gcs_address)[0]
+
+    def _config_and_notes(self, gcs_address: str | None = None) -> tuple[dict[str, Any], list[str]]:
         import ray
 
         python = f"{sys.version_info.major}.{sys.version_info.minor}"
         if self.cluster_yaml:
-            config, self._file_notes = render_file(self.section, self.gpu(), self.auth_mode, ray.__version__, python,
-                                                   _token_file(), gcs_address)
-            return config
-        return render(self.section, self.gpu(), self.auth_mode, ray.__version__, python, _token_file(), gcs_address)
+            return render_file(
+                self.section,
+                self.gpu(),
+                self.auth_mode,
+                ray.__version__,
+                python,
+                _token_file(),
+                gcs_address,
+            )
+        config = render(
+            self.section,
+            self.gpu(),
+            self.auth_mode,
+            ray.__version__,
+            python,
+            _token_file(),
+            gcs_address,
+        )
+        return config, [n for n in [placeholder_note(self.section)] if n]
 
-    def render(self) -> str:
+    def render(self, preload: WorkerPreload | None = None) -> Rendered:
         """Exactly the cluster YAML a start writes (what a dry run prints): `ray up` takes it, except
         fake_multinode's, which the `ray start --head` that rayflow runs here takes."""
-        return yaml.safe_dump(self.cluster_config(), sort_keys=False)
-
-    def notes(self) -> list[str]:
-        config = self.cluster_config()
-        notes = list(getattr(self, "_file_notes", [])) if self.cluster_yaml else [n for n in [placeholder_note(self.section)] if n]
+        config, notes = self._config_and_notes()
         provider = config["provider"]["type"]
         head = head_args(config) if provider == "fake_multinode" else []
         mounted = "~/.ray/auth_token" in (config.get("file_mounts") or {})
-        return [*notes, launch_note(provider, launcher_env(self.section, self.auth_mode, _token_file(), provider=provider), head, mounted)]
+        launch = launch_note(
+            provider,
+            launcher_env(self.section, self.auth_mode, _token_file(), provider=provider),
+            head,
+            mounted,
+        )
+        return Rendered(yaml.safe_dump(config, sort_keys=False), lambda: (*notes, launch))
 
-    def teardown_command(self) -> str | None:
-        """What stops the cluster if this process dies before it can (printed on every error path)."""
-        if not getattr(self, "_temp_dir", None):
-            return None  # nothing started yet
-        return f"python -m rayflow.teardown {self._stop_path()}"
+    def start(self, preload: WorkerPreload | None = None) -> ClusterHandle:
+        handle = ClusterHandle(self.name, kept=self.keeps_cluster)
+        run = _Start(
+            handle,
+            uuid.uuid4().hex,
+            check_cluster_name(self.cluster_config(), with_defaults(self.section)),
+        )
+        handle.name, handle.owner_run = run.name, run.run_id
+        with handle.unwound_on_error():
+            if self.auth_mode == "token":
+                ensure_token()  # one token for this client, the head and every worker
+            in_place = self.provider == "fake_multinode"
+            handle.address = self._start_fake(run) if in_place else self._start_with_sdk(run)
+            handle.submission = Submission(
+                in_place=in_place, python=sys.executable if in_place else "python"
+            )
+        return handle
 
-    def _stop_path(self) -> str:
-        return self._temp_dir if self.provider == "fake_multinode" else self._config_file
+    def _teardown_is(self, run: _Start) -> None:
+        """The command that stops this cluster should this process die first (printed on error paths)."""
+        run.handle.teardown_command = f"python -m rayflow.teardown {run.stop_path(self.provider)}"
 
-    def start(self) -> str:
-        self._run_id = uuid.uuid4().hex  # this run, as the owner or holder of a cluster's name (vm.state)
-        self._name = self._cluster_name()
-        if self.auth_mode == "token":
-            ensure_token()  # one token for this client, the head and every worker
-        if self.provider == "fake_multinode":
-            return self._start_fake()
-        return self._start_with_sdk()
-
-    def _cluster_name(self) -> str:
-        return check_cluster_name(self.cluster_config(), with_defaults(self.section))
-
-    def _kept_note(self) -> None:
-        print(f"[rayflow] vm: cluster {self._name} is kept running (backend.keep_cluster=true); a later run that names it "
-              f"joins it; stop it with: python -m rayflow.teardown {mask_text(self._stop_path())}", flush=True)
+    def _kept_note(self, run: _Start) -> None:
+        print(
+            f"[rayflow] vm: cluster {run.name} is kept running (backend.keep_cluster=true); a later run that names it "
+            f"joins it; stop it with: python -m rayflow.teardown {mask_text(run.stop_path(self.provider))}",
+            flush=True,
+        )
 
     # --- fake_multinode: the head on this machine, worker nodes started by its autoscaler ----
 
-    def _join_fake(self, kept: dict) -> str:
+    def _join_fake(self, run: _Start, kept: dict[str, Any]) -> str:
         """The dashboard URL of the kept fake cluster this run now holds (it never stops it)."""
-        self._temp_dir, url = kept["temp_dir"], kept.get("url")
+        run.temp_dir, url = kept["temp_dir"], kept.get("url")
+        self._teardown_is(run)
+        run.handle.kept = True
         try:
             if not url:  # the run that kept it died before its head answered
                 raise ClusterError("no dashboard recorded")
             wait_for_dashboard(url, 10, "backend=vm")
         except ClusterError:
-            raise ClusterError(f"backend=vm: the kept cluster {self._name} does not answer at {url}: stop it with "
-                               f"python -m rayflow.teardown {self._temp_dir}") from None
-        print(f"[rayflow] vm: joining the kept cluster {self._name} ({mask_text(self._temp_dir)}); it keeps running after this run", flush=True)
-        self._kept_note()
-        return url
+            raise ClusterError(
+                f"backend=vm: the kept cluster {run.name} does not answer at {url}: stop it with "
+                f"python -m rayflow.teardown {run.temp_dir}"
+            ) from None
+        print(
+            f"[rayflow] vm: joining the kept cluster {run.name} ({mask_text(run.temp_dir)}); it keeps running after this run",
+            flush=True,
+        )
+        self._kept_note(run)
+        return str(url)
 
-    def _register_fake_teardown(self) -> None:
-        if self.owns_cluster:  # keep_cluster=true leaves it for a later run that names it to join
-            self.on_stop("remove the fake cluster's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
-            self.on_stop("kill what is left of the fake cluster", kill_processes_mentioning, self._temp_dir)
-            self.on_stop("stop the fake cluster's processes", stop_processes_mentioning, self._temp_dir)
+    def _register_fake_teardown(self, run: _Start) -> None:
+        if (
+            not self.keeps_cluster
+        ):  # keep_cluster=true leaves it for a later run that names it to join
+            run.handle.on_stop(
+                "remove the fake cluster's temp dir",
+                shutil.rmtree,
+                run.temp_dir,
+                ignore_errors=True,
+            )
+            run.handle.on_stop(
+                "kill what is left of the fake cluster", kill_processes_mentioning, run.temp_dir
+            )
+            run.handle.on_stop(
+                "stop the fake cluster's processes", stop_processes_mentioning, run.temp_dir
+            )
 
-    def _start_fake(self) -> str:
+    def _start_fake(self, run: _Start) -> str:
         # A cluster rayflow starts here is its own temp dir: one not kept is this run's alone and
         # needs no record; a kept one is recorded, so a later run that names it can join it.
-        def running(kept: dict | None) -> bool:
+        def running(kept: dict[str, Any] | None) -> bool:
             return bool(kept and kept.get("temp_dir") and pids_mentioning(kept["temp_dir"]))
 
-        kept = state.claim(self._name, self._run_id, "fake_multinode", not self.owns_cluster, running,
-                           record_new=not self.owns_cluster)
-        self.on_stop("let go of the cluster's name", state.release, self._name, self._run_id)
+        kept = state.claim(
+            run.name,
+            run.run_id,
+            "fake_multinode",
+            self.keeps_cluster,
+            running,
+            record_new=self.keeps_cluster,
+        )
+        run.handle.on_stop("let go of the cluster's name", state.release, run.name, run.run_id)
         if kept:
-            return self._join_fake(kept)
-        self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")  # short: Ray's socket paths stay < 108 chars
-        self._register_fake_teardown()
+            return self._join_fake(run, kept)
+        run.temp_dir = tempfile.mkdtemp(
+            prefix="rf-vm-"
+        )  # short: Ray's socket paths stay < 108 chars
+        self._teardown_is(run)
+        self._register_fake_teardown(run)
+        url = self._fake_head(run)
+        if self.keeps_cluster:
+            state.update(run.name, run.run_id, temp_dir=run.temp_dir, url=url, stop=run.temp_dir)
+            self._kept_note(run)
+        return url
+
+    def _fake_head(self, run: _Start) -> str:
+        """`ray start --head` of a fake_multinode cluster in its temp dir; its dashboard URL once it answers."""
         import ray._private.services as services
 
         port, dashboard = _free_port(), _free_port()
         config = self.cluster_config(gcs_address=f"{services.get_node_ip_address()}:{port}")
-        self._config_file = os.path.join(self._temp_dir, "autoscaling.yaml")
-        Path(self._config_file).write_text(yaml.safe_dump(config))
-        command = [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
-                   f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1", f"--temp-dir={self._temp_dir}",
-                   *head_args(config), f"--autoscaling-config={self._config_file}",
-                   # every port of its own: other Ray clusters on this machine keep theirs
-                   f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
-                   f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
-                   "--disable-usage-stats"]
-        env = dict(os.environ, **launcher_env(self.section, self.auth_mode, _token_file(), provider="fake_multinode"))
+        run.config_file = os.path.join(run.temp_dir, "autoscaling.yaml")
+        Path(run.config_file).write_text(yaml.safe_dump(config))
+        command = [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            f"--port={port}",
+            f"--dashboard-port={dashboard}",
+            "--dashboard-host=127.0.0.1",
+            f"--temp-dir={run.temp_dir}",
+            *head_args(config),
+            f"--autoscaling-config={run.config_file}",
+            # every port of its own: other Ray clusters on this machine keep theirs
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--ray-client-server-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}",
+            "--disable-usage-stats",
+        ]
+        env = dict(
+            os.environ,
+            **launcher_env(self.section, self.auth_mode, _token_file(), provider="fake_multinode"),
+        )
         # jobs on this head run `python`: this venv's, as the fake nodes do
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         # Ray processes asking the state API with no address (Ray Train's placement-group
         # cleaner) would ask the machine's latest cluster, not this one (see backends/local.py)
         env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard}"
         timeout = float(self.section.start_timeout_s)
-        with phase(f"starting a fake_multinode head in {self._temp_dir} (ray start --head)", "vm"):
+        with phase(f"starting a fake_multinode head in {run.temp_dir} (ray start --head)", "vm"):
             try:
-                subprocess.run(command, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                subprocess.run(
+                    command,
+                    env=env,
+                    check=True,
+                    timeout=timeout,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             except subprocess.CalledProcessError as err:
-                last = (err.stderr or "").strip().splitlines()[-1:] or [f"exit code {err.returncode}"]
-                raise ClusterError(f"backend=vm: ray start --head failed: {mask_text(last[0])}") from None
+                last = (err.stderr or "").strip().splitlines()[-1:] or [
+                    f"exit code {err.returncode}"
+                ]
+                raise ClusterError(
+                    f"backend=vm: ray start --head failed: {mask_text(last[0])}"
+                ) from None
         url = f"http://127.0.0.1:{dashboard}"
         with phase(f"waiting for the head's dashboard at {url}", "vm"):
             wait_for_dashboard(url, timeout, "backend=vm")
-        if not self.owns_cluster:
-            state.update(self._name, self._run_id, temp_dir=self._temp_dir, url=url, stop=self._temp_dir)
-            self._kept_note()
         return url
 
     # --- local, aws, gcp: Ray's cluster launcher ---------------------------------------------
 
-    def _start_with_sdk(self) -> str:
-        import click  # Ray's launcher reports its failures as click exceptions
+    def _start_with_sdk(self, run: _Start) -> str:
         from ray.autoscaler import sdk
 
         if not self.cluster_yaml:
             require_filled(self.section)
         config = self.cluster_config()
-        name = self._name
         # Cloud and host clusters are found by name (tags, Ray's cluster-NAME.state): one is
         # joined only when a run of this user kept it and none holds it, else refused.
-        kept = state.claim(name, self._run_id, self.provider, not self.owns_cluster, lambda _: _head_running(config))
-        self.on_stop("let go of the cluster's name", state.release, name, self._run_id)
-        if kept and kept.get("stop"):  # its config stays where the run that kept it wrote it (its teardown command names it)
-            self._temp_dir = os.path.dirname(kept["stop"])
-            self._config_file = kept["stop"]
-            Path(self._config_file).write_text(yaml.safe_dump(config))
-        else:
-            self._temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
-            self._config_file = os.path.join(self._temp_dir, f"{name}.yaml")
-            Path(self._config_file).write_text(yaml.safe_dump(config))
-            if self.owns_cluster and not kept:  # registered first: a `ray up` that failed halfway is torn down too
-                self.on_stop("remove the cluster config's temp dir", shutil.rmtree, self._temp_dir, ignore_errors=True)
-                if self.provider == "local":
-                    self.on_stop("stop Ray on the worker hosts (ray down stops only the head)", stop_local_workers, config)
-                self.on_stop(f"tear down cluster {name}", sdk.teardown_cluster, self._config_file)
-            else:  # kept, or joined without a config recorded: the teardown command names this file
-                state.update(name, self._run_id, stop=self._config_file)
-        env = launcher_env(self.section, self.auth_mode, _token_file(), provider=self.provider)  # v1 for local (ray#59905)
-        what = f"joining the kept cluster {name} (as `ray up --no-restart`)" if kept else f"creating cluster {name} (provider {self.provider}, as `ray up`)"
-        with scoped_env(env), phase(what, "vm"):
-            try:  # never restarts Ray on a running cluster: one this run did not start is only ever a kept one it joins
-                sdk.create_or_update_cluster(self._config_file, no_restart=bool(kept), restart_only=False, no_config_cache=True)
-            except click.ClickException as err:  # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
-                raise ClusterError(f"backend=vm provider={self.provider}: `ray up` failed: {mask_text(err.format_message() or 'see its output above')}") from None
-        if kept or not self.owns_cluster:
-            self._kept_note()
-        return self._tunnel(config, sdk.get_head_node_ip(self._config_file))
+        kept = state.claim(
+            run.name, run.run_id, self.provider, self.keeps_cluster, lambda _: _head_running(config)
+        )
+        run.handle.on_stop("let go of the cluster's name", state.release, run.name, run.run_id)
+        self._config_file(run, config, kept)
+        self._ray_up(run, bool(kept))
+        if kept or self.keeps_cluster:
+            run.handle.kept = True
+            self._kept_note(run)
+        return self._tunnel(run.handle, config, sdk.get_head_node_ip(run.config_file))
 
-    def _tunnel(self, config: dict, head_ip: str) -> str:
+    def _config_file(
+        self, run: _Start, config: dict[str, Any], kept: dict[str, Any] | None
+    ) -> None:
+        """The cluster YAML `ray up` reads, where the teardown command finds it; the teardown of a
+        cluster this run starts and does not keep, registered before `ray up` (a `ray up` that failed
+        halfway is torn down too)."""
+        from ray.autoscaler import sdk
+
+        if kept and kept.get(
+            "stop"
+        ):  # its config stays where the run that kept it wrote it (its teardown command names it)
+            run.temp_dir, run.config_file = os.path.dirname(kept["stop"]), kept["stop"]
+        else:
+            run.temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
+            run.config_file = os.path.join(run.temp_dir, f"{run.name}.yaml")
+        Path(run.config_file).write_text(yaml.safe_dump(config))
+        self._teardown_is(run)
+        if kept and kept.get("stop"):
+            return
+        if not self.keeps_cluster and not kept:
+            run.handle.on_stop(
+                "remove the cluster config's temp dir",
+                shutil.rmtree,
+                run.temp_dir,
+                ignore_errors=True,
+            )
+            if self.provider == "local":
+                run.handle.on_stop(
+                    "stop Ray on the worker hosts (ray down stops only the head)",
+                    stop_local_workers,
+                    config,
+                )
+            run.handle.on_stop(
+                f"tear down cluster {run.name}", sdk.teardown_cluster, run.config_file
+            )
+        else:  # kept, or joined without a config recorded: the teardown command names this file
+            state.update(run.name, run.run_id, stop=run.config_file)
+
+    def _ray_up(self, run: _Start, kept: bool) -> None:
+        """`ray up` through Ray's SDK; it never restarts Ray on a running cluster: one this run did not
+        start is only ever a kept one it joins (`--no-restart`)."""
+        import click  # Ray's launcher reports its failures as click exceptions
+        from ray.autoscaler import sdk
+
+        env = launcher_env(
+            self.section, self.auth_mode, _token_file(), provider=self.provider
+        )  # v1 for local (ray#59905)
+        what = (
+            f"joining the kept cluster {run.name} (as `ray up --no-restart`)"
+            if kept
+            else f"creating cluster {run.name} (provider {self.provider}, as `ray up`)"
+        )
+        with scoped_env(env), phase(what, "vm"):
+            try:
+                sdk.create_or_update_cluster(
+                    run.config_file, no_restart=kept, restart_only=False, no_config_cache=True
+                )
+            except click.ClickException as err:  # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
+                raise ClusterError(
+                    f"backend=vm provider={self.provider}: `ray up` failed: "
+                    f"{mask_text(err.format_message() or 'see its output above')}"
+                ) from None
+
+    def _tunnel(self, handle: ClusterHandle, config: dict[str, Any], head_ip: str) -> str:
         """The head's dashboard through an SSH tunnel to its loopback (vm.tunnel), stopped with the run."""
         proc, url = tunnel.open_tunnel(tunnel.ssh_auth(config), head_ip, dashboard_port(config))
-        self.on_stop("close the SSH tunnel to the head's dashboard", tunnel.close_tunnel, proc)
+        handle.on_stop("close the SSH tunnel to the head's dashboard", tunnel.close_tunnel, proc)
         deadline = time.monotonic() + float(self.section.start_timeout_s)
-        with phase(f"waiting for the head's dashboard through an SSH tunnel to {head_ip} ({url})", "vm"):
+        with phase(
+            f"waiting for the head's dashboard through an SSH tunnel to {head_ip} ({url})", "vm"
+        ):
             while True:
                 failed = tunnel.tunnel_failed(proc)
                 if failed:
                     raise failed
                 try:
                     wait_for_dashboard(url, 2, f"backend=vm provider={self.provider}")
-                    return url
+                    return str(url)
                 except ClusterError:
                     if time.monotonic() > deadline:
                         raise
@@ -319,13 +479,30 @@ def _head_running(config: dict) -> bool:
 def stop_local_workers(config: dict) -> None:
     """`ray stop` on each worker host of a local-provider cluster over SSH, as Ray runs its commands."""
     auth = config.get("auth") or {}
-    key = ["-i", os.path.expanduser(auth["ssh_private_key"])] if auth.get("ssh_private_key") else []  # else the ssh agent's
+    key = (
+        ["-i", os.path.expanduser(auth["ssh_private_key"])] if auth.get("ssh_private_key") else []
+    )  # else the ssh agent's
     user = f"{auth['ssh_user']}@" if auth.get("ssh_user") else ""
     for ip in config["provider"].get("worker_ips") or []:
-        subprocess.run(["ssh", *key, "-o", "StrictHostKeyChecking=no",
-                        "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-                        f"{user}{ip}", "bash --login -c -i 'ray stop'"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        subprocess.run(
+            [
+                "ssh",
+                *key,
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=10",
+                f"{user}{ip}",
+                "bash --login -c -i 'ray stop'",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+        )
 
 
 __all__ = ["VMCluster"]

@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from omegaconf import DictConfig
 
 from rayflow.backends.vm.checks import (
     placeholders,
 )
-from rayflow.backends.vm.commands import launcher_env, private_token_setup, setup_commands, start_commands
+from rayflow.backends.vm.commands import (
+    launcher_env,
+    private_token_setup,
+    setup_commands,
+    start_commands,
+)
 from rayflow.backends.vm.defaults import (
     DEFAULT_GCP_ACCELERATOR,
     DEFAULT_INSTANCE,
@@ -36,10 +42,10 @@ from rayflow.backends.vm.defaults import (
     placeholder,
     with_defaults,
 )
-from rayflow.config import merge_overrides
-from rayflow.dependencies import installed_version
+from rayflow.backends.vm.keys import cloud_region, node_type_bounds, rendered_kinds
 from rayflow.errors import ConfigError
-from rayflow.schema.vm import cloud_region, node_type_bounds, rendered_kinds
+from rayflow.runtime.requirements import installed_version
+from rayflow.schema.values import merge_overrides
 
 # --- render -----------------------------------------------------------------------------------
 
@@ -61,30 +67,51 @@ def _node_config(b: dict, kind: str) -> dict:
     """The provider's launch settings for the head ("head") or a worker type ("cpu", "gpu")."""
     provider = b["provider"]
     t = b["worker"].get(kind, {}) if kind != "head" else {}
-    instance = (b.get("head_instance_type") if kind == "head" else t.get("instance_type")) or DEFAULT_INSTANCE.get(provider, {}).get(kind)
+    instance = (
+        b.get("head_instance_type") if kind == "head" else t.get("instance_type")
+    ) or DEFAULT_INSTANCE.get(provider, {}).get(kind)
     if provider == "aws":
         config = {"InstanceType": instance}
         if b.get("ami"):
-            config["ImageId"] = b["ami"]  # else Ray's Deep Learning AMI for the region (NVIDIA drivers included)
+            config["ImageId"] = b[
+                "ami"
+            ]  # else Ray's Deep Learning AMI for the region (NVIDIA drivers included)
         return config
     if provider == "gcp":
         image = b.get("source_image") or GCP_IMAGE["gpu" if kind == "gpu" else "cpu"]
         config = {
             "machineType": instance,
-            "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT",
-                       "initializeParams": {"diskSizeGb": GCP_DISK_GB, "sourceImage": image}}],
+            "disks": [
+                {
+                    "boot": True,
+                    "autoDelete": True,
+                    "type": "PERSISTENT",
+                    "initializeParams": {"diskSizeGb": GCP_DISK_GB, "sourceImage": image},
+                }
+            ],
         }
         if kind == "gpu":
-            config["guestAccelerators"] = [{"acceleratorType": t.get("accelerator_type") or DEFAULT_GCP_ACCELERATOR,
-                                            "acceleratorCount": int(t["num_gpus"])}]
+            config["guestAccelerators"] = [
+                {
+                    "acceleratorType": t.get("accelerator_type") or DEFAULT_GCP_ACCELERATOR,
+                    "acceleratorCount": int(t["num_gpus"]),
+                }
+            ]
             config["scheduling"] = {"onHostMaintenance": "TERMINATE"}  # GPU VMs cannot live-migrate
             config["metadata"] = {"items": [{"key": "install-nvidia-driver", "value": "True"}]}
         return config
     return {}
 
 
-def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version: str | None = None,
-           python_version: str | None = None, token_file: str | None = None, gcs_address: str | None = None) -> dict:
+def render(
+    section: DictConfig | Mapping,
+    gpu: bool,
+    auth_mode: str,
+    ray_version: str | None = None,
+    python_version: str | None = None,
+    token_file: str | None = None,
+    gcs_address: str | None = None,
+) -> dict:
     """The cluster config for Ray's cluster launcher, as plain data (`yaml.safe_dump` it).
 
     gpu: the run uses GPUs (compute=gpu): the GPU worker type is rendered too. auth_mode:
@@ -100,30 +127,44 @@ def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version
     kinds = rendered_kinds(gpu)
     head_type = FAKE_HEAD_TYPE if provider == "fake_multinode" else HEAD_TYPE
 
-    config: dict[str, Any] = {"cluster_name": str(b["cluster_name"]), "max_workers": int(b["max_worker_nodes"])}
+    config: dict[str, Any] = {
+        "cluster_name": str(b["cluster_name"]),
+        "max_workers": int(b["max_worker_nodes"]),
+    }
     if provider == "local":
         config["min_workers"] = int(b["min_worker_nodes"])  # Ray moves it onto the local node type
     config["upscaling_speed"] = float(b["autoscale_upscaling_speed"])
     config["idle_timeout_minutes"] = float(b["autoscale_idle_timeout_minutes"])
 
     if provider == "fake_multinode":
-        config["provider"] = {"type": "fake_multinode", "use_node_id_as_ip": True,
-                              "disable_node_updaters": True, "disable_launch_config_check": True}
+        config["provider"] = {
+            "type": "fake_multinode",
+            "use_node_id_as_ip": True,
+            "disable_node_updaters": True,
+            "disable_launch_config_check": True,
+        }
         if gcs_address:
             config["provider"]["gcs_address"] = gcs_address
         config["auth"] = {}
     elif provider == "local":
-        config["provider"] = {"type": "local", "head_ip": b.get("head_ip") or placeholder("head_ip"),
-                              "worker_ips": list(b.get("worker_ips") or [placeholder("worker_ips")])}
-        config["auth"] = {"ssh_user": b.get("ssh_user") or placeholder("ssh_user"),
-                          "ssh_private_key": b.get("ssh_private_key") or placeholder("ssh_private_key")}
+        config["provider"] = {
+            "type": "local",
+            "head_ip": b.get("head_ip") or placeholder("head_ip"),
+            "worker_ips": list(b.get("worker_ips") or [placeholder("worker_ips")]),
+        }
+        config["auth"] = {
+            "ssh_user": b.get("ssh_user") or placeholder("ssh_user"),
+            "ssh_private_key": b.get("ssh_private_key") or placeholder("ssh_private_key"),
+        }
     else:
         region = cloud_region(b)
         config["provider"] = {"type": provider, "region": region}
         if provider == "aws" and b.get("availability_zone"):
             config["provider"]["availability_zone"] = str(b["availability_zone"])
         if provider == "gcp":
-            config["provider"]["availability_zone"] = gcp_zone(b) or placeholder("availability_zone")
+            config["provider"]["availability_zone"] = gcp_zone(b) or placeholder(
+                "availability_zone"
+            )
             config["provider"]["project_id"] = b.get("project_id") or placeholder("project_id")
         # Stopped instances keep their disks, and the disks keep billing: terminate unless asked.
         config["provider"]["cache_stopped_nodes"] = bool(b["cache_stopped_nodes"])
@@ -132,37 +173,63 @@ def render(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version
             config["auth"]["ssh_private_key"] = str(b["ssh_private_key"])
 
     if provider != "local":  # Ray refuses node types for local: the hosts are its one type
-        head = {"resources": {"CPU": int(b["num_cpus_head_node"]), "GPU": int(b["num_gpus_head_node"])},
-                "node_config": _node_config(b, "head"), "min_workers": 0, "max_workers": 0}
+        head = {
+            "resources": {"CPU": int(b["num_cpus_head_node"]), "GPU": int(b["num_gpus_head_node"])},
+            "node_config": _node_config(b, "head"),
+            "min_workers": 0,
+            "max_workers": 0,
+        }
         types = {head_type: head}
         for kind in kinds:
             low, high = node_type_bounds(b, kind, gpu)
-            types[WORKER_TYPES[kind]] = {"resources": _resources(b["worker"][kind]), "node_config": _node_config(b, kind),
-                                         "min_workers": low, "max_workers": high}
+            types[WORKER_TYPES[kind]] = {
+                "resources": _resources(b["worker"][kind]),
+                "node_config": _node_config(b, kind),
+                "min_workers": low,
+                "max_workers": high,
+            }
         config["available_node_types"] = types
         config["head_node_type"] = head_type
 
     mounts = {}
-    if auth_mode == "token" and token_file and provider != "fake_multinode":  # fake: one machine, one file
+    if (
+        auth_mode == "token" and token_file and provider != "fake_multinode"
+    ):  # fake: one machine, one file
         mounts["~/.ray/auth_token"] = str(token_file)
     config["file_mounts"] = mounts
-    config.update({"cluster_synced_files": [], "file_mounts_sync_continuously": False,
-                   "rsync_exclude": [], "rsync_filter": [], "docker": {}, "initialization_commands": []})
+    config.update(
+        {
+            "cluster_synced_files": [],
+            "file_mounts_sync_continuously": False,
+            "rsync_exclude": [],
+            "rsync_filter": [],
+            "docker": {},
+            "initialization_commands": [],
+        }
+    )
     config.update(setup_commands(b, ray_version))
-    if provider == "fake_multinode":  # the launcher starts the head; the provider starts workers itself
+    if (
+        provider == "fake_multinode"
+    ):  # the launcher starts the head; the provider starts workers itself
         config["head_start_ray_commands"], config["worker_start_ray_commands"] = [], []
     else:
-        config["head_start_ray_commands"], config["worker_start_ray_commands"] = start_commands(b, gpu, auth_mode)
+        config["head_start_ray_commands"], config["worker_start_ray_commands"] = start_commands(
+            b, gpu, auth_mode
+        )
 
-    config["metadata"] = {"rayflow": {
-        "provider": provider,
-        "ray_version": ray_version,
-        "python_version": python_version,  # the launcher's; cloud images bring their own Python
-        "autoscaler": "v1" if provider in ("local", "fake_multinode") else "v2",
-        "launcher_env": launcher_env(b, auth_mode, token_file),
-        "node_types": {kind: WORKER_TYPES[kind] for kind in kinds} if provider != "local" else {},
-        "placeholders": placeholders(b),
-    }}
+    config["metadata"] = {
+        "rayflow": {
+            "provider": provider,
+            "ray_version": ray_version,
+            "python_version": python_version,  # the launcher's; cloud images bring their own Python
+            "autoscaler": "v1" if provider in ("local", "fake_multinode") else "v2",
+            "launcher_env": launcher_env(b, auth_mode, token_file),
+            "node_types": {kind: WORKER_TYPES[kind] for kind in kinds}
+            if provider != "local"
+            else {},
+            "placeholders": placeholders(b),
+        }
+    }
     return private_token_setup(merge_overrides(config, b.get("overrides") or {}))
 
 
@@ -181,13 +248,19 @@ def validate(config: Mapping) -> None:
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     config = copy.deepcopy(dict(config))
-    provider = (config.get("provider") or {}).get("type") if isinstance(config.get("provider"), Mapping) else None
+    provider = (
+        (config.get("provider") or {}).get("type")
+        if isinstance(config.get("provider"), Mapping)
+        else None
+    )
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             prepared = config if provider == "fake_multinode" else prepare_config(config)
             validate_config(prepared)
     except Exception as err:  # jsonschema.ValidationError, ValueError, click's abort, ...
-        raise ConfigError("backend", f"Ray refuses the rendered cluster config: {_ray_message(err)}") from None
+        raise ConfigError(
+            "backend", f"Ray refuses the rendered cluster config: {_ray_message(err)}"
+        ) from None
 
 
 def _ray_message(err: Exception) -> str:

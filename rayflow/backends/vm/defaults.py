@@ -3,18 +3,18 @@
 
 The node type names, the provider defaults for keys left null, and how a section is read: over
 the shipped `backend:` section (conf/backend/vm.yaml), with the zone it implies. The providers,
-the region and the per-node-type worker bounds are the schema's (rayflow.schema.vm), which
+the region and the per-node-type worker bounds are the schema's (rayflow.backends.vm.keys), which
 holds the rules on them.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from collections.abc import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from rayflow.schema.vm import cloud_region, deep_merge, shipped_defaults
+from rayflow.backends.vm.keys import cloud_region, deep_merge, shipped_defaults
 
 # The fake provider names its head node type itself (FAKE_HEAD_NODE_TYPE in Ray's
 # fake_multi_node/node_provider.py); GCP puts node type names into labels, which allow no dots.
@@ -28,7 +28,11 @@ PLACEHOLDER_PREFIX = "<fill in: "
 # Provider defaults for keys left null in conf/backend/vm.yaml.
 DEFAULT_GCP_ZONE = {"us-west1": "us-west1-a"}  # other regions: the zone is the user's choice
 DEFAULT_INSTANCE = {
-    "aws": {"head": "m5.large", "cpu": "m5.large", "gpu": "g4dn.xlarge"},  # g4dn.xlarge: 4 vCPU, 1 T4
+    "aws": {
+        "head": "m5.large",
+        "cpu": "m5.large",
+        "gpu": "g4dn.xlarge",
+    },  # g4dn.xlarge: 4 vCPU, 1 T4
     "gcp": {"head": "n1-standard-2", "cpu": "n1-standard-2", "gpu": "n1-standard-4"},
 }
 DEFAULT_GCP_ACCELERATOR = "nvidia-tesla-t4"

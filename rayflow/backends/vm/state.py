@@ -9,7 +9,7 @@ a bounded wait): a run either claims the name for a cluster it starts, joins a k
 no live run holds, or is refused in one line naming backend.cluster_name. A run tears down only
 a cluster it started and did not keep; at its end it lets go of the name (`release`).
 
-Names are validated (rayflow.schema.vm.cluster_name_problem) before they name a file here.
+Names are validated (rayflow.backends.vm.keys.cluster_name_problem) before they name a file here.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import json
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
+from rayflow.backends.vm.keys import cluster_name_problem
 from rayflow.errors import ClusterError, ConfigError
-from rayflow.redaction import redact
-from rayflow.schema.vm import cluster_name_problem
+from rayflow.security.redaction import redact
 
 KEY = "backend.cluster_name"
 LOCK_TIMEOUT_S = 30.0  # a claim is a read and a write: another run holds the lock for milliseconds
@@ -38,8 +38,10 @@ def state_dir() -> Path:
     for folder in (root.parent, root):
         info = folder.lstat()
         if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
-            raise ClusterError(f"backend=vm: {folder} is not a folder of this user's (a link, or owned by uid {info.st_uid}): "
-                               "rayflow keeps its cluster state there; remove it")
+            raise ClusterError(
+                f"backend=vm: {folder} is not a folder of this user's (a link, or owned by uid {info.st_uid}): "
+                "rayflow keeps its cluster state there; remove it"
+            )
         if stat.S_IMODE(info.st_mode) & 0o077:
             folder.chmod(0o700)
     return root
@@ -78,7 +80,9 @@ def holds(holder: dict | None) -> bool:
     if not isinstance(holder, dict):
         return False
     try:
-        return abs(psutil.Process(int(holder["pid"])).create_time() - float(holder["started"])) < 1.0
+        return (
+            abs(psutil.Process(int(holder["pid"])).create_time() - float(holder["started"])) < 1.0
+        )
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False
 
@@ -87,7 +91,9 @@ class _Lock:
     def __init__(self, name: str):
         import filelock
 
-        self._lock = filelock.FileLock(str(state_file(name).with_suffix(".lock")), timeout=LOCK_TIMEOUT_S, mode=0o600)
+        self._lock = filelock.FileLock(
+            str(state_file(name).with_suffix(".lock")), timeout=LOCK_TIMEOUT_S, mode=0o600
+        )
 
     def __enter__(self) -> None:
         import filelock
@@ -95,14 +101,22 @@ class _Lock:
         try:
             self._lock.acquire()
         except filelock.Timeout:
-            raise ClusterError(f"backend=vm: another run held the lock of this cluster name for more than {LOCK_TIMEOUT_S:g} s") from None
+            raise ClusterError(
+                f"backend=vm: another run held the lock of this cluster name for more than {LOCK_TIMEOUT_S:g} s"
+            ) from None
 
     def __exit__(self, *exc) -> None:
         self._lock.release()
 
 
-def claim(name: str, run_id: str, provider: str, keep: bool, running: Callable[[dict | None], bool],
-          record_new: bool = True) -> dict | None:
+def claim(
+    name: str,
+    run_id: str,
+    provider: str,
+    keep: bool,
+    running: Callable[[dict | None], bool],
+    record_new: bool = True,
+) -> dict | None:
     """Under the name's lock: the state of a kept cluster of this name that no live run holds,
     now held by this run (join it), or None: nothing of this name runs, and the name is this
     run's (recorded when `record_new`). `running(state)` says whether a cluster of this name is
@@ -111,20 +125,39 @@ def claim(name: str, run_id: str, provider: str, keep: bool, running: Callable[[
         state = read(name)
         holder = (state or {}).get("holder")
         if holds(holder) and holder.get("run") != run_id:
-            raise ConfigError(KEY, f"a cluster named {name!r} is in use by another run of yours (pid {holder['pid']}): give this run "
-                                   f"a name of its own (backend.cluster_name=...), or wait for that run to end")
+            raise ConfigError(
+                KEY,
+                f"a cluster named {name!r} is in use by another run of yours (pid {holder['pid']}): give this run "
+                f"a name of its own (backend.cluster_name=...), or wait for that run to end",
+            )
         if running(state):
             if not (state and state.get("kept") and state.get("provider") == provider):
-                raise ConfigError(KEY, f"a cluster named {name!r} is running ({provider}) that no run of yours kept "
-                                       "(keep_cluster=true): rayflow joins only a kept cluster and never restarts or stops "
-                                       "another's; give this run a name of its own (backend.cluster_name=...)"
-                                  + (f", or stop it: python -m rayflow.teardown {state['stop']}" if state and state.get("stop") else ""))
+                raise ConfigError(
+                    KEY,
+                    f"a cluster named {name!r} is running ({provider}) that no run of yours kept "
+                    "(keep_cluster=true): rayflow joins only a kept cluster and never restarts or stops "
+                    "another's; give this run a name of its own (backend.cluster_name=...)"
+                    + (
+                        f", or stop it: python -m rayflow.teardown {state['stop']}"
+                        if state and state.get("stop")
+                        else ""
+                    ),
+                )
             state["holder"] = me(run_id)
             _write(name, state)
             return state
         if record_new:
-            _write(name, {"cluster_name": name, "provider": provider, "owner_run": run_id, "kept": bool(keep),
-                          "holder": me(run_id), "claimed_at": time.time()})
+            _write(
+                name,
+                {
+                    "cluster_name": name,
+                    "provider": provider,
+                    "owner_run": run_id,
+                    "kept": bool(keep),
+                    "holder": me(run_id),
+                    "claimed_at": time.time(),
+                },
+            )
         return None
 
 

@@ -13,10 +13,10 @@ import os
 import signal
 import socket
 import subprocess
-from typing import Mapping
+from collections.abc import Mapping
 
 from rayflow.errors import ClusterError
-from rayflow.redaction import mask_text
+from rayflow.security.redaction import mask_text
 
 
 def free_local_port() -> int:
@@ -39,20 +39,53 @@ def ssh_auth(config: Mapping) -> dict:
 def tunnel_command(auth: Mapping, head_ip: str, local_port: int, remote_port: int) -> list[str]:
     """`ssh -N -L 127.0.0.1:LOCAL:127.0.0.1:REMOTE USER@HEAD` with the cluster's auth; host keys
     as Ray's launcher treats them (not pinned: the head is a fresh machine)."""
-    key = ["-i", os.path.expanduser(str(auth["ssh_private_key"])), "-o", "IdentitiesOnly=yes"] if auth.get("ssh_private_key") else []
-    proxy = ["-o", f"ProxyCommand={auth['ssh_proxy_command']}"] if auth.get("ssh_proxy_command") else []
+    key = (
+        ["-i", os.path.expanduser(str(auth["ssh_private_key"])), "-o", "IdentitiesOnly=yes"]
+        if auth.get("ssh_private_key")
+        else []
+    )
+    proxy = (
+        ["-o", f"ProxyCommand={auth['ssh_proxy_command']}"] if auth.get("ssh_proxy_command") else []
+    )
     user = f"{auth['ssh_user']}@" if auth.get("ssh_user") else ""
-    return ["ssh", "-N", *key, *proxy, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=20", "-o", "ExitOnForwardFailure=yes",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR",
-            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", f"{user}{head_ip}"]
+    return [
+        "ssh",
+        "-N",
+        *key,
+        *proxy,
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=20",
+        "-o",
+        "ExitOnForwardFailure=yes",
+        "-o",
+        "ServerAliveInterval=15",
+        "-o",
+        "ServerAliveCountMax=4",
+        "-o",
+        "LogLevel=ERROR",
+        "-L",
+        f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}",
+        f"{user}{head_ip}",
+    ]
 
 
 def open_tunnel(auth: Mapping, head_ip: str, remote_port: int) -> tuple[subprocess.Popen, str]:
     """The tunnel's ssh process and the local URL of the head's dashboard."""
     port = free_local_port()
-    proc = subprocess.Popen(tunnel_command(auth, head_ip, port, remote_port), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        tunnel_command(auth, head_ip, port, remote_port),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -60,9 +93,13 @@ def tunnel_failed(proc: subprocess.Popen) -> ClusterError | None:
     """The error of a tunnel whose ssh exited (its last line), else None."""
     if proc.poll() is None:
         return None
-    last = [line for line in (proc.stderr.read() if proc.stderr else "").splitlines() if line.strip()][-1:]
-    return ClusterError(f"backend=vm: the SSH tunnel to the head's dashboard failed: "
-                        f"{mask_text(last[0]) if last else f'ssh exit code {proc.returncode}'}")
+    last = [
+        line for line in (proc.stderr.read() if proc.stderr else "").splitlines() if line.strip()
+    ][-1:]
+    return ClusterError(
+        f"backend=vm: the SSH tunnel to the head's dashboard failed: "
+        f"{mask_text(last[0]) if last else f'ssh exit code {proc.returncode}'}"
+    )
 
 
 def close_tunnel(proc: subprocess.Popen) -> None:

@@ -15,20 +15,31 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from omegaconf import DictConfig
 
 from rayflow.backends.vm import user_file
-from rayflow.backends.vm.commands import dashboard_host, launcher_env, pin_command, private_token_setup, setup_commands
+from rayflow.backends.vm.commands import (
+    dashboard_host,
+    launcher_env,
+    pin_command,
+    private_token_setup,
+    setup_commands,
+)
 from rayflow.backends.vm.defaults import with_defaults
-from rayflow.config import merge_overrides
-from rayflow.schema.vm import shipped_defaults
+from rayflow.backends.vm.keys import shipped_defaults
+from rayflow.schema.values import merge_overrides
 
 TOKEN_MOUNT = "~/.ray/auth_token"
 # rayflow's keys that apply on top of a file, and the file's key each one sets.
-TOP_LEVEL = {"cluster_name": ("cluster_name", str), "max_worker_nodes": ("max_workers", int),
-             "autoscale_upscaling_speed": ("upscaling_speed", float), "autoscale_idle_timeout_minutes": ("idle_timeout_minutes", float)}
+TOP_LEVEL = {
+    "cluster_name": ("cluster_name", str),
+    "max_worker_nodes": ("max_workers", int),
+    "autoscale_upscaling_speed": ("upscaling_speed", float),
+    "autoscale_idle_timeout_minutes": ("idle_timeout_minutes", float),
+}
 _AUTH_EXPORT = re.compile(r"^\s*export RAY_AUTH_MODE=[^;\s]*;\s*")
 _DASHBOARD_HOST = re.compile(r"--dashboard-host[= ]\S+")
 
@@ -58,10 +69,16 @@ def node_types(doc: Mapping, gpu: bool, path: str) -> dict[str, str]:
     if cpu:
         chosen["cpu"] = cpu[0]
     if gpu:
-        with_gpus = [name for name in workers if _gpus(types[name])] or [name for name in types if _gpus(types[name])]
+        with_gpus = [name for name in workers if _gpus(types[name])] or [
+            name for name in types if _gpus(types[name])
+        ]
         if not with_gpus:
-            raise user_file.refuse(path, "available_node_types", "no node type has GPUs in its resources, and compute=gpu needs one "
-                                                                 "(declare `resources: {GPU: N}` on a worker type)")
+            raise user_file.refuse(
+                path,
+                "available_node_types",
+                "no node type has GPUs in its resources, and compute=gpu needs one "
+                "(declare `resources: {GPU: N}` on a worker type)",
+            )
         chosen["gpu"] = with_gpus[0]
     return chosen
 
@@ -79,12 +96,22 @@ def _start_commands(doc: dict, kind: str, b: Mapping, auth_mode: str, path: str)
             if isinstance(command, str) and "ray start" in command:
                 command = f"export RAY_AUTH_MODE={auth_mode}; " + _AUTH_EXPORT.sub("", command)
                 if key == "head_start_ray_commands" and "--head" in command:
-                    command = _DASHBOARD_HOST.sub(f"--dashboard-host={host}", command) if _DASHBOARD_HOST.search(command) \
+                    command = (
+                        _DASHBOARD_HOST.sub(f"--dashboard-host={host}", command)
+                        if _DASHBOARD_HOST.search(command)
                         else f"{command} --dashboard-host={host}"
+                    )
             commands.append(command)
         doc[key] = commands
-    if not any(isinstance(c, str) and "ray start" in c and "--head" in c for c in doc["head_start_ray_commands"]):
-        raise user_file.refuse(path, "head_start_ray_commands", "has no `ray start --head`: rayflow submits the run to the head's dashboard")
+    if not any(
+        isinstance(c, str) and "ray start" in c and "--head" in c
+        for c in doc["head_start_ray_commands"]
+    ):
+        raise user_file.refuse(
+            path,
+            "head_start_ray_commands",
+            "has no `ray start --head`: rayflow submits the run to the head's dashboard",
+        )
 
 
 def _ray_defaults(kind: str) -> dict:
@@ -97,8 +124,13 @@ def _setup(doc: dict, raw: Mapping, kind: str, ray_version: str) -> str | None:
     """rayflow's pinned setup where the file has none of its own; else a note on what it must provide."""
     if kind == "fake_multinode":
         return None  # the nodes are processes of this machine's venv
-    if kind == "azure":  # Ray's defaults (a conda env), with this machine's versions for the nightly wheel
-        ours = [pin_command(ray_version) if "pip install" in c and "ray" in c else c for c in _ray_defaults(kind)["setup_commands"]]
+    if (
+        kind == "azure"
+    ):  # Ray's defaults (a conda env), with this machine's versions for the nightly wheel
+        ours = [
+            pin_command(ray_version) if "pip install" in c and "ray" in c else c
+            for c in _ray_defaults(kind)["setup_commands"]
+        ]
     else:
         ours = setup_commands({"provider": kind}, ray_version)["setup_commands"]
     if "setup_commands" not in raw:
@@ -106,14 +138,24 @@ def _setup(doc: dict, raw: Mapping, kind: str, ray_version: str) -> str | None:
         return None
     if ours[-1] in (raw.get("setup_commands") or []):
         return None  # rayflow's own (a dry run's output, fed back)
-    need = (f"ray {ray_version} on the hosts (rayflow checks, never installs, on hosts you run)" if kind == "local"
-            else f"\"ray[default,tune]=={ray_version}\" and rayflow's runtime dependencies at this machine's versions "
-                 f"(rayflow.dependencies.runtime_requirements)")
+    need = (
+        f"ray {ray_version} on the hosts (rayflow checks, never installs, on hosts you run)"
+        if kind == "local"
+        else f"\"ray[default,tune]=={ray_version}\" and rayflow's runtime dependencies at this machine's versions "
+        f"(rayflow.runtime.requirements.runtime_requirements)"
+    )
     return f"rayflow: backend.cluster_yaml: the file's own setup_commands are kept, not rayflow's pins: they must install {need}"
 
 
-def render_file(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_version: str, python_version: str,
-                token_file: str | None = None, gcs_address: str | None = None) -> tuple[dict, list[str]]:
+def render_file(
+    section: DictConfig | Mapping,
+    gpu: bool,
+    auth_mode: str,
+    ray_version: str,
+    python_version: str,
+    token_file: str | None = None,
+    gcs_address: str | None = None,
+) -> tuple[dict, list[str]]:
     """The document rayflow writes for `ray up` (fake_multinode: for `ray start --head
     --autoscaling-config`) from backend.cluster_yaml, and the notes a dry run prints."""
     b = with_defaults(section)
@@ -128,12 +170,23 @@ def render_file(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_ve
     chosen = node_types(doc, gpu, path)
     if "min_worker_nodes" in user:
         if kind == "local":
-            doc["min_workers"] = int(b["min_worker_nodes"])  # Ray moves it onto the hosts' node type
+            doc["min_workers"] = int(
+                b["min_worker_nodes"]
+            )  # Ray moves it onto the hosts' node type
         elif chosen.get("gpu" if gpu else "cpu"):
-            doc["available_node_types"][chosen["gpu" if gpu else "cpu"]]["min_workers"] = int(b["min_worker_nodes"])
+            doc["available_node_types"][chosen["gpu" if gpu else "cpu"]]["min_workers"] = int(
+                b["min_worker_nodes"]
+            )
         else:
-            raise user_file.refuse(path, "available_node_types", "names no worker node type for backend.min_worker_nodes to apply to")
-    for key in ("ssh_user", "ssh_private_key"):  # a dry run masks the key's path: it may come back this way
+            raise user_file.refuse(
+                path,
+                "available_node_types",
+                "names no worker node type for backend.min_worker_nodes to apply to",
+            )
+    for key in (
+        "ssh_user",
+        "ssh_private_key",
+    ):  # a dry run masks the key's path: it may come back this way
         if key in user:
             doc.setdefault("auth", {})[key] = b[key]
 
@@ -148,31 +201,52 @@ def render_file(section: DictConfig | Mapping, gpu: bool, auth_mode: str, ray_ve
     setup_note = _setup(doc, raw, kind, ray_version)
 
     env = launcher_env(b, auth_mode, token_file, provider=kind)
-    kept = doc.get("metadata") if isinstance(doc.get("metadata"), Mapping) else {}  # Ray keeps metadata, never reads it
-    doc["metadata"] = {**kept, "rayflow": {
-        "provider": kind,
-        "ray_version": ray_version,
-        "python_version": python_version,
-        "autoscaler": "v1" if kind in ("local", "fake_multinode") else "v2",
-        "launcher_env": env,
-        "node_types": chosen,
-        "placeholders": [],
-    }}
+    kept = (
+        doc.get("metadata") if isinstance(doc.get("metadata"), Mapping) else {}
+    )  # Ray keeps metadata, never reads it
+    doc["metadata"] = {
+        **kept,
+        "rayflow": {
+            "provider": kind,
+            "ray_version": ray_version,
+            "python_version": python_version,
+            "autoscaler": "v1" if kind in ("local", "fake_multinode") else "v2",
+            "launcher_env": env,
+            "node_types": chosen,
+            "placeholders": [],
+        },
+    }
     doc = private_token_setup(merge_overrides(doc, b.get("overrides") or {}))
     user_file.check_final(doc, path, kind)
 
     added = []
     if kind != "fake_multinode":
         if auth_mode == "token":
-            added.append((f"the token file mounted as {TOKEN_MOUNT}" if token_file else "the token file mounted as ~/.ray/auth_token (at start)")
-                         + " and made private on every node (first of setup_commands)")
-        added += [f"`export RAY_AUTH_MODE={auth_mode};` before every `ray start`", f"--dashboard-host={dashboard_host(b, auth_mode)} on the head"]
+            added.append(
+                (
+                    f"the token file mounted as {TOKEN_MOUNT}"
+                    if token_file
+                    else "the token file mounted as ~/.ray/auth_token (at start)"
+                )
+                + " and made private on every node (first of setup_commands)"
+            )
+        added += [
+            f"`export RAY_AUTH_MODE={auth_mode};` before every `ray start`",
+            f"--dashboard-host={dashboard_host(b, auth_mode)} on the head",
+        ]
     if "setup_commands" not in raw and kind != "fake_multinode":
-        added.append(f"setup_commands pinning ray {ray_version} ({'checked' if kind == 'local' else 'with its runtime dependencies'})")
-    applied = [f"backend.{k}" for k in sorted(user & {*TOP_LEVEL, "min_worker_nodes", "ssh_user", "ssh_private_key"})]
-    notes.append(f"rayflow: backend.cluster_yaml {path}: rayflow adds {'; '.join(added) if added else 'nothing'}"
-                 + (f"; over the file: {', '.join(applied)}" if applied else "")
-                 + ("; then backend.overrides" if b.get("overrides") else ""))
+        added.append(
+            f"setup_commands pinning ray {ray_version} ({'checked' if kind == 'local' else 'with its runtime dependencies'})"
+        )
+    applied = [
+        f"backend.{k}"
+        for k in sorted(user & {*TOP_LEVEL, "min_worker_nodes", "ssh_user", "ssh_private_key"})
+    ]
+    notes.append(
+        f"rayflow: backend.cluster_yaml {path}: rayflow adds {'; '.join(added) if added else 'nothing'}"
+        + (f"; over the file: {', '.join(applied)}" if applied else "")
+        + ("; then backend.overrides" if b.get("overrides") else "")
+    )
     if setup_note:
         notes.append(setup_note)
     if gpu and "gpu" in chosen:

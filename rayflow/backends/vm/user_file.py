@@ -18,17 +18,24 @@ import io
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
+from rayflow.backends.vm.keys import cluster_name_problem
 from rayflow.errors import ConfigError
-from rayflow.redaction import REDACTED
-from rayflow.schema.vm import cluster_name_problem
+from rayflow.security.redaction import REDACTED
 
 KEY = "backend.cluster_yaml"
-LAUNCHED = ("fake_multinode", "local", "aws", "gcp", "azure")  # what rayflow starts from a user's file
+LAUNCHED = (
+    "fake_multinode",
+    "local",
+    "aws",
+    "gcp",
+    "azure",
+)  # what rayflow starts from a user's file
 NOT_LAUNCHED = {
     "spark": "Ray on Spark's own provider (ray.util.spark starts it inside a Spark application): use backend=spark",
     "kuberay": "KubeRay's (its operator starts the pods): use backend=kuberay",
@@ -47,8 +54,11 @@ LEGACY = {
 }
 # Placeholders as Ray's examples and guides write them (YOUR_HEAD_NODE_HOSTNAME, WORKER_NODE_1_HOSTNAME,
 # `...` in a list, <project_id>), rayflow's own (<fill in: backend.KEY>) and what a dry run masks (***).
-PLACEHOLDER = re.compile(r"YOUR_[A-Z0-9_]+|[A-Z0-9_]*HOSTNAME[A-Z0-9_]*|TYPICALLY_[A-Z0-9_]+|\.\.\.|<[^<>]+>|"
-                         + re.escape(REDACTED) + r"|TODO\b.*|CHANGE_?ME|REPLACE_?ME")
+PLACEHOLDER = re.compile(
+    r"YOUR_[A-Z0-9_]+|[A-Z0-9_]*HOSTNAME[A-Z0-9_]*|TYPICALLY_[A-Z0-9_]+|\.\.\.|<[^<>]+>|"
+    + re.escape(REDACTED)
+    + r"|TODO\b.*|CHANGE_?ME|REPLACE_?ME"
+)
 
 
 def refuse(path: str, where: str, message: str) -> ConfigError:
@@ -75,28 +85,47 @@ def load(path: str) -> dict:
         problem = getattr(err, "problem", None) or type(err).__name__
         raise refuse(path, where, f"not YAML ({problem})") from None
     if not isinstance(doc, dict):
-        raise refuse(path, "", f"is not a Ray cluster YAML: a mapping of keys (cluster_name, provider, ...) was expected, got {type(doc).__name__}")
+        raise refuse(
+            path,
+            "",
+            f"is not a Ray cluster YAML: a mapping of keys (cluster_name, provider, ...) was expected, got {type(doc).__name__}",
+        )
     return doc
 
 
 def provider_type(doc: Mapping, path: str) -> str:
     provider = doc.get("provider")
     if not isinstance(provider, Mapping) or not isinstance(provider.get("type"), str):
-        raise refuse(path, "provider", "missing or without a `type` (Ray requires it: aws, gcp, azure, local with head_ip and "
-                                       "worker_ips, or fake_multinode)")
+        raise refuse(
+            path,
+            "provider",
+            "missing or without a `type` (Ray requires it: aws, gcp, azure, local with head_ip and "
+            "worker_ips, or fake_multinode)",
+        )
     return provider["type"]
 
 
 def check_raw(doc: Mapping, path: str) -> str:
     """The file as written: no key of Ray 1 files, a provider rayflow launches. Returns its type."""
     for key, replacement in LEGACY.items():
-        if key in doc and doc[key] not in (None, {}, []) and not (key == "min_workers" and _is_local(doc)):
-            raise refuse(path, key, f"is a key of outdated (Ray 1) cluster files; use {replacement}")
-    if "cluster_name" in doc and cluster_name_problem(doc["cluster_name"]):  # it names files (state, Ray's /tmp/ray/cluster-NAME.*)
+        if (
+            key in doc
+            and doc[key] not in (None, {}, [])
+            and not (key == "min_workers" and _is_local(doc))
+        ):
+            raise refuse(
+                path, key, f"is a key of outdated (Ray 1) cluster files; use {replacement}"
+            )
+    if "cluster_name" in doc and cluster_name_problem(
+        doc["cluster_name"]
+    ):  # it names files (state, Ray's /tmp/ray/cluster-NAME.*)
         raise refuse(path, "cluster_name", cluster_name_problem(doc["cluster_name"]))
     kind = provider_type(doc, path)
     if kind not in LAUNCHED:
-        why = NOT_LAUNCHED.get(kind) or "rayflow starts aws, gcp, azure, local and fake_multinode clusters from a file"
+        why = (
+            NOT_LAUNCHED.get(kind)
+            or "rayflow starts aws, gcp, azure, local and fake_multinode clusters from a file"
+        )
         raise refuse(path, "provider.type", f"{kind!r} is not a provider rayflow launches: {why}")
     return kind
 
@@ -110,7 +139,11 @@ def placeholders(doc: Mapping, prefix: str = "") -> list[str]:
     found = []
     items = doc.items() if isinstance(doc, Mapping) else enumerate(doc)
     for key, value in items:
-        where = f"{prefix}.{key}" if prefix and isinstance(doc, Mapping) else (f"{prefix}[{key}]" if prefix else str(key))
+        where = (
+            f"{prefix}.{key}"
+            if prefix and isinstance(doc, Mapping)
+            else (f"{prefix}[{key}]" if prefix else str(key))
+        )
         if isinstance(key, str) and (key.endswith("_commands") or key == "metadata"):
             continue
         if isinstance(value, (Mapping, list)):
@@ -121,8 +154,14 @@ def placeholders(doc: Mapping, prefix: str = "") -> list[str]:
 
 
 def _unfilled(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and (not value.strip() or value.strip().lower() in ("null", "none")
-                                                          or PLACEHOLDER.fullmatch(value.strip()) is not None))
+    return value is None or (
+        isinstance(value, str)
+        and (
+            not value.strip()
+            or value.strip().lower() in ("null", "none")
+            or PLACEHOLDER.fullmatch(value.strip()) is not None
+        )
+    )
 
 
 def check_filled(doc: Mapping, path: str, kind: str) -> None:
@@ -130,11 +169,23 @@ def check_filled(doc: Mapping, path: str, kind: str) -> None:
     provider = doc["provider"]
     if kind == "local":
         if _unfilled(provider.get("head_ip")):
-            raise refuse(path, "provider.head_ip", f"{_shown(provider.get('head_ip'))}: fill in the head host's address")
+            raise refuse(
+                path,
+                "provider.head_ip",
+                f"{_shown(provider.get('head_ip'))}: fill in the head host's address",
+            )
         if not isinstance(provider.get("worker_ips"), list):
-            raise refuse(path, "provider.worker_ips", "missing: list the worker hosts (an empty list: the head alone)")
+            raise refuse(
+                path,
+                "provider.worker_ips",
+                "missing: list the worker hosts (an empty list: the head alone)",
+            )
     if kind == "gcp" and _unfilled(provider.get("project_id")):
-        raise refuse(path, "provider.project_id", f"{_shown(provider.get('project_id'))}: fill in your GCP project id")
+        raise refuse(
+            path,
+            "provider.project_id",
+            f"{_shown(provider.get('project_id'))}: fill in your GCP project id",
+        )
     for where in placeholders(doc):
         value = _at(doc, where)
         raise refuse(path, where, f"{value!r} is a placeholder: fill it in")
@@ -161,7 +212,11 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
 
     check_filled(doc, path, kind)
     try:
-        with _quiet(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with (
+            _quiet(),
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+        ):
             prepared = dict(doc) if kind == "fake_multinode" else prepare_config(dict(doc))
             validate_config(prepared)
             if kind != "fake_multinode":
@@ -171,14 +226,26 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
         raise refuse(path, where, f"Ray refuses it: {message}") from None
     if kind == "fake_multinode":
         if doc.get("head_node_type") != FAKE_HEAD_TYPE:
-            raise refuse(path, "head_node_type", f"must be {FAKE_HEAD_TYPE!r} with provider fake_multinode (Ray's fake provider names its head so)")
+            raise refuse(
+                path,
+                "head_node_type",
+                f"must be {FAKE_HEAD_TYPE!r} with provider fake_multinode (Ray's fake provider names its head so)",
+            )
         if doc["provider"].get("disable_node_updaters") is not True:
-            raise refuse(path, "provider.disable_node_updaters", "must be true with provider fake_multinode (its nodes are processes here, not SSH hosts)")
+            raise refuse(
+                path,
+                "provider.disable_node_updaters",
+                "must be true with provider fake_multinode (its nodes are processes here, not SSH hosts)",
+            )
     else:
         key_file = (doc.get("auth") or {}).get("ssh_private_key")
         if isinstance(key_file, str) and not os.access(os.path.expanduser(key_file), os.R_OK):
             # the path stays out of the message: secret-named keys are masked everywhere
-            raise refuse(path, "auth.ssh_private_key", "cannot be read: no such file, or no permission to read it")
+            raise refuse(
+                path,
+                "auth.ssh_private_key",
+                "cannot be read: no such file, or no permission to read it",
+            )
     return prepared
 
 
@@ -195,7 +262,12 @@ def _quiet():
 
 
 def _ray_message(err: BaseException) -> tuple[str, str]:
-    message = getattr(err, "message", None) or (err.format_message() if hasattr(err, "format_message") else None) or str(err) or type(err).__name__
+    message = (
+        getattr(err, "message", None)
+        or (err.format_message() if hasattr(err, "format_message") else None)
+        or str(err)
+        or type(err).__name__
+    )
     path = getattr(err, "absolute_path", None)
     where = ".".join(str(p) for p in path) if path else ""
     text = " ".join(str(message).split())

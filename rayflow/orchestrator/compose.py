@@ -1,0 +1,166 @@
+"""From a command line to configs: Hydra's composition, the sweep points of a multirun, Hydra's
+errors as one line naming the key, and the model of each section of a composed config (the
+backend's and the workload's from their registries) that rayflow.schema checks it with.
+
+Only hydra and omegaconf are imported at module level, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig
+
+from rayflow.backends import backend_keys
+from rayflow.errors import ConfigError
+from rayflow.schema.values import renamed_key_error
+from rayflow.workloads import workload_keys
+
+CONFIG_MODULE = "rayflow.conf"
+CONFIG_NAME = "config"
+
+T = TypeVar("T")
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    """The config `python -m rayflow OVERRIDES` composes (unresolved, unchecked)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            return compose(CONFIG_NAME, overrides=replacing_mappings(list(overrides)))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def replacing_mappings(overrides: list[str]) -> list[str]:
+    """`workload.stop={...}` replaces a free-form mapping (a key of kind "a mapping, or null", e.g.
+    rllib's stop) that its YAML fills by default, as it does one left null: Hydra would merge the
+    two, and refuse the new keys besides (struct mode). A whole-mapping value becomes Hydra's
+    delete-then-add (`~key`, `+key=...`); keys whose default is null or a section of declared keys
+    keep Hydra's own assignment."""
+    from importlib import resources
+
+    import yaml
+
+    from rayflow.workloads import REGISTRY
+    from rayflow.workloads.keys import free_form_keys
+
+    name = next(
+        (o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "workload"), "cifar"
+    )
+    shipped = resources.files(CONFIG_MODULE).joinpath("workload", f"{name}.yaml")
+    if name not in REGISTRY or not shipped.is_file():
+        return overrides
+    model = workload_keys(name)
+    defaults = yaml.safe_load(shipped.read_text()) or {}
+    filled = {k for k in free_form_keys(model) if isinstance(defaults.get(k), dict) and defaults[k]}
+    out = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if (
+            sep
+            and key.startswith("workload.")
+            and key[len("workload.") :] in filled
+            and value.lstrip().startswith("{")
+        ):
+            out += [f"~{key}", f"+{key}={value}"]
+        else:
+            out.append(override)
+    return out
+
+
+def one_line(err: Exception) -> ConfigError:
+    """Hydra's multi-line composition errors as one ConfigError that names the key."""
+    from hydra.errors import MissingConfigException
+
+    text = str(err)
+    if isinstance(err, MissingConfigException) and err.options is not None:
+        group = (err.missing_cfg_file or "").split("/")[0]
+        name = (err.missing_cfg_file or "").split("/")[-1]
+        return ConfigError(
+            f"{group}={name}", f"unknown option; choose from {', '.join(err.options)}"
+        )
+    match = re.search(r"Could not (?:override|append to|delete from) '([^']+)'", text)
+    if match and renamed_key_error(match.group(1)):
+        return renamed_key_error(match.group(1))
+    if match:
+        cause = str(err.__cause__ or "").splitlines()[0] if err.__cause__ else ""
+        return ConfigError(match.group(1), f"unknown config key ({cause or text.splitlines()[0]})")
+    match = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if match:
+        return ConfigError(match.group(1), "a list of values needs -m (multirun) to sweep")
+    return ConfigError(
+        "config", " ".join(line.strip() for line in text.splitlines() if line.strip())
+    )
+
+
+def config_errors(call: Callable[[], T]) -> T:
+    """`call()`, with Hydra's and OmegaConf's errors as rayflow's one-line ConfigError. Only
+    configuration errors are turned into it: anything else is a bug and keeps its traceback."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return call()
+    except (HydraException, OmegaConfBaseException) as err:
+        raise one_line(err) from None
+
+
+def sweep_points(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override lists of each job a (multi)run launches, split by Hydra's own BasicSweeper
+    (every point: a sweep is never cut short); hydra.* overrides are Hydra's, not a job's, but
+    for hydra.searchpath: `hydra.searchpath=[file://conf]` adds the user's own options (a
+    conf/workload/my_search.yaml) to every job's composition."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def is_hydra(
+        override: str,
+    ) -> bool:  # hydra.searchpath (the user's own config folder) composes the job
+        key = override.split("=", 1)[0].lstrip("+~")
+        return key.startswith("hydra") and key != "hydra.searchpath"
+
+    if not multirun:
+        return [[o for o in overrides if not is_hydra(o)]]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [[o for o in point if not is_hydra(o)] for batch in batches for point in batch]
+
+
+def section_models(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The model of each section of a composed config (plain, resolved): the root's own keys,
+    compute and tracking (rayflow.schema.root), the chosen backend's and workload's (their
+    registries), and the root sections the workload brings (cifar and ddp: `data`)."""
+    from rayflow.backends import REGISTRY as BACKENDS
+    from rayflow.schema import root_models
+    from rayflow.workloads import KINDS
+    from rayflow.workloads import REGISTRY as WORKLOADS
+
+    models = root_models(cfg)
+    workload = cfg.get("workload", {})
+    if (
+        workload.get("name") in WORKLOADS or workload.get("kind") in KINDS
+    ):  # a preset, or a kind under the user's own name
+        model = workload_keys(workload)
+        models["workload"] = model
+        models.update(getattr(model, "sections", {}))
+    if cfg.get("backend", {}).get("name") in BACKENDS:
+        models["backend"] = backend_keys(cfg["backend"]["name"])
+    return models
+
+
+def validate(cfg: DictConfig, local_paths: bool = True) -> None:
+    """Every key of a composed config against its kind and the rules between keys (rayflow.schema):
+    the first that is not is one ConfigError naming it."""
+    from omegaconf import OmegaConf
+
+    from rayflow import schema
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    schema.validate(data, section_models(data), local_paths=local_paths)

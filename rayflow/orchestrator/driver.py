@@ -1,0 +1,220 @@
+"""A job run in this process, its driver connected to the cluster (local, attach, spark; and a
+submitted run on the head, which is `backend=attach` there), in the experiment folder it holds.
+
+Read top-down, one step a function: the workload prepares what it needs here; the cluster is
+acquired and `compute=auto` resolved; the MLflow parent run starts (or, on resume, goes on) and the
+experiment's state is written (its state read once); the workload runs under the watches (the
+placement watch, the node peak); the outcome is reported; what did not finish raises, Ctrl-C and
+the terminating signals become the exceptions the CLI and rayflow.run turn into exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rayflow.backends import ClusterHandle
+from rayflow.errors import ConfigError, RunFailed, RunInterrupted, Terminated
+from rayflow.orchestrator.cluster import SharedCluster
+from rayflow.orchestrator.preflight import Plan
+from rayflow.orchestrator.report import report
+from rayflow.orchestrator.resume import group_choices, resumed_keys
+from rayflow.orchestrator.submission import SUBMITTED_BY, SUBMITTED_METRICS, SUBMITTED_SPEC
+from rayflow.results.experiment import read_state, write_state
+from rayflow.results.run_result import RunResult, result_line
+from rayflow.runtime.environment import scoped_env
+from rayflow.runtime.node_usage import NodePeak
+from rayflow.runtime.placement import PlacementWatch
+from rayflow.runtime.progress import plain_ray_logs
+from rayflow.runtime.signals import termination_exit_code
+from rayflow.schema.values import to_container
+from rayflow.security.redaction import redact
+from rayflow.security.result_channel import emit
+from rayflow.tracking.tracker import Tracker, git_commit
+from rayflow.workloads import RunContext
+
+
+def run_here(plan: Plan, cluster: SharedCluster, path: Path) -> RunResult:
+    """The job of `plan` on `cluster` (started by the first job that acquires it), in this process;
+    its RunResult. Raises RunFailed, RunInterrupted or Terminated after its own clean-up."""
+    cfg = plan.cfg
+    plan.workload.prepare(
+        cfg, here=plan.backend.shares_filesystem
+    )  # missing data fails before Ray starts
+    tracker = Tracker(cfg)
+    result = _new_result(plan, path, tracker)
+    state = read_state(path) if cfg.resume is not False else {}  # the experiment's state, read once
+    status = "FAILED"
+    import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
+
+    with scoped_env(_job_env(tracker)), plain_ray_logs():
+        try:
+            handle, started = cluster.acquire()
+            resolve_compute(cfg)
+            _start_tracking(plan, cluster.spec, handle, started, tracker, state, path)
+            result.mlflow_run_id, result.mlflow_experiment_id = (
+                tracker.run_id,
+                tracker.experiment_id,
+            )
+            result.summary, peak = _run_watched(plan, tracker, path, result)
+            report(cfg, tracker, result.summary, path, peak, plan.workload)
+            _raise_unfinished(result, path)
+            status = "FINISHED"
+            return result
+        except (KeyboardInterrupt, SystemExit) as stop:
+            status = "KILLED"
+            _translate_interrupt(stop, result, path)
+            raise
+        finally:
+            tracker.end(status)
+            if os.environ.get(
+                SUBMITTED_BY
+            ):  # a submitted job: its result, for the side that submitted it
+                emit(result_line(result, status))  # one write: Ray's log thread prints meanwhile
+
+
+def _new_result(plan: Plan, path: Path, tracker: Tracker) -> RunResult:
+    cfg, workload = plan.cfg, plan.workload
+    return RunResult(
+        str(cfg.workload.name),
+        None,
+        path,
+        tuple(plan.overrides),
+        redact(to_container(cfg)),
+        tracker.absolute_uri if tracker.enabled else None,
+        tracker.experiment or None,
+        trial_metrics=workload.metrics(cfg),
+        trial_params=workload.params(cfg),
+    )
+
+
+def resolve_compute(cfg: DictConfig) -> None:
+    """compute=auto: one GPU per trial when the connected cluster has GPUs, else the CPU."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if cfg.compute.device == "cuda" and gpus <= 0:
+        raise ConfigError("compute", "compute=gpu but the cluster has no GPU")
+    if cfg.compute.device == "auto":
+        OmegaConf.update(cfg, "compute.gpus_per_trial", 1 if gpus > 0 else 0)
+
+
+def _start_tracking(
+    plan: Plan,
+    spec: str,
+    handle: ClusterHandle,
+    started: bool,
+    tracker: Tracker,
+    state: dict[str, Any],
+    path: Path,
+) -> None:
+    """The MLflow parent run: a new one, or on resume the experiment's own; the cluster's start-up
+    figures where this job started it; then the experiment's state, for a later resume."""
+    cfg = plan.cfg
+    spec = os.environ.get(SUBMITTED_SPEC) or spec  # a submitted run records the cluster it ran on
+    tracker.start(
+        cfg,
+        spec,
+        tags={**_parent_tags(cfg, path), **handle.tags},
+        resume_run_id=state.get("mlflow_run_id"),
+    )
+    if os.environ.get(SUBMITTED_METRICS):  # the start-up of the cluster that submitted this job
+        tracker.log_metrics(json.loads(os.environ[SUBMITTED_METRICS]))
+    elif started:
+        tracker.log_metrics(handle.metrics)
+    # what a resume composes again (rayflow.orchestrator.resume): the choices and the keys, masked
+    config = to_container(cfg)
+    saved = {
+        "mlflow_run_id": tracker.run_id,
+        "choices": group_choices(list(plan.overrides)),
+        "config": {k: config[k] for k in resumed_keys(cfg) if k in config},
+    }
+    write_state(path, {**state, **redact(saved)})  # keeps what the workload saved (resume)
+
+
+def _parent_tags(cfg: DictConfig, path: Path) -> dict[str, Any]:
+    import ray
+    import torch
+
+    return {
+        "backend": os.environ.get(SUBMITTED_BY) or cfg.backend.name,  # vm, not the job's attach
+        "workload": cfg.workload.name,
+        "ray_version": ray.__version__,
+        "torch_version": torch.__version__,
+        "git_commit": git_commit(cfg.workload.get("trainable")),
+        "experiment_dir": str(path),
+    }
+
+
+def _run_watched(
+    plan: Plan, tracker: Tracker, path: Path, result: RunResult
+) -> tuple[Any, NodePeak]:
+    """The workload's run, watched: a demand no node can place for schedule_timeout_s stops it
+    (RunFailed: Tune and Train saved their state); the node count at its peak is kept."""
+    cfg = plan.cfg
+    keys = sorted({b.keys[r] for b in plan.bundles for r, amount in b.resources.items() if amount})
+    hint = f"lower {', '.join(keys)} or use a cluster with bigger nodes"
+    context = RunContext(tracker, path, cfg.resume is not False, plan.trial_slots)
+    with NodePeak() as peak, PlacementWatch(float(cfg.schedule_timeout_s), hint) as watch:
+        try:
+            summary = plan.workload.run(cfg, context)
+        except (KeyboardInterrupt, SystemExit):
+            if watch.message is None:
+                raise
+    if watch.message is not None:
+        raise RunFailed(watch.message, result)
+    return summary, peak
+
+
+def _resume_hint(path: Path) -> str:
+    return f"Continue with: python -m rayflow resume={path}"
+
+
+def _raise_unfinished(result: RunResult, path: Path) -> None:
+    """A run interrupted (its state saved) or with errored trials ends in its exception."""
+    summary = result.summary
+    if summary.interrupted:
+        raise RunInterrupted(f"interrupted; state saved. {_resume_hint(path)}", result)
+    if summary.errored:
+        cause = f": {summary.error}" if summary.error else ""
+        raise RunFailed(
+            f"{summary.errored} trial(s) errored{cause}; their errors are above and in {path}. "
+            f"{_resume_hint(path)}",
+            result,
+        )
+
+
+def _translate_interrupt(stop: BaseException, result: RunResult, path: Path) -> None:
+    """A terminating signal becomes Terminated (exit 128 + N), Ctrl-C RunInterrupted (exit 130);
+    either way the state is saved and the resume command printed. Anything else goes on as it is."""
+    code = termination_exit_code()
+    if code:
+        print(
+            f"rayflow: stopped by signal {code - 128}; state saved. {_resume_hint(path)}",
+            file=sys.stderr,
+        )
+        raise Terminated(code) from None
+    if isinstance(stop, KeyboardInterrupt) and not isinstance(stop, RunInterrupted):
+        raise RunInterrupted(f"interrupted; state saved. {_resume_hint(path)}", result) from None
+
+
+def _job_env(tracker: Tracker) -> dict[str, str]:
+    env = {}
+    if (
+        not sys.stdout.isatty()
+    ):  # a pipe, a CI log, a notebook cell: Ray's log prefixes without colour codes
+        env["RAY_COLOR_PREFIX"] = os.environ.get("RAY_COLOR_PREFIX", "0")
+    if tracker.enabled:  # Ray nodes that Spark or Kubernetes start get it forwarded
+        env["MLFLOW_TRACKING_URI"] = tracker.absolute_uri
+        # MLflow's own HTTP defaults retry an unreachable server for minutes: bound them.
+        for key, value in (
+            ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"),
+            ("MLFLOW_HTTP_REQUEST_TIMEOUT", "60"),
+        ):
+            env[key] = os.environ.get(key, value)
+    return env

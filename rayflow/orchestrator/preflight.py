@@ -1,0 +1,170 @@
+"""The preflight: every check of every job of a command line, before the first one starts, run once.
+
+`preflight(overrides, multirun)` composes each job (every point of a `-m` sweep; a resume composes
+the experiment's own config: rayflow.orchestrator.resume) and checks it whole: every key against its
+kind and the rules between keys (rayflow.schema), then what needs the machine or the cluster's
+description: the backend's own checks, the workload's, its demand against the cluster's nodes, the
+experiment to resume, the tracking store (network probes included, once). Bad input anywhere is one
+ConfigError naming the key, with nothing started. It changes nothing: what it found out is the
+`Plan` of each job, which the run consumes (the backend, the workload, its resource bundles, what
+the cluster may preload for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rayflow.backends import ClusterBackend, WorkerPreload, backend_for
+from rayflow.errors import ConfigError
+from rayflow.orchestrator.compose import compose_config, config_errors, sweep_points, validate
+from rayflow.orchestrator.job_files import check_upload
+from rayflow.orchestrator.resume import resumed
+from rayflow.results.experiment import experiment_dir, read_state
+from rayflow.runtime.placement import Bundle, check_fits, copies_at_once
+from rayflow.tracking.tracker import check_uri, missing_run
+from rayflow.workloads import workload_for
+from rayflow.workloads.user_code import is_given
+
+
+@dataclass
+class Plan:
+    """One job as the preflight found it: what the run consumes, checked."""
+
+    overrides: list[str]  # the job's command line (a resume's: the experiment's choices first)
+    cfg: DictConfig
+    backend: ClusterBackend
+    workload: Any  # the workload's module (rayflow.workloads.Workload)
+    bundles: list[Bundle]  # what one trial or run needs at once
+    preload: WorkerPreload | None  # what a backend that starts workers ahead of use has them import
+    trial_slots: int | None = (
+        None  # trials of the one bundle the cluster holds at once; None: unknown
+    )
+
+
+def local_files_ok(backend: ClusterBackend) -> bool:
+    """Whether MLflow can write a file on this machine: this process writes it, or the nodes share it."""
+    return not backend.submits_jobs or backend.shares_filesystem
+
+
+def check_backend(cfg: DictConfig) -> ClusterBackend:
+    """The checks of the cluster a config describes: every key against the schema, then the
+    backend's own check(); starts nothing. Returns the backend."""
+    backend = backend_for(cfg)
+    validate(cfg, local_paths=local_files_ok(backend))
+    backend.check()
+    return backend
+
+
+def plan_job(cfg: DictConfig, overrides: list[str]) -> Plan:
+    """Every check of one job (ConfigError on the first that fails); starts and changes nothing."""
+    backend = check_backend(cfg)
+    if backend.submits_jobs:
+        _no_python_objects(cfg, backend)
+    workload = workload_for(cfg.workload)
+    workload.check(cfg)
+    bundles = list(workload.demand(cfg))
+    nodes = backend.capacity({k for b in bundles for k, v in b.resources.items() if v} | _gpu(cfg))
+    _check_gpus(cfg, backend, nodes)
+    if nodes is not None:  # else the running cluster is watched (PlacementWatch)
+        check_fits(bundles, nodes, backend.name)
+    if cfg.resume is not False:
+        experiment_dir(cfg)
+    if (
+        backend.submits_jobs and not cfg.dry_run
+    ):  # the files that go with the job fit Ray's upload limit
+        check_upload(cfg, in_place=backend.shares_filesystem)
+    # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
+    # share this machine's files cannot write a local SQLite or file store.
+    # A dry run only notes it (a provider's defaults alone still render).
+    check_uri(cfg, local_files_ok=local_files_ok(backend) or bool(cfg.dry_run))
+    if cfg.resume is not False and cfg.tracking.enabled:
+        _check_resumed_run(cfg)
+    return Plan(
+        overrides,
+        cfg,
+        backend,
+        workload,
+        bundles,
+        _preload(workload, cfg, bundles),
+        _slots(bundles, nodes),
+    )
+
+
+def _gpu(cfg: DictConfig) -> set[str]:
+    return {"GPU"} if cfg.compute.device == "cuda" else set()
+
+
+def _no_python_objects(cfg: DictConfig, backend: ClusterBackend) -> None:
+    """A job on the cluster imports what the config names: a Python object handed to rayflow.run
+    cannot travel there."""
+    for key, value in cfg.workload.items():
+        if isinstance(value, str) and is_given(value):
+            raise ConfigError(
+                f"workload.{key}",
+                f"a Python object given to rayflow.run ({value}) runs on backends that "
+                f"connect this process (local, attach, spark); for backend={backend.name} put it in a "
+                "module of your working_dir and name it module:function",
+            )
+
+
+def _check_gpus(
+    cfg: DictConfig, backend: ClusterBackend, nodes: list[dict[str, float]] | None
+) -> None:
+    """compute=gpu on a cluster whose nodes are known to have no GPU."""
+    if (
+        cfg.compute.device == "cuda"
+        and nodes is not None
+        and sum(n.get("GPU", 0.0) for n in nodes) <= 0
+    ):
+        raise ConfigError(
+            "compute",
+            f"compute=gpu but backend {backend.name} has no CUDA device; use compute=cpu or compute=auto",
+        )
+
+
+def _preload(workload: Any, cfg: DictConfig, bundles: list[Bundle]) -> WorkerPreload | None:
+    modules = tuple(workload.worker_imports(cfg))
+    if not modules:
+        return None
+    threads = max((b.resources.get("CPU", 1.0) for b in bundles), default=1.0)
+    return WorkerPreload(modules, sum(b.count for b in bundles), int(threads) or 1)
+
+
+def _slots(bundles: list[Bundle], nodes: list[dict[str, float]] | None) -> int | None:
+    """Trials of the workload's one bundle the cluster holds at once at its largest; None when only
+    the running cluster knows its size (attach, sizes left to Spark) or there is no one bundle."""
+    if nodes is None or len(bundles) != 1 or bundles[0].count != 1:
+        return None
+    return copies_at_once(bundles[0], nodes)
+
+
+def _check_resumed_run(cfg: DictConfig) -> None:
+    """A resumed experiment logs into its first run's MLflow parent run: the store must hold it
+    (a relative sqlite:///mlflow.db from another directory is another store). Refused rather than
+    started anew, so a resumed experiment's MLflow history stays in one run."""
+    run_id = read_state(experiment_dir(cfg)).get("mlflow_run_id")
+    if not run_id:
+        return
+    reason = missing_run(cfg, str(run_id))
+    if reason:
+        raise ConfigError(
+            "resume",
+            f"the experiment's MLflow parent run {run_id} is not in tracking.uri: {reason}; "
+            "resume from the directory of the first run or give its tracking.uri (or tracking=none)",
+        )
+
+
+def preflight(overrides: list[str], multirun: bool = False) -> list[Plan]:
+    """Compose and check every job of the command line before any starts: bad input anywhere in
+    a sweep is one ConfigError naming the key, with nothing started."""
+    points = config_errors(lambda: sweep_points(list(overrides), multirun))
+    plans = []
+    for point in points:
+        cfg = config_errors(lambda: compose_config(*point))
+        if cfg.resume is not False:
+            point, cfg = config_errors(lambda: resumed(point, cfg))
+        plans.append(config_errors(lambda: plan_job(cfg, point)))
+    return plans

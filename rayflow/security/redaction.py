@@ -1,0 +1,575 @@
+"""Masking secrets before anything is printed, logged or written to MLflow.
+
+Secrets reach rayflow's output in three shapes, and each is masked by its structure, not by
+listing known keys:
+
+- a value whose name says it is secret: `tracking.token`, `spark.ssl.keyPassword`,
+  `fs.azure.account.key.<account>...` (Hydra nests it as dicts: the word can sit above the leaf),
+  `dbpassword`, `apiKeys`, `GITHUB_PAT`, `x-api-key`, `session_cookie`;
+- a value beside a secret name: Kubernetes `env` pairs `{name: AWS_SECRET_ACCESS_KEY, value: ...}`,
+  argv lists `["--db-password", X]`;
+- a secret inside text: `NAME=value`, `--flag value`, `--flag=value`, `name: value`,
+  `Authorization: Basic ...`, `Bearer ...`, `Cookie: ...`, URL userinfo, query and fragment.
+
+Every config, spec, tag, param and message goes through `redact` / `mask_text` on its way out.
+`mask_text` runs on every streamed log line: its patterns are linear (each name starts only where
+a word starts, every repeat is bounded by a character it cannot contain).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+REDACTED = "***"
+
+# --- names ------------------------------------------------------------------------------------
+# A name is split into words on '.', '_', '-', '/', spaces and camelCase humps. A word is secret
+# when it is one of _SECRET_WORDS, or a concatenation ending in one (dbpassword, githubtoken,
+# sessioncookie, basicauth; secretaccesskey and apikeys through _KEY_PREFIXES).
+_SECRET_WORDS = {
+    "password",
+    "passwords",
+    "passwd",
+    "pwd",
+    "passphrase",
+    "pass",
+    "secret",
+    "secrets",
+    "token",
+    "tokens",
+    "key",
+    "keys",
+    "apikey",
+    "apikeys",
+    "credential",
+    "credentials",
+    "cred",
+    "creds",
+    "cookie",
+    "cookies",
+    "bearer",
+    "auth",
+    "authorization",
+    "pat",
+    "pats",
+    "sas",
+    "otp",
+}
+_SECRET_ENDINGS = (
+    "password",
+    "passwords",
+    "passwd",
+    "pwd",
+    "passphrase",
+    "secret",
+    "secrets",
+    "token",
+    "tokens",
+    "credential",
+    "credentials",
+    "cookie",
+    "cookies",
+    "auth",
+    "authorization",
+)
+# "...key" is secret only after these (apikey, privatekey, secretaccesskey; not monkey, hockey)
+_KEY_PREFIXES = (
+    "api",
+    "private",
+    "secret",
+    "access",
+    "master",
+    "signing",
+    "encryption",
+    "ssh",
+    "hmac",
+    "auth",
+    "license",
+    "client",
+    "account",
+    "storage",
+    "session",
+    "shared",
+    "admin",
+    "root",
+    "sas",
+    "service",
+    "crypt",
+    "crypto",
+    "aes",
+    "rsa",
+    "jwt",
+    "pass",
+    "app",
+    "user",
+    "db",
+)
+# "...pass" is secret (mysqlpass, dbpass) except in these words
+_NOT_PASS = {
+    "bypass",
+    "compass",
+    "encompass",
+    "surpass",
+    "trespass",
+    "overpass",
+    "underpass",
+    "multipass",
+    "onepass",
+    "twopass",
+    "firstpass",
+    "secondpass",
+    "singlepass",
+}
+# A word after the secret word says the value is about the secret, not the secret itself:
+# ray_auth_mode, auth.ssh_user, secretName, password_file, token_url, authOptions.mode.
+_DESCRIPTORS = {
+    "mode",
+    "type",
+    "kind",
+    "method",
+    "scheme",
+    "user",
+    "username",
+    "file",
+    "filename",
+    "files",
+    "path",
+    "paths",
+    "dir",
+    "directory",
+    "name",
+    "names",
+    "namespace",
+    "env",
+    "var",
+    "enabled",
+    "enable",
+    "disabled",
+    "required",
+    "provider",
+    "providers",
+    "url",
+    "uri",
+    "endpoint",
+    "host",
+    "port",
+    "arn",
+    "ttl",
+    "timeout",
+    "expiry",
+    "expires",
+    "expiration",
+    "length",
+    "len",
+    "size",
+    "count",
+    "limit",
+    "format",
+    "algorithm",
+    "version",
+    "prefix",
+    "rotation",
+    "command",
+    "check",
+    "checking",
+}
+# Words before a secret word that make it a count or a non-secret kind of key or token:
+# max_tokens, num_keys, pad_token, public_key, primary_key, sort_key.
+_COUNTS = {"max", "min", "num", "n", "count", "number", "total", "limit"}
+_NOT_KEY = {
+    "public",
+    "primary",
+    "foreign",
+    "sort",
+    "partition",
+    "hash",
+    "cache",
+    "dict",
+    "group",
+    "join",
+    "label",
+    "input",
+    "output",
+    "image",
+    "text",
+    "target",
+    "metric",
+    "feature",
+    "column",
+    "row",
+    "index",
+    "lookup",
+    "shard",
+    "routing",
+    "idempotency",
+    "object",
+    "dedup",
+    "unique",
+    "composite",
+    "map",
+    "config",
+    "param",
+    "state",
+    "result",
+    "batch",
+    "sample",
+    "sorting",
+    "grouping",
+    "full",
+    "host",
+}
+_NOT_TOKEN = {
+    "pad",
+    "bos",
+    "eos",
+    "unk",
+    "sep",
+    "cls",
+    "mask",
+    "special",
+    "stop",
+    "start",
+    "end",
+    "extra",
+    "additional",
+    "new",
+    "input",
+    "output",
+    "prompt",
+    "completion",
+    "vocab",
+    "image",
+    "text",
+}
+# A parent key that is secret only for its own value: Ray's `auth:` section holds ssh_user and
+# ssh_proxy_command as well as the key's path.
+_WEAK = {"auth"}
+# A secret word whose numeric value is a count or a seed, not a secret (keys: 3, pass: 2)
+_AMBIGUOUS_FOR_NUMBERS = {"key", "keys", "tokens", "pass", "pats", "pat", "auth"}
+
+_HUMP = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_SPLIT = re.compile(r"[._\-/\s]+")
+
+
+def words(name: str) -> list[str]:
+    return [w for w in _SPLIT.split(_HUMP.sub("_", str(name)).lower()) if w]
+
+
+def _secret_word(word: str) -> bool:
+    if (
+        word in _SECRET_WORDS
+        or word.endswith(_SECRET_ENDINGS)
+        or "password" in word
+        or "passwd" in word
+    ):
+        return True
+    stem = word[:-1] if word.endswith("keys") else word
+    if stem.endswith("key") and stem[:-3].endswith(_KEY_PREFIXES):
+        return True
+    return word.endswith("pass") and word not in _NOT_PASS
+
+
+def _negated(before: list[str], word: str) -> bool:
+    if any(w in _COUNTS for w in before):
+        return True
+    last = before[-1] if before else ""
+    if word in ("key", "keys"):
+        return last in _NOT_KEY
+    return word.startswith("token") and last in _NOT_TOKEN
+
+
+def _verdict(ws: list[str]) -> str | None:
+    """The secret word that decides a name ('' when a descriptor after it clears it; None when
+    the name has neither)."""
+    found = None
+    for i, word in enumerate(ws):
+        if word in _DESCRIPTORS:
+            found = ""
+        elif _secret_word(word) and not _negated(ws[:i], word):
+            found = word
+    return found
+
+
+def secret_word(path: tuple[str, ...]) -> str | None:
+    """The word that makes the value at this key path secret, or None. Each part's words decide
+    in order: a secret word marks it, a later descriptor clears it, a neutral part keeps it (the
+    account under `fs.azure.account.key`) unless the mark was weak (`auth`); a reference part
+    (`secretKeyRef`, `valueFrom`) names where a secret is, so nothing under it is one."""
+    found = None
+    for part in path:
+        ws = words(part)
+        if ws and ws[-1] in ("ref", "from"):
+            return None
+        verdict = _verdict(ws)
+        if verdict is not None:
+            found = verdict or None
+        elif found in _WEAK:
+            found = None
+    return found
+
+
+@lru_cache(maxsize=4096)  # mask_text asks about the same few names on every log line
+def name_word(name: str) -> str | None:
+    return secret_word((name,))
+
+
+def is_secret_name(name: str) -> bool:
+    return name_word(str(name)) is not None
+
+
+def _masks(word: str | None, value: Any) -> bool:
+    """Whether a value under the secret word `word` is masked: never a flag or a null, and a
+    number only under an unambiguous name (password: 1234, not max_tokens: 100 or keys: 3)."""
+    if word is None or value is None or isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)) or (isinstance(value, str) and _NUMBER.fullmatch(value)):
+        return word not in _AMBIGUOUS_FOR_NUMBERS
+    return True
+
+
+# --- text -------------------------------------------------------------------------------------
+# Values in text that hold no secret: help's `key=value`, a YAML null, a value masked already
+_PLACEHOLDERS = {"value", "values", "null", "none", "true", "false", "...", REDACTED}
+_NUMBER = re.compile(r"[+-]?\d{1,30}(?:\.\d{1,30})?")
+# A name starts only where a word starts: not inside a word, a path (~/.ray/auth_token: PATH
+# stays) or an interpolation; so each run of name characters is scanned once.
+_START = r"(?<![\w.\-/~$%])"
+# A value: quoted, or up to a space, a quote or punctuation that ends it; not an empty mapping or
+# list (`auth: {}`) nor a reference (`${oc.env:TOKEN}`, `$TOKEN`)
+_VALUE = r"(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`,;&()\[\]{}$][^\s\"'`,;&)\]}]*)"
+_SCHEME = r"(?P<scheme>(?:bearer|basic|token|digest|negotiate)[ \t]+)?"
+_NAME = r"(?P<name>-{0,2}[A-Za-z_][\w.\-]*)"
+# NAME=value, --flag=value, "NAME"=value, Authorization=Basic value
+_EQUALS = re.compile(
+    _START + _NAME + r"(?P<sep>[\"']?[ \t]*=[ \t]*)" + _SCHEME + _VALUE, re.IGNORECASE
+)
+# "NAME": value, 'NAME': value (JSON, a Python dict's repr)
+_QUOTED = re.compile(
+    r"(?P<q>[\"'])" + _NAME + r"(?P=q)[ \t]*:[ \t]*" + _SCHEME + _VALUE, re.IGNORECASE
+)
+# NAME: value, Authorization: Bearer value (YAML, headers), when the value is the line's last word:
+# prose after a key ("backend.api_token: must be a string") is a message, not a secret
+_COLON = re.compile(
+    _START + _NAME + r"[ \t]*:[ \t]+" + _SCHEME + _VALUE + r"(?=[ \t]*(?:[,;}\])\"'\r\n]|$))",
+    re.IGNORECASE,
+)
+# --flag value
+_FLAG = re.compile(
+    _START + r"(?P<name>--?[A-Za-z][\w.\-]*)(?P<sep>[ \t]+)(?P<value>\"[^\"\n]*\"|'[^'\n]*'"
+    r"|[^\s\"'`\-][^\s\"'`,;&)\]}]*)"
+)
+_BEARER = re.compile(
+    r"(?<![\w\-])(?P<scheme>bearer[ \t]+)(?P<value>[A-Za-z0-9\-._~+/]{8,}=*)", re.IGNORECASE
+)
+# A cookie header's value is several name=value pairs: all of it goes
+_COOKIE = re.compile(
+    r"(?<![\w\-])(?P<lead>(?:set-)?cookie[\"']?[ \t]*[:=][ \t]*)(?P<value>[^\r\n\"']+)",
+    re.IGNORECASE,
+)
+# name: AWS_SECRET_ACCESS_KEY, value: ... (a Kubernetes env pair, as JSON or YAML text)
+_PAIR = re.compile(
+    r"(?<![\w\-])(?P<lead>[\"']?(?:name|key)[\"']?[ \t]*[:=][ \t]*[\"']?(?P<name>[A-Za-z_][\w.\-]*)"
+    r"[\"']?[ \t]*(?:,[ \t]*|\r?\n[ \t]*)[\"']?value[\"']?[ \t]*[:=][ \t]*)" + _VALUE,
+    re.IGNORECASE,
+)
+# scheme://userinfo@ : a password (user:pass@) or a bare token (token@) before the host
+_USERINFO = re.compile(
+    r"(?<![a-zA-Z0-9+.\-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<info>[^/@\s?#]+)@"
+)
+# ?name=value, &name=value, #name=value where the name is secret-like (percent-encoded names too)
+_QUERY = re.compile(r"(?P<lead>[?&;#](?P<name>[^=&#;?\s]+)=)(?P<value>[^&#\s\"'`)\]}<>]*)")
+
+
+def masked_message(err: BaseException) -> str:
+    """An error's message with the secrets it echoes masked (Hydra's parse error quotes the whole
+    override). A ConfigError's key is masked on its own, so the message after it stays a message:
+    `backend.api_token: must be ...`."""
+    text, key = str(err), getattr(err, "key", None)
+    if isinstance(key, str) and text.startswith(f"{key}: "):
+        return f"{mask_text(key)}: {mask_text(text[len(key) + 2 :])}"
+    return mask_text(text)
+
+
+def _placeholder(value: str) -> bool:
+    """A value a message shows in place of the user's own (`key=value`, `TOKEN=<your token>`,
+    `CREDENTIALS=/path/to/key.json`), or a file's path in the home folder (`ssh_private_key=~/.ssh/id`)."""
+    lowered = value.lower()
+    return lowered in _PLACEHOLDERS or lowered.startswith(("<", "~/")) or "path/to/" in lowered
+
+
+def _masked(value: str) -> str:
+    quote = value[0] if value[:1] in ("'", '"') and len(value) > 1 and value[-1] == value[0] else ""
+    return f"{quote}{REDACTED}{quote}"
+
+
+def _named(match: re.Match) -> str:
+    """The match with its value masked when its name is secret."""
+    value = match.group("value")
+    word = name_word(match.group("name").lstrip("-"))
+    if not _masks(word, value.strip("'\"")) or _placeholder(value.strip("'\"")):
+        return match.group(0)
+    return match.group(0)[: match.start("value") - match.start()] + _masked(value)
+
+
+def _labelled(match: re.Match) -> str:
+    """_named, but a bare `key: ...` line is a label in YAML (tolerations, metadata items,
+    secretKeyRef), not a secret."""
+    return match.group(0) if match.group("name").lower() == "key" else _named(match)
+
+
+def _userinfo(match: re.Match) -> str:
+    user, sep, _ = match.group("info").partition(":")
+    return f"{match.group('scheme')}{user + ':' if sep else ''}{REDACTED}@"
+
+
+def _query(match: re.Match) -> str:
+    return match.group("lead") + REDACTED if is_secret_name(match.group("name")) else match.group(0)
+
+
+def mask_text(text: str) -> str:
+    """`text` with every secret it holds in clear masked: URL credentials (user:***@, ***@ for a
+    bare token, ?token=***, #access_token=***), `NAME=***`, `--flag ***`, `name: ***`,
+    `Bearer ***`, `Cookie: ***` and `{name: SECRET_NAME, value: ***}`."""
+    if "@" in text:
+        text = _USERINFO.sub(_userinfo, text)
+    if "=" in text:
+        text = _QUERY.sub(_query, text)
+    lowered = text.lower()
+    if "cookie" in lowered:
+        text = _COOKIE.sub(lambda m: m.group("lead") + REDACTED, text)
+    if "bearer" in lowered:
+        text = _BEARER.sub(lambda m: m.group("scheme") + REDACTED, text)
+    if "value" in lowered:
+        text = _PAIR.sub(_named, text)
+    if "=" in text:
+        text = _EQUALS.sub(_named, text)
+    if ":" in text:
+        text = _QUOTED.sub(_named, text)
+        text = _COLON.sub(_labelled, text)
+    if "-" in text:
+        text = _FLAG.sub(_named, text)
+    return text
+
+
+# --- structures -------------------------------------------------------------------------------
+def names_a_file(path: tuple[str, ...]) -> bool:
+    """Keys of Ray's cluster YAML whose values are paths of files on this machine, not the
+    files' contents: `file_mounts: {~/.ray/auth_token: PATH}` and `auth.ssh_private_key`. Kept
+    as they are, so a printed `ray up` YAML still points `ray up` at them."""
+    return len(path) >= 2 and (
+        path[-2] == "file_mounts" or path[-2:] == ("auth", "ssh_private_key")
+    )
+
+
+def _is_secret_flag(item: Any) -> bool:
+    return (
+        isinstance(item, str)
+        and item.startswith("-")
+        and "=" not in item
+        and is_secret_name(item.lstrip("-"))
+    )
+
+
+def _pair(value: Mapping) -> tuple[Any, Any] | None:
+    """(the label's key, the value's key or None) of a labelled entry: Kubernetes env
+    `{name, value}`, AWS tags `{Key, Value}`, GCP metadata items, tolerations and selector terms
+    `{key, operator, ...}`. The label is a name (`Key: db_password`, `key: nvidia.com/gpu` are
+    shown); the value is a secret when the label names one."""
+    keys = {str(k).lower(): k for k in value}
+    label = keys.get("name", keys.get("key"))
+    if label is None:
+        return None
+    if "value" in keys:
+        return label, keys["value"]
+    return (label, None) if {"operator", "effect", "values"} & set(keys) else None
+
+
+def redact(value: Any, path: tuple[str, ...] = ()) -> Any:
+    """A copy of a (nested) mapping or list with secrets masked: a leaf whose key path names a
+    secret (secret_word), a `value` beside a secret `name`, the item after a secret flag in a
+    list (`["--db-password", X]`), and secrets inside any string (mask_text)."""
+    if isinstance(value, Mapping):
+        pair = _pair(value)
+        if pair is None:
+            return {k: redact(v, (*path, str(k))) for k, v in value.items()}
+        label, inner = pair
+        name = value[label]
+        secret = isinstance(name, str) and is_secret_name(name)
+        return {
+            k: (
+                mask_text(v)
+                if k == label and isinstance(v, str)
+                else REDACTED
+                if inner is not None and k == inner and secret and _masks("value", v)
+                else redact(v, (*path, str(k)))
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        items = [redact(v, path) for v in value]
+        for i in range(1, len(items)):
+            if (
+                _is_secret_flag(value[i - 1])
+                and _masks("value", value[i])
+                and not str(value[i]).startswith("-")
+            ):
+                items[i] = REDACTED
+        return items
+    if _masks(secret_word(path), value) and not names_a_file(path):
+        return REDACTED
+    if isinstance(value, str):
+        return mask_text(value)
+    return value
+
+
+def _holds_redacted(value: Any) -> bool:
+    if isinstance(value, str):
+        return REDACTED in value
+    if isinstance(value, (list, tuple)):
+        return any(_holds_redacted(v) for v in value)
+    return False
+
+
+def drop_redacted(value: Any) -> Any:
+    """A copy without the leaves redact() masked, whole or in part (for merging a saved config
+    back: the value given now stands)."""
+    if isinstance(value, Mapping):
+        return {k: drop_redacted(v) for k, v in value.items() if not _holds_redacted(v)}
+    return value
+
+
+def masked_paths(value: Any, path: tuple[str, ...] = ()) -> list[str]:
+    """The dotted key paths whose values redact() masks (whole or in part) in a document."""
+    return _changed(value, redact(value), path)
+
+
+def _changed(plain: Any, masked: Any, path: tuple[str, ...]) -> list[str]:
+    if plain == masked:
+        return []
+    if isinstance(plain, Mapping) and isinstance(masked, Mapping):
+        return [p for k in plain for p in _changed(plain[k], masked.get(k), (*path, str(k)))]
+    if isinstance(plain, (list, tuple)) and isinstance(masked, list) and len(plain) == len(masked):
+        return [
+            p
+            for i, (a, b) in enumerate(zip(plain, masked))
+            for p in _changed(a, b, (*path, str(i)))
+        ]
+    return [".".join(path)]
+
+
+def literal_secrets_note(document: Any) -> list[str]:
+    """A dry run's note (stderr) when the document it prints holds secrets in clear: the printout
+    masks them, so stdout is still the document less those values, and says where they belong."""
+    paths = masked_paths(document)
+    if not paths:
+        return []
+    shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    return [
+        f"dry run: the document holds {len(paths)} secret value(s) in clear, masked ({REDACTED}) in this "
+        f"printout: {shown}. Keep secrets out of it: let the nodes read them from their environment or a "
+        "file at start (`export NAME=$(cat ~/.secrets/NAME)` in a setup command, an environment variable "
+        "set where Ray starts) or, on KubeRay, a Kubernetes Secret (env valueFrom.secretKeyRef)"
+    ]

@@ -1,0 +1,401 @@
+"""The one Ray Tune path: every workload that tunes, and scripts/bench.py, go through run_tune.
+
+It adds what rayflow needs around a plain Tuner and nothing per result: experiment
+folders that `resume=true` can find, Tuner.restore for them, actor reuse (a reused
+trial process keeps its loaded data set), and the end-of-run summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rayflow.results.records import TUNE_AUTO_KEYS
+from rayflow.runtime.environment import scoped_env
+
+
+@dataclass
+class TuneJob:
+    """One Tune experiment, as every tuning workload (workload=tune and its presets, a Train
+    sweep, RLlib) hands it to run_tune: the public seam between a workload's keys and Tune."""
+
+    trainable: Callable
+    param_space: dict
+    metric: str
+    mode: str
+    num_samples: int
+    resources: dict | None  # None: the trainable asks for its own (RLlib algorithms)
+    scheduler: Any = None
+    search_alg: Any = None
+    max_failures: int = 0
+    checkpoints_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
+    reuse_actors: bool = True
+    max_concurrent_trials: int | None = None
+    # Trials Tune creates ahead, each asking for a placement group: Tune's default of 200 serves
+    # an autoscaler's demand, but on a cluster of known size more than fit at once only add
+    # placement-group requests and removals to every trial (0.8 s over 128 trials on 2 slots).
+    max_pending_trials: int | None = None
+    checkpoint_frequency: int = 0  # class trainables (RLlib): Tune checkpoints every N iterations
+    checkpoint_at_end: bool | None = None
+    stop: dict | None = None
+    time_budget_s: float | None = None
+    callbacks: list = field(default_factory=list)
+    verbose: int = 1
+    # For the summary and the plots: what counts a trial's progress (the scheduler's time_attr),
+    # how far a trial may go in it (None: no limit known), the scheduler's name for "stopped
+    # early by ..." (None: no scheduler stops trials early), the metrics the table shows.
+    time_attr: str = "training_iteration"
+    max_t: int | None = None
+    scheduler_label: str | None = None
+    shown_metrics: tuple[str, ...] = ()
+
+
+def _first_result_wait():
+    """A Tune callback that shows the wait for the first trial's first result: the trial's
+    process starts and imports torch (and RLlib) before it reports, seconds with nothing printed."""
+    from ray.tune import Callback
+
+    from rayflow.runtime.progress import phase
+
+    class FirstResult(Callback):
+        def __init__(self):
+            self._phase = None
+
+        def __getstate__(
+            self,
+        ):  # Tune pickles its callbacks with the experiment; a live phase is not state
+            return {"_phase": None}
+
+        def setup(self, **info):
+            self._phase = phase(
+                "waiting for the first trial's first result (its process starts and imports the trainable's modules)",
+                "tune",
+            )
+            self._phase.__enter__()
+
+        def _close(self, instead: str | None = None):
+            """End the line: `... done` on a first result, else what ended the wait instead."""
+            if self._phase is not None:
+                if instead:
+                    self._phase.done(instead)
+                self._phase.__exit__(None, None, None)
+                self._phase = None
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            self._close()
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._close(f"no first result: trial {trial.trial_id} errored")
+
+        def on_experiment_end(self, trials, **info):
+            self._close("no trial reported a result")
+
+    return FirstResult()
+
+
+def _notebook_reporter():
+    """In a Jupyter kernel Tune draws its progress table as HTML, and by default clears the
+    cell's output first, which would wipe rayflow's lines above it (the Spark session used,
+    each start-up phase): keep them. None elsewhere (Tune's own terminal output)."""
+    from ray.tune.experimental.output import IS_NOTEBOOK
+
+    if not IS_NOTEBOOK:
+        return None
+    from ray.tune import JupyterNotebookReporter
+
+    return JupyterNotebookReporter(overwrite=False)
+
+
+def run_tune(job: TuneJob, path: Path, resume: bool = False):
+    """Run (or continue) the experiment in `path`; returns (ResultGrid, interrupted)."""
+    from ray import tune
+
+    trainable = (
+        job.trainable
+        if job.resources is None
+        else tune.with_resources(job.trainable, job.resources)
+    )
+    if resume and (path / "tuner.pkl").exists():  # else it stopped before Tune started: start anew
+        tuner = tune.Tuner.restore(
+            str(path),
+            trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            param_space=job.param_space,
+        )
+        note_restarts(path)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=job.param_space,
+            tune_config=tune.TuneConfig(
+                metric=job.metric,
+                mode=job.mode,
+                num_samples=job.num_samples,
+                scheduler=job.scheduler,
+                search_alg=job.search_alg,
+                time_budget_s=job.time_budget_s,
+                reuse_actors=job.reuse_actors,
+                max_concurrent_trials=job.max_concurrent_trials,
+            ),
+            run_config=tune.RunConfig(
+                name=path.name,
+                storage_path=str(path.parent),
+                failure_config=tune.FailureConfig(max_failures=job.max_failures),
+                checkpoint_config=tune.CheckpointConfig(
+                    num_to_keep=job.checkpoints_to_keep,
+                    checkpoint_score_attribute=job.checkpoint_score_attribute,
+                    checkpoint_score_order=job.checkpoint_score_order,
+                    checkpoint_frequency=job.checkpoint_frequency,
+                    checkpoint_at_end=job.checkpoint_at_end,
+                ),
+                stop=job.stop,
+                callbacks=[*(job.callbacks or []), *_result_files(), _first_result_wait()],
+                verbose=job.verbose,
+                progress_reporter=_notebook_reporter(),
+            ),
+        )
+    # Tune adds its CSV, JSON and TensorBoard loggers unless told not to; the TensorBoard one
+    # imports tensorboardX and with it torch in the driver (1.5-2 s before the first trial
+    # starts, every run). rayflow's results go to MLflow: only the files Tune's ResultGrid and
+    # resume read are kept (_result_files), and the driver imports no torch for them.
+    env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+    if (
+        job.verbose == 0
+    ):  # Tune's new output prints its experiment box even when silent; its legacy one, nothing
+        env["RAY_AIR_NEW_OUTPUT"] = "0"
+    if (
+        job.max_pending_trials and "TUNE_MAX_PENDING_TRIALS_PG" not in os.environ
+    ):  # the user's own setting wins
+        env["TUNE_MAX_PENDING_TRIALS_PG"] = str(max(1, job.max_pending_trials))
+    with _trials_in_prestarted_workers(), scoped_env(env), _without_rays_resume_hint():
+        return fit_watching_interrupts(tuner)
+
+
+def note_restarts(path: Path) -> None:
+    """One line, on resume, for the unfinished trials that saved no checkpoint (a trainable that
+    checkpoints nothing): Tune runs them again from their first iteration, not from where they stopped."""
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(str(path)).trials  # the state Tuner.restore continues
+    fresh = [t for t in trials if t.status != "TERMINATED" and t.checkpoint is None]
+    if fresh:
+        print(
+            f"[rayflow] resume: {len(fresh)} unfinished trial(s) saved no checkpoint (the trainable saves none): "
+            "they restart from the start",
+            flush=True,
+        )
+
+
+# What Tune logs (ray.tune.tune) when a run is interrupted: its own `Tuner.restore(...)` call.
+# rayflow prints the one instruction that works for its runs, `python -m rayflow resume=PATH`.
+RAY_RESUME_HINTS = ("Resume experiment with:", "Resume training with:")
+
+
+class _NoResumeHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(hint in record.getMessage() for hint in RAY_RESUME_HINTS)
+
+
+@contextlib.contextmanager
+def _without_rays_resume_hint():
+    """Ray Tune's resume instruction left out of its log while the run lasts."""
+    logger, hint = logging.getLogger("ray.tune.tune"), _NoResumeHint()
+    logger.addFilter(hint)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hint)
+
+
+def _result_files() -> list:
+    """progress.csv and result.json per trial: ResultGrid's metrics, plots and resume read them."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    return [CSVLoggerCallback(), JsonLoggerCallback()]
+
+
+@contextlib.contextmanager
+def _trials_in_prestarted_workers():
+    """Tune gives every trial actor the runtime_env {"env_vars": {"PL_DISABLE_FORK": "1"}}
+    (ray.tune.execution.class_cache: a PyTorch Lightning workaround; rayflow's workloads do not
+    use Lightning). Any runtime_env makes Ray start a new process for the actor rather than give
+    it one of the idle workers its raylet prestarted (and that imported the workload's modules:
+    LocalCluster.preload_worker_imports), which puts 2-5 s of process start and imports in front
+    of every trial. Without the variable the trial's runtime_env is empty and those workers fit.
+    Variables Tune forwards from the driver's environment (AWS keys, Ray Train's) still go."""
+    from ray.tune.execution import class_cache
+
+    saved = dict(class_cache.DEFAULT_ENV_VARS)
+    class_cache.DEFAULT_ENV_VARS.pop("PL_DISABLE_FORK", None)
+    try:
+        yield
+    finally:
+        class_cache.DEFAULT_ENV_VARS.clear()
+        class_cache.DEFAULT_ENV_VARS.update(saved)
+
+
+def _sigint_sentinel(signum, frame):
+    raise KeyboardInterrupt  # Python's default: a second Ctrl-C stops Tune's last save
+
+
+def fit_watching_interrupts(tuner):
+    """tuner.fit(), and whether Ctrl-C (or SIGUSR1) made Tune stop early and save its state.
+
+    Tune swaps in its own SIGINT handler for the run; on a stop signal it puts back the
+    handler it found, and otherwise leaves its own in place. The trials it stops are
+    marked TERMINATED, so the handler is the only trace of an interrupt after fit().
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return tuner.fit(), False
+    previous = signal.signal(signal.SIGINT, _sigint_sentinel)
+    try:
+        results = tuner.fit()
+        return results, signal.getsignal(signal.SIGINT) is _sigint_sentinel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def no_success_line(
+    trials: int, errored: int, error: str | None, interrupted: bool, metric: str = ""
+) -> str:
+    """The one line of a run with no best trial: why (every trial errored, with the first error;
+    the interrupt; no report of the metric), in place of empty best-of headings."""
+    what = f"reported {metric}" if metric else "reported a result"
+    if errored:
+        first = f"; the first error: {error}" if error else ""
+        return f"no trial succeeded: {errored} of {trials} errored{first}"
+    if interrupted:
+        return f"no trial {what} before the interrupt ({trials} trials; resume continues them)"
+    return f"no trial {what} ({trials} trials)"
+
+
+@dataclass
+class TuneSummary:
+    """The outcome of a Tune experiment, whatever the trainable (rayflow.workloads.Summary)."""
+
+    best_config: dict
+    best_metrics: dict
+    best_checkpoint: str | None
+    trials: int
+    errored: int
+    interrupted: bool  # Ctrl-C stopped the experiment; its state is saved for resume
+    stopped_early: int
+    trial_epochs: int  # progress used by every trial together, in `unit`s
+    budget_epochs: int  # 0: no budget known (no max_t)
+    devices: list[str]
+    error: str | None = None  # the first errored trial's error, one line
+    metric: str = ""
+    shown_metrics: tuple[str, ...] = ()
+    scheduler_label: str | None = None
+    unit: str = "epoch"
+
+    def parent_metrics(self) -> dict[str, float]:
+        """What the invocation's parent MLflow run records about the whole search."""
+        shown = self.shown_metrics or (self.metric,)
+        best = {f"best_{k}": v for k, v in self.best_metrics.items() if k in shown}
+        metrics = {**best, f"trial_{self.unit}s": self.trial_epochs}
+        if self.scheduler_label:
+            metrics["trials_stopped_early"] = self.stopped_early
+        return metrics
+
+    def table(self) -> str:
+        width = max(len(str(k)) for k in self.best_config) if self.best_config else 0
+        lines = ["", "== rayflow results =="]
+        if (
+            not self.best_metrics
+        ):  # no trial reported the metric: no best trial, nothing under a heading
+            return "\n".join(
+                [
+                    *lines,
+                    no_success_line(
+                        self.trials, self.errored, self.error, self.interrupted, self.metric
+                    ),
+                ]
+            )
+        if self.best_config:
+            lines += [
+                "best config:",
+                *(f"  {k:<{width}} = {v}" for k, v in self.best_config.items()),
+            ]
+        for name in self.shown_metrics or (self.metric,):
+            value = self.best_metrics.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                lines.append(f"best {name:<13} {value:.4f}")
+        by = f" by {self.scheduler_label}" if self.scheduler_label else ""
+        if self.interrupted:
+            lines.append(
+                f"trials: {self.trials} ({self.errored} errored; interrupted before the search finished)"
+            )
+        elif self.scheduler_label:
+            lines.append(
+                f"trials: {self.trials} ({self.stopped_early} stopped early{by}, {self.errored} errored)"
+            )
+        else:
+            lines.append(f"trials: {self.trials} ({self.errored} errored)")
+        if self.budget_epochs:
+            share = self.trial_epochs / self.budget_epochs
+            lines.append(
+                f"trial-{self.unit}s used: {self.trial_epochs} of {self.budget_epochs} ({share:.0%})"
+            )
+        else:
+            lines.append(f"trial-{self.unit}s used: {self.trial_epochs}")
+        return "\n".join(lines)
+
+
+def summarize(results, job: TuneJob, interrupted: bool) -> TuneSummary:
+    from rayflow.errors import first_error_line
+
+    metric, mode, time_attr = job.metric, job.mode, job.time_attr
+    done = [
+        r for r in results if r.metrics and metric in r.metrics and r.error is None
+    ]  # trials that reported
+    best = results.get_best_result(metric=metric, mode=mode, scope="last") if done else None
+    progress = [int((r.metrics or {}).get(time_attr, 0) or 0) for r in results]
+    # With no limit set (the scheduler's default max_t is not one a trainable knows of), the
+    # furthest any trial got is the limit: a trial that ended short of it was stopped early.
+    max_t = job.max_t or (max(progress, default=0) or None if job.scheduler_label else None)
+    numbers = (
+        {
+            k: v
+            for k, v in (best.metrics or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in TUNE_AUTO_KEYS
+        }
+        if best
+        else {}
+    )
+    return TuneSummary(
+        best_config=dict(best.config) if best else {},
+        best_metrics=numbers,
+        # a trial that ran a Ray Train run reports where that run keeps its checkpoints
+        best_checkpoint=(
+            best.checkpoint.path if best.checkpoint else (best.metrics or {}).get("checkpoint_path")
+        )
+        if best
+        else None,
+        trials=len(results),
+        errored=results.num_errors,
+        interrupted=interrupted,
+        stopped_early=sum(1 for r in done if max_t and r.metrics.get(time_attr, max_t) < max_t)
+        if job.scheduler_label
+        else 0,
+        trial_epochs=sum(progress),
+        budget_epochs=len(results) * job.max_t
+        if job.max_t
+        else 0,  # grid_search multiplies num_samples
+        devices=sorted({str(r.metrics["device"]) for r in done if "device" in r.metrics}),
+        error=first_error_line(results.errors[0]) if results.errors else None,
+        metric=metric,
+        shown_metrics=job.shown_metrics,
+        scheduler_label=job.scheduler_label,
+        unit="epoch" if time_attr == "epoch" else "iteration",
+    )
