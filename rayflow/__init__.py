@@ -1,7 +1,8 @@
 """rayflow: one Hydra config, the same Ray Tune / Ray Train job on a laptop, Spark, KubeRay or VMs.
 
-From Python (a notebook): rayflow.run(...), rayflow.compose(...), rayflow.dry_run(...) (rayflow.api).
-Importing rayflow loads Hydra's config layer only; ray, torch and mlflow load when a job runs.
+From Python (a notebook): rayflow.run(...), rayflow.compose(...), rayflow.dry_run(...)
+(rayflow.api). Importing rayflow loads Hydra's config layer only; ray, torch and mlflow load when a
+job runs.
 """
 
 __version__ = "0.1.0"

@@ -76,10 +76,10 @@ def run(
             if isinstance(err.result, RunResult):
                 err.result.runner = run  # err.result.resume() continues it
             raise
-    for result in results:
-        if result is not None:
-            result.runner = run
-    return results if multirun else results[0]
+    done = [result for result in results if result is not None]  # None: a dry run's, refused above
+    for result in done:
+        result.runner = run
+    return done if multirun else done[0]
 
 
 @contextlib.contextmanager
@@ -129,7 +129,8 @@ def _hydra_value(value: Any, key: str) -> str:
         return "{" + ", ".join(f"{k}: {_hydra_value(v, key)}" for k, v in value.items()) + "}"
     raise ConfigError(
         key,
-        f"a {type(value).__name__} is not a config value (numbers, strings, lists and mappings are)",
+        f"a {type(value).__name__} is not a config value "
+        "(numbers, strings, lists and mappings are)",
     )
 
 
@@ -158,9 +159,8 @@ def _process_state_restored():
         yield
     finally:
         ray = sys.modules.get("ray")
-        if (
-            ray is not None and ray.is_initialized()
-        ):  # a backend's teardown left the driver connected
+        # a backend's teardown left the driver connected
+        if ray is not None and ray.is_initialized():
             ray.shutdown()
         changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
         for key in changed:

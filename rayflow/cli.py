@@ -1,12 +1,12 @@
 """`python -m rayflow` / `rayflow`: Hydra's command line, a preflight, then the jobs.
 
-The preflight (rayflow.orchestrator.compose) composes the config of every job the command line asks for
-(each point of a `-m` sweep) and runs every check before any job starts, so bad input gets one
-line naming the key, exit code 2, and nothing started. The jobs then run in order through
-session.run_jobs, which starts each cluster once for the consecutive jobs that share it.
-Hydra's own `@hydra.main` answers the informational flags (--help, --cfg, --info, shell
-completion). Only hydra and omegaconf are imported here; ray, torch and mlflow load when a
-job runs, so --help stays fast.
+The preflight (rayflow.orchestrator.preflight) composes the config of every job the command line
+asks for (each point of a `-m` sweep) and runs every check before any job starts, so bad input gets
+one line naming the key, exit code 2, and nothing started. The jobs then run in order through
+rayflow.orchestrator.session.run_jobs, which starts each cluster once for the consecutive jobs that
+share it. Hydra's own `@hydra.main` answers the informational flags (--help, --cfg, --info, shell
+completion). Only hydra and omegaconf are imported here; ray, torch and mlflow load when a job runs,
+so --help stays fast.
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ def redact_in_place(node, plain, masked) -> None:
 def hydra_shows_redacted():
     """Hydra's --cfg, --help and --info print the composed config (and --cfg hydra the override
     strings): each config Hydra composes here has its secrets masked before it is printed."""
+    from unittest import mock
+
     from hydra._internal.hydra import Hydra
     from omegaconf import OmegaConf
 
@@ -103,11 +105,9 @@ def hydra_shows_redacted():
         redact_in_place(cfg, plain, redact(plain))
         return cfg
 
-    Hydra.compose_config = redacted
-    try:
+    # Hydra has no hook between composing and printing: its method is swapped while the block runs
+    with mock.patch.object(Hydra, "compose_config", redacted):
         yield
-    finally:
-        Hydra.compose_config = compose
 
 
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name=CONFIG_NAME)

@@ -17,7 +17,7 @@ and keeps its traceback. `rayflow.run` raises them as they are.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 
 class ConfigError(ValueError):
@@ -64,6 +64,14 @@ class RunInterrupted(KeyboardInterrupt):
 class Terminated(SystemExit):
     """Raised in the main thread when the process receives SIGTERM or SIGHUP; its code is
     128 + the signal's number. A SystemExit, so every `finally` (teardown) runs."""
+
+
+@overload
+def first_error_line(error: BaseException | str) -> str: ...
+
+
+@overload
+def first_error_line(error: BaseException | str | None) -> str | None: ...
 
 
 def first_error_line(error: BaseException | str | None) -> str | None:

@@ -1,11 +1,12 @@
-"""`python -m rayflow.job_entry`: a submitted run's driver on the head (rayflow.orchestrator.submission).
+"""`python -m rayflow.job_entry`: a submitted run's driver on the head
+(rayflow.orchestrator.submission).
 
 The command line is the same for every run (`ps`, JobInfo.entrypoint and the dashboard show it):
-the run's overrides come from the request shipped with the job (rayflow.orchestrator.submission.read_request).
-Before anything of the user's is imported, the driver takes the result key out of its
-environment (rayflow.security.result_channel.take_key), then runs rayflow's CLI on the overrides as
-`python -m rayflow OVERRIDES` would (sys.argv is this process's own copy; the OS's command line
-stays the fixed one).
+the run's overrides come from the request shipped with the job
+(rayflow.orchestrator.submission.read_request). Before anything of the user's is imported, the
+driver takes the result key out of its environment (rayflow.security.result_channel.take_key), then
+runs rayflow's CLI on the overrides as `python -m rayflow OVERRIDES` would (sys.argv is this
+process's own copy; the OS's command line stays the fixed one).
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ def main(argv: list[str]) -> int:
             and path.stat().st_uid == os.getuid()
         ):
             print(
-                f"rayflow.teardown: {path} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its "
-                "autoscaling.yaml): nothing stopped",
+                f"rayflow.teardown: {path} is not a fake_multinode cluster's temp dir of yours "
+                "(rf-vm-*, with its autoscaling.yaml): nothing stopped",
                 file=sys.stderr,
             )
             return 2

@@ -33,6 +33,23 @@ hydra-launcher (`--jobs 8 --job-seconds 4`) sweeps examples/hydra-app with hydra
 backend=local and with Hydra's basic launcher; `ratio` = wall / ideal, `speedup` = basic / rayflow
 (see bench_launcher.py).
 
+vm-cluster (`--repeats 2`) times backend=vm on fake_multinode: head ready, scale-up and
+scale-down, and what submitting the run as a Ray Job adds (see bench_vm.py). spark-cluster
+(`--repeats 1`) times Ray on Spark through rayflow's backend against plain setup_ray_cluster:
+ready, scale-up, scale-down; `ratio` = rayflow's ready / plain's.
+
+Every subcommand takes `--smoke`: the same code paths of both sides at the least size (a few
+trials of a fraction of a second, one repeat, a few hundred synthetic images, an iteration or
+two), still one JSON line with the same keys, in seconds to a minute or two; its figures measure
+nothing. tests/test_bench.py (and, in their modules' turn, tests/test_spark.py and
+tests/test_vm.py) run each one so that none rots:
+
+    python scripts/bench.py tune-overhead --smoke
+    python scripts/bench.py data-pipeline --smoke --device cpu [--rayflow-only]  # no torchvision: --rayflow-only
+    python scripts/bench.py cifar-search --smoke --compute cpu
+
+`--smoke --help` of a subcommand lists its smoke sizes; options given beside `--smoke` win.
+
 Everything except the JSON line (Ray's logs, worker output) goes to stderr, so
 `python scripts/bench.py tune-overhead > result.json` gives a clean file.
 """
@@ -55,6 +72,7 @@ import bench_ddp
 import bench_launcher
 import bench_ppo
 import bench_vm
+from bench_common import log, smoke_option, wait_for
 
 # Must be set before ray is imported anywhere (rayflow imports it lazily); a local
 # benchmark cluster needs no token, and the caller may still choose otherwise.
@@ -98,22 +116,30 @@ def tune_overhead(args) -> dict:
     import ray
     from ray import tune
 
-    from rayflow.backends.local import LocalCluster
+    from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
-    from rayflow.runtime.placement import copies_at_once
+    from rayflow.orchestrator.preflight import plan_job
     from rayflow.workloads import tune as tune_kind
     from rayflow.workloads.tune_runner import fit_watching_interrupts, run_tune
     from rayflow.workloads.user_code import give
 
     trainable = sleep_trainable(args.trial_seconds, args.reports)
     param_space = {"i": tune.grid_search(list(range(args.trials)))}
-    cfg = compose_config(
+    # The job as `python -m rayflow workload=tune backend.num_cpus=2` composes and checks it; the
+    # MLflow trial callback is made here (mlflow_trial_runs), so the config's own tracking is off.
+    overrides = [
         "workload=tune",
         f'workload.trainable="{give(trainable)}"',
         "workload.metric=score",
         "workload.mode=max",
         f"workload.search_space={{i: {{grid_search: {list(range(args.trials))}}}}}",
-    )
+        f"backend.num_cpus={SLOTS}",
+        "backend.include_dashboard=false",
+        "tracking=none",
+    ]
+    cfg = compose_config(*overrides)
+    plan = plan_job(cfg, overrides)  # the preflight: the backend, what it preloads, the trial slots
+    slots = plan.trial_slots
     ideal = args.trials * args.trial_seconds / SLOTS
 
     # Both return whether Ctrl-C stopped Tune early; fit_watching_interrupts only swaps a
@@ -128,9 +154,7 @@ def tune_overhead(args) -> dict:
         # built from them (rayflow.workloads.tune.job) and run by run_tune, as a run does.
         tuned = tune_kind.job(cfg, trainable, callbacks=callbacks)
         tuned.verbose = 0
-        tuned.max_pending_trials = (
-            slots  # as run_job sets it from the run's cluster (RunContext.trial_slots)
-        )
+        tuned.max_pending_trials = slots  # as run_job sets it from RunContext.trial_slots
         return run_tune(tuned, storage / "rayflow-bench")[1]
 
     def plain_run(storage: Path, _: None) -> bool:
@@ -143,15 +167,11 @@ def tune_overhead(args) -> dict:
         return fit_watching_interrupts(tuner)[1]
 
     def rayflow_cluster():
-        # The cluster backend=local starts for this job: its idle workers prestarted with the
-        # workload's imports (Tune's function-trainable wrapper; a notebook's function travels
-        # pickled), as `python -m rayflow workload=tune` gets them.
-        backend = LocalCluster(
-            compose_config(f"backend.num_cpus={SLOTS}", "backend.include_dashboard=false").backend,
-            auth_mode=os.environ["RAY_AUTH_MODE"],
-        )
-        backend.preload_worker_imports(tune_kind.worker_imports(cfg), processes=SLOTS)
-        return backend
+        # The cluster backend=local starts for this job (rayflow.orchestrator.cluster.running):
+        # its idle workers prestarted with the workload's imports (Tune's function-trainable
+        # wrapper; a notebook's function travels pickled), the preload the preflight planned, as
+        # `python -m rayflow workload=tune` gets them.
+        return running(plan.backend, plan.preload)
 
     @contextlib.contextmanager
     def plain_cluster():
@@ -160,8 +180,6 @@ def tune_overhead(args) -> dict:
             yield
         finally:
             ray.shutdown()
-
-    slots = copies_at_once(tune_kind.demand(cfg)[0], rayflow_cluster().capacity({"CPU"}))
 
     # Each run gets a fresh cluster of its own, started before its timing starts: the seconds
     # of start-up are not what is measured (`start_s` reports them), and no run inherits
@@ -228,6 +246,7 @@ def tune_overhead_args(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="leave out the MLflow trial callback on rayflow's side",
     )
+    smoke_option(p, trials=4, trial_seconds=0.4, reports=2, repeats=1)
 
 
 def spark_cluster(args) -> dict:
@@ -237,6 +256,7 @@ def spark_cluster(args) -> dict:
 
     from rayflow.backends import backend_for
     from rayflow.backends.spark.cluster import stop_session_and_jvm
+    from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
 
     overrides = [
@@ -248,10 +268,13 @@ def spark_cluster(args) -> dict:
     cfg = compose_config(*overrides)
 
     def rayflow_path():
+        # The cluster's whole life as a run has it (rayflow.orchestrator.cluster.running): started
+        # here, stopped by closing the stack, however the measurement ends.
         backend = backend_for(cfg)
+        life = contextlib.ExitStack()
         start = time.perf_counter()
-        backend.__enter__()
-        return time.perf_counter() - start, lambda: backend.__exit__(None, None, None)
+        life.enter_context(running(backend))
+        return time.perf_counter() - start, life.close
 
     def plain_path():
         # What a user writes by hand: the same session settings and setup_ray_cluster arguments.
@@ -263,8 +286,13 @@ def spark_cluster(args) -> dict:
         for key, value in backend.spark_conf().items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
-        address, _ = setup_ray_cluster(**backend.setup_args())
-        ray.init(address=address)
+        try:
+            address, _ = setup_ray_cluster(**backend.setup_args())
+            ray.init(address=address)
+        except BaseException:
+            shutdown_ray_cluster()
+            stop_session_and_jvm(spark)
+            raise
         ready = time.perf_counter() - start
 
         def stop():
@@ -278,19 +306,16 @@ def spark_cluster(args) -> dict:
         """(demand -> second worker alive, first worker idle -> it is removed), in seconds."""
         alive = lambda: sum(1 for n in ray.nodes() if n["Alive"])  # noqa: E731
         hold = ray.remote(num_cpus=1)(lambda s: time.sleep(s))
-        while alive() < 2:
-            time.sleep(0.2)
+        wait_for(lambda: alive() >= 2, NODE_WAIT_S, "first Ray-on-Spark worker node")
         asked = time.perf_counter()
         refs = [hold.remote(args.task_seconds) for _ in range(2)]
-        while alive() < 3:
-            time.sleep(0.2)
+        wait_for(lambda: alive() >= 3, NODE_WAIT_S, "second worker node (scale-up)")
         up = time.perf_counter() - asked
-        ray.wait(refs, num_returns=1)
+        ray.wait(refs, num_returns=1, timeout=args.task_seconds + NODE_WAIT_S)
         idle = time.perf_counter()
-        while alive() > 2:
-            time.sleep(0.2)
+        wait_for(lambda: alive() <= 2, NODE_WAIT_S, "scale-down of the idle worker node")
         down = time.perf_counter() - idle
-        ray.get(refs)
+        ray.get(refs, timeout=args.task_seconds + NODE_WAIT_S)
         return up, down
 
     # The Spark and Ray-on-Spark launchers need the venv's bin on PATH and its python.
@@ -328,15 +353,21 @@ def spark_cluster(args) -> dict:
     }
 
 
+# The most a wait for a Ray-on-Spark node to come or go may take (Spark launches worker nodes on a
+# 10 s interval; a 2-core machine under load is slower).
+NODE_WAIT_S = 180
+
+
 def spark_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-minutes", type=float, default=0.1, help="autoscale_idle_timeout_minutes")
     p.add_argument(
         "--task-seconds",
         type=float,
         default=40,
-        help="length of the two tasks that force a scale-up",
+        help="length of the two tasks that force a scale-up (longer than a scale-up takes)",
     )
     p.add_argument("--repeats", type=int, default=1)
+    smoke_option(p, task_seconds=25, repeats=1)
 
 
 # name -> (function returning the result dict, function adding its options, help).
@@ -385,16 +416,18 @@ BENCHMARKS = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, add_args, help_) in BENCHMARKS.items():
         add_args(sub.add_parser(name, help=help_))
     args = parser.parse_args(argv)
+    if args.smoke:  # its sizes become the defaults; options given beside --smoke still win
+        sub.choices[args.command].set_defaults(**args.smoke_sizes)
+        args = parser.parse_args(argv)
+        log(
+            f"{args.command} --smoke: {args.smoke_sizes} (a smoke run: its figures measure nothing)"
+        )
 
     # Keep stdout for the JSON line alone: point fd 1 at stderr for the run, so that
     # Ray's driver, worker-log forwarding and child processes cannot write into it.

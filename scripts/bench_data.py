@@ -30,6 +30,11 @@ cifar-search: wall seconds of the whole `workload=cifar` search (`python -m rayf
 share a GPU) or --compute cpu; the synthetic set is written before the clock starts. The
 CLI's own output goes to stderr; the JSON has the wall time and what the search did.
 `--against FILE` (the JSON line of the other side's run) adds `ratio` = that wall / this wall.
+
+--smoke runs both on a few hundred synthetic images: data-pipeline one warm-up and one timed
+epoch of 320 + 64 images with 2 loader workers, cifar-search 1 trial of 1 epoch. Neither needs a
+GPU with `--device cpu` / `--compute cpu`; without torchvision, data-pipeline's seed side cannot
+run: `--rayflow-only` (its seed figures and ratios are then null).
 """
 
 from __future__ import annotations
@@ -44,12 +49,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_common import log, smoke_option
+
 SEED_NORM = (0.5, 0.5, 0.5)
 BATCH_DIR = "cifar-10-batches-py"
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+SEARCH_TIMEOUT_S = 7200  # cifar-search's default --timeout
 
 
 def _data_spec(args):
@@ -358,6 +362,7 @@ def data_pipeline_args(p) -> None:
         action="store_true",
         help="time rayflow's side alone (no torchvision needed)",
     )
+    smoke_option(p, warmup=1, epochs=1, train_size=320, test_size=64, workers=2)
 
 
 def cifar_search(args) -> dict:
@@ -397,14 +402,23 @@ def cifar_search(args) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("RAY_AUTH_MODE", "disabled")
     began = time.perf_counter()
-    proc = subprocess.run(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=None, text=True)
+    try:  # SIGTERM on timeout: the CLI stops its cluster before it exits
+        proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, text=True)
+        output, _ = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=120)
+        sys.stderr.write(output)
+        raise SystemExit(
+            f"bench cifar-search: python -m rayflow ran past {args.timeout:g} s"
+        ) from None
     wall = time.perf_counter() - began
-    sys.stderr.write(proc.stdout)
+    sys.stderr.write(output)
     if proc.returncode != 0:
         raise SystemExit(f"bench cifar-search: python -m rayflow exited {proc.returncode}")
-    used = re.search(r"trial-epochs used: (\d+) of (\d+)", proc.stdout)
-    trials = re.search(r"trials: (\d+) \((\d+) stopped early by ASHA, (\d+) errored\)", proc.stdout)
-    best = re.search(r"best val_accuracy\s+([0-9.]+)", proc.stdout)
+    used = re.search(r"trial-epochs used: (\d+) of (\d+)", output)
+    trials = re.search(r"trials: (\d+) \((\d+) stopped early by ASHA, (\d+) errored\)", output)
+    best = re.search(r"best val_accuracy\s+([0-9.]+)", output)
     device_name = None
     try:
         from mlflow.tracking import MlflowClient
@@ -470,4 +484,11 @@ def cifar_search_args(p) -> None:
         "--against",
         help="a file holding the other side's JSON line: adds ratio = its wall_s / this wall_s",
     )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=SEARCH_TIMEOUT_S,
+        help="seconds the search may take before it is stopped",
+    )
     p.add_argument("override", nargs="*", help="more rayflow overrides (key=value)")
+    smoke_option(p, samples=1, max_epochs=1, train_size=320, test_size=64)

@@ -1,66 +1,74 @@
 """bench.py ddp-overhead: rayflow's Ray Train path against raw torch.distributed DDP.
 
+rayflow's side is workload=ddp as `python -m rayflow workload=ddp compute=cpu` runs it: its keys
+composed by Hydra and checked by the preflight (plan_job), the cluster backend=local starts for it
+(rayflow.orchestrator.cluster.running, 2 CPUs), and the workload's own run (presets.ddp.run: its
+TrainJob through workload=train's run_training, i.e. train_runner.trainer's TorchTrainer with
+ddp_loop.train_loop on 2 workers); each epoch's step time is read from the reports the run keeps
+(rayflow_epochs.jsonl). The raw side is plain DDP in 2 torch.multiprocessing processes.
+
 Both sides train the same model on the same tensors (rayflow.workloads.presets.cifar_data.load_split of one
-synthetic set) with the same per-worker batch, sampler, optimizer and lr schedule, on 2
-CPU processes with gloo. What is compared is the steady-state step time: the median of
-(training seconds of an epoch / its steps) over epochs 2.., so start-up (Ray Train's
-worker group, process spawn, the first epoch's warm-up) is left out on both sides.
+synthetic set) with the same per-worker batch, sampler, optimizer and lr schedule (the TrainJob's
+train_loop_config), on 2 CPU processes with gloo. What is compared is the steady-state step time:
+the median of (training seconds of an epoch / its steps) over epochs 2.., so start-up (Ray
+Train's worker group, process spawn, the first epoch's warm-up) is left out on both sides.
+
+--smoke: 2 epochs (epoch 1 is not counted) of 32 images per worker on 320 synthetic images, once.
 """
 
 from __future__ import annotations
 
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench_common import log, smoke_option
+
 WORKERS = 2
+RAW_TIMEOUT_S = 3600  # the raw side's processes may take this long in all; then they are ended
 
 
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def loop_config(args, data) -> dict:
-    """The ddp workload's worker config (the keys of conf/workload/ddp.yaml), as run by the CLI."""
-    return {
-        "model": args.model,
-        "epochs": args.epochs,
-        "batch_size": args.batch_size,
-        "lr": 0.05,
-        "momentum": 0.9,
-        "weight_decay": 5e-4,
-        "lr_schedule": "cosine",
-        "warmup_epochs": 0,
-        "step_epochs": 3,
-        "gamma": 0.1,
-        "amp": False,
-        "checkpoint_every": 1,
-        "data": data,
-        "mlflow": None,
-    }
+def overrides(args, data_root: Path) -> list[str]:
+    """workload=ddp on 2 CPU workers, every epoch checkpointed and every checkpoint kept, amp off
+    (CPU training is float32 anyway), no restarts, no MLflow: the raw side has none of those."""
+    return [
+        "workload=ddp",
+        "compute=cpu",
+        "tracking=none",
+        f"backend.num_cpus={WORKERS}",
+        f"workload.num_workers={WORKERS}",
+        f"workload.model={args.model}",
+        f"workload.epochs={args.epochs}",
+        f"workload.batch_size={args.batch_size}",
+        "workload.amp=false",
+        "workload.max_failures=0",
+        "workload.checkpoint.every_epochs=1",
+        f"workload.checkpoint.keep_best={args.epochs}",
+        f"data.root={data_root}",
+        "data.synthetic=true",
+        f"data.synthetic_train_size={args.train_size}",
+        f"data.synthetic_test_size={max(100, args.train_size // 10)}",
+    ]
 
 
 def steady(step_times: dict[int, float]) -> float:
     return statistics.median(t for epoch, t in step_times.items() if epoch >= 2)
 
 
-def rayflow_epochs(config: dict, storage: Path) -> dict[int, float]:
-    """Epoch -> step time through rayflow's TorchTrainer (ddp.make_trainer + ddp_loop.train_loop)."""
-    from rayflow.workloads.presets.ddp import make_trainer
+def rayflow_epochs(plan, folder: Path) -> dict[int, float]:
+    """Epoch -> step time of workload=ddp's own run (presets.ddp.run) in the experiment `folder`."""
+    from rayflow.results.records import train_epochs
+    from rayflow.tracking.tracker import Tracker
+    from rayflow.workloads import RunContext
 
-    spec = {
-        "num_workers": WORKERS,
-        "cpu": 1.0,
-        "gpu": 0.0,
-        "max_failures": 0,
-        "keep_best": config["epochs"],
-    }
-    result = make_trainer(spec, config, name="ddp-bench", storage=str(storage)).fit()
-    # Every epoch checkpoints and none is dropped, so every epoch's metrics are here.
-    return {int(m["epoch"]): float(m["step_time_s"]) for _, m in result.best_checkpoints}
+    folder.mkdir(parents=True)  # as the driver claims it before the workload runs
+    context = RunContext(Tracker(plan.cfg), folder, resume=False, trial_slots=plan.trial_slots)
+    summary = plan.workload.run(plan.cfg, context)
+    if summary.errored or summary.interrupted:
+        raise RuntimeError(f"bench ddp-overhead: the Ray Train run failed: {summary.error}")
+    return {int(r["epoch"]): float(r["step_time_s"]) for r in train_epochs(folder)}
 
 
 def _raw_worker(rank: int, config: dict, port: int, out: str) -> None:
@@ -127,39 +135,55 @@ def raw_epochs(config: dict, storage: Path) -> dict[int, float]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = storage / "raw-times.txt"
-    mp.spawn(_raw_worker, args=(config, port, str(out)), nprocs=WORKERS, join=True)
+    processes = mp.spawn(_raw_worker, args=(config, port, str(out)), nprocs=WORKERS, join=False)
+    deadline = time.monotonic() + RAW_TIMEOUT_S
+    try:
+        while not processes.join(timeout=5):  # raises the error of a process that failed
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bench ddp-overhead: raw DDP ran past {RAW_TIMEOUT_S} s")
+    finally:
+        for process in processes.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(10)
     return ast.literal_eval(out.read_text())
 
 
 def ddp_overhead(args) -> dict:
+    import shutil
+
     import ray
 
-    from rayflow.workloads.presets.cifar_data import DataSpec, prepare
+    from rayflow.orchestrator.cluster import running
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.orchestrator.preflight import plan_job
+    from rayflow.workloads.presets.cifar_data import prepare, spec
 
     tmp = Path(tempfile.mkdtemp(prefix="rayflow-bench-ddp-"))
-    data = DataSpec(
-        root=str(tmp / "data"),
-        synthetic=True,
-        synthetic_train_size=args.train_size,
-        synthetic_test_size=max(100, args.train_size // 10),
-    )
-    prepare(data)
-    config = loop_config(args, data)
-    # One cluster for every rayflow run, started before any timing (Ray Train's cleanup of a
-    # run's placement group goes through the dashboard's state API).
-    ray.init(address="local", num_cpus=WORKERS, include_dashboard=True)
     runs: dict[str, list[float]] = {"rayflow": [], "raw": []}
     try:
-        for rep in range(args.repeats):  # alternate, so drift on a noisy machine hits both
-            for name, run in (("rayflow", rayflow_epochs), ("raw", raw_epochs)):
-                storage = tmp / f"{name}-{rep}"
-                storage.mkdir()
-                runs[name].append(steady(run(config, storage)))
-                log(f"repeat {rep + 1}/{args.repeats} {name}: {runs[name][-1] * 1000:.1f} ms/step")
+        given = overrides(args, tmp / "data")
+        plan = plan_job(compose_config(*given, f"storage_path={tmp}"), given)
+        prepare(spec(plan.cfg))  # the data set both sides read, written before any timing
+        # The TrainJob workload=ddp builds (presets.ddp.job): its train_loop_config is the raw
+        # side's config too, so both train with the same keys.
+        config = plan.workload.job(plan.cfg, None).config
+        # One cluster for every rayflow run, started before any timing, as backend=local starts
+        # it (with the dashboard, whose state API Ray Train's cleanup of a run's placement group asks).
+        with running(plan.backend, plan.preload):
+            for rep in range(args.repeats):  # alternate, so drift on a noisy machine hits both
+                for name in ("rayflow", "raw"):
+                    folder = tmp / f"{name}-{rep}"
+                    if name == "rayflow":
+                        times = rayflow_epochs(plan, folder)
+                    else:
+                        folder.mkdir()
+                        times = raw_epochs(config, folder)
+                    runs[name].append(steady(times))
+                    log(
+                        f"repeat {rep + 1}/{args.repeats} {name}: {runs[name][-1] * 1000:.1f} ms/step"
+                    )
     finally:
-        ray.shutdown()
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     step, raw = statistics.median(runs["rayflow"]), statistics.median(runs["raw"])
     return {
@@ -189,3 +213,4 @@ def ddp_overhead_args(p) -> None:
         "--train-size", type=int, default=20000, help="synthetic training images (80%% train)"
     )
     p.add_argument("--model", default="cnn", choices=("cnn", "resnet"))
+    smoke_option(p, repeats=1, epochs=2, batch_size=32, train_size=320)

@@ -3,7 +3,9 @@
 through Hydra's basic launcher (one job after another in the app's process), each the whole
 command a user runs, alternating, the median of --repeats. `ratio` = rayflow's wall / ideal,
 where ideal is jobs x job-seconds / slots; `speedup` = basic's wall / rayflow's wall. rayflow's
-wall includes starting and stopping its Ray cluster."""
+wall includes starting and stopping its Ray cluster.
+
+--smoke: 2 jobs of 0.5 s through each launcher, once."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_common import smoke_option
 
 REPO = Path(__file__).resolve().parents[1]
 SLOTS = 2
@@ -57,7 +61,8 @@ def hydra_launcher(args) -> dict:
     ideal = args.jobs * args.job_seconds / SLOTS
     wall, plain = statistics.median(rayflow), statistics.median(basic)
     return {
-        "benchmark": "hydra-launcher",
+        "name": "hydra-launcher",
+        "benchmark": "hydra-launcher",  # the key this line had before `name`
         "jobs": args.jobs,
         "job_seconds": args.job_seconds,
         "slots": SLOTS,
@@ -78,3 +83,4 @@ def hydra_launcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats", type=int, default=1, help="runs of each launcher; the median is reported"
     )
+    smoke_option(p, jobs=2, job_seconds=0.5, repeats=1)

@@ -8,31 +8,37 @@ same seed. Each run gets a new local cluster, started the way `python -m rayflow
 workload=ppo` starts it (backend=local, 2 CPUs, its idle workers importing the workload's
 modules), and its clock starts the moment ray.init returns: what the CLI does after its
 cluster is up (parent MLflow run aside, made before the cluster) is on the clock.
+
+--smoke: one iteration of 256 env steps on each side (`--max-steps 256 --train-batch-size 256`),
+far from the goal (`reached` is false): the same two paths, not the training.
 """
 
 from __future__ import annotations
 
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench_common import log, smoke_option
+
 RETURN_KEY = ("env_runners", "episode_return_mean")
 
 
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def cluster(cfg):
-    """A new local cluster, configured by the CLI's preflight as `python -m rayflow workload=ppo
-    backend.num_cpus=2` configures it (with --no-warm: backend.preload_worker_imports=false)."""
-    from rayflow.orchestrator.cluster import running
+def planned(cfg):
+    """The preflight's plan of the job, as `python -m rayflow workload=ppo backend.num_cpus=2`
+    checks it: the backend, what its workers preload (none with --no-warm:
+    backend.preload_worker_imports=false), the trial slots."""
     from rayflow.orchestrator.preflight import plan_job
 
-    plan = plan_job(cfg, [])
+    return plan_job(cfg, [])
+
+
+def cluster(plan):
+    """A new local cluster, started as the CLI starts the plan's."""
+    from rayflow.orchestrator.cluster import running
+
     return running(plan.backend, plan.preload)
 
 
@@ -41,6 +47,7 @@ def overrides(args) -> list[str]:
         "workload=ppo",
         "backend.num_cpus=2",
         f"backend.preload_worker_imports={str(args.warm).lower()}",
+        *([f"workload.train_batch_size={args.train_batch_size}"] if args.train_batch_size else []),
     ]
 
 
@@ -59,14 +66,17 @@ def rayflow_side(folder: Path, args) -> tuple[float, int, float]:
         f"workload.stop.episode_return_mean={args.goal}",
         f"workload.stop.env_steps={args.max_steps}",
     )
+    plan = planned(cfg)
     tracker = Tracker(cfg)
     tracker.start(cfg, "", tags={"workload": "ppo"})  # the store and parent run exist before timing
-    context = RunContext(tracker, experiment_dir(cfg), resume=False)
-    with cluster(cfg):
+    context = RunContext(tracker, experiment_dir(cfg), resume=False, trial_slots=plan.trial_slots)
+    with cluster(plan):
         start = time.perf_counter()
         summary = ppo.run(cfg, context)
         wall = time.perf_counter() - start
     tracker.end("FINISHED")
+    if summary.errored:
+        raise RuntimeError(f"bench ppo: rayflow's trial failed: {summary.error}")
     return wall, int(summary.steps_at_best or 0), float(summary.best_return or 0)
 
 
@@ -77,7 +87,7 @@ def plain_side(folder: Path, args) -> tuple[float, int, float]:
 
     cfg = compose_config(*overrides(args), "tracking=none")
     config = algo_config(cfg, gpu=False)
-    with cluster(cfg):
+    with cluster(planned(cfg)):
         return _train(config, args)
 
 
@@ -145,3 +155,10 @@ def ppo_args(p) -> None:
         action="store_false",
         help="both sides without backend.preload_worker_imports (what it saves)",
     )
+    p.add_argument(
+        "--train-batch-size",
+        type=int,
+        default=None,
+        help="workload.train_batch_size on both sides (default: the workload's, 4000)",
+    )
+    smoke_option(p, repeats=1, max_steps=256, train_batch_size=256)

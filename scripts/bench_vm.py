@@ -1,8 +1,18 @@
 """bench.py vm-cluster: backend=vm on fake_multinode (Ray's real autoscaler, worker nodes as
 processes on this machine) — time to a ready head, scale-up and scale-down latency against
 the autoscaler's update interval, and what submitting the run as a Ray Job costs: the same
-4-trial cifar run on backend=vm (into a cluster already at full size) and on backend=local
-(its own cluster start subtracted), alternating."""
+4-trial cifar run on backend=vm (into a cluster already at full size, submitted as a run on it is:
+rayflow.orchestrator.submission.submit with the handle's Submission, `python -m rayflow.job_entry`
+and the overrides as its request) and on backend=local (its own cluster start subtracted),
+alternating.
+
+Each cluster lives as a run's does (rayflow.orchestrator.cluster.running): started, then stopped
+however the block ends. This driver joins the fake cluster's GCS (`provider.gcs_address` of the
+`autoscaling.yaml` in the cluster's temp dir, the one its teardown command names) to watch its nodes.
+
+--smoke: a 1-second task for the scale-up, a full size of 1 worker, and one pair of 1-trial,
+1-epoch runs on 256 synthetic images: the same paths, in about a minute and a half here.
+"""
 
 from __future__ import annotations
 
@@ -15,20 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-# Identical trials on both sides (no sampling, no early stopping), 2 at a time.
-RUN = [
-    "data.synthetic=true",
-    "data.synthetic_train_size=2000",
-    "data.synthetic_test_size=200",
-    "workload.num_samples=4",
-    "workload.max_epochs=3",
-    "workload.scheduler.grace_period=3",
-    "workload.search_space.l1.min=64",
-    "workload.search_space.l1.max=64",
-    "workload.search_space.l2.min=64",
-    "workload.search_space.l2.max=64",
-    "workload.search_space.batch_size=[64]",
-]
+from bench_common import log, smoke_option, wait_for
+
 FAKE = [
     "backend=vm",
     "backend.provider=fake_multinode",
@@ -36,31 +34,50 @@ FAKE = [
     "backend.cluster_name=rayflow-bench",
     "ray_auth_mode=disabled",
 ]
+IDLE_TIMEOUT_MINUTES = 0.1
+RUN_TIMEOUT_S = 900  # one run on either side may take this long
 
 
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+def run_overrides(args) -> list[str]:
+    """Identical trials on both sides (no sampling, no early stopping), 2 at a time."""
+    return [
+        "data.synthetic=true",
+        f"data.synthetic_train_size={args.train_size}",
+        "data.synthetic_test_size=200",
+        f"workload.num_samples={args.samples}",
+        f"workload.max_epochs={args.epochs}",
+        f"workload.scheduler.grace_period={args.epochs}",
+        "workload.search_space.l1.min=64",
+        "workload.search_space.l1.max=64",
+        "workload.search_space.l2.min=64",
+        "workload.search_space.l2.max=64",
+        "workload.search_space.batch_size=[64]",
+    ]
 
 
 def vm_cluster_args(parser) -> None:
     parser.add_argument(
         "--repeats", type=int, default=2, help="submission-cost pairs (vm, local), alternating"
     )
+    parser.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=15,
+        help="the task whose demand scales the cluster up holds its node this long",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="worker nodes of the full-size cluster the run joins"
+    )
+    parser.add_argument("--samples", type=int, default=4, help="trials of the timed run")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of each trial")
+    parser.add_argument("--train-size", type=int, default=2000, help="synthetic training images")
+    smoke_option(parser, repeats=1, hold_seconds=1, workers=1, samples=1, epochs=1, train_size=256)
 
 
 def _alive() -> int:
     import ray
 
     return sum(1 for node in ray.nodes() if node["Alive"])
-
-
-def _wait(predicate, timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise RuntimeError(f"bench vm-cluster: no {what} within {timeout:g} s")
-        time.sleep(0.2)
-    return time.monotonic() - start
 
 
 def _backend(*overrides: str):
@@ -70,32 +87,36 @@ def _backend(*overrides: str):
     return backend_for(compose_config(*FAKE, *overrides))
 
 
-def _connect(backend) -> None:
+def _connect(handle) -> None:
+    """This driver joins the fake cluster's GCS, named in its autoscaling config."""
     import ray
     import yaml
 
-    gcs = yaml.safe_load(Path(backend._config_file).read_text())["provider"]["gcs_address"]
-    ray.init(address=gcs, log_to_driver=False)
+    temp_dir = handle.teardown_command.rsplit(" ", 1)[-1]  # python -m rayflow.teardown <temp dir>
+    config = yaml.safe_load((Path(temp_dir) / "autoscaling.yaml").read_text())
+    ray.init(address=config["provider"]["gcs_address"], log_to_driver=False)
 
 
-def autoscaling(interval_s: float) -> dict:
+def autoscaling(interval_s: float, hold_s: float) -> dict:
     import ray
+
+    from rayflow.orchestrator.cluster import running
 
     backend = _backend(
         "backend.min_worker_nodes=0",
         "backend.max_worker_nodes=1",
-        "backend.autoscale_idle_timeout_minutes=0.1",
+        f"backend.autoscale_idle_timeout_minutes={IDLE_TIMEOUT_MINUTES}",
     )
     started = time.monotonic()
-    with backend:
+    with running(backend) as handle:
         head_ready = time.monotonic() - started
-        _connect(backend)
+        _connect(handle)
         try:
             hold = ray.remote(num_cpus=1)(lambda s: time.sleep(s))
-            task = hold.remote(15)
-            up = _wait(lambda: _alive() == 2, 120, "second node")
-            ray.get(task)
-            down = _wait(lambda: _alive() == 1, 120, "scale-down")
+            task = hold.remote(hold_s)  # the head has no CPU: it waits for a worker node
+            up = wait_for(lambda: _alive() == 2, 120, "second node")
+            ray.get(task, timeout=hold_s + 120)
+            down = wait_for(lambda: _alive() == 1, 120, "scale-down")
         finally:
             ray.shutdown()
     return {
@@ -103,11 +124,11 @@ def autoscaling(interval_s: float) -> dict:
         "scale_up_s": round(up, 1),
         "scale_down_after_idle_s": round(down, 1),
         "autoscaler_update_interval_s": interval_s,
-        "idle_timeout_s": 6.0,
+        "idle_timeout_s": IDLE_TIMEOUT_MINUTES * 60,
     }
 
 
-def local_run(workdir: Path, rep: int) -> float:
+def local_run(workdir: Path, rep: int, run: list[str]) -> float:
     """Wall seconds of the run on backend=local, less its cluster start (ray.init, as the run's
     parent MLflow run records it in cluster_start_s)."""
     from mlflow.tracking import MlflowClient
@@ -119,7 +140,7 @@ def local_run(workdir: Path, rep: int) -> float:
             sys.executable,
             "-m",
             "rayflow",
-            *RUN,
+            *run,
             "backend.num_cpus=2",
             f"storage_path={workdir / 'local'}",
             f"data.root={workdir / 'data'}",
@@ -129,26 +150,29 @@ def local_run(workdir: Path, rep: int) -> float:
         cwd=workdir,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=RUN_TIMEOUT_S,
     )
     wall = time.monotonic() - start
     if out.returncode != 0:
         raise RuntimeError(f"local run failed: {out.stderr[-2000:]}")
     client = MlflowClient(f"sqlite:///{db}")
-    [run] = client.search_runs(
+    [found] = client.search_runs(
         [client.get_experiment_by_name("cifar").experiment_id],
         "tags.backend = 'local'",
         max_results=1,
     )
-    return wall - run.data.metrics["cluster_start_s"]
+    return wall - found.data.metrics["cluster_start_s"]
 
 
-def vm_run(workdir: Path, url: str, rep: int) -> float:
-    """Wall seconds of the same run submitted as a Ray Job to a cluster already at full size."""
-    from rayflow.orchestrator.submission import job_overrides, run_as_job
+def vm_run(workdir: Path, handle, rep: int, run: list[str]) -> float:
+    """Wall seconds of the same run submitted as a Ray Job to a cluster already at full size, as
+    a run on backend=vm submits it (rayflow.orchestrator.remote_run): `python -m rayflow.job_entry`
+    with the overrides as its request, through the handle's Submission."""
+    from rayflow.orchestrator.submission import job_entrypoint, job_overrides, submit
+    from rayflow.results.run_result import RESULT_MARKER
 
     overrides = job_overrides(
-        RUN,
+        run,
         {
             "storage_path": str(workdir / "vm"),
             "data.root": str(workdir / "data"),
@@ -157,38 +181,49 @@ def vm_run(workdir: Path, url: str, rep: int) -> float:
         },
     )
     start = time.monotonic()
-    outcome = run_as_job(
-        url, [sys.executable, "-m", "rayflow", *overrides], {"PYTHONUNBUFFERED": "1"}
+    done = submit(
+        handle,
+        job_entrypoint(handle.submission.python),
+        {"PYTHONUNBUFFERED": "1"},
+        RESULT_MARKER,
+        request={"overrides": overrides},
     )
-    if outcome.status != "SUCCEEDED":
-        raise RuntimeError(f"vm run ended {outcome.status}: {outcome.error}")
+    if not done.succeeded:
+        raise RuntimeError(f"vm run ended {done.outcome.status}: {done.outcome.error}")
     return time.monotonic() - start
 
 
 def vm_cluster(args) -> dict:
+    import ray
     from ray._private import ray_constants
+
+    from rayflow.orchestrator.cluster import running
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     interval = float(getattr(ray_constants, "AUTOSCALER_UPDATE_INTERVAL_S", 5))
-    scaling = autoscaling(interval)
+    scaling = autoscaling(interval, args.hold_seconds)
     log(f"autoscaling: {json.dumps(scaling)}")
+    run = run_overrides(args)
     local_s, vm_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench-vm-") as tmp:
         workdir = Path(tmp)
-        backend = _backend("backend.min_worker_nodes=2", "backend.max_worker_nodes=2")
-        with backend:
-            _connect(backend)
-            _wait(lambda: _alive() == 3, 180, "two worker nodes")
-            import ray
-
-            ray.shutdown()
+        backend = _backend(
+            f"backend.min_worker_nodes={args.workers}", f"backend.max_worker_nodes={args.workers}"
+        )
+        with running(backend) as handle:
+            _connect(handle)
+            try:
+                wait_for(lambda: _alive() == 1 + args.workers, 180, f"{args.workers} worker nodes")
+            finally:
+                ray.shutdown()
             for rep in range(args.repeats):
-                vm_s.append(vm_run(workdir, backend.address, rep))
-                local_s.append(local_run(workdir, rep))
+                vm_s.append(vm_run(workdir, handle, rep, run))
+                local_s.append(local_run(workdir, rep, run))
                 log(f"repeat {rep + 1}: vm {vm_s[-1]:.1f} s, local {local_s[-1]:.1f} s")
     vm_median, local_median = statistics.median(vm_s), statistics.median(local_s)
     return {
-        "benchmark": "vm-cluster",
+        "name": "vm-cluster",
+        "benchmark": "vm-cluster",  # the key this line had before `name`
         **scaling,
         "vm_run_s": round(vm_median, 1),
         "local_run_s": round(local_median, 1),

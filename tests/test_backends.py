@@ -104,3 +104,36 @@ class TestAttach(LifecycleSuite, DriverConnectionSuite):
 
         with pytest.raises(ConfigError, match="backend.address: cannot reach 127.0.0.1:1"):
             backend_for(compose_config("backend=attach", "backend.address=127.0.0.1:1")).check()
+
+
+def test_the_backend_contract_is_small():
+    """What every backend answers (render, check, capacity, start -> handle, stop), the one choice
+    that shapes a run (submits_jobs) and whether its nodes see this machine's files; the rest is its
+    config. A cluster's run state is the handle's, not the backend's."""
+    from rayflow.backends import ClusterBackend, ClusterHandle
+
+    members = {name for name in dir(ClusterBackend) if not name.startswith("_")}
+    assert members == {
+        "check",
+        "render",
+        "capacity",
+        "start",
+        "stop",
+        "submits_jobs",
+        "shares_filesystem",
+        "name",
+    }
+    backend = backend_for(compose_config())
+    assert set(vars(backend)) == {"section", "auth_mode"}
+    import dataclasses
+
+    held = {f.name for f in dataclasses.fields(ClusterHandle)}
+    assert {
+        "address",
+        "submission",
+        "teardown_command",
+        "metrics",
+        "tags",
+        "owner_run",
+        "kept",
+    } <= held

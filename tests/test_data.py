@@ -160,7 +160,7 @@ def test_concurrent_trials_download_once(tmp_path, archive_server):
     """Four processes preparing the same root at once: one fetch, all four see the data."""
     url, md5, hits = archive_server
     script = (
-        "import sys; from rayflow import data\n"
+        "import sys; from rayflow.workloads.presets import cifar_data as data\n"
         "print(data.prepare(data.DataSpec(root=sys.argv[3], url=sys.argv[1], md5=sys.argv[2])))\n"
     )
     procs = [

@@ -56,7 +56,7 @@ def test_two_workers_two_epochs_learn_checkpoint_and_log_each_epoch(rayflow):
     state = torch.load(saved[-1], map_location="cpu")
     assert state["epoch"] == 2 and {"model", "optimizer", "scheduler"} <= set(state)
     assert "final val_accuracy" in out.stdout
-    plots = rayflow.results.plots(client, parent)
+    plots = rayflow.plots(client, parent)
     assert plots == {
         "training.png": {
             "lines": 4,
@@ -118,7 +118,7 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
         parent.data.tags.get("resumed") == "true" and parent.data.metrics["epochs_completed"] == 3
     )
     # the plot of the resumed run has every epoch, those before the interrupt too
-    assert rayflow.results.plots(client, parent)["training.png"]["epochs"] == [1, 2, 3]
+    assert rayflow.plots(client, parent)["training.png"]["epochs"] == [1, 2, 3]
 
 
 def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):
@@ -138,7 +138,7 @@ def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):
         p.name for p in rayflow.storage.glob("ddp-*/train-*")
     )  # each trial's Ray Train run
     assert len(runs) == 2, runs
-    plots = rayflow.results.plots(client, parent)
+    plots = rayflow.plots(client, parent)
     curves = plots["learning_curves.png"]
     assert curves["lines"] == 2 and curves["rungs"] == [1, 2] and curves["metric"] == "val_accuracy"
     [best] = [t for t in trials if t.data.tags["trial_id"] == curves["best"]]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root, without the test harness
@@ -78,3 +79,99 @@ def test_the_config_reference_is_generated_from_the_schema():
     assert committed == markdown(), (
         "regenerate: python -m rayflow.reference > docs/reference/config.md"
     )
+
+
+def test_the_architecture_page_is_generated_from_the_code():
+    """docs/architecture.md's generated blocks (the layer tables from pyproject.toml's
+    import-linter contracts; ClusterBackend, ClusterHandle, Plan and Workload from their source)
+    are what `python -m rayflow.reference architecture` makes of the code now."""
+    from rayflow.reference import architecture_blocks, fill_blocks
+
+    page = (REPO / "docs" / "architecture.md").read_text()
+    assert fill_blocks(page, architecture_blocks()) == page, (
+        "regenerate: python -m rayflow.reference architecture docs/architecture.md"
+    )
+
+
+def test_the_architecture_generator_fills_only_its_blocks():
+    from rayflow.reference import fill_blocks
+
+    page = "# A\n\n<!-- generated: one -->\nold\n<!-- end generated -->\n\ntext\n"
+    assert fill_blocks(page, {"one": "new"}) == (
+        "# A\n\n<!-- generated: one -->\n\nnew\n\n<!-- end generated -->\n\ntext\n"
+    )
+    with pytest.raises(ValueError, match="generated blocks"):
+        fill_blocks(page, {"one": "new", "two": "more"})
+
+
+def test_the_contracts_read_without_a_toml_library_as_with_one():
+    """Python 3.10 has no tomllib: the generator's own reading of [tool.importlinter] gives what
+    tomllib (or tomli) gives."""
+    from rayflow.reference import toml_subset
+
+    toml = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    text = (REPO / "pyproject.toml").read_text()
+    assert toml_subset(text)["tool"]["importlinter"] == toml.loads(text)["tool"]["importlinter"]
+    assert toml_subset(
+        '[a]\nx = 1\n[tool.importlinter]\nk = ["a # b", \n  "c",  # note\n]\nt = true\n'
+    ) == {"tool": {"importlinter": {"k": ["a # b", "c"], "t": True}}}
+
+
+# Names in the docs that look like code but are not modules of the package: Kubernetes labels
+# (rayflow.io/run), files rayflow writes (rayflow.json, .rayflow.lock), the launcher's YAML,
+# and the packages the wheel maps conf/ and backends/ to.
+NOT_MODULES = {
+    "rayflow.io",
+    "rayflow.json",
+    "rayflow.lock",
+    "rayflow.yaml",
+    "rayflow.conf",
+    "rayflow.cluster_defs",
+}
+
+
+def _resolves(dotted: str) -> bool:
+    """A module of rayflow, or a name in one (found without running a __main__)."""
+    import importlib
+    import importlib.util
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.util.find_spec(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            found = None
+        if found is not None:
+            break
+    else:
+        return False
+    if cut == len(parts):
+        return True
+    node = importlib.import_module(".".join(parts[:cut]))
+    for part in parts[cut:]:
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True
+
+
+def _doc_texts() -> dict[str, str]:
+    pages = {str(p.relative_to(REPO)): p.read_text() for p in (REPO / "docs").rglob("*.md")}
+    return {**pages, "README.md": (REPO / "README.md").read_text()}
+
+
+def test_every_module_and_file_the_docs_name_exists():
+    """No page names a module, a name in one, or a file of the repository that moved or went:
+    `rayflow.a.b` resolves, and `rayflow/...`, `tests/...`, `scripts/...`, `conf/...` paths exist
+    (a glob matches something; placeholders such as `<name>` end the path)."""
+    stale = []
+    for page, text in _doc_texts().items():
+        for dotted in set(re.findall(r"(?<![\w/.-])rayflow(?:\.[A-Za-z_]\w*)+", text)):
+            if dotted not in NOT_MODULES and not _resolves(dotted):
+                stale.append(f"{page}: {dotted}")
+        pattern = r"(?<![\w/.~$-])(?:rayflow|tests|scripts|conf|hydra_plugins|examples)/[\w/.*-]*"
+        for path in set(re.findall(pattern, text)):
+            path = path.rstrip(".")
+            if not path.endswith(".md") and not list(REPO.glob(path.rstrip("/") or ".")):
+                stale.append(f"{page}: {path}")
+    assert sorted(stale) == []

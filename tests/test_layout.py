@@ -132,3 +132,80 @@ def test_tests_never_import_conftest_as_a_module():
         if "tests.conftest" in p.read_text() and p.name != "test_layout.py"
     ]
     assert offenders == []
+
+
+# docs/architecture.md, "Layout": a code block of the tree. An entry is a line with its name
+# before LAYOUT_COLUMN (two spaces of indent per level, a folder's name ending in "/"), its
+# description from LAYOUT_COLUMN on; a line blank up to LAYOUT_COLUMN goes on with the entry above.
+LAYOUT_COLUMN = 24
+
+
+def _layout_lines() -> list[str]:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```\n")[1].splitlines()  # the section's first code block
+
+
+def _layout_paths(lines: list[str]) -> list[str]:
+    """The paths (relative to the repository, a folder's ending in "/") the layout's entries name."""
+    folders: list[str] = []  # the folder of each level above the current entry
+    paths = []
+    for line in lines:
+        head = line[:LAYOUT_COLUMN]
+        if not head.strip():
+            assert line[LAYOUT_COLUMN:][:1] not in ("", " "), (
+                f"a description starts at column {LAYOUT_COLUMN + 1}: {line!r}"
+            )
+            continue
+        indent = len(head) - len(head.lstrip())
+        assert indent % 2 == 0 and indent // 2 <= len(folders), (
+            f"two spaces a level, under a folder: {line!r}"
+        )
+        assert len(head.split()) == 1 and head.endswith(" "), (
+            f"one name, ending before column {LAYOUT_COLUMN}: {line!r}"
+        )
+        assert line[LAYOUT_COLUMN:][:1] != " ", (
+            f"a description starts at column {LAYOUT_COLUMN + 1}: {line!r}"
+        )
+        folders = folders[: indent // 2]
+        name = head.strip()
+        paths.append("".join(folders) + name)
+        if name.endswith("/"):
+            folders.append(name)
+    return paths
+
+
+def test_the_layout_reader_reads_a_tree():
+    lines = [
+        "rayflow/                the package",
+        "  api.py                rayflow.run,",
+        "                        continued",
+        "  schema/               every key",
+        "    kinds.py            kinds",
+        "  cli.py                the command line",
+        "docs/                   this site",
+    ]
+    assert _layout_paths(lines) == [
+        "rayflow/",
+        "rayflow/api.py",
+        "rayflow/schema/",
+        "rayflow/schema/kinds.py",
+        "rayflow/cli.py",
+        "docs/",
+    ]
+
+
+def test_the_layout_names_every_package_and_module_and_nothing_else():
+    """docs/architecture.md's layout names every package of rayflow/ and every module in each
+    (an __init__.py where it says something), and nothing that is not there."""
+    named = _layout_paths(_layout_lines())
+    assert len(named) == len(set(named)), [p for p in named if named.count(p) > 1]
+    wrong = [p for p in named if (REPO / p).is_dir() != p.endswith("/") or not (REPO / p).exists()]
+    assert wrong == [], f"the layout names what is not there (or a file as a folder): {wrong}"
+    packages = [REPO / "rayflow", *(p.parent for p in (REPO / "rayflow").rglob("__init__.py"))]
+    required = set()
+    for package in packages:
+        folder = package.relative_to(REPO).as_posix() + "/"
+        required.add(folder)
+        required.update(folder + m.name for m in package.glob("*.py") if m.name != "__init__.py")
+    assert sorted(required - set(named)) == [], "name these in docs/architecture.md's layout"

@@ -244,7 +244,7 @@ def test_a_failing_plot_warns_once_and_the_others_are_still_made(tmp_path, monke
 
 
 def test_the_session_hook_never_fails_the_run(tmp_path, monkeypatch, capsys):
-    from rayflow.orchestrator import session
+    from rayflow.orchestrator import report as session
 
     class Tracker:
         run_id = "r1"
@@ -254,7 +254,7 @@ def test_the_session_hook_never_fails_the_run(tmp_path, monkeypatch, capsys):
             raise OSError("the store is gone")
 
     root = cifar_experiment(tmp_path / "cifar-1")
-    session._plots(
+    session.plots(
         compose_config("workload.max_epochs=4"), Tracker(), root, workload_for("cifar")
     )  # no exception
     out, err = capsys.readouterr()
@@ -263,7 +263,7 @@ def test_the_session_hook_never_fails_the_run(tmp_path, monkeypatch, capsys):
 
 
 def test_the_session_hook_prints_where_the_plots_are(tmp_path, capsys):
-    from rayflow.orchestrator import session
+    from rayflow.orchestrator import report as session
 
     class Tracker:
         run_id = "r1"
@@ -274,7 +274,7 @@ def test_the_session_hook_prints_where_the_plots_are(tmp_path, capsys):
 
     root = cifar_experiment(tmp_path / "cifar-1")
     tracker = Tracker()
-    session._plots(compose_config("workload.max_epochs=4"), tracker, root, workload_for("cifar"))
+    session.plots(compose_config("workload.max_epochs=4"), tracker, root, workload_for("cifar"))
     assert tracker.logged == [(str(root / "plots"), "plots")]
     out = capsys.readouterr().out
     assert (

@@ -51,9 +51,7 @@ def test_lr_grid_logs_each_iteration_and_checkpoints(rayflow):
     assert parent.data.metrics["num_env_steps_sampled_lifetime"] in (1000, 2000)
     assert len(checkpoints(rayflow)) >= 2  # both trials, every iteration (and at the end)
     assert "best episode_return_mean" in out.stdout
-    returns = rayflow.results.plots(client, parent)[
-        "returns.png"
-    ]  # default stop: episode_return_mean 450
+    returns = rayflow.plots(client, parent)["returns.png"]  # default stop: episode_return_mean 450
     drawn = {
         key: returns.get(key) for key in ("lines", "lrs", "points", "goal")
     }  # besides its title, state, colours

@@ -21,7 +21,7 @@ from rayflow.runtime import progress
 from rayflow.runtime.progress import Transfer, format_duration, format_rate, format_size, time_left
 
 PREPARE = (
-    "import sys; from rayflow import data\n"
+    "import sys; from rayflow.workloads.presets import cifar_data as data\n"
     "print(data.prepare(data.DataSpec(root=sys.argv[3], url=sys.argv[1], md5=sys.argv[2])))\n"
 )
 PROGRESS = re.compile(

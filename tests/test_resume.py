@@ -174,7 +174,8 @@ def test_the_printed_resume_of_cifar_after_ctrl_c_runs_verbatim(rayflow):
 def _saved_experiment(tmp_path, *overrides: str):
     import json
 
-    from rayflow.orchestrator.compose import RESUMED_KEYS, compose_config, group_choices
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.orchestrator.resume import group_choices, resumed_keys
     from rayflow.results.experiment import STATE_FILE
     from rayflow.schema.values import to_container
     from rayflow.security.redaction import redact
@@ -185,14 +186,15 @@ def _saved_experiment(tmp_path, *overrides: str):
     state = {
         "mlflow_run_id": None,
         "choices": group_choices(list(overrides)),
-        "config": {k: to_container(cfg)[k] for k in RESUMED_KEYS},
+        "config": {k: to_container(cfg)[k] for k in resumed_keys(cfg)},
     }
     (path / STATE_FILE).write_text(json.dumps(redact(state)))
     return path, to_container(cfg)
 
 
 def test_a_resume_composes_the_experiments_workload_and_keys(tmp_path):
-    from rayflow.orchestrator.compose import compose_config, resumed
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.orchestrator.resume import resumed
     from rayflow.schema.values import to_container
 
     path, first = _saved_experiment(

@@ -317,7 +317,7 @@ def test_the_streamed_output_and_the_last_lines_are_masked(submit, capsys):
 
 
 def test_print_last_lines_masks_and_splits_on_newlines_only(capsys):
-    from rayflow.orchestrator.submission import print_last_lines
+    from rayflow.orchestrator.job_logs import print_last_lines
 
     print_last_lines(f"a\u2028b\nhttp://u:{SECRET}@h/\n", "raysubmit_2")
     err = capsys.readouterr().err

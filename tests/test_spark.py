@@ -359,3 +359,28 @@ class TestHydraLauncherOnSpark(KeptCluster, LauncherTestSuite):
 
 def test_a_hydra_app_outside_the_repository_sweeps_on_spark(tmp_path):
     sweep_comes_home(tmp_path / "app", LAUNCHER)
+
+
+def test_the_spark_cluster_benchmark_runs_in_its_smoke_form(rayflow):
+    """`scripts/bench.py spark-cluster --smoke` (tests/test_bench.py runs the other benchmarks):
+    here, in this module's turn, beside no other Spark or fake_multinode cluster."""
+    from tests.test_bench import positive, run_bench
+
+    result = run_bench(
+        rayflow,
+        "spark-cluster",
+        keys=(
+            "ratio",
+            "ready_s",
+            "plain_ready_s",
+            "scale_up_s",
+            "plain_scale_up_s",
+            "scale_down_s",
+            "plain_scale_down_s",
+        ),
+        timeout=600,
+    )
+    assert positive(*(result[k] for k in ("ratio", "ready_s", "plain_ready_s", "scale_up_s")))
+    assert positive(
+        result["plain_scale_up_s"], result["scale_down_s"], result["plain_scale_down_s"]
+    )

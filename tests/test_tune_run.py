@@ -59,7 +59,7 @@ def test_asha_run_lands_in_mlflow_with_checkpoints(rayflow):
         f"plots: {experiment / 'plots'}/ (learning_curves.png, search.png); MLflow: plots/"
         in out.stdout
     )
-    plots = rayflow.results.plots(client, parent)
+    plots = rayflow.plots(client, parent)
     assert set(plots) == {"learning_curves.png", "search.png"}
     curves = plots["learning_curves.png"]
     # ASHA's defaults: grace_period 1, reduction_factor 2, max_t = max_epochs = 2
@@ -179,7 +179,7 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     assert parents[0].info.status == "FINISHED" and parents[0].data.tags.get("resumed") == "true"
     assert len(children[parents[0].info.run_id]) == 3
     # the plots of the resumed run draw the whole history: every epoch of the trial cut in two
-    curves = rayflow.results.plots(client, parents[0])["learning_curves.png"]
+    curves = rayflow.plots(client, parents[0])["learning_curves.png"]
     assert curves["lines"] == 3 and curves["stopped_early"] == 0 and curves["rungs"] == [epochs]
     assert curves["points"] == {
         t.data.tags["trial_id"]: epochs for t in children[parents[0].info.run_id]

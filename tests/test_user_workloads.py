@@ -50,7 +50,7 @@ def test_a_tune_function_under_pbt_runs_from_the_users_folder(rayflow):
         history = client.get_metric_history(run.info.run_id, "loss")
         assert [m.step for m in history] == [1, 2, 3, 4]  # every report, by training_iteration
         assert "accuracy" in run.data.metrics  # what the user reports, not only the metric
-    plots = rayflow.results.plots(client, parent)
+    plots = rayflow.plots(client, parent)
     curves = plots["learning_curves.png"]
     assert (
         curves["lines"] == 2 and curves["metric"] == "loss" and curves["x"] == "training_iteration"
@@ -111,7 +111,7 @@ def test_a_train_loop_runs_from_the_users_folder(rayflow):
     [run] = children[parent.info.run_id]
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [1, 2]
-    training = rayflow.results.plots(client, parent)["training.png"]
+    training = rayflow.plots(client, parent)["training.png"]
     assert training["x"] == "epoch" and {"loss", "val_loss"} <= set(training["panels"])
 
 
@@ -138,5 +138,5 @@ def test_dqn_reaches_150_on_cartpole_within_100k_env_steps(rayflow):
     assert parent.data.metrics["num_env_steps_sampled_lifetime"] <= 100_000
     [trial] = children[parent.info.run_id]
     assert trial.data.params["lr"] == "0.0005" and "episode_return_mean" in trial.data.metrics
-    returns = rayflow.results.plots(client, parent)["returns.png"]
+    returns = rayflow.plots(client, parent)["returns.png"]
     assert returns["lines"] == 1 and returns["goal"] == 150

@@ -308,3 +308,26 @@ def test_a_hydra_app_outside_the_repository_sweeps_on_vm(tmp_path):
     # workers. (Its event lines, summarised unless verbose, reach the job's log only at times
     # before the job ends: they are not asserted.)
     assert out.returncode == 0
+
+
+def test_the_vm_cluster_benchmark_runs_in_its_smoke_form(rayflow):
+    """`scripts/bench.py vm-cluster --smoke` (tests/test_bench.py runs the other benchmarks): here,
+    in this module's turn, beside no other fake_multinode or Spark cluster."""
+    from tests.test_bench import positive, run_bench
+
+    result = run_bench(
+        rayflow,
+        "vm-cluster",
+        keys=(
+            "ratio",
+            "head_ready_s",
+            "scale_up_s",
+            "scale_down_after_idle_s",
+            "vm_run_s",
+            "local_run_s",
+            "submission_added_s",
+        ),
+        timeout=600,
+    )
+    assert positive(result["ratio"], result["head_ready_s"], result["scale_up_s"])
+    assert positive(result["scale_down_after_idle_s"], result["vm_run_s"], result["local_run_s"])

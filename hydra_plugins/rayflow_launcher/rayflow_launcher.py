@@ -24,7 +24,7 @@ ConfigStore.instance().store(
 class RayflowLauncher(Launcher):
     def __init__(self, **settings: Any) -> None:
         # Hydra instantiates the launcher with its config node's keys, interpolations resolved
-        self.settings = OmegaConf.create({k: v for k, v in settings.items()})
+        self.settings = OmegaConf.create(dict(settings))
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None

@@ -1,10 +1,10 @@
 """Backends by config name, registered once here. Imported lazily, so `--help` never loads ray or
 pyspark.
 
-Like fsspec's registry: each entry names the class that implements the backend (rayflow.backends.base),
-the model of its `backend:` section (its keys, beside its code: rayflow.schema checks them) and,
-where it needs an optional dependency, the extra that installs it, so a missing package gets an
-install hint.
+Like fsspec's registry: each entry names the class that implements the backend
+(rayflow.backends.base), the model of its `backend:` section (its keys, beside its code:
+rayflow.schema checks them) and, where it needs an optional dependency, the extra that installs it,
+so a missing package gets an install hint.
 """
 
 from __future__ import annotations

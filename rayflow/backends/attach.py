@@ -66,7 +66,8 @@ def _own_folder(folder: Path) -> bool:
 
 
 class AttachedCluster(ClusterBackend):
-    """Joins a running cluster; its stop() disconnects this process and leaves the cluster running."""
+    """Joins a running cluster; its stop() disconnects this process and leaves the cluster
+    running."""
 
     def target(self) -> str:
         address = str(self.section.address or "").strip()
@@ -99,7 +100,8 @@ class AttachedCluster(ClusterBackend):
             reason = err.strerror or type(err).__name__
             raise ConfigError(
                 "backend.address",
-                f"cannot reach {mask_text(address)} ({reason}; waited up to {timeout:g} s, backend.connect_timeout_s)",
+                f"cannot reach {mask_text(address)} "
+                f"({reason}; waited up to {timeout:g} s, backend.connect_timeout_s)",
             ) from None
 
     def render(self, preload: WorkerPreload | None = None) -> Rendered:

@@ -27,11 +27,11 @@ from rayflow.backends.handle import ClusterHandle
 @dataclass(frozen=True)
 class Rendered:
     """What a backend starts or joins: `text`, the engine's own YAML document (what `ray up`,
-    `kubectl apply` or `setup_ray_cluster` takes; a dry run prints it, MLflow keeps it), and `notes`,
-    the lines a dry run prints under it on stderr (what is left for the user to fill in), worked out
-    only when asked (Spark's sizing plan runs a task on an active session). Each literal secret the
-    document holds is named among them where `secrets_noted`; else the dry run names them, with the
-    environment or file alternative."""
+    `kubectl apply` or `setup_ray_cluster` takes; a dry run prints it, MLflow keeps it), and
+    `notes`, the lines a dry run prints under it on stderr (what is left for the user to fill in),
+    worked out only when asked (Spark's sizing plan runs a task on an active session). Each literal
+    secret the document holds is named among them where `secrets_noted`; else the dry run names
+    them, with the environment or file alternative."""
 
     text: str
     explain: Callable[[], Sequence[str]] = tuple
@@ -46,7 +46,8 @@ class Rendered:
 class WorkerPreload:
     """What the workload's trial processes import first (torch, RLlib), how many processes one trial
     has, and the CPUs one of them reserves (its compute threads). A backend that starts Ray's worker
-    processes ahead of use has them import these, so the first trial does not wait for its imports."""
+    processes ahead of use has them import these, so the first trial does not wait for its
+    imports."""
 
     modules: tuple[str, ...]
     processes: int = 1
@@ -57,9 +58,8 @@ class ClusterBackend(abc.ABC):
     # The one choice that shapes a run: False, this process connects to the cluster (ray.init) and
     # runs the job as its driver; True, the job goes to the cluster as a Ray Job (vm, kuberay).
     submits_jobs: bool = False
-    shares_filesystem: bool = (
-        False  # its nodes see this machine's files (data prepared here, SQLite)
-    )
+    # Its nodes see this machine's files (data prepared here, SQLite).
+    shares_filesystem: bool = False
 
     def __init__(self, section: DictConfig, auth_mode: str = "token") -> None:
         self.section = section  # the `backend:` config section
@@ -69,7 +69,8 @@ class ClusterBackend(abc.ABC):
     def name(self) -> str:
         return str(self.section.name)
 
-    def check(self) -> None:
+    # A default, not abstract: a backend with nothing to check before it starts keeps this no-op.
+    def check(self) -> None:  # noqa: B027
         """Preflight: raise ConfigError for bad `backend.*` keys; must start and change nothing."""
 
     @abc.abstractmethod
@@ -77,9 +78,9 @@ class ClusterBackend(abc.ABC):
         """What `start(preload)` would start or join (Rendered); starts nothing."""
 
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
-        """The nodes the cluster can have at most, as Ray resources (at least the `resources` named),
-        when known before it starts; None when only the running cluster knows (an existing or
-        autoscaling one)."""
+        """The nodes the cluster can have at most, as Ray resources (at least the `resources`
+        named), when known before it starts; None when only the running cluster knows (an existing
+        or autoscaling one)."""
         return None
 
     @abc.abstractmethod

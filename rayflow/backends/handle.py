@@ -1,6 +1,6 @@
-"""A running cluster, as a backend's `start()` leaves it: the `ClusterHandle` the orchestrator passes
-along (like SkyPilot's resource handles), so that a backend object holds its config and nothing of
-any one cluster's life.
+"""A running cluster, as a backend's `start()` leaves it: the `ClusterHandle` the orchestrator
+passes along (like SkyPilot's resource handles), so that a backend object holds its config and
+nothing of any one cluster's life.
 
 A handle holds what a caller needs to use the cluster (its address; for a cluster that runs the job
 itself, how to submit it: `Submission`), to tear it down (the undo steps its start registered, and a
@@ -25,50 +25,50 @@ from rayflow.security.redaction import mask_text
 class Submission:
     """How a job reaches a cluster that runs it (the backends that submit: vm, kuberay)."""
 
-    headers: dict[str, str] = field(
-        default_factory=dict
-    )  # every request to its Jobs API (a token only it holds)
-    runtime_env: dict[str, Any] = field(
-        default_factory=dict
-    )  # more of the job's runtime_env (pip packages)
-    on_submitted: Callable[[str], None] | None = (
-        None  # told the job's id once it exists (a KubeRay RayJob)
-    )
-    in_place: bool = (
-        False  # its nodes share this machine's files: the job's folders are used where they are
-    )
-    python: str = "python"  # the interpreter that runs the job there (this one, where the nodes are this machine)
+    # every request to its Jobs API (a token only it holds)
+    headers: dict[str, str] = field(default_factory=dict)
+    # more of the job's runtime_env (pip packages)
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    # told the job's id once it exists (a KubeRay RayJob)
+    on_submitted: Callable[[str], None] | None = None
+    # its nodes share this machine's files: the job's folders are used where they are
+    in_place: bool = False
+    # the interpreter that runs the job there (this one, where the nodes are this machine)
+    python: str = "python"
 
 
 @dataclass
 class ClusterHandle:
+    """One cluster a backend started or joined, while this process uses it: how to reach it, how
+    to stop what its start left, what to report of it. Its `record()` is the part that outlives
+    this process."""
+
     backend: str  # the backend that started or joined it
-    address: str = (
-        ""  # the driver's address, or the dashboard URL of a cluster that runs jobs itself
-    )
+    # the driver's address, or the dashboard URL of a cluster that runs jobs itself
+    address: str = ""
     name: str | None = None  # its own name, where it has one (a vm cluster name, a RayCluster)
-    owner_run: str | None = (
-        None  # the id this start gave itself: what it made carries it (a vm name's claim, a label)
-    )
+    # the id this start gave itself: what it made carries it (a vm name's claim, a label)
+    owner_run: str | None = None
     submission: Submission | None = None  # for a cluster the run is submitted to
-    teardown_command: str | None = (
-        None  # what stops what start() left, should this process die first
-    )
-    kept: bool = (
-        False  # left running when the run ends (backend.keep_cluster), for a later run to join
-    )
-    started_at: float = field(default_factory=time.time)
+    # what stops what start() left, should this process die first
+    teardown_command: str | None = None
+    # left running when the run ends (backend.keep_cluster), for a later run to join
+    kept: bool = False
+    started_at: float = field(
+        default_factory=time.time
+    )  # when start() began (seconds since the epoch)
     start_seconds: float | None = None  # how long start() took
-    tags: dict[str, str] = field(
-        default_factory=dict
-    )  # for the MLflow parent run of the job that started it
+    # for the MLflow parent run of the job that started it
+    tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)  # start-up figures (seconds), likewise
-    teardown_errors: list[str] = field(default_factory=list)
+    teardown_errors: list[str] = field(
+        default_factory=list
+    )  # the undo steps that failed, one line each
     _undo: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
     def on_stop(self, what: str, undo: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Register `undo(*args, **kwargs)`, described by `what`, to run when the cluster stops: call
-        it the moment the step it undoes has succeeded."""
+        """Register `undo(*args, **kwargs)`, described by `what`, to run when the cluster stops:
+        call it the moment the step it undoes has succeeded."""
         self._undo.callback(self._guarded, what, undo, args, kwargs)
 
     def _guarded(

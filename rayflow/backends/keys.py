@@ -18,7 +18,9 @@ from rayflow.schema.root import Section
 
 class Local(Section):
     name: Text = Field(
-        description="`local`: a Ray cluster on this machine (`ray.init`), stopped when the command ends"
+        description=(
+            "`local`: a Ray cluster on this machine (`ray.init`), stopped when the command ends"
+        )
     )
     num_cpus: Integer(1, optional=True) = Field(
         description="what `ray.init` gets (null: every core of this machine)"
@@ -38,9 +40,10 @@ class Local(Section):
     )
     dashboard_port: Port(optional=True) = Field(description="null: 8265 or the next free port")
     preload_worker_imports: Boolean = Field(
-        description="the idle worker processes Ray starts with the cluster (one per CPU) import what the workload's trials "
-        "import first (`ppo`: torch and RLlib, about 0.45 GB each), and as many as one trial has processes are "
-        "kept for it; `false` to skip (a machine with many cores and little memory)"
+        description="the idle worker processes Ray starts with the cluster (one per CPU) import "
+        "what the workload's trials import first (`ppo`: torch and RLlib, about 0.45 GB each), and "
+        "as many as one trial has processes are kept for it; `false` to skip (a machine with many "
+        "cores and little memory)"
     )
 
 

@@ -26,9 +26,8 @@ from rayflow.security.auth import (
 )
 
 DASHBOARD_PORT = 8265  # Ray's default; taken, the next free one (as Ray itself does)
-PORT_LOCK_TIMEOUT_S = (
-    300  # several runs starting at once on a loaded machine each hold it for a ray.init
-)
+# several runs starting at once on a loaded machine each hold it for a ray.init
+PORT_LOCK_TIMEOUT_S = 300
 
 
 def free_dashboard_port(host: str, first: int = DASHBOARD_PORT, tries: int = 100) -> int:
@@ -47,7 +46,8 @@ def lock_dir() -> Path:
     """A folder for this user's locks that no one else can plant files in: $XDG_RUNTIME_DIR/rayflow,
     else ~/.cache/rayflow/locks, else (a home that cannot be written) `rayflow-UID` in the temp
     dir; each made 0700 and refused if it is a symlink or another user's. A fixed name in a shared
-    /tmp is anyone's: another user's file there crashed the run (PermissionError), or was followed."""
+    /tmp is anyone's: another user's file there crashed the run (PermissionError), or was
+    followed."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     candidates = [Path(runtime) / "rayflow"] if runtime else []
     candidates += [
@@ -115,8 +115,8 @@ class LocalCluster(ClusterBackend):
             # Ray's raylet starts one idle worker per CPU as it starts; with Ray's
             # preload_python_modules each imports the modules right away, while the driver still
             # sets up Tune, so a trial and its env runners start in warm processes. Ray's default
-            # soft limit follows the CPUs left free, so a trial's placement group that takes them all
-            # gets the idle workers killed before its actors can use them; keep as many as one
+            # soft limit follows the CPUs left free, so a trial's placement group that takes them
+            # all gets the idle workers killed before its actors can use them; keep as many as one
             # trial's processes (each holds its imports: ~0.45 GB for ppo).
             kwargs["_system_config"] = {
                 "preload_python_modules": list(preload.modules),
@@ -162,7 +162,8 @@ class LocalCluster(ClusterBackend):
             lock.acquire(timeout=PORT_LOCK_TIMEOUT_S)
         except Timeout:
             raise ClusterError(
-                f"another Ray start of yours on this machine held {lock.lock_file} for {PORT_LOCK_TIMEOUT_S} s "
+                f"another Ray start of yours on this machine held {lock.lock_file} "
+                f"for {PORT_LOCK_TIMEOUT_S} s "
                 "(rayflow waits for it to choose a dashboard port)"
             ) from None
         try:
@@ -192,9 +193,8 @@ class LocalCluster(ClusterBackend):
             assert preload is not None
             self._warm_workers_env(handle, preload)
         token = os.environ.get("RAY_AUTH_MODE", self.auth_mode) == "token"
-        if (
-            token
-        ):  # ray.init writes a token it generates 0644: into a folder only this user can enter
+        if token:
+            # ray.init writes a token it generates 0644: into a folder only this user can enter
             private_token_folder()
         with phase(
             f"starting Ray on this machine (ray.init, num_cpus={kwargs['num_cpus']}{gpus})", "local"
@@ -203,16 +203,19 @@ class LocalCluster(ClusterBackend):
                 context = ray.init(**kwargs, log_to_driver=True)
         if token:
             secure_token_file()  # and the file itself 0600
-        node = ray._private.worker._global_node  # the GCS, raylet and dashboard this call started
+        # the GCS, raylet and dashboard this call started; ray declares it `_global_node = None`,
+        # so mypy reads it as always None
+        node = ray._private.worker._global_node
         # Undo steps run newest first: a clean shutdown, then whatever of the node it left.
         handle.on_stop(
             "kill what is left of the local Ray node",
-            node.kill_all_processes,
+            node.kill_all_processes,  # type: ignore[attr-defined]  # ray types it as None
             check_alive=False,
             allow_graceful=False,
         )
         handle.on_stop("ray.shutdown() of the local cluster", ray.shutdown)
-        return str(context.address_info["address"])
+        # ray.init is typed to return BaseContext; a local start returns its RayContext subclass
+        return str(context.address_info["address"])  # type: ignore[attr-defined]
 
     @staticmethod
     def _warm_workers_env(handle: ClusterHandle, preload: WorkerPreload) -> None:

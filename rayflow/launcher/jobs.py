@@ -1,7 +1,7 @@
-"""Hydra jobs as Ray tasks: one job on whichever node Ray places it (`run_on_node`), and the loop that
-runs a batch of them at once with the resources each asks for (`run_batch`). The loop runs in the
-process connected to the cluster: the launching one (local, attach, spark), or a Ray Job on the head
-(vm, kuberay: rayflow.launcher.on_head)."""
+"""Hydra jobs as Ray tasks: one job on whichever node Ray places it (`run_on_node`), and the loop
+that runs a batch of them at once with the resources each asks for (`run_batch`). The loop runs in
+the process connected to the cluster: the launching one (local, attach, spark), or a Ray Job on the
+head (vm, kuberay: rayflow.launcher.on_head)."""
 
 from __future__ import annotations
 
@@ -54,9 +54,8 @@ class Finished:
     left_out: list[str] = field(default_factory=list)
     error: str | None = None
     in_output_dir: bool = False  # the task ran in its output folder (hydra.job.chdir)
-    cwd_files: bytes | None = (
-        None  # what it wrote in its working directory outside the output folder
-    )
+    # what it wrote in its working directory outside the output folder
+    cwd_files: bytes | None = None
 
 
 def run_on_node(shared: Shared, job: HydraJob) -> Finished:
@@ -66,9 +65,8 @@ def run_on_node(shared: Shared, job: HydraJob) -> Finished:
     from hydra.core.utils import run_job, setup_globals
 
     setup_globals()
-    Singleton.set_state(
-        shared.singleton_state
-    )  # resolvers, JobRuntime, HydraConfig of the launcher
+    # resolvers, JobRuntime, HydraConfig of the launcher
+    Singleton.set_state(shared.singleton_state)
     config = job.config
     before, scratch = os.getcwd(), None
     if shared.in_place:
@@ -92,10 +90,10 @@ def run_on_node(shared: Shared, job: HydraJob) -> Finished:
             return Finished(job.idx, job_return)
         output_dir = str(config.hydra.runtime.output_dir)
         files, left_out = pack(output_dir)
-        moved = os.path.realpath(job_return.working_dir or ".") == os.path.realpath(
-            output_dir
-        )  # cwd: scratch
+        # the task moved into its output folder, away from its cwd (the scratch folder)
+        moved = os.path.realpath(job_return.working_dir or ".") == os.path.realpath(output_dir)
         # with hydra.job.chdir=false the scratch folder stands for the launching directory
+        assert scratch is not None  # made above for a job that does not run in place
         cwd_files, more = pack(scratch, skip=output_dir)
         return Finished(
             job.idx,
@@ -128,6 +126,30 @@ def job_failed(finished: Finished) -> str | None:
     return None
 
 
+def _options(job: HydraJob) -> dict[str, Any]:
+    """The Ray task options of a job: the resources it asks for, named ones beside CPU, GPU and
+    memory."""
+    custom = {k: v for k, v in job.resources.items() if k not in ("CPU", "GPU", "memory")}
+    return {
+        "num_cpus": job.resources.get("CPU", 0),
+        "num_gpus": job.resources.get("GPU", 0),
+        "memory": job.resources.get("memory"),
+        "resources": custom,
+        "name": f"hydra job #{job.idx}",
+    }
+
+
+def _finished(ref: Any, job: HydraJob) -> Finished:
+    """The end of `job`'s task: its Finished, or the error of a task whose result never came."""
+    import ray
+
+    try:
+        finished: Finished = ray.get(ref)
+    except ray.exceptions.RayError as err:  # the worker died, the result did not travel
+        finished = Finished(job.idx, error=_first_line(getattr(err, "cause", None) or err))
+    return finished
+
+
 def run_batch(
     shared: Shared,
     jobs: list[HydraJob],
@@ -143,7 +165,9 @@ def run_batch(
 
     task = ray.remote(max_retries=0)(run_on_node)  # a job's side effects are not repeated
     shared_ref = ray.put(shared)
-    queue, running, done = list(jobs), {}, {}
+    queue = list(jobs)
+    running: dict[Any, HydraJob] = {}  # a task's ObjectRef -> its job
+    done: dict[int, Finished] = {}
     stopped_by: HydraJob | None = None
     hint = "lower the job's resources or use a cluster with bigger nodes"
     with PlacementWatch(schedule_timeout_s, hint) as watch:
@@ -155,30 +179,13 @@ def run_batch(
                     and (max_concurrent is None or len(running) < max_concurrent)
                 ):
                     job = queue.pop(0)
-                    custom = {
-                        k: v for k, v in job.resources.items() if k not in ("CPU", "GPU", "memory")
-                    }
-                    options = {
-                        "num_cpus": job.resources.get("CPU", 0),
-                        "num_gpus": job.resources.get("GPU", 0),
-                        "memory": job.resources.get("memory"),
-                        "resources": custom,
-                        "name": f"hydra job #{job.idx}",
-                    }
-                    running[task.options(**options).remote(shared_ref, job)] = job
+                    running[task.options(**_options(job)).remote(shared_ref, job)] = job
                 if not running:
                     break
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
                 for ref in ready:
                     job = running.pop(ref)
-                    try:
-                        finished = ray.get(ref)
-                    except (
-                        ray.exceptions.RayError
-                    ) as err:  # the worker died, the result did not travel
-                        finished = Finished(
-                            job.idx, error=_first_line(getattr(err, "cause", None) or err)
-                        )
+                    finished = _finished(ref, job)
                     done[job.idx] = finished
                     failure = job_failed(finished)
                     if failure:
@@ -209,7 +216,8 @@ def ship_app_modules(app_dir: str) -> None:
     installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     root = os.path.realpath(app_dir) + os.sep
     for name, module in list(sys.modules.items()):
-        path = os.path.realpath(module.__file__) if getattr(module, "__file__", None) else None
+        file = getattr(module, "__file__", None)
+        path = os.path.realpath(file) if file else None
         if (
             path
             and path.startswith(root)

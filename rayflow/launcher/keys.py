@@ -1,6 +1,7 @@
-"""The keys of `hydra/launcher=rayflow` (hydra_plugins/rayflow_launcher/rayflow.yaml): the launcher's
-own, and the resources each job asks for. The chosen backend's keys beside them are checked by that
-backend's own model (rayflow.schema.backends) once they are merged over its defaults."""
+"""The keys of `hydra/launcher=rayflow` (hydra_plugins/rayflow_launcher/rayflow.yaml): the
+launcher's own, and the resources each job asks for. The chosen backend's keys beside them are
+checked by that backend's own model (registered with it: rayflow.backends) once they are merged over
+its defaults."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class JobResources(Part):
         description="bytes of Ray's `memory` resource a job reserves (null: none)"
     )
     custom: Mapping = Field(
-        description="custom Ray resources a job reserves, `{name: amount}` (the nodes must declare them)"
+        description="custom Ray resources a job reserves, `{name: amount}` (the nodes must "
+        "declare them)"
     )
 
     @classmethod
@@ -58,23 +60,26 @@ class JobResources(Part):
 
 class Launcher(Section):
     backend: OneOf("local", "attach", "spark", "vm", "kuberay") = Field(
-        description="where the jobs run; that backend's keys may be set beside this one (null: its default)"
+        description="where the jobs run; that backend's keys may be set beside this one (null: "
+        "its default)"
     )
     ray_auth_mode: RayAuthModeKind = Field(
         description="Ray token auth for the cluster, as rayflow's own `ray_auth_mode`"
     )
     resources: JobResources = Field(description="what each job asks Ray for")
     job_resources_key: OptionalText = Field(
-        description="a section of the job's own config whose keys (`cpu`, `gpu`, `memory`, `custom`) win over "
-        "`resources` for that job, so one sweep mixes small and large jobs (null: none)"
+        description="a section of the job's own config whose keys (`cpu`, `gpu`, `memory`, "
+        "`custom`) win over `resources` for that job, so one sweep mixes small and large "
+        "jobs (null: none)"
     )
     max_concurrent: Integer(1, optional=True) = Field(
         description="jobs running at once at most (null: as many as the cluster holds)"
     )
     on_failure: OneOf("continue", "stop") = Field(
-        description="`continue`: a failing job is its own JobReturn and the others still run; `stop`: jobs not "
-        "started yet are not started (their JobReturns say so)"
+        description="`continue`: a failing job is its own JobReturn and the others still run; "
+        "`stop`: jobs not started yet are not started (their JobReturns say so)"
     )
     schedule_timeout_s: Seconds() = Field(
-        description="a job no node can hold, pending this long while the cluster does not grow, fails the sweep"
+        description="a job no node can hold, pending this long while the cluster does not grow, "
+        "fails the sweep"
     )

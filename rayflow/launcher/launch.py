@@ -1,6 +1,6 @@
 """One `launch()` of `hydra/launcher=rayflow`: every check before anything starts, then the cluster
-(rayflow.orchestrator.session.cluster_scope, the lifecycle of rayflow's own runs), the jobs as Ray tasks, their
-outputs under the local sweep dir, and Hydra's JobReturns, in the order of the jobs."""
+(rayflow.orchestrator.cluster.cluster_scope, the lifecycle of rayflow's own runs), the jobs as Ray
+tasks, their outputs under the local sweep dir, and Hydra's JobReturns, in the order of the jobs."""
 
 from __future__ import annotations
 
@@ -30,14 +30,17 @@ from rayflow.security.redaction import mask_text
 
 log = logging.getLogger(__name__)
 
-# Where a job's files written outside its output folder (hydra.job.chdir=false) come back: inside it.
+# Where a job's files written outside its output folder (hydra.job.chdir=false) come back: inside
+# it.
 CWD_FOLDER = "cwd"
-# Clusters kept running between launches inside keep_clusters(): cluster key -> (its scope, the cluster)
+# Clusters kept running between launches inside keep_clusters(): cluster key -> (its scope, the
+# cluster)
 _kept: dict[str, tuple[contextlib.ExitStack, Any]] | None = None
 
 
 class LauncherError(CompactHydraException):
-    """What the user can fix, as one line (Hydra prints a CompactHydraException without a traceback)."""
+    """What the user can fix, as one line (Hydra prints a CompactHydraException without a
+    traceback)."""
 
 
 @contextlib.contextmanager
@@ -136,7 +139,8 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
             )
         # outputs land here before the cluster goes (nothing is left to fetch from it afterwards)
         return [
-            _job_return(job, done, local_dirs[job.idx], cwd) for job, done in zip(jobs, finished)
+            _job_return(job, done, local_dirs[job.idx], cwd)
+            for job, done in zip(jobs, finished, strict=True)  # one Finished per job, in order
         ]
 
 
@@ -169,8 +173,10 @@ def _job_return(job: HydraJob, done: Finished, local_dir: str, cwd: str):
         task_cfg = copy.deepcopy(config)
         with read_write(task_cfg), open_dict(task_cfg):
             del task_cfg["hydra"]
+        overrides = OmegaConf.to_container(config.hydra.overrides.task)
+        assert isinstance(overrides, list)  # the container of a ListConfig
         ret = JobReturn(
-            overrides=OmegaConf.to_container(config.hydra.overrides.task),
+            overrides=overrides,
             cfg=task_cfg,
             hydra_cfg=OmegaConf.create({"hydra": OmegaConf.to_container(config.hydra)}),
             working_dir=local_dir,
@@ -182,15 +188,17 @@ def _job_return(job: HydraJob, done: Finished, local_dir: str, cwd: str):
     if done.files is None:  # ran in place: its outputs are where Hydra put them
         return ret
     unpack(done.files, local_dir)
-    # written in its working directory (hydra.job.chdir=false): under its own folder, never into this
-    # process's directory, where a node's files could replace the user's
+    # written in its working directory (hydra.job.chdir=false): under its own folder, never into
+    # this process's directory, where a node's files could replace the user's
     if done.cwd_files and unpack(done.cwd_files, os.path.join(local_dir, CWD_FOLDER)):
         _say(
-            f"[rayflow] {job.what}: what it wrote in its working directory is in {os.path.join(local_dir, CWD_FOLDER)}"
+            f"[rayflow] {job.what}: what it wrote in its working directory is in "
+            f"{os.path.join(local_dir, CWD_FOLDER)}"
         )
     for item in done.left_out:
         _say(
-            f"[rayflow] {job.what}: left on the node, over the {SYNC_LIMIT // 2**20} MiB a job brings back: {item}"
+            f"[rayflow] {job.what}: left on the node, over the {SYNC_LIMIT // 2**20} MiB a job "
+            f"brings back: {item}"
         )
     hydra = ret.hydra_cfg.hydra  # this machine's paths (Hydra marks these nodes read-only)
     with read_write(hydra.runtime), open_dict(hydra.runtime):

@@ -20,7 +20,7 @@ DERIVED = ("name", "compute_device")
 @functools.cache
 def _own() -> dict:
     return yaml.safe_load(
-        resources.files("hydra_plugins.rayflow_launcher").joinpath("rayflow.yaml").read_text()
+        (resources.files("hydra_plugins.rayflow_launcher") / "rayflow.yaml").read_text()
     )
 
 
@@ -32,9 +32,7 @@ def own_keys() -> dict:
 def backend_defaults(name: str) -> dict:
     """A backend's keys and defaults as rayflow's own runs compose them (conf/backend/NAME.yaml)."""
     return (
-        yaml.safe_load(
-            resources.files("rayflow.conf").joinpath("backend", f"{name}.yaml").read_text()
-        )
+        yaml.safe_load((resources.files("rayflow.conf") / "backend" / f"{name}.yaml").read_text())
         or {}
     )
 

@@ -1,7 +1,7 @@
-"""`python -m rayflow.launcher.on_head BUNDLE`: a submitted sweep's driver, as a Ray Job on the head.
-It takes the result key out of its environment before the bundle (the app's code) is loaded, joins
-the cluster the job runs on, runs the bundle's jobs (rayflow.launcher.jobs.run_batch), and ends
-with one signed line for the launching side (rayflow.launcher.submit.result_line)."""
+"""`python -m rayflow.launcher.on_head BUNDLE`: a submitted sweep's driver, as a Ray Job on the
+head. It takes the result key out of its environment before the bundle (the app's code) is loaded,
+joins the cluster the job runs on, runs the bundle's jobs (rayflow.launcher.jobs.run_batch), and
+ends with one signed line for the launching side (rayflow.launcher.submit.result_line)."""
 
 from __future__ import annotations
 

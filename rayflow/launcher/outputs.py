@@ -7,6 +7,7 @@ job's own output folder only, never through a symlink, within the size limit."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -68,12 +69,12 @@ def unpack(
                 total += max(member.size, 0)
                 if count > max_members or total > limit:
                     raise UnsafeArchive(
-                        f"a job's outputs hold more than {max_members} files or {limit // 2**20} MiB"
+                        f"a job's outputs hold more than {max_members} files or {limit // 2**20} "
+                        "MiB"
                     )
                 parts = _parts(member.name)
-                if (
-                    not member.isfile()
-                ):  # links, devices, fifos: pack makes none (folders come with their files)
+                # links, devices, fifos: pack makes none (folders come with their files)
+                if not member.isfile():
                     if member.isdir():
                         continue
                     raise UnsafeArchive(
@@ -109,10 +110,8 @@ def _write_below(root: int, parts: list[str], source) -> None:
     fd = os.dup(root)
     try:
         for part in parts[:-1]:
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o777, dir_fd=fd)
-            except FileExistsError:
-                pass
             child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = child

@@ -6,6 +6,7 @@ code as rayflow's own runs. Every error is a ConfigError naming the key as the u
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -35,12 +36,12 @@ def read_settings(node: DictConfig) -> Settings:
     from rayflow.launcher.keys import Launcher
     from rayflow.schema import validate_section
 
-    data = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(data, dict)
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    data: dict[str, Any] = {str(k): v for k, v in container.items()}  # a node's keys are strings
     keys = own_keys()
-    own = {
-        k: v for k, v in data.items() if k in keys and k != "_target_"
-    }  # Hydra used _target_ already
+    # Hydra used _target_ already
+    own = {k: v for k, v in data.items() if k in keys and k != "_target_"}
     validate_section(PREFIX, Launcher, own, data)
     name, known = own["backend"], backend_keys()
     values = {k: v for k, v in data.items() if k not in own and v is not None}
@@ -79,19 +80,18 @@ def job_resources(settings: Settings, job_config: DictConfig, what: str) -> tupl
     )
     key = settings.job_resources_key
     own = OmegaConf.select(job_config, key) if key else None
-    if own is not None:
+    if key and own is not None:
         section = OmegaConf.to_container(own, resolve=True) if isinstance(own, DictConfig) else own
         if not isinstance(section, dict):
             raise ConfigError(
                 key, f"must be a mapping of cpu, gpu, memory, custom, got {section!r} ({what})"
             )
         merged.update(section)
-        keys.update({n: f"{key}.{n}" for n in section})
+        keys.update({n: f"{key}.{n!s}" for n in section})
         try:
             validate_section("", JobResources, merged, {})
-        except (
-            ConfigError
-        ) as err:  # named as the user set it: in the job's section, or the launcher's
+        # named as the user set it: in the job's section, or the launcher's
+        except ConfigError as err:
             where = key if err.key.split(".")[0] in section else f"{PREFIX}.resources"
             raise ConfigError(
                 f"{where}.{err.key}", f"{str(err).split(': ', 1)[1]} ({what})"
@@ -128,17 +128,17 @@ def rayflow_config(settings: Settings, gpu: bool) -> DictConfig:
         )
     finally:
         Singleton.set_state(state)
-    OmegaConf.set_struct(
-        cfg, False
-    )  # free-form mappings (spark_conf, overrides, ...) take new keys
+    # free-form mappings (spark_conf, overrides, ...) take new keys
+    OmegaConf.set_struct(cfg, False)
     cfg.backend = OmegaConf.merge(cfg.backend, settings.backend_values)
     OmegaConf.set_struct(cfg, True)
     return cfg
 
 
 def check_backend(cfg: DictConfig):
-    """rayflow's own checks of the cluster (rayflow.orchestrator.preflight.check_backend), naming the launcher's keys
-    as the user wrote them: hydra.launcher.*, not backend.*. Returns the backend (nothing started)."""
+    """rayflow's own checks of the cluster (rayflow.orchestrator.preflight.check_backend), naming
+    the launcher's keys as the user wrote them: hydra.launcher.*, not backend.*. Returns the backend
+    (nothing started)."""
     from rayflow.orchestrator.preflight import check_backend as check
 
     try:

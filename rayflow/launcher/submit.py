@@ -4,12 +4,12 @@ unpickles what it was sent); there rayflow.launcher.on_head runs the same loop a
 launcher would, and ends its log with one line holding every job's end (outputs included).
 
 That line comes back through the job's log, which every task of the sweep prints into, so it is
-data, never code: JSON through rayflow.security.result_channel, signed with a key made for this submission,
-read only from a job that SUCCEEDED. A job's return value travels as JSON: one that JSON cannot
-hold (an object, a tuple's kind) comes back as its repr string; a failed job's exception comes back
-as its type's name and message (a builtin exception type as itself, any other as RuntimeError
-"Type: message"). Its outputs come back as a size-limited tar, unpacked under the job's own
-output folder only (rayflow.launcher.outputs.unpack)."""
+data, never code: JSON through rayflow.security.result_channel, signed with a key made for this
+submission, read only from a job that SUCCEEDED. A job's return value travels as JSON: one that JSON
+cannot hold (an object, a tuple's kind) comes back as its repr string; a failed job's exception
+comes back as its type's name and message (a builtin exception type as itself, any other as
+RuntimeError "Type: message"). Its outputs come back as a size-limited tar, unpacked under the job's
+own output folder only (rayflow.launcher.outputs.unpack)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def submit_batch(
     the job's signed line (rayflow.orchestrator.submission, the protocol a run's job uses too)."""
     import cloudpickle
 
-    from rayflow.orchestrator.submission import print_last_lines, submit
+    from rayflow.orchestrator.job_logs import print_last_lines
+    from rayflow.orchestrator.submission import submit
 
     assert handle.submission is not None
     in_place = handle.submission.in_place
@@ -54,7 +55,8 @@ def submit_batch(
     )
     with tempfile.TemporaryDirectory(prefix="rayflow-sweep-") as staging:
         Path(staging, BUNDLE).write_bytes(cloudpickle.dumps(bundle))
-        # fake_multinode's nodes are this machine: the folder is used where it is (rayflow.orchestrator.job_files)
+        # fake_multinode's nodes are this machine: the folder is used where it is
+        # (rayflow.orchestrator.job_files)
         working_dir = f"local://{staging}" if in_place else staging
         env = {"PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": settings.auth_mode}
         done = submit(
@@ -88,7 +90,8 @@ def read_result(log: str, key: bytes) -> list[Finished] | None:
 
 
 def result_line(finished: list[Finished]) -> str:
-    """The head's last line: every job's end, signed (rayflow.security.result_channel.take_key, at the start)."""
+    """The head's last line: every job's end, signed (rayflow.security.result_channel.take_key, at
+    the start)."""
     from rayflow.security.result_channel import signed_line
 
     line = signed_line(MARKER, [finished_data(f) for f in finished])
@@ -99,7 +102,7 @@ def result_line(finished: list[Finished]) -> str:
     )
 
 
-# --- Finished as JSON ------------------------------------------------------------------------------
+# --- Finished as JSON ----------------------------------------------------------------------------
 
 
 def _b64(data: bytes | None) -> str | None:

@@ -1,12 +1,12 @@
-"""A cluster's lifetime, in one place: started by the first job that needs it, stopped when the `with`
-block that holds it ends, however it ends (done, an error, Ctrl-C, SIGTERM or SIGHUP).
+"""A cluster's lifetime, in one place: started by the first job that needs it, stopped when the
+`with` block that holds it ends, however it ends (done, an error, Ctrl-C, SIGTERM or SIGHUP).
 
-`running(backend)` is one cluster's life: the auth mode exported, the terminating signals turned into
-exceptions while it lives (rayflow.runtime.signals), `backend.start()`, and `backend.stop(handle)` at
-the end. `SharedCluster` holds it for the consecutive jobs that share one (rayflow's own jobs,
-rayflow.orchestrator.session, and a Hydra app's sweeps, rayflow.launcher), started by the first
-`acquire()`. There is no global cluster: `rayflow.launcher.keep_clusters()` keeps clusters in a
-block of its own.
+`running(backend)` is one cluster's life: the auth mode exported, the terminating signals turned
+into exceptions while it lives (rayflow.runtime.signals), `backend.start()`, and
+`backend.stop(handle)` at the end. `SharedCluster` holds it for the consecutive jobs that share one
+(rayflow's own jobs, rayflow.orchestrator.session, and a Hydra app's sweeps, rayflow.launcher),
+started by the first `acquire()`. There is no global cluster: `rayflow.launcher.keep_clusters()`
+keeps clusters in a block of its own.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def cluster_key(cfg: DictConfig) -> str:
 
 
 def spec_text(backend: ClusterBackend, preload: WorkerPreload | None = None) -> str:
-    """The cluster spec the backend starts or joins, as YAML with secrets masked (printed, logged)."""
+    """The cluster spec the backend starts or joins, as YAML, secrets masked (printed, logged)."""
     import yaml
 
     return yaml.safe_dump(
@@ -56,7 +56,8 @@ def running(
         handle = backend.start(preload)  # a start that fails stops what it had started, then raises
         handle.start_seconds = time.monotonic() - started
         handle.metrics.setdefault("cluster_start_s", handle.start_seconds)
-        # ray.init installs a C++ SIGTERM handler that aborts the driver without clean-up: take it back
+        # ray.init installs a C++ SIGTERM handler that aborts the driver without clean-up: take
+        # the signal back
         terminations.catch()
         try:
             yield handle
@@ -83,7 +84,8 @@ class SharedCluster:
         the job that started it, not to the later jobs that reuse it)."""
         if self.handle is not None:
             print(
-                f"[rayflow] reusing the {self.backend.name} cluster at {mask_text(self.handle.address)}",
+                f"[rayflow] reusing the {self.backend.name} cluster at "
+                f"{mask_text(self.handle.address)}",
                 flush=True,
             )
             return self.handle, False
@@ -109,7 +111,8 @@ def cluster_scope(
 ) -> Iterator[SharedCluster]:
     """The one cluster lifecycle, for rayflow's own jobs (rayflow.orchestrator.session) and for the
     jobs of a Hydra app's sweep (rayflow.launcher): a cluster of `backend` (checked), started by the
-    first `acquire()`, with its output kept plain, and stopped when the block ends, however it ends."""
+    first `acquire()`, with its output kept plain, and stopped when the block ends, however it
+    ends."""
     with (
         _cluster_output(backend, dry_run),
         SharedCluster(backend, spec_text(backend, preload), preload) as cluster,
@@ -117,22 +120,20 @@ def cluster_scope(
         yield cluster
 
 
-def _cluster_output(
-    backend: ClusterBackend, dry_run: bool
-) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def _cluster_output(backend: ClusterBackend, dry_run: bool) -> Iterator[None]:
     """What a cluster this process is connected to prints while it lives, its shutdown included
     (Ray flushes its workers' last deduplicated lines then): without colour codes where stdout
     is not a terminal. (A submitted run's output is the job's, streamed as it comes.)"""
     if dry_run or backend.submits_jobs:
-        return contextlib.nullcontext()
+        yield
+        return
     import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
 
     from rayflow.runtime.progress import plain_ray_logs
 
-    env = (
+    colour = (
         {} if sys.stdout.isatty() else {"RAY_COLOR_PREFIX": os.environ.get("RAY_COLOR_PREFIX", "0")}
     )
-    stack = contextlib.ExitStack()
-    stack.enter_context(scoped_env(env))
-    stack.enter_context(plain_ray_logs())
-    return stack
+    with scoped_env(colour), plain_ray_logs():
+        yield

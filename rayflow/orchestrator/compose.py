@@ -53,7 +53,7 @@ def replacing_mappings(overrides: list[str]) -> list[str]:
     name = next(
         (o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "workload"), "cifar"
     )
-    shipped = resources.files(CONFIG_MODULE).joinpath("workload", f"{name}.yaml")
+    shipped = resources.files(CONFIG_MODULE).joinpath("workload").joinpath(f"{name}.yaml")
     if name not in REGISTRY or not shipped.is_file():
         return overrides
     model = workload_keys(name)
@@ -86,8 +86,9 @@ def one_line(err: Exception) -> ConfigError:
             f"{group}={name}", f"unknown option; choose from {', '.join(err.options)}"
         )
     match = re.search(r"Could not (?:override|append to|delete from) '([^']+)'", text)
-    if match and renamed_key_error(match.group(1)):
-        return renamed_key_error(match.group(1))
+    renamed = renamed_key_error(match.group(1)) if match else None
+    if renamed is not None:
+        return renamed
     if match:
         cause = str(err.__cause__ or "").splitlines()[0] if err.__cause__ else ""
         return ConfigError(match.group(1), f"unknown config key ({cause or text.splitlines()[0]})")
@@ -143,9 +144,8 @@ def section_models(cfg: dict[str, Any]) -> dict[str, Any]:
 
     models = root_models(cfg)
     workload = cfg.get("workload", {})
-    if (
-        workload.get("name") in WORKLOADS or workload.get("kind") in KINDS
-    ):  # a preset, or a kind under the user's own name
+    # a preset, or a kind under the user's own name
+    if workload.get("name") in WORKLOADS or workload.get("kind") in KINDS:
         model = workload_keys(workload)
         models["workload"] = model
         models.update(getattr(model, "sections", {}))
@@ -154,13 +154,19 @@ def section_models(cfg: dict[str, Any]) -> dict[str, Any]:
     return models
 
 
-def validate(cfg: DictConfig, local_paths: bool = True) -> None:
-    """Every key of a composed config against its kind and the rules between keys (rayflow.schema):
-    the first that is not is one ConfigError naming it."""
+def plain(cfg: DictConfig) -> dict[str, Any]:
+    """A composed config as plain Python, resolved: what the schema and its models read."""
     from omegaconf import OmegaConf
-
-    from rayflow import schema
 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
+    return {str(key): value for key, value in data.items()}
+
+
+def validate(cfg: DictConfig, local_paths: bool = True) -> None:
+    """Every key of a composed config against its kind and the rules between keys (rayflow.schema):
+    the first that is not is one ConfigError naming it."""
+    from rayflow import schema
+
+    data = plain(cfg)
     schema.validate(data, section_models(data), local_paths=local_paths)

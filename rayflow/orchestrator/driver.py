@@ -43,9 +43,8 @@ def run_here(plan: Plan, cluster: SharedCluster, path: Path) -> RunResult:
     """The job of `plan` on `cluster` (started by the first job that acquires it), in this process;
     its RunResult. Raises RunFailed, RunInterrupted or Terminated after its own clean-up."""
     cfg = plan.cfg
-    plan.workload.prepare(
-        cfg, here=plan.backend.shares_filesystem
-    )  # missing data fails before Ray starts
+    # missing data fails before Ray starts
+    plan.workload.prepare(cfg, here=plan.backend.shares_filesystem)
     tracker = Tracker(cfg)
     result = _new_result(plan, path, tracker)
     state = read_state(path) if cfg.resume is not False else {}  # the experiment's state, read once
@@ -72,9 +71,8 @@ def run_here(plan: Plan, cluster: SharedCluster, path: Path) -> RunResult:
             raise
         finally:
             tracker.end(status)
-            if os.environ.get(
-                SUBMITTED_BY
-            ):  # a submitted job: its result, for the side that submitted it
+            # a submitted job: its result, for the side that submitted it
+            if os.environ.get(SUBMITTED_BY):
                 emit(result_line(result, status))  # one write: Ray's log thread prints meanwhile
 
 
@@ -205,9 +203,8 @@ def _translate_interrupt(stop: BaseException, result: RunResult, path: Path) -> 
 
 def _job_env(tracker: Tracker) -> dict[str, str]:
     env = {}
-    if (
-        not sys.stdout.isatty()
-    ):  # a pipe, a CI log, a notebook cell: Ray's log prefixes without colour codes
+    # a pipe, a CI log, a notebook cell: Ray's log prefixes without colour codes
+    if not sys.stdout.isatty():
         env["RAY_COLOR_PREFIX"] = os.environ.get("RAY_COLOR_PREFIX", "0")
     if tracker.enabled:  # Ray nodes that Spark or Kubernetes start get it forwarded
         env["MLFLOW_TRACKING_URI"] = tracker.absolute_uri

@@ -5,9 +5,10 @@ submitted as a Ray Job runs on the head instead, so its files go with the job, a
 its runtime_env this module returns (`job_files`):
 
 - `working_dir` (`workload.working_dir`: `.` in the workloads tune, train and rllib, the
-  directory rayflow runs from; null, as in the presets, or no such key: nothing but rayflow) minus `DEFAULT_EXCLUDES`,
-  `CREDENTIAL_EXCLUDES` (credential files: named on stderr when re-included), `workload.excludes`, the `.gitignore`
-  and `.rayignore` files inside it, and Ray's own default excludes;
+  directory rayflow runs from; null, as in the presets, or no such key: nothing but rayflow)
+  minus `DEFAULT_EXCLUDES`, `CREDENTIAL_EXCLUDES` (credential files: named on stderr when
+  re-included), `workload.excludes`, the `.gitignore` and `.rayignore` files inside it, and Ray's
+  own default excludes;
 - `py_modules` (`workload.py_modules`): installed packages or modules, by import name, shipped
   from their source folders;
 - `pip` (`workload.pip`): requirements the job installs on the cluster.
@@ -36,6 +37,9 @@ import os
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
 
 from rayflow.errors import ConfigError
 
@@ -168,7 +172,7 @@ def upload_limit() -> int:
     )
 
 
-def job_files(cfg, in_place: bool = False) -> dict:
+def job_files(cfg: DictConfig, in_place: bool = False) -> dict[str, Any]:
     """The runtime_env parts for the job's own files: `working_dir` (absolute path), `excludes`
     (DEFAULT_EXCLUDES, then workload.excludes), `py_modules` (package folders or module files),
     `pip` (requirements); only the keys that apply.
@@ -179,7 +183,7 @@ def job_files(cfg, in_place: bool = False) -> dict:
     the same runtime_resources folder, replacing it (Ray's overwrite=True) under the job's driver,
     whose working directory would be gone."""
     workload = cfg.workload
-    env: dict = {}
+    env: dict[str, Any] = {}
     working_dir = _working_dir(cfg)
     if in_place:
         if working_dir is not None:
@@ -199,7 +203,7 @@ def job_files(cfg, in_place: bool = False) -> dict:
     return env
 
 
-def excludes(cfg) -> list[str]:
+def excludes(cfg: DictConfig) -> list[str]:
     """DEFAULT_EXCLUDES and CREDENTIAL_EXCLUDES, then the user's `workload.excludes` (which may
     re-include with `!`)."""
     return [
@@ -223,7 +227,7 @@ def credential_files(names: list[str]) -> list[str]:
     return [name for name in names if matches(name)]
 
 
-def merge_runtime_env(base: dict | None, files: dict) -> dict:
+def merge_runtime_env(base: dict[str, Any] | None, files: dict[str, Any]) -> dict[str, Any]:
     """A backend's runtime_env (job_runtime_env) with the job's files: pip lists are concatenated
     (the backend's first), every other key of `files` is set."""
     merged = dict(base or {})
@@ -240,7 +244,7 @@ def merge_runtime_env(base: dict | None, files: dict) -> dict:
     return merged
 
 
-def check_upload(cfg, limit: int | None = None, in_place: bool = False) -> None:
+def check_upload(cfg: DictConfig, limit: int | None = None, in_place: bool = False) -> None:
     """Preflight of a submitted run's files: ConfigError (one line naming `workload.working_dir`,
     `workload.py_modules` or `workload.excludes`) when the working_dir is not a directory, a
     module is not importable, an excluded pattern would drop rayflow's own files, or a package
@@ -292,7 +296,8 @@ def _name_credentials(key: str, names: list[str], parent: bool, path: Path) -> N
     more = f" and {len(found) - _CREDENTIALS_SHOWN} more" if len(found) > _CREDENTIALS_SHOWN else ""
     print(
         f"rayflow: warning: {key}: ships credential files that workload.excludes re-includes: "
-        f"{', '.join(found[:_CREDENTIALS_SHOWN])}{more} (every job on the cluster can read a job's files)",
+        f"{', '.join(found[:_CREDENTIALS_SHOWN])}{more} "
+        "(every job on the cluster can read a job's files)",
         file=sys.stderr,
         flush=True,
     )
@@ -307,9 +312,8 @@ def upload_entries(
     from ray._private.ray_constants import RAY_RUNTIME_ENV_IGNORE_GITIGNORE
     from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
 
-    include_gitignore = (
-        os.environ.get(RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
-    )  # as the Jobs client reads it
+    # as the Jobs client reads it
+    include_gitignore = os.environ.get(RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
     root = Path(path).absolute()
     base = root.parent if root.is_file() else root
     entries: list[tuple[str, int]] = []
@@ -361,7 +365,7 @@ def shipped(path: Path, patterns: list[str], include_parent_dir: bool = False) -
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _strings(value, key: str) -> list[str]:
+def _strings(value: Any, key: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
@@ -372,7 +376,7 @@ def _strings(value, key: str) -> list[str]:
     return items
 
 
-def _working_dir(cfg) -> Path | None:
+def _working_dir(cfg: DictConfig) -> Path | None:
     value = cfg.workload.get("working_dir")  # a config without the key ships nothing, as before
     if value is None:
         return None
@@ -381,7 +385,7 @@ def _working_dir(cfg) -> Path | None:
     return Path(value).expanduser().absolute()  # relative: to the directory rayflow runs from
 
 
-def _py_modules(cfg) -> list[tuple[str, Path]]:
+def _py_modules(cfg: DictConfig) -> list[tuple[str, Path]]:
     """(name, source folder or .py file) of each `workload.py_modules` entry, as importlib finds it
     here: a package's folder, a module's .py file."""
     found = []
@@ -493,8 +497,9 @@ def _biggest(entries: list[tuple[str, int]], top: str = "") -> list[tuple[str, i
 
 
 def _rayflow_files() -> list[str]:
-    """rayflow's own package as rayflow.orchestrator.submission.stage_package ships it (its configs inside it),
-    as paths relative to the package: what the job's excludes are matched against there."""
+    """rayflow's own package as rayflow.orchestrator.submission.stage_package ships it (its configs
+    inside it), as paths relative to the package: what the job's excludes are matched against there.
+    """
     source = Path(__file__).resolve().parents[1]  # rayflow/, above orchestrator/
     roots = [("", source)]
     for name, beside in (("conf", "conf"), ("cluster_defs", "backends")):
@@ -511,9 +516,8 @@ def _rayflow_files() -> list[str]:
 def _check_own_package(patterns: list[str]) -> None:
     """Ray applies a job's `excludes` to every package it packs, rayflow's own too: a pattern that
     drops a file of rayflow's (`*.yaml` would drop its configs) is refused."""
-    from ray._private.thirdparty.pathspec import (
-        PathSpec,
-    )  # Ray's own copy: its negation differs from pathspec 1.x
+    # Ray's own copy: its negation differs from pathspec 1.x
+    from ray._private.thirdparty.pathspec import PathSpec
 
     def dropped(
         spec: PathSpec, rel: str

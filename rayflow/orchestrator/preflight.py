@@ -12,6 +12,7 @@ the cluster may preload for it).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,8 @@ class Plan:
     """One job as the preflight found it: what the run consumes, checked."""
 
     overrides: list[str]  # the job's command line (a resume's: the experiment's choices first)
-    cfg: DictConfig
-    backend: ClusterBackend
+    cfg: DictConfig  # composed, checked, and (a resume) the experiment's own again
+    backend: ClusterBackend  # built from cfg's backend section; nothing started yet
     workload: Any  # the workload's module (rayflow.workloads.Workload)
     bundles: list[Bundle]  # what one trial or run needs at once
     preload: WorkerPreload | None  # what a backend that starts workers ahead of use has them import
@@ -45,7 +46,8 @@ class Plan:
 
 
 def local_files_ok(backend: ClusterBackend) -> bool:
-    """Whether MLflow can write a file on this machine: this process writes it, or the nodes share it."""
+    """Whether MLflow can write a file on this machine: this process writes it, or the nodes
+    share it."""
     return not backend.submits_jobs or backend.shares_filesystem
 
 
@@ -72,9 +74,8 @@ def plan_job(cfg: DictConfig, overrides: list[str]) -> Plan:
         check_fits(bundles, nodes, backend.name)
     if cfg.resume is not False:
         experiment_dir(cfg)
-    if (
-        backend.submits_jobs and not cfg.dry_run
-    ):  # the files that go with the job fit Ray's upload limit
+    # the files that go with the job fit Ray's upload limit
+    if backend.submits_jobs and not cfg.dry_run:
         check_upload(cfg, in_place=backend.shares_filesystem)
     # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
     # share this machine's files cannot write a local SQLite or file store.
@@ -105,7 +106,8 @@ def _no_python_objects(cfg: DictConfig, backend: ClusterBackend) -> None:
             raise ConfigError(
                 f"workload.{key}",
                 f"a Python object given to rayflow.run ({value}) runs on backends that "
-                f"connect this process (local, attach, spark); for backend={backend.name} put it in a "
+                "connect this process (local, attach, spark); "
+                f"for backend={backend.name} put it in a "
                 "module of your working_dir and name it module:function",
             )
 
@@ -121,7 +123,8 @@ def _check_gpus(
     ):
         raise ConfigError(
             "compute",
-            f"compute=gpu but backend {backend.name} has no CUDA device; use compute=cpu or compute=auto",
+            f"compute=gpu but backend {backend.name} has no CUDA device; "
+            "use compute=cpu or compute=auto",
         )
 
 
@@ -153,7 +156,8 @@ def _check_resumed_run(cfg: DictConfig) -> None:
         raise ConfigError(
             "resume",
             f"the experiment's MLflow parent run {run_id} is not in tracking.uri: {reason}; "
-            "resume from the directory of the first run or give its tracking.uri (or tracking=none)",
+            "resume from the directory of the first run or give its tracking.uri "
+            "(or tracking=none)",
         )
 
 
@@ -161,10 +165,12 @@ def preflight(overrides: list[str], multirun: bool = False) -> list[Plan]:
     """Compose and check every job of the command line before any starts: bad input anywhere in
     a sweep is one ConfigError naming the key, with nothing started."""
     points = config_errors(lambda: sweep_points(list(overrides), multirun))
-    plans = []
-    for point in points:
-        cfg = config_errors(lambda: compose_config(*point))
-        if cfg.resume is not False:
-            point, cfg = config_errors(lambda: resumed(point, cfg))
-        plans.append(config_errors(lambda: plan_job(cfg, point)))
-    return plans
+    return [config_errors(functools.partial(_plan_point, point)) for point in points]
+
+
+def _plan_point(point: list[str]) -> Plan:
+    """One point of the command line: composed (a resume: the experiment's own config), checked."""
+    cfg = compose_config(*point)
+    if cfg.resume is not False:
+        point, cfg = resumed(point, cfg)
+    return plan_job(cfg, point)

@@ -1,8 +1,8 @@
 """A run on a backend that submits it (vm, kuberay): rayflow itself, as a Ray Job on the head.
 
 The job is the same command with `backend=attach` (joining the cluster it runs on), so the results
-table, the MLflow runs, the checkpoints and `resume` are those a local run makes. Its command line is
-fixed (`python -m rayflow.job_entry`): its overrides go as its request, never on argv
+table, the MLflow runs, the checkpoints and `resume` are those a local run makes. Its command line
+is fixed (`python -m rayflow.job_entry`): its overrides go as its request, never on argv
 (rayflow.orchestrator.submission). It ends with its result line (rayflow.results.run_result), read
 here into the RunResult this returns; its driver log goes into the parent MLflow run
 (`job/driver.log`) before the cluster goes.
@@ -15,9 +15,12 @@ import os
 import sys
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from rayflow.errors import RunFailed, Terminated
 from rayflow.orchestrator.cluster import SharedCluster
 from rayflow.orchestrator.job_files import job_files
+from rayflow.orchestrator.job_logs import print_last_lines
 from rayflow.orchestrator.preflight import Plan
 from rayflow.orchestrator.submission import (
     FORWARDED_ENV,
@@ -27,7 +30,6 @@ from rayflow.orchestrator.submission import (
     Submitted,
     job_entrypoint,
     job_overrides,
-    print_last_lines,
     submit,
 )
 from rayflow.results.experiment import experiment_dir
@@ -67,11 +69,10 @@ def _local_folders(plan: Plan) -> dict[str, object]:
     models that declare them."""
     from omegaconf import OmegaConf
 
-    from rayflow.orchestrator.compose import section_models
+    from rayflow.orchestrator.compose import plain, section_models
     from rayflow.schema.kinds import local_folder_keys
 
-    data = OmegaConf.to_container(plan.cfg, resolve=True)
-    assert isinstance(data, dict)
+    data = plain(plan.cfg)
     keys = [
         f"{where}.{k}" if where else k
         for where, model in section_models(data).items()
@@ -103,9 +104,8 @@ def run_submitted(plan: Plan, cluster: SharedCluster) -> RunResult:
     try:
         handle, started = cluster.acquire()
         assert handle.submission is not None
-        files = job_files(
-            cfg, in_place=handle.submission.in_place
-        )  # their size was checked by the preflight
+        # their size was checked by the preflight
+        files = job_files(cfg, in_place=handle.submission.in_place)
         done = submit(
             handle,
             job_entrypoint(handle.submission.python),
@@ -130,7 +130,8 @@ def run_submitted(plan: Plan, cluster: SharedCluster) -> RunResult:
 
 
 def _stopped() -> None:
-    """Ctrl-C or a terminating signal while the job ran: it was stopped; exit as a local run does."""
+    """Ctrl-C or a terminating signal while the job ran: it was stopped; exit as a local run
+    does."""
     code = termination_exit_code()
     if code:
         print(f"rayflow: stopped by signal {code - 128}; the job was stopped", file=sys.stderr)
@@ -170,15 +171,14 @@ def _returned(plan: Plan, cluster: SharedCluster, tracker: Tracker, done: Submit
         )
     if result.summary is not None and result.summary.table().strip():
         first = result.summary.table().strip().splitlines()[0]
-        if not any(
-            line.strip() == first for line in outcome.streamed
-        ):  # the stream missed the job's table
+        # the stream missed the job's table
+        if not any(line.strip() == first for line in outcome.streamed):
             print(result.summary.table(), flush=True)
     return result
 
 
 def keep_driver_log(
-    cfg, spec: str, tracker: Tracker, result: RunResult, log: str, job_id: str
+    cfg: DictConfig, spec: str, tracker: Tracker, result: RunResult, log: str, job_id: str
 ) -> str | None:
     """The job's driver log into its parent MLflow run (one made here, FAILED, when the job ended
     before it made its own), so it can be read once the cluster is gone. Returns where it went.
@@ -202,9 +202,10 @@ def keep_driver_log(
             result.mlflow_experiment_id = tracker.experiment_id
         tracker.client.log_text(run_id, mask_text(log), JOB_LOG)
     except (MlflowException, RequestException, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         print(
-            f"rayflow: warning: the job's log was not stored in MLflow ({mask_text(tracker.absolute_uri)}): "
-            f"{type(err).__name__}: {mask_text(str(err).strip().splitlines()[0] if str(err).strip() else '')}",
+            "rayflow: warning: the job's log was not stored in MLflow "
+            f"({mask_text(tracker.absolute_uri)}): {type(err).__name__}: {mask_text(first)}",
             file=sys.stderr,
             flush=True,
         )

@@ -1,5 +1,6 @@
 """A run's outcome, told: into its MLflow parent run (tags, metrics, the best checkpoint, the plots)
-and onto the terminal (the results table, the plots' folder, how to continue it, where MLflow is)."""
+and onto the terminal (the results table, the plots' folder, how to continue it, where MLflow is).
+"""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def report(
 
 def plots(cfg: DictConfig, tracker: Tracker, path: Path, workload: Any) -> None:
     """The run's plots (rayflow.results.plots), drawn from its experiment folder now that the run is
-    over, into `<path>/plots/` and the parent run's `plots/`; their place goes under the results table."""
+    over, into `<path>/plots/` and the parent run's `plots/`; their place goes under the results
+    table."""
     try:
         from rayflow.results.plots import FOLDER, make_plots
 

@@ -74,15 +74,34 @@ def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
     differs from the experiment's is refused, naming it; a secret the state holds masked comes
     from the command line or the environment (its interpolation), or is refused. `resume` becomes
     the folder, so every later look-up finds this same experiment."""
-    from omegaconf import open_dict
-
     path = resumed_folder(cfg)
     state = read_state(path)
     saved = state.get("config", {})
-    choices = state.get("choices") or {}
+    choices = _saved_choices(state, saved, group_choices(point), path)
+    point = [f"{g}={c}" for g, c in choices.items() if g not in group_choices(point)] + [
+        o for o in point if _key(o) != "resume"
+    ]
+    point.append(f"resume={path}")
+    cfg = compose_config(*point)
+    given = {_key(o) for o in point if "=" in o or o.startswith("~")} - set(GROUPS)
+    fixed, changeable = trial_keys(cfg)
+    # first: a resume that changes the trials is refused, whatever else it lacks
+    for key in sorted(given):
+        if _within(key, fixed) and not _within(key, changeable):
+            _check_unchanged(cfg, key, saved, path)
+    same_groups = {g for g in GROUPS if group_choices(point).get(g) == choices.get(g)}
+    _restore_sections(cfg, saved, given, same_groups)
+    return point, cfg
+
+
+def _saved_choices(
+    state: dict[str, Any], saved: dict[str, Any], given: dict[str, str], path: Path
+) -> dict[str, str]:
+    """The experiment's group choices; the command line may not choose another workload or
+    compute."""
+    choices: dict[str, str] = state.get("choices") or {}
     if not choices and isinstance(saved.get("workload"), dict) and saved["workload"].get("name"):
         choices = {"workload": str(saved["workload"]["name"])}  # an experiment of an older rayflow
-    given = group_choices(point)
     for group, choice in choices.items():
         if group in ("workload", "compute") and given.get(group, choice) != choice:
             raise ConfigError(
@@ -90,34 +109,29 @@ def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
                 f"cannot change on resume: {path} ran {group}={choice} (leave it out, "
                 "or leave out resume= to start a new experiment)",
             )
-    point = [f"{g}={c}" for g, c in choices.items() if g not in given] + [
-        o for o in point if _key(o) != "resume"
-    ]
-    point.append(f"resume={path}")
-    cfg = compose_config(*point)
-    keys = {_key(o) for o in point if "=" in o or o.startswith("~")} - set(GROUPS)
-    same_groups = {g for g in GROUPS if group_choices(point).get(g) == choices.get(g)}
-    fixed, changeable = trial_keys(cfg)
-    for key in sorted(
-        keys
-    ):  # first: a resume that changes the trials is refused, whatever else it lacks
-        if _within(key, fixed) and not _within(key, changeable):
-            _check_unchanged(cfg, key, saved, path)
+    return choices
+
+
+def _restore_sections(
+    cfg: DictConfig, saved: dict[str, Any], given: set[str], same_groups: set[str]
+) -> None:
+    """The saved sections into cfg, but for what the command line gives; a group's section only
+    where the command line chose the same option as the experiment."""
+    from omegaconf import open_dict
+
     with open_dict(cfg):
         for section in resumed_keys(cfg):
             if section not in saved or (section in GROUPS and section not in same_groups):
                 continue
-            if isinstance(
-                saved[section], dict
-            ):  # key by key: a mapping in it is the experiment's whole
+            # key by key: a mapping in it is the experiment's whole
+            if isinstance(saved[section], dict):
                 for key, value in saved[section].items():
-                    _restore(cfg, f"{section}.{key}", value, keys)
+                    _restore(cfg, f"{section}.{key}", value, given)
             else:
-                _restore(cfg, section, saved[section], keys)
-    return point, cfg
+                _restore(cfg, section, saved[section], given)
 
 
-def _restore(cfg: DictConfig, key: str, value, given: set[str]) -> None:
+def _restore(cfg: DictConfig, key: str, value: Any, given: set[str]) -> None:
     """The saved `value` of `key` into cfg, but for the keys the command line gives."""
     from omegaconf import OmegaConf
 
@@ -137,19 +151,18 @@ def _restore(cfg: DictConfig, key: str, value, given: set[str]) -> None:
         absent = object()
         now = OmegaConf.select(cfg, key, default=absent, throw_on_missing=False)
         if now in (None, "", absent) or (isinstance(now, str) and REDACTED in now):
-            given = (
-                f"+{key}=..." if now is absent else f"{key}=..."
-            )  # a key the run added, or one of rayflow's
+            # a key the run added (`+key`), or one of rayflow's
+            how = f"+{key}=..." if now is absent else f"{key}=..."
             raise ConfigError(
                 key,
                 "its value was masked in the experiment's saved state: give it again on the "
-                f"command line ({given}) or in the environment it reads",
+                f"command line ({how}) or in the environment it reads",
             )
         return
     OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
-def _holds(value, marker: str) -> bool:
+def _holds(value: Any, marker: str) -> bool:
     if isinstance(value, dict):
         return any(_holds(v, marker) for v in value.values())
     if isinstance(value, list):

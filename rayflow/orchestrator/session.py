@@ -1,10 +1,10 @@
 """The jobs of one invocation: start each cluster once, run the jobs that share it, stop it.
 
-`run_jobs` is what the CLI (one job, or every point of a `-m` sweep) and `rayflow.run` call, with the
-plans the preflight made (rayflow.orchestrator.preflight): a cluster's lifetime is one `with` block
-(rayflow.orchestrator.cluster) spanning the consecutive jobs whose backend config is the same. Each
-job is a dry run (the spec and its notes, nothing started), a run submitted to its cluster as a Ray
-Job (vm, kuberay: rayflow.orchestrator.remote_run), or a run in this process, in the experiment
+`run_jobs` is what the CLI (one job, or every point of a `-m` sweep) and `rayflow.run` call, with
+the plans the preflight made (rayflow.orchestrator.preflight): a cluster's lifetime is one `with`
+block (rayflow.orchestrator.cluster) spanning the consecutive jobs whose backend config is the same.
+Each job is a dry run (the spec and its notes, nothing started), a run submitted to its cluster as a
+Ray Job (vm, kuberay: rayflow.orchestrator.remote_run), or a run in this process, in the experiment
 folder it holds while it runs (rayflow.orchestrator.driver).
 """
 
@@ -69,8 +69,8 @@ def dry_run(plan: Plan, spec: str) -> None:
         and is_local_store(plan.cfg.tracking.uri)
     ):
         notes.append(
-            "tracking.uri: a real run needs a tracking server (http(s)://, databricks): the cluster's nodes "
-            "do not share this machine's files"
+            "tracking.uri: a real run needs a tracking server (http(s)://, databricks): "
+            "the cluster's nodes do not share this machine's files"
         )
     for note in notes:
         print(note if note.startswith("rayflow:") else f"rayflow: {note}", file=sys.stderr)

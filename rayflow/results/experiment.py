@@ -42,8 +42,8 @@ def experiment_dir(cfg) -> Path:
         if not idle:
             raise ConfigError(
                 "resume",
-                f"every {name} experiment under {storage} is running now (resume=true passes running ones by); "
-                "give resume=PATH once its run has ended",
+                f"every {name} experiment under {storage} is running now (resume=true passes "
+                "running ones by); give resume=PATH once its run has ended",
             )
         return max(idle, key=lambda p: (p / STATE_FILE).stat().st_mtime)
     path = resumed_folder(cfg)
@@ -51,15 +51,16 @@ def experiment_dir(cfg) -> Path:
     if saved not in (None, name):  # its config would be merged into another workload's keys
         raise ConfigError(
             "resume",
-            f"{path} is an experiment of workload {saved}, not {name}; resume it with workload={saved}",
+            f"{path} is an experiment of workload {saved}, not {name}; resume it with "
+            f"workload={saved}",
         )
     return path
 
 
 def resumed_folder(cfg) -> Path:
     """The experiment `resume` names, whatever its workload (the resume composes its config
-    from it: rayflow.orchestrator.compose.resumed): a rayflow experiment folder that no run holds now.
-    resume=true: the latest of the workload the command line composes to (experiment_dir)."""
+    from it: rayflow.orchestrator.compose.resumed): a rayflow experiment folder that no run holds
+    now. resume=true: the latest of the workload the command line composes to (experiment_dir)."""
     if cfg.resume is True:
         return experiment_dir(cfg)
     path = Path(str(cfg.resume)).expanduser().resolve()
@@ -68,7 +69,8 @@ def resumed_folder(cfg) -> Path:
     if is_running(path):
         raise ConfigError(
             "resume",
-            f"{path} is running now (another run holds {path / LOCK_FILE}); resume it once that run has ended",
+            f"{path} is running now (another run holds {path / LOCK_FILE}); resume it once that "
+            "run has ended",
         )
     return path
 
@@ -88,9 +90,8 @@ def is_running(path: Path) -> bool:
         lock.acquire(timeout=0)
     except Timeout:
         return True
-    except (
-        OSError
-    ):  # a folder this user cannot write: no run of theirs holds it; claiming it says why
+    except OSError:
+        # a folder this user cannot write: no run of theirs holds it; claiming it says why
         return False
     lock.release()
     return False
@@ -100,7 +101,8 @@ def is_running(path: Path) -> bool:
 def claimed_experiment(cfg) -> Iterator[Path]:
     """The experiment folder of this run, locked while the block runs: a new one made with
     os.mkdir (two runs started in the same second get two folders, the second with a suffix), or
-    the one `resume` names. A new folder the run left empty (it failed before it began) goes again."""
+    the one `resume` names. A new folder the run left empty (it failed before it began) goes
+    again."""
     from filelock import FileLock, Timeout
 
     path = _new_folder(cfg) if cfg.resume is False else experiment_dir(cfg)
@@ -110,7 +112,8 @@ def claimed_experiment(cfg) -> Iterator[Path]:
     except Timeout:  # the preflight found it free; another run took it since
         raise ConfigError(
             "resume",
-            f"{path} is running now (another run holds {path / LOCK_FILE}); resume it once that run has ended",
+            f"{path} is running now (another run holds {path / LOCK_FILE}); resume it once that "
+            "run has ended",
         ) from None
     except OSError as err:
         raise ConfigError(
@@ -139,7 +142,8 @@ def _new_folder(cfg) -> Path:
             continue
     raise ConfigError(
         "experiment_name",
-        f"{storage} holds {name} and {SUFFIXES_MAX - 1} suffixed folders of it; choose another experiment_name",
+        f"{storage} holds {name} and {SUFFIXES_MAX - 1} suffixed folders of it; choose another "
+        "experiment_name",
     )
 
 

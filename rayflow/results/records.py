@@ -6,8 +6,8 @@ Ray Tune keeps a folder per trial with `params.json` (the trial's config) and `r
 report since the trial first started). Whether a trial finished is not in result.json: a trial whose
 function returns is marked done in Tune's memory only (its last logged report says done=false);
 Tune's experiment state (`experiment_state-<time>.json`, written at the end of fit() before the
-trials are stopped) keeps each trial's status. A single Ray Train run writes no per-epoch file of its
-own: rayflow.workloads.presets.ddp.EpochLog, a Train callback on its controller (which Ray
+trials are stopped) keeps each trial's status. A single Ray Train run writes no per-epoch file of
+its own: rayflow.workloads.presets.ddp.EpochLog, a Train callback on its controller (which Ray
 places on the driver's node), appends rank 0's reports to EPOCHS_FILE in the run's folder.
 """
 
@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TUNE_RESULT, TUNE_PARAMS = "result.json", "params.json"
-TUNE_STATE_GLOB = (
-    "experiment_state-*.json"  # one per invocation that ran fit(); the newest is the latest
-)
+# one per invocation that ran fit(); the newest is the latest
+TUNE_STATE_GLOB = "experiment_state-*.json"
 EPOCHS_FILE = "rayflow_epochs.jsonl"  # next to rayflow.json, in a Train run's folder
 # What Tune adds to every result by itself: not what a trial reports, so neither a "best" line of
 # the results table, a metric of a trial's MLflow run, nor a column of RunResult.trials.
@@ -53,8 +52,9 @@ SWEEP_METRIC, SWEEP_MODE = "val_accuracy", "max"
 
 
 def read_lines(path: Path) -> list[dict]:
-    """The JSON objects of a JSON-lines file; a line cut short (a run killed mid-write) is skipped."""
-    rows = []
+    """The JSON objects of a JSON-lines file; a line cut short (a run killed mid-write) is
+    skipped."""
+    rows: list[dict] = []
     try:
         text = path.read_text()
     except OSError:
@@ -88,7 +88,8 @@ def _number(value) -> float | None:
 
 
 def series(rows: list[dict], x: str, y: str) -> list[tuple[float, float]]:
-    """(x, y) points sorted by x; a repeated x (epochs re-run after a restore) keeps its last report."""
+    """(x, y) points sorted by x; a repeated x (epochs re-run after a restore) keeps its last
+    report."""
     points: dict[float, float] = {}
     for row in rows:
         px, py = _number(lookup(row, x)), _number(lookup(row, y))
@@ -124,7 +125,8 @@ class Trial:
 
 
 def trial_statuses(experiment_dir: Path) -> dict[str, str]:
-    """Trial id -> status, from the newest experiment state Tune wrote in the folder ({} if none)."""
+    """Trial id -> status, from the newest experiment state Tune wrote in the folder ({} if
+    none)."""
     states = sorted(Path(experiment_dir).glob(TUNE_STATE_GLOB))  # names end in a sortable time
     if not states:
         return {}

@@ -4,10 +4,10 @@ The CLI prints the same summary as a table; a notebook gets the numbers, the MLf
 the experiment folder as values, the trials as a pandas DataFrame, and `.resume()`.
 
 A run submitted to a cluster (vm, kuberay) is rayflow itself on the head: its job ends by
-printing one line, `RESULT_MARKER` + a MAC + JSON (`result_line`, rayflow.security.result_channel: signed
-with the key of this one submission), the last thing it knows of its RunResult. This side reads
-that line from the log of a job that SUCCEEDED before the cluster goes (`returned_result`), so a
-submitted run returns the same RunResult as a local one; its summary is a `ReturnedSummary` and
+printing one line, `RESULT_MARKER` + a MAC + JSON (`result_line`, rayflow.security.result_channel:
+signed with the key of this one submission), the last thing it knows of its RunResult. This side
+reads that line from the log of a job that SUCCEEDED before the cluster goes (`returned_result`), so
+a submitted run returns the same RunResult as a local one; its summary is a `ReturnedSummary` and
 its trials come as rows (the experiment folder is on the head). A line without a valid MAC is
 ignored; nothing in the line is ever run as code.
 """
@@ -24,7 +24,8 @@ from typing import Any
 from rayflow.security import result_channel
 from rayflow.security.redaction import mask_text
 
-# The line a submitted job ends with (never streamed to the user's terminal; rayflow.orchestrator.submission).
+# The line a submitted job ends with (never streamed to the user's terminal;
+# rayflow.orchestrator.submission).
 RESULT_MARKER = "[rayflow-result] "
 
 
@@ -34,15 +35,15 @@ def _number(value: Any) -> bool:
 
 @dataclass
 class RunResult:
-    """One job's outcome. `summary`: the workload's (rayflow.workloads.Summary: TuneSummary, TrainSummary, RLlibSummary)."""
+    """One job's outcome. `summary`: the workload's (rayflow.workloads.Summary: TuneSummary,
+    TrainSummary, RLlibSummary)."""
 
     workload: str
     summary: Any
     experiment_dir: Path
     overrides: tuple[str, ...] = ()
-    config: dict = field(
-        default_factory=dict, repr=False
-    )  # the job's composed config (secrets masked)
+    # the job's composed config (secrets masked)
+    config: dict = field(default_factory=dict, repr=False)
     tracking_uri: str | None = None
     mlflow_experiment: str | None = None
     mlflow_experiment_id: str | None = None
@@ -52,8 +53,9 @@ class RunResult:
     runner: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
     # A submitted run's trials, as the job on the head read them from its experiment folder.
     trial_rows: list[dict] | None = field(default=None, repr=False)
-    # What a trial's row holds, as its workload says (rayflow.workloads.Workload.metrics and params):
-    # name -> result key of each metric (None: every number), the config keys (None: all of them).
+    # What a trial's row holds, as its workload says (rayflow.workloads.Workload.metrics and
+    # params): name -> result key of each metric (None: every number), the config keys (None: all
+    # of them).
     trial_metrics: dict[str, str] | None = field(default=None, repr=False)
     trial_params: tuple[str, ...] | None = field(default=None, repr=False)
 
@@ -68,7 +70,8 @@ class RunResult:
 
     @property
     def best_metrics(self) -> dict:
-        """The best trial's last metrics (Tune); the last report (one Train run); the best return (RLlib)."""
+        """The best trial's last metrics (Tune); the last report (one Train run); the best return
+        (RLlib)."""
         return dict(self.summary.best_metrics) if self.summary is not None else {}
 
     @property
@@ -92,7 +95,7 @@ class RunResult:
             names = metrics or {
                 k: k for k, v in last.items() if k not in TUNE_AUTO_KEYS and _number(v)
             }
-            row = {"trial_id": trial.trial_id}
+            row: dict[str, Any] = {"trial_id": trial.trial_id}
             row |= {k: v for k, v in trial.params.items() if params is None or k in params}
             row |= {name: lookup(last, key) for name, key in names.items()}
             row |= {"iterations": last.get("training_iteration"), "done": trial.done}
@@ -107,10 +110,10 @@ class RunResult:
         """Continue this experiment (finished trials are not repeated), as `resume=<folder>`."""
         if self.runner is None:
             raise RuntimeError(
-                f"this result did not come from rayflow.run; continue it with "
+                "this result did not come from rayflow.run; continue it with "
                 f"python -m rayflow resume={self.experiment_dir}"
             )
-        kept = [o for o in self.overrides if not o.split("=", 1)[0].lstrip("+~") == "resume"]
+        kept = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") != "resume"]
         return self.runner(*kept, f"resume={self.experiment_dir}")
 
     def __repr__(self) -> str:
@@ -118,11 +121,11 @@ class RunResult:
         lines.append(f"experiment: {self.experiment_dir}")
         if self.mlflow_run_id:
             lines.append(
-                f"MLflow: experiment {self.mlflow_experiment!r}, parent run {self.mlflow_run_id} ({self.tracking_uri})"
+                f"MLflow: experiment {self.mlflow_experiment!r}, parent run {self.mlflow_run_id} "
+                f"({self.tracking_uri})"
             )
-        return mask_text(
-            "\n".join(lines)
-        )  # the tracking URI's password, a secret in a config value shown
+        # the tracking URI's password, a secret in a config value shown
+        return mask_text("\n".join(lines))
 
 
 @dataclass
@@ -202,9 +205,8 @@ def result_line(result: RunResult, status: str) -> str:
         else None,
         "trials": rows,
     }
-    text = json.dumps(
-        data, default=_plain
-    )  # numpy and paths as plain values first, then NaN as null
+    # numpy and paths as plain values first, then NaN as null
+    text = json.dumps(data, default=_plain)
     line = result_channel.signed_line(RESULT_MARKER, _finite(json.loads(text)))
     return (
         line

@@ -8,7 +8,8 @@ import time
 
 
 def node_type(node: dict) -> str:
-    """A node's type as the launcher named it (KubeRay group, cluster-launcher node type), else head/worker."""
+    """A node's type as the launcher named it (KubeRay group, cluster-launcher node type), else
+    head/worker."""
     labels = node.get("Labels") or {}
     for key in ("ray.io/node-group", "ray.io/node-type", "ray.io/node_type"):
         if labels.get(key):
@@ -32,9 +33,11 @@ class NodePeak:
 
         last = time.monotonic()
         while not self._stop.is_set():
+            # Broad on purpose: a best-effort sampler must never fail the job it samples; whatever
+            # ray.nodes() raises (the driver is disconnecting), the figures so far stand.
             try:
                 alive = [node for node in ray.nodes() if node["Alive"]]
-            except Exception:  # the driver is disconnecting: the figures so far stand
+            except Exception:  # noqa: BLE001
                 return
             now = time.monotonic()
             self.peak = max(self.peak, len(alive))

@@ -85,11 +85,13 @@ def check_fits(bundles: list[Bundle], nodes: list[dict], backend: str) -> None:
             if amount and biggest < amount:
                 raise ConfigError(
                     b.keys.get(name, name),
-                    f"{b.what} asks for {_fmt({name: amount})} but the biggest node of backend={backend} offers {_fmt({name: biggest}) or 'none'}",
+                    f"{b.what} asks for {_fmt({name: amount})} but the biggest node of "
+                    f"backend={backend} offers {_fmt({name: biggest}) or 'none'}",
                 )
         raise ConfigError(
             next(iter(b.keys.values())),
-            f"{b.what} asks for {_fmt(b.resources)} but no single node of backend={backend} has all of it",
+            f"{b.what} asks for {_fmt(b.resources)} but no single node of backend={backend} has "
+            "all of it",
         )
     for name in {k for b in bundles for k in b.resources}:
         total = sum(b.resources.get(name, 0.0) * b.count for b in bundles)
@@ -103,7 +105,8 @@ def check_fits(bundles: list[Bundle], nodes: list[dict], backend: str) -> None:
             )
             raise ConfigError(
                 big.count_key or big.keys.get(name, name),
-                f"needs {parts} = {_fmt({name: total})} at once, but backend={backend} offers {_fmt({name: offered})} in all",
+                f"needs {parts} = {_fmt({name: total})} at once, but backend={backend} offers "
+                f"{_fmt({name: offered})} in all",
             )
 
 
@@ -152,20 +155,21 @@ class PlacementWatch:
         import ray
         from ray.autoscaler.v2.sdk import get_cluster_resource_state
 
-        gcs = ray._private.worker.global_worker.gcs_client
+        # Ray sets gcs_client on its Worker when the driver connects; the class does not declare it
+        gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]
         since, nodes_seen = None, -1
         while not self._stop.wait(self.interval_s):
+            # Broad on purpose: a watch that fails must never fail the run it watches; whatever the
+            # autoscaler's state call raises (the cluster is going away), nothing is left to watch.
             try:
                 state = get_cluster_resource_state(gcs)
-            except Exception:  # the cluster is going away; nothing left to watch
+            except Exception:  # noqa: BLE001
                 return
             alive = sum(1 for n in state.node_states if n.status != _DEAD)
             stuck = unplaceable(state)
-            if not stuck or since is None or alive > nodes_seen:  # fine, new, or the cluster grew:
-                since, nodes_seen = (
-                    (time.monotonic() if stuck else None),
-                    alive,
-                )  # the clock starts anew
+            if not stuck or since is None or alive > nodes_seen:
+                # fine, new, or the cluster grew: the clock starts anew
+                since, nodes_seen = (time.monotonic() if stuck else None), alive
                 continue
             if time.monotonic() - since >= self.timeout_s:
                 biggest = max(
@@ -175,7 +179,7 @@ class PlacementWatch:
                 )
                 self.message = (
                     f"schedule_timeout_s: {stuck[0]} could not be placed for {self.timeout_s:g} s: "
-                    f"no node of the cluster can hold it (the biggest has "
+                    "no node of the cluster can hold it (the biggest has "
                     f"{_fmt({k: biggest[k] for k in RESOURCE_KEYS if k in biggest})}); {self.hint}"
                 )
                 _thread.interrupt_main()

@@ -16,6 +16,7 @@ teardown goes on to the rest.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -78,10 +79,8 @@ def terminate(procs: list[psutil.Process], timeout_s: float = 30.0) -> list[psut
     returns the processes killed hard. Only this user's processes are signalled."""
     procs = [p for p in procs if is_own(p)]  # whoever built the list: never another user's
     for proc in procs:
-        try:
+        with contextlib.suppress(*GONE):
             proc.terminate()
-        except GONE:
-            pass
     # Not psutil.wait_procs: it waits for a zombie (an orphan nobody reaps, as under a container
     # init that does not reap) until the timeout, though the process has exited.
     deadline = time.monotonic() + timeout_s
@@ -90,18 +89,15 @@ def terminate(procs: list[psutil.Process], timeout_s: float = 30.0) -> list[psut
         time.sleep(0.05)
         alive = [p for p in alive if _running(p)]
     for proc in alive:
-        try:
+        with contextlib.suppress(*GONE):
             proc.kill()
-        except GONE:
-            pass
     return alive
 
 
 def _running(proc: psutil.Process) -> bool:
     try:
-        return (
-            proc.status() != psutil.STATUS_ZOMBIE
-        )  # a zombie has exited; its parent has not reaped it
+        # a zombie has exited; its parent has not reaped it
+        return proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
     except psutil.AccessDenied:  # alive, but no longer ours to inspect: not ours to wait for either

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 TICK_AFTER_S = 2.0  # a phase shorter than this never ticks
 TICK_EVERY_S = 1.0
@@ -90,11 +90,15 @@ def note(text: str, backend: str, stream: TextIO | None = None) -> None:
     print(f"[rayflow] {backend}: {text}", file=stream, flush=True)
 
 
+_PhaseT = TypeVar("_PhaseT", bound="Phase")  # a Phase's `with` gives the phase itself (Transfer)
+
+
 class Phase:
     """One step of a long wait: `with phase("starting Spark (local[2])", "spark") as p:`.
 
     p.status(text or callable) says what it waits on now (shown by the ticker); p.done(text)
-    replaces the end line's `{what}... done` (`applied RayCluster x` -> `applied RayCluster x in 0.3 s`).
+    replaces the end line's `{what}... done`
+    (`applied RayCluster x` -> `applied RayCluster x in 0.3 s`).
     """
 
     def __init__(
@@ -163,19 +167,20 @@ class Phase:
         unfinished line is cleared first, so that theirs starts at the line's start; the ticker
         draws ours again under it, once their line has ended."""
         if self._live:
-            try:
+            # the terminal went away: progress is not worth an error
+            with contextlib.suppress(ValueError, OSError):
                 self.stream.write("\r\033[K")
-            except (ValueError, OSError):
-                pass
             self._live = False
         if text:
             self._at_line_start = text.endswith("\n")
 
     def redraw(self) -> None:
         if self.tty and not self._stop.is_set() and self._at_line_start:
+            # Broad on purpose: whatever a status callable (the caller's) raises, a progress line
+            # must not end the run
             try:
                 head, tail = self.live()
-            except Exception:  # a status callable that fails must not end the run
+            except Exception:  # noqa: BLE001
                 head, tail = f"{self.prefix}{self.what}...", f" {self.elapsed:.0f} s"
             self._draw(_fit(head, tail, _width(self.stream)))
 
@@ -184,7 +189,7 @@ class Phase:
             if self.elapsed >= self.tick_after_s:
                 self.redraw()
 
-    def __enter__(self) -> Phase:
+    def __enter__(self: _PhaseT) -> _PhaseT:
         self.started = time.monotonic()
         if self.tty:
             self._guard = _LineGuard(self)
@@ -239,7 +244,7 @@ class _LineGuard:
         self.handlers = [
             (h, h.stream, guards[id(h.stream)])
             for h in logging.getLogger("ray").handlers
-            if id(getattr(h, "stream", None)) in guards
+            if isinstance(h, logging.StreamHandler) and id(h.stream) in guards
         ]
         for handler, _, guarded in self.handlers:
             handler.stream = guarded
@@ -260,7 +265,8 @@ def phase(what: str, backend: str, stream: TextIO | None = None, **kwargs) -> Ph
 
 
 class Transfer(Phase):
-    """A download: `with Transfer("downloading x.tar.gz", "data") as t: t.expect(total); t.update(n)...`.
+    """A download:
+    `with Transfer("downloading x.tar.gz", "data") as t: t.expect(total); t.update(n)...`.
 
     On a terminal: `[rayflow] data: downloading x.tar.gz: 76.5 MB / 170.5 MB (45%), 6.2 MB/s,
     15 s left`, redrawn; the end line (any stderr) gives the size and mean rate.
@@ -368,9 +374,8 @@ class _PlainText(logging.Filter):
             record.msg = _ANSI.sub("", record.msg)
         if isinstance(record.args, tuple):
             record.args = tuple(_ANSI.sub("", a) if isinstance(a, str) else a for a in record.args)
-        if (
-            record.exc_info and not record.exc_text
-        ):  # a trial's error: Ray colours the task's name in it
+        # a trial's error: Ray colours the task's name in it
+        if record.exc_info and not record.exc_text:
             record.exc_text = _ANSI.sub("", logging.Formatter().formatException(record.exc_info))
         return True
 
@@ -417,7 +422,8 @@ QUIET, CLUSTER, TUNE_TABLES, TUNE_RESULTS = 0, 1, 2, 3  # what each level adds: 
 
 
 def level(value) -> int:
-    """The `verbose` key as a level: false is 0 (quiet), true is 2 (Tune's tables), an int itself."""
+    """The `verbose` key as a level: false is 0 (quiet), true is 2 (Tune's tables), an int
+    itself."""
     if isinstance(value, bool):
         return TUNE_TABLES if value else QUIET
     return int(value or 0)
@@ -481,7 +487,8 @@ def _flush_deduplicated(ray_logging, worker) -> None:
 
 _AUTOSCALER = re.compile(r"^\(autoscaler \+[^)]*\) (.*)$")
 # Ray's event lines (autoscaler v1 and v2): "Adding 1 node(s) of type ray.worker.cpu.",
-# "Removing 2 nodes of type ray.worker.cpu (idle).", "Restarting 1 nodes of type x (lost contact with raylet)."
+# "Removing 2 nodes of type ray.worker.cpu (idle).",
+# "Restarting 1 nodes of type x (lost contact with raylet)."
 _SCALE = re.compile(
     r"^(Adding|Removing|Restarting) (\d+) nodes?(?:\(s\))? of type (\S+?)\.?(?: \(([^)]*)\))?\.?$"
 )
@@ -501,9 +508,8 @@ def autoscaler_line(line: str) -> str | None:
     if scale:
         verb, count, node_type, why = scale.groups()
         n = int(count)
-        kind = node_type.removeprefix(
-            "rayflow_worker_"
-        )  # rayflow's vm types: rayflow_worker_cpu, _gpu
+        # rayflow's vm types: rayflow_worker_cpu, _gpu
+        kind = node_type.removeprefix("rayflow_worker_")
         detail = ", ".join(filter(None, (kind, why)))
         return f"[rayflow] autoscaler: {_SIGNS[verb]}{n} worker{'s' if n != 1 else ''} ({detail})"
     if text.startswith(("Error:", "Warning:", "No available node types")):

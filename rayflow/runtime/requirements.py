@@ -30,5 +30,6 @@ def pinned(packages, rename: dict[str, str] | None = None) -> list[str]:
 
 
 def runtime_requirements(ray_version: str) -> list[str]:
-    """pip requirements pinning Ray and rayflow's runtime dependencies to this machine's versions."""
+    """pip requirements pinning Ray and rayflow's runtime dependencies to this machine's
+    versions."""
     return [f"ray[default,tune]=={ray_version}", *pinned(RUNTIME_PACKAGES)]

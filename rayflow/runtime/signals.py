@@ -35,8 +35,8 @@ def reset_termination() -> None:
 
 
 class Terminations:
-    """Turns the terminating signals into `Terminated` from `catch()` until `restore()` puts back the
-    handlers found first. Only the main thread may set handlers: elsewhere both do nothing."""
+    """Turns the terminating signals into `Terminated` from `catch()` until `restore()` puts back
+    the handlers found first. Only the main thread may set handlers: elsewhere both do nothing."""
 
     def __init__(self) -> None:
         self._previous: dict[int, Any] = {}

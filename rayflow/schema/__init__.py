@@ -51,7 +51,7 @@ def validate(
 
 
 def validate_section(
-    where: str, model: type[Section], section: Any, cfg: dict, local_paths: bool = True
+    where: str, model: type[Section], section: Any, cfg: dict[str, Any], local_paths: bool = True
 ) -> None:
     """One section (`where`: "backend", "workload", ...; "" for the root's own keys) against its
     model; `cfg`: the whole config as far as its rules read it (another group's keys). A backend's
@@ -72,7 +72,7 @@ def _section_model(annotation: Any) -> Any:
     return None
 
 
-def unknown_key(where: str, model: type[Section], section: dict) -> None:
+def unknown_key(where: str, model: type[Section], section: dict[Any, Any]) -> None:
     """Raise ConfigError for the first key of `section` (and of its nested sections) that `model`
     does not declare, with the declared key it is closest to."""
     for key, value in section.items():
@@ -97,8 +97,8 @@ def _one_line(where: str, err: Any) -> ConfigError:
     cause = (first.get("ctx") or {}).get("error")
     message = str(cause) if cause is not None else first["msg"]
     key_parts = [where, *path] if where else path
-    if getattr(cause, "key", None):
-        relative = cause.key
+    relative = getattr(cause, "key", None)
+    if relative:
         if relative.startswith("!"):  # a key outside this section (another group's)
             return ConfigError(relative[1:], message)
         key_parts = [*key_parts, relative]

@@ -54,7 +54,8 @@ SECONDS_MAX = 86_400  # one day: a timeout longer than that is a hang, not a wai
 TIME_BUDGET_MAX = 30 * 86_400  # a whole search's own time budget: a month
 PORT_MIN, PORT_MAX = 1024, 65535  # ports rayflow binds: below 1024 needs root
 NAME_MAX = 255  # bytes of one file or folder name (Linux's NAME_MAX)
-PATH_MAX = 3072  # bytes of a folder path: room left under Linux's 4096 for the experiment's and trials' folders
+# bytes of a folder path: room left under Linux's 4096 for the experiment's and trials' folders
+PATH_MAX = 3072
 
 
 def _integer(minimum: int, maximum: int) -> Callable[[Any], int]:
@@ -85,11 +86,12 @@ def _boolean(value: Any) -> bool:
     return value
 
 
-def _one_of(choices: tuple, optional: bool = False) -> Callable[[Any], Any]:
+def _one_of(choices: tuple[Any, ...], optional: bool = False) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if value not in choices:
             raise ValueError(
-                f"must be one of {', '.join(map(str, choices))}{' or null' if optional else ''}; got {value!r}"
+                f"must be one of {', '.join(map(str, choices))}{' or null' if optional else ''}; "
+                f"got {value!r}"
             )
         return value
 
@@ -117,7 +119,8 @@ def _folder_name(max_bytes: int) -> Callable[[Any], str]:
             )
         if len(text.encode("utf-8", "surrogateescape")) > max_bytes:
             raise ValueError(
-                f"must be at most {max_bytes} bytes (a folder's name), got {len(text.encode('utf-8', 'surrogateescape'))}"
+                f"must be at most {max_bytes} bytes (a folder's name), got "
+                f"{len(text.encode('utf-8', 'surrogateescape'))}"
             )
         return text
 
@@ -159,8 +162,9 @@ def writable_dir_error(value: Any) -> str | None:
         return f"{value[:80]}{'...' if len(value) > 80 else ''} {too_long}"
     path = Path(value).expanduser()
     path = path if path.is_absolute() else Path.cwd() / path
-    if any(path == v or v in path.parents for v in _VIRTUAL):
-        return f"{value} is on a virtual filesystem ({next(v for v in _VIRTUAL if path == v or v in path.parents)}); choose a real directory"
+    virtual = next((v for v in _VIRTUAL if path == v or v in path.parents), None)
+    if virtual is not None:
+        return f"{value} is on a virtual filesystem ({virtual}); choose a real directory"
     existing = path
     while not existing.exists():
         existing = existing.parent
@@ -172,14 +176,14 @@ def writable_dir_error(value: Any) -> str | None:
 
 
 def _writable_dir(value: Any, info: ValidationInfo) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a directory path, got {value!r}")
     # Paths mean this machine's only where the cluster's nodes share its files (the validation
     # context says: a backend that submits to other machines resolves them on its head).
     if (info.context or {}).get("local_paths", True):
         error = writable_dir_error(value)
         if error:
             raise ValueError(error)
-    elif not isinstance(value, str) or not value.strip():
-        raise ValueError(f"must be a directory path, got {value!r}")
     elif "://" not in value and path_length_error(value):
         raise ValueError(path_length_error(value))
     return value
@@ -232,5 +236,6 @@ Mapping = Annotated[dict, Kind("a mapping")]
 
 def local_folder_keys(model: Any) -> list[str]:
     """The keys of a model whose kind is a folder of this machine (WritableDir): storage_path, a
-    preset's data.root. A run submitted to nodes that share this machine's files gets them resolved."""
+    preset's data.root. A run submitted to nodes that share this machine's files gets them
+    resolved."""
     return [name for name, field in model.model_fields.items() if LOCAL_FOLDER in field.metadata]

@@ -48,8 +48,8 @@ def _nonblank_uri(value: Any) -> str:
 
 
 SEED_MAX = 2**32 - 1  # numpy's seeds
-# An experiment folder that exists already gets a suffix (`-1`, `-2`, ...: rayflow.workloads.tune_runner), which
-# must still fit one folder name.
+# An experiment folder that exists already gets a suffix (`-1`, `-2`, ...:
+# rayflow.workloads.tune_runner), which must still fit one folder name.
 EXPERIMENT_NAME_MAX = NAME_MAX - 15
 
 ResumeKind = kind("true, false or an experiment folder", _resume)
@@ -79,24 +79,25 @@ class Part(Section):
         return value
 
     @classmethod
-    def check_keys(cls, value: dict) -> None:
+    def check_keys(cls, value: dict[str, Any]) -> None:
         """Raise KeyedError for a key this part does not take (default: any is let through)."""
 
 
 class Root(Section):
     dry_run: Boolean = Field(description="validate, print the cluster spec as YAML, start nothing")
     resume: ResumeKind = Field(
-        description="`true`: continue the latest experiment of this workload; a path: that experiment. Refused "
-        "when the tracking store does not hold the experiment's parent run (run from the folder of "
-        "the first run, give its `tracking.uri`, or `tracking=none`)"
+        description="`true`: continue the latest experiment of this workload; a path: that "
+        "experiment. Refused when the tracking store does not hold the experiment's parent run "
+        "(run from the folder of the first run, give its `tracking.uri`, or `tracking=none`)"
     )
     storage_path: WritableDir = Field(
         description="Tune's experiment state and checkpoints (`s3://`, `gs://` too); "
         "on a cluster sharing this machine's files it must be creatable and writable here"
     )
     experiment_name: FolderName(EXPERIMENT_NAME_MAX) = Field(
-        description="the experiment folder under `storage_path` (default `<workload>-<date>-<time>`); one that exists "
-        "already, or is being made by another run, gets a suffix `-1`, `-2`, ..."
+        description="the experiment folder under `storage_path` (default "
+        "`<workload>-<date>-<time>`); one that exists already, or is being made by another run, "
+        "gets a suffix `-1`, `-2`, ..."
     )
     seed: Integer(0, SEED_MAX) = Field(description="data split and synthetic data (numpy's seeds)")
     schedule_timeout_s: Seconds() = Field(
@@ -105,10 +106,10 @@ class Root(Section):
         "the run fails"
     )
     verbose: VerboseKind = Field(
-        description="what a run prints besides rayflow's own lines and the results: `0` (`false`, the default) nothing "
-        "more, the autoscaler's lines summarised as one line per scale event; `1` the autoscaler's own lines; "
-        "`2` (`true`) also Ray Tune's trial status tables and start/end boxes; `3` also Tune's box of every "
-        "reported result"
+        description="what a run prints besides rayflow's own lines and the results: `0` (`false`, "
+        "the default) nothing more, the autoscaler's lines summarised as one line per scale event; "
+        "`1` the autoscaler's own lines; `2` (`true`) also Ray Tune's trial status tables and "
+        "start/end boxes; `3` also Tune's box of every reported result"
     )
     ray_auth_mode: RayAuthModeKind = Field(
         description="Ray token auth for every cluster rayflow starts or joins, "
@@ -127,14 +128,16 @@ class Compute(Section):
 class Mlflow(Section):
     enabled: Boolean = Field(description="log to MLflow (`tracking=none` turns it off)")
     uri: UriKind = Field(
-        description="the MLflow store, relative to where you run (default `$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db`)"
+        description="the MLflow store, relative to where you run (default `$MLFLOW_TRACKING_URI`, "
+        "else `sqlite:///mlflow.db`)"
     )
     experiment: Text = Field(description="the MLflow experiment (default: the workload's name)")
     log_best_checkpoint: Boolean = Field(
         description="copy the best trial's checkpoint into the parent run"
     )
     timeout_s: Seconds() = Field(
-        description="how long the tracking server (`http(s)://`) or database may take to answer the preflight check"
+        description="how long the tracking server (`http(s)://`) or database may take to answer "
+        "the preflight check"
     )
 
 

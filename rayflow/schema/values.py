@@ -17,7 +17,9 @@ from rayflow.security.redaction import redact
 # replacement instead of calling the key unknown.
 RENAMED = {
     "backend.num_worker_nodes": "backend.max_worker_nodes and backend.min_worker_nodes",
-    "backend.autoscale": "backend.min_worker_nodes < backend.max_worker_nodes (autoscaling is on when min < max)",
+    "backend.autoscale": (
+        "backend.min_worker_nodes < backend.max_worker_nodes (autoscaling is on when min < max)"
+    ),
     "backend.num_cpus_per_node": "backend.num_cpus_worker_node",
     "backend.num_gpus_per_node": "backend.num_gpus_worker_node",
     "backend.object_store_memory_per_node": "backend.object_store_memory_worker_node",
@@ -40,7 +42,8 @@ def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def to_container(node: Any) -> Any:
-    """A config node as plain Python, resolved; a value that is no DictConfig or ListConfig as it is."""
+    """A config node as plain Python, resolved; a value that is no DictConfig or ListConfig as it
+    is."""
     return (
         OmegaConf.to_container(node, resolve=True)
         if isinstance(node, (DictConfig, ListConfig))
@@ -48,13 +51,13 @@ def to_container(node: Any) -> Any:
     )
 
 
-def safe_yaml(cfg: DictConfig | Mapping) -> str:
+def safe_yaml(cfg: DictConfig | Mapping[str, Any]) -> str:
     """The resolved config as YAML with secrets masked: what reaches logs and MLflow."""
     data = to_container(cfg) if isinstance(cfg, (DictConfig, ListConfig)) else dict(cfg)
     return OmegaConf.to_yaml(OmegaConf.create(redact(data)))
 
 
-def merge_overrides(base: Mapping, top: Mapping) -> dict:
+def merge_overrides(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     """`top` deep-merged over `base`; a null in `top` deletes the key: how a backend's
     `overrides` section changes the spec it renders (vm's cluster YAML, kuberay's manifest)."""
     out = copy.deepcopy(dict(base))

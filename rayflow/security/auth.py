@@ -94,8 +94,8 @@ def private_folder(path: Path) -> Path:
     info = path.lstat()
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise ClusterError(
-            f"{path} is a symlink, not a folder, or another user's: rayflow keeps private state there "
-            "and trusts it only as a folder of this user's (remove it)"
+            f"{path} is a symlink, not a folder, or another user's: rayflow keeps private state "
+            "there and trusts it only as a folder of this user's (remove it)"
         )
     if stat.S_IMODE(info.st_mode) & 0o077:
         path.chmod(0o700)
@@ -148,8 +148,8 @@ def warn_auth_off(auth_mode: str | None, what: str) -> None:
     """Where exposure cannot be known before start: one warning line on stderr."""
     if str(auth_mode or "token") == "disabled":
         print(
-            f"rayflow: warning: ray_auth_mode=disabled and {what}: whoever reaches the dashboard can run code "
-            "on the cluster (docs/security.md)",
+            f"rayflow: warning: ray_auth_mode=disabled and {what}: whoever reaches the dashboard "
+            "can run code on the cluster (docs/security.md)",
             file=sys.stderr,
             flush=True,
         )

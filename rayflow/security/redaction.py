@@ -395,7 +395,8 @@ def masked_message(err: BaseException) -> str:
 
 def _placeholder(value: str) -> bool:
     """A value a message shows in place of the user's own (`key=value`, `TOKEN=<your token>`,
-    `CREDENTIALS=/path/to/key.json`), or a file's path in the home folder (`ssh_private_key=~/.ssh/id`)."""
+    `CREDENTIALS=/path/to/key.json`), or a file's path in the home folder
+    (`ssh_private_key=~/.ssh/id`)."""
     lowered = value.lower()
     return lowered in _PLACEHOLDERS or lowered.startswith(("<", "~/")) or "path/to/" in lowered
 
@@ -554,7 +555,7 @@ def _changed(plain: Any, masked: Any, path: tuple[str, ...]) -> list[str]:
     if isinstance(plain, (list, tuple)) and isinstance(masked, list) and len(plain) == len(masked):
         return [
             p
-            for i, (a, b) in enumerate(zip(plain, masked))
+            for i, (a, b) in enumerate(zip(plain, masked, strict=True))
             for p in _changed(a, b, (*path, str(i)))
         ]
     return [".".join(path)]
@@ -568,8 +569,9 @@ def literal_secrets_note(document: Any) -> list[str]:
         return []
     shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
     return [
-        f"dry run: the document holds {len(paths)} secret value(s) in clear, masked ({REDACTED}) in this "
-        f"printout: {shown}. Keep secrets out of it: let the nodes read them from their environment or a "
-        "file at start (`export NAME=$(cat ~/.secrets/NAME)` in a setup command, an environment variable "
-        "set where Ray starts) or, on KubeRay, a Kubernetes Secret (env valueFrom.secretKeyRef)"
+        f"dry run: the document holds {len(paths)} secret value(s) in clear, masked ({REDACTED}) "
+        f"in this printout: {shown}. Keep secrets out of it: let the nodes read them from their "
+        "environment or a file at start (`export NAME=$(cat ~/.secrets/NAME)` in a setup command, "
+        "an environment variable set where Ray starts) or, on KubeRay, a Kubernetes Secret (env "
+        "valueFrom.secretKeyRef)"
     ]

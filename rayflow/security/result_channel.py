@@ -10,7 +10,8 @@ the key out of its environment before any user code runs (`take_key`), also out 
 config that Ray hands to its workers, so the tasks never see it. Lines are split on "\\n" only:
 `str.splitlines()` also splits on \\x1c, \\x85, \\u2028 and others, which a task can print in the
 middle of its own line to start one with the marker. The side that submitted reads the line only
-from a job that SUCCEEDED (`read`, called by rayflow.results.run_result and rayflow.launcher.submit).
+from a job that SUCCEEDED (`read`, called by rayflow.results.run_result and
+rayflow.launcher.submit).
 
 Residual risk: code running on the head as the same OS user as the job's driver can read the
 driver's memory or /proc/PID/environ at start-up, and anyone holding the cluster's token can read
@@ -71,10 +72,9 @@ def signed_line(marker: str, data: Any, key: bytes | None = None) -> str | None:
     key = key if key is not None else _taken
     if key is None:
         return None
-    payload = json.dumps(
-        data, ensure_ascii=True, default=repr
-    )  # ASCII: no character splits the line;
-    # what JSON cannot hold (bytes in a config, an object) goes as its repr string
+    # ASCII: no character splits the line; what JSON cannot hold (bytes in a config, an object)
+    # goes as its repr string
+    payload = json.dumps(data, ensure_ascii=True, default=repr)
     return f"{marker}{_mac(key, marker, payload)} {payload}"
 
 
@@ -108,9 +108,8 @@ def read(log: str, marker: str, key: bytes) -> Any | None:
         if not line.startswith(marker):
             continue
         mac, _, payload = line[len(marker) :].partition(" ")
-        payload = _json_prefix(
-            payload
-        )  # what another writer may have put after it is not part of it
+        # what another writer may have put after it is not part of it
+        payload = _json_prefix(payload)
         if hmac.compare_digest(
             mac.encode("ascii", "replace"), _mac(key, marker, payload).encode("ascii")
         ):
@@ -119,8 +118,8 @@ def read(log: str, marker: str, key: bytes) -> Any | None:
             forged += 1
     if forged:
         print(
-            f"rayflow: warning: ignored {forged} line(s) of the job's log that start with {marker.strip()!r} "
-            "but were not signed by this submission",
+            f"rayflow: warning: ignored {forged} line(s) of the job's log that start with "
+            f"{marker.strip()!r} but were not signed by this submission",
             file=sys.stderr,
             flush=True,
         )

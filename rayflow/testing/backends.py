@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -95,7 +96,8 @@ class LifecycleSuite(BackendSuite):
         script = textwrap.dedent(
             f"""
             import os, signal, sys, time
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if the runner ignores it
+            # as in a terminal, even if the runner ignores it
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             from rayflow.orchestrator.compose import compose_config
             from rayflow.orchestrator.cluster import running
             from rayflow.backends import backend_for
@@ -108,23 +110,20 @@ class LifecycleSuite(BackendSuite):
         before = ray_daemon_pids()
         runs = {}
         for signum in (signal.SIGTERM, signal.SIGINT):
-            out = (
-                tmp_path / f"{signum.name}.log"
-            )  # a file, not a pipe: Ray's launchers print a lot there too
-            runs[signum] = (
-                subprocess.Popen(
+            out = tmp_path / f"{signum.name}.log"  # a file, not a pipe: Ray's launchers print a lot
+            with open(out, "w") as log:  # the child holds its own copy
+                proc = subprocess.Popen(
                     [sys.executable, "-c", script],
-                    stdout=open(out, "w"),
+                    stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=tmp_path,
                     env=self._script_env(),
-                ),
-                out,
-            )
+                )
+            runs[signum] = (proc, out)
         try:
-            for signum, (proc, out) in runs.items():
+            for signum, (_, out) in runs.items():
                 ready = wait_until(
-                    lambda: "ready\n" in out.read_text().splitlines(keepends=True),
+                    lambda log=out: "ready\n" in log.read_text().splitlines(keepends=True),
                     timeout=self.start_timeout_s,
                 )
                 assert ready, f"{signum.name}: " + out.read_text()[-3000:]
@@ -135,7 +134,9 @@ class LifecycleSuite(BackendSuite):
                 code = proc.wait(timeout=60)
                 if signum == signal.SIGTERM:
                     assert code == 128 + signum, (code, out.read_text()[-2000:])
-                else:  # KeyboardInterrupt unwinds the with-block; Python then exits by SIGINT or with 1
+                else:
+                    # KeyboardInterrupt unwinds the with-block; Python then exits by SIGINT or
+                    # with 1
                     assert code in (-signal.SIGINT, 1) and "KeyboardInterrupt" in out.read_text(), (
                         code,
                         out.read_text()[-2000:],
@@ -152,42 +153,70 @@ class LifecycleSuite(BackendSuite):
         else:
             assert ray_daemon_pids() >= before
 
+    def _fault_script(self, faults: tuple[str, ...]) -> str:
+        """A start and stop in a process of its own, the teardown steps named by `faults` made to
+        fail; it prints the steps registered and the teardown errors."""
+        return textwrap.dedent(
+            f"""
+            import json
+            from rayflow.backends import backend_for, handle
+            from rayflow.orchestrator.cluster import running
+            from rayflow.orchestrator.compose import compose_config
+            registered, original = [], handle.ClusterHandle.on_stop
+            def on_stop(self, what, undo, *args, **kwargs):
+                registered.append(what)
+                if what.startswith({faults!r}):  # the step fails before doing anything
+                    def undo(*args, **kwargs):
+                        raise RuntimeError("injected teardown failure")
+                original(self, what, undo, *args, **kwargs)
+            handle.ClusterHandle.on_stop = on_stop
+            backend = backend_for(compose_config(*{self.overrides()!r}))
+            with running(backend) as started:
+                print("STARTED", flush=True)
+            backend.stop(started)  # again, after the failures: a no-op
+            print("REGISTERED", json.dumps(registered))
+            print("ERRORS", json.dumps(started.teardown_errors))
+            """
+        )
+
+    @staticmethod
+    def _check_fault_run(faults: tuple[str, ...], code: int, stdout: str, stderr: str) -> None:
+        """Every step named ran and failed alone, each failure reported once and warned about."""
+        assert code == 0, (faults, stderr[-3000:])
+        lines = {
+            line.split(" ", 1)[0]: line.split(" ", 1)[1]
+            for line in stdout.splitlines()
+            if line.startswith(("REGISTERED", "ERRORS"))
+        }
+        registered, errors = json.loads(lines["REGISTERED"]), json.loads(lines["ERRORS"])
+        failed = [step for step in registered if step.startswith(faults)]
+        assert all(any(step.startswith(f) for step in registered) for f in faults), (
+            faults,
+            registered,
+        )
+        assert len(errors) == len(failed) and all(
+            "injected teardown failure" in e for e in errors
+        ), (faults, errors)
+        assert stderr.count("rayflow: warning: teardown step failed, going on") == len(failed), (
+            faults,
+            stderr[-3000:],
+        )
+
     def test_a_failing_teardown_step_leaves_nothing_behind(self, tmp_path):
         assert self.teardown_faults, "name the teardown steps to fail"
         before = ray_daemon_pids()
-        runs = []
+        runs: list[tuple[tuple[str, ...], subprocess.Popen[bytes], Path, Path]] = []
         for faults in self.teardown_faults:
-            script = textwrap.dedent(
-                f"""
-                import json
-                from rayflow.backends import backend_for, handle
-                from rayflow.orchestrator.cluster import running
-                from rayflow.orchestrator.compose import compose_config
-                registered, original = [], handle.ClusterHandle.on_stop
-                def on_stop(self, what, undo, *args, **kwargs):
-                    registered.append(what)
-                    if what.startswith({faults!r}):  # the step fails before doing anything
-                        def undo(*args, **kwargs):
-                            raise RuntimeError("injected teardown failure")
-                    original(self, what, undo, *args, **kwargs)
-                handle.ClusterHandle.on_stop = on_stop
-                backend = backend_for(compose_config(*{self.overrides()!r}))
-                with running(backend) as started:
-                    print("STARTED", flush=True)
-                backend.stop(started)  # again, after the failures: a no-op
-                print("REGISTERED", json.dumps(registered))
-                print("ERRORS", json.dumps(started.teardown_errors))
-                """
-            )
             # files, not pipes: a full pipe would stall one process while the other is waited for
             out, err = tmp_path / f"faults-{len(runs)}.out", tmp_path / f"faults-{len(runs)}.err"
-            proc = subprocess.Popen(
-                [sys.executable, "-c", script],
-                stdout=open(out, "w"),
-                stderr=open(err, "w"),
-                cwd=tmp_path,
-                env=self._script_env(),
-            )
+            with open(out, "w") as stdout, open(err, "w") as stderr:  # the child has its own copies
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", self._fault_script(faults)],
+                    stdout=stdout,
+                    stderr=stderr,
+                    cwd=tmp_path,
+                    env=self._script_env(),
+                )
             runs.append((faults, proc, out, err))
         try:
             codes = [proc.wait(timeout=300) for _, proc, _, _ in runs]
@@ -195,26 +224,8 @@ class LifecycleSuite(BackendSuite):
             for _, proc, _, _ in runs:
                 if proc.poll() is None:
                     proc.kill()
-        for (faults, _, out, err), code in zip(runs, codes):
-            stdout, stderr = out.read_text(), err.read_text()
-            assert code == 0, (faults, stderr[-3000:])
-            lines = {
-                line.split(" ", 1)[0]: line.split(" ", 1)[1]
-                for line in stdout.splitlines()
-                if line.startswith(("REGISTERED", "ERRORS"))
-            }
-            registered, errors = json.loads(lines["REGISTERED"]), json.loads(lines["ERRORS"])
-            failed = [step for step in registered if step.startswith(faults)]
-            assert all(any(step.startswith(f) for step in registered) for f in faults), (
-                faults,
-                registered,
-            )
-            assert len(errors) == len(failed) and all(
-                "injected teardown failure" in e for e in errors
-            ), (faults, errors)
-            assert stderr.count("rayflow: warning: teardown step failed, going on") == len(
-                failed
-            ), (faults, stderr[-3000:])
+        for (faults, _, out, err), code in zip(runs, codes, strict=True):
+            self._check_fault_run(faults, code, out.read_text(), err.read_text())
         if self.owns_cluster:
             assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=30), (
                 f"left behind after {self.teardown_faults} failed"
@@ -229,10 +240,13 @@ class DriverConnectionSuite(BackendSuite):
     def test_start_connects_the_driver(self, backend):
         import ray
 
+        def double(x: int) -> int:  # a nested function: pickled by value, as a lambda is
+            return x * 2
+
         with running(backend) as started:
             assert started.address
             assert ray.is_initialized()
-            assert ray.get(ray.remote(lambda x: x * 2).remote(21)) == 42
+            assert ray.get(ray.remote(double).remote(21)) == 42
         assert not ray.is_initialized()
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import DictConfig
 
 from rayflow.errors import ConfigError
 from rayflow.runtime.environment import scoped_env
@@ -101,12 +102,14 @@ def check_uri(cfg, local_files_ok: bool = True) -> None:
     if base not in STORE_SCHEMES and scheme not in _plugin_schemes():
         raise ConfigError(
             "tracking.uri",
-            f"{shown!r}: {scheme!r} is not an MLflow tracking store; use sqlite:///PATH, a folder, http(s)://HOST:PORT or databricks",
+            f"{shown!r}: {scheme!r} is not an MLflow tracking store; use sqlite:///PATH, a folder, "
+            "http(s)://HOST:PORT or databricks",
         )
     if base in ("sqlite", "", "file") and not local_files_ok:
         raise ConfigError(
             "tracking.uri",
-            f"{shown!r} is a file on this machine, which the cluster's nodes do not share; use a tracking server (http(s)://HOST:PORT, databricks)",
+            f"{shown!r} is a file on this machine, which the cluster's nodes do not share; use a "
+            "tracking server (http(s)://HOST:PORT, databricks)",
         )
     if base == "sqlite":
         path = uri[len(parsed.scheme) + 3 :].split("?")[0]
@@ -115,7 +118,8 @@ def check_uri(cfg, local_files_ok: bool = True) -> None:
             if db.is_dir() or not _writable_dir(db.parent):
                 raise ConfigError(
                     "tracking.uri",
-                    f"{shown!r}: cannot create the SQLite file {db} (its folder is not writable or {'it is a folder' if db.is_dir() else 'cannot be made'})",
+                    f"{shown!r}: cannot create the SQLite file {db} (its folder is not writable or "
+                    f"{'it is a folder' if db.is_dir() else 'cannot be made'})",
                 )
     elif base in ("", "file"):
         folder = Path(urllib.parse.unquote(parsed.path) if base == "file" else uri).expanduser()
@@ -133,7 +137,9 @@ def check_uri(cfg, local_files_ok: bool = True) -> None:
         except OSError as err:
             raise ConfigError(
                 "tracking.uri",
-                f"{shown!r}: the database at {host}:{port} does not answer ({err.strerror or type(err).__name__}; waited up to {timeout:g} s, tracking.timeout_s)",
+                f"{shown!r}: the database at {host}:{port} does not answer "
+                f"({err.strerror or type(err).__name__}; waited up to {timeout:g} s, "
+                "tracking.timeout_s)",
             ) from None
 
 
@@ -143,15 +149,16 @@ def _probe_server(uri: str, shown: str, timeout: float) -> None:
     parsed = urllib.parse.urlsplit(uri)
     request = urllib.request.Request(
         parsed._replace(
-            netloc=parsed.hostname + (f":{parsed.port}" if parsed.port else ""),
+            # no host (`http:///`): urlopen says so, as the error below
+            netloc=(parsed.hostname or "") + (f":{parsed.port}" if parsed.port else ""),
             path=parsed.path.rstrip("/") + "/health",
             query="",
         ).geturl()
     )
     if parsed.username:  # credentials in the URI: send them as MLflow would, never print them
-        token = base64.b64encode(
-            f"{urllib.parse.unquote(parsed.username)}:{urllib.parse.unquote(parsed.password or '')}".encode()
-        ).decode()
+        user = urllib.parse.unquote(parsed.username)
+        password = urllib.parse.unquote(parsed.password or "")
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
     try:
         with urllib.request.urlopen(request, timeout=timeout):
@@ -163,7 +170,8 @@ def _probe_server(uri: str, shown: str, timeout: float) -> None:
         reason = getattr(reason, "strerror", None) or str(reason) or type(err).__name__
         raise ConfigError(
             "tracking.uri",
-            f"no MLflow server answers at {shown} ({mask_text(reason)}; waited up to {timeout:g} s, tracking.timeout_s)",
+            f"no MLflow server answers at {shown} ({mask_text(reason)}; "
+            f"waited up to {timeout:g} s, tracking.timeout_s)",
         ) from None
 
 
@@ -225,7 +233,7 @@ class Tracker:
     and the calls after it are skipped, so the run's own outcome, exit code and result line
     stand (the preflight vouched for the store; what it does later is not the run's doing)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: DictConfig) -> None:
         self.enabled = bool(cfg.tracking.enabled)
         self.uri = str(cfg.tracking.uri) if self.enabled else ""
         self.experiment = str(cfg.tracking.experiment) if self.enabled else ""
@@ -324,7 +332,8 @@ class Tracker:
     ):
         """The Tune callback mirroring each trial into a nested run (None with tracking off).
         `metric_names`: MLflow name -> result key, or None for every number a trial reports."""
-        if not self.run_id or self.failed:
+        # the run is created in its experiment (start): both are set, or neither
+        if not self.run_id or self.experiment_id is None or self.failed:
             return None
         from rayflow.tracking.trial_runs import TrialRuns  # imports ray.tune
 
@@ -351,7 +360,10 @@ class Tracker:
         uri = mask_text(self.absolute_uri)
         if uri.startswith(("http://", "https://")):
             return f"{uri.rstrip('/')}{self.runs_route()}   (the tracking server's UI)"
-        return f"mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000{self.runs_route()})"
+        return (
+            f"mlflow ui --backend-store-uri {uri}   "
+            f"(then open http://127.0.0.1:5000{self.runs_route()})"
+        )
 
 
 def missing_run(cfg, run_id: str) -> str | None:
@@ -377,5 +389,6 @@ def missing_run(cfg, run_id: str) -> str | None:
         except MlflowException as err:
             if err.error_code == "RESOURCE_DOES_NOT_EXIST":
                 return f"the store {shown} holds no run {run_id}"
-            return None  # the store answered otherwise (check_uri vouched for it): the run will say more
+            # the store answered otherwise (check_uri vouched for it): the run will say more
+            return None
     return None

@@ -15,12 +15,15 @@ error, a bug, raises there).
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ray.tune import Callback
 
 from rayflow.results.records import TUNE_AUTO_KEYS, lookup
 from rayflow.tracking.mlflow_runs import tracking_errors, warn_tracking
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 FLUSH_TIMEOUT_S = 300.0  # queued writes left at the end of the experiment (a slow tracking server)
 
@@ -71,7 +74,7 @@ class TrialRuns(Callback):
         self.time_attr = time_attr
         self.param_keys = tuple(param_keys) if param_keys else None  # None: the whole trial config
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
-        self._client = None
+        self._client: MlflowClient | None = None
         self._tagged: set[str] = set()
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
@@ -188,9 +191,8 @@ class TrialRuns(Callback):
             tags = [
                 RunTag(k, str(result[k]).lower()) for k in ("device", "synthetic") if k in result
             ]
-            if result.get(
-                "device_name"
-            ):  # the GPU model as the trial's process saw it, e.g. "NVIDIA H100 80GB HBM3"
+            # the GPU model as the trial's process saw it, e.g. "NVIDIA H100 80GB HBM3"
+            if result.get("device_name"):
                 tags.append(RunTag("device_name", str(result["device_name"])))
                 self.client.set_tag(self.parent_run_id, "device_name", str(result["device_name"]))
             self._tagged.add(run_id)

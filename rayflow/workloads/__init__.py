@@ -77,16 +77,19 @@ class Workload(Protocol):
         """The keys of a trial's config its MLflow run records; None: all of them."""
 
     def check(self, cfg) -> None:
-        """Preflight: raise ConfigError for bad `workload.*` keys (the user's code imports); start nothing."""
+        """Preflight: raise ConfigError for bad `workload.*` keys (the user's code imports); start
+        nothing."""
 
     def demand(self, cfg) -> list:
-        """The resource bundles (rayflow.runtime.placement.Bundle) one trial or run needs at once."""
+        """The resource bundles (rayflow.runtime.placement.Bundle) one trial or run needs at
+        once."""
 
     def run(self, cfg, ctx) -> Summary:
         """Run on the connected cluster."""
 
     def figures(self, cfg, experiment_dir: Path) -> list[tuple[str, Callable[[], Any]]]:
-        """(file name, a function drawing (Figure, summary)) per plot of a finished run (rayflow.results.plots)."""
+        """(file name, a function drawing (Figure, summary)) per plot of a finished run
+        (rayflow.results.plots)."""
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,8 @@ def _custom_resources(value: Any) -> dict | None:
         for k, v in value.items()
     ):
         raise ValueError(
-            f"must be a mapping of Ray resource names to amounts in (0, {NUMBER_MAX:g}], or null; got {value!r}"
+            f"must be a mapping of Ray resource names to amounts in (0, {NUMBER_MAX:g}], or null; "
+            f"got {value!r}"
         )
     if {"CPU", "GPU", "memory"} & set(value):
         raise ValueError("CPU, GPU and memory have keys of their own (cpu, gpu, memory)")
@@ -90,7 +91,8 @@ ModeKind = OneOf("min", "max")
 
 
 def free_form_keys(model: type[Section]) -> set[str]:
-    """The model's keys whose value is a mapping of the user's own keys (kind: a mapping, or null)."""
+    """The model's keys whose value is a mapping of the user's own keys (kind: a mapping, or
+    null)."""
     return {
         name
         for name, field in model.model_fields.items()
@@ -99,9 +101,11 @@ def free_form_keys(model: type[Section]) -> set[str]:
 
 
 class Shipped(Section):
-    """What a job on a remote cluster (vm, kuberay) takes with it besides rayflow (rayflow.orchestrator.job_files)."""
+    """What a job on a remote cluster (vm, kuberay) takes with it besides rayflow
+    (rayflow.orchestrator.job_files)."""
 
-    # where the job's files come from may change on resume; every other workload key is the trials' own
+    # where the job's files come from may change on resume; every other workload key is the
+    # trials' own
     resume_may_change: ClassVar[tuple[str, ...]] = ("working_dir", "excludes", "py_modules", "pip")
 
     working_dir: FolderOrNull = Field(
@@ -180,7 +184,8 @@ class Tune(Shipped):
         "`{name: asha, <Tune's parameters>}`"
     )
     search_alg: NameOrMapping = Field(
-        description="null (random), `optuna`, `hyperopt`, or `{name: optuna, max_concurrent: 4, <parameters>}`"
+        description="null (random), `optuna`, `hyperopt`, or `{name: optuna, max_concurrent: 4, "
+        "<parameters>}`"
     )
     max_concurrent_trials: Integer(1, optional=True) = Field(
         description="at most this many trials at once (null: as many as fit)"
@@ -276,14 +281,16 @@ class Rllib(Shipped):
     name: Text = Field(description="the workload's name (`rllib`, or your own YAML's)")
     kind: OneOf("rllib") = Field(description="`rllib`: an RLlib algorithm")
     algorithm: Text = Field(
-        description="a name in RLlib's registry: PPO, DQN, SAC, APPO, IMPALA, ... (unknown names are refused up front)"
+        description="a name in RLlib's registry: PPO, DQN, SAC, APPO, IMPALA, ... (unknown names "
+        "are refused up front)"
     )
     env: Text = Field(
-        description="a Gymnasium id (`package.module:EnvId-v0` imports the module first), or `module:Class` of yours"
+        description="a Gymnasium id (`package.module:EnvId-v0` imports the module first), or "
+        "`module:Class` of yours"
     )
     config: MappingOrNull = Field(
-        description="sections of the algorithm's config, each applied as `config.<section>(**values)`: "
-        "`{training: {lr: 5e-4}, env_runners: {num_env_runners: 1}}`"
+        description="sections of the algorithm's config, each applied as "
+        "`config.<section>(**values)`: `{training: {lr: 5e-4}, env_runners: {num_env_runners: 1}}`"
     )
     grid: MappingOrNull = Field(
         description="one trial per value of a key of the algorithm's config: `{lr: [1e-4, 5e-4]}`"

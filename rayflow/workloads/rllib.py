@@ -70,9 +70,8 @@ def environment(value: str):
     import gymnasium
 
     _, _, attribute = value.partition(":")
-    if (
-        attribute and attribute.replace(".", "_").isidentifier()
-    ):  # module:Class, the user's (an id has "-v")
+    # module:Class, the user's (an id has "-v")
+    if attribute and attribute.replace(".", "_").isidentifier():
         return user_code.load(value, "workload.env")
     try:
         gymnasium.spec(value)
@@ -112,10 +111,8 @@ def algo_config(cfg, gpu: bool):
 def validated(config, key: str = "workload.config") -> None:
     """RLlib's own consistency checks of an algorithm's config, before anything starts."""
     rllib_log = logging.getLogger("ray.rllib")
-    level, rllib_log.level = (
-        rllib_log.level,
-        logging.ERROR,
-    )  # its "new API stack" notice is not an error
+    level = rllib_log.level
+    rllib_log.level = logging.ERROR  # its "new API stack" notice is not an error
     try:
         config.validate()
     except (ValueError, TypeError) as err:
@@ -136,7 +133,8 @@ def grid(config, value: dict | None) -> dict:
         if key not in known:
             raise ConfigError(
                 f"workload.grid.{key}",
-                f"not a key of {type(config).__name__} (e.g. lr, gamma, train_batch_size_per_learner)",
+                f"not a key of {type(config).__name__} (e.g. lr, gamma, "
+                "train_batch_size_per_learner)",
             )
         if not isinstance(values, list) or not values:
             raise ConfigError(

@@ -50,7 +50,8 @@ def _learner_device(learner) -> tuple[str, str]:
     holds it (the trial's Algorithm actor, num_learners=0): the GPU's model on CUDA, else "cpu"."""
     import torch
 
-    for module_id in learner.module.keys():
+    # a MultiRLModule: it has keys() but no __iter__, so `in learner.module` would not iterate ids
+    for module_id in learner.module.keys():  # noqa: SIM118
         for param in learner.module[module_id].parameters():
             if param.device.type == "cuda":
                 return "cuda", torch.cuda.get_device_name(param.device)
@@ -58,7 +59,8 @@ def _learner_device(learner) -> tuple[str, str]:
 
 
 class Progress(tune.Callback):
-    """One line per iteration on the terminal (Tune's own table would print RLlib's whole config)."""
+    """One line per iteration on the terminal (Tune's own table would print RLlib's whole
+    config)."""
 
     def __init__(self, keys: tuple[str, ...] = ("lr",)):
         self.keys = keys
@@ -72,9 +74,10 @@ class Progress(tune.Callback):
             for k in self.keys
         )
         print(
-            f"[rayflow] {trial} {shown + ' ' if shown else ''}iter {result.get('training_iteration')}: "
-            f"return {runners.get('episode_return_mean', float('nan')):.1f}, "
-            f"env steps {int(result.get(STEPS) or 0)}, {result.get('env_steps_per_s', float('nan')):.0f}/s",
+            f"[rayflow] {trial} {shown + ' ' if shown else ''}iter "
+            f"{result.get('training_iteration')}: return "
+            f"{runners.get('episode_return_mean', float('nan')):.1f}, env steps "
+            f"{int(result.get(STEPS) or 0)}, {result.get('env_steps_per_s', float('nan')):.0f}/s",
             flush=True,
         )
 
@@ -122,11 +125,13 @@ class RLlibSummary:
         lines += [f"best {k}: {v}" for k, v in self.best_config.items()]
         if self.best_return is not None:
             lines.append(
-                f"best episode_return_mean {self.best_return:.1f} after {self.steps_at_best} env steps"
+                f"best episode_return_mean {self.best_return:.1f} "
+                f"after {self.steps_at_best} env steps"
             )
             if self.goal is not None:
                 lines.append(
-                    f"goal {self.goal:g}: {'reached' if self.best_return >= self.goal else 'NOT reached'}"
+                    f"goal {self.goal:g}: "
+                    f"{'reached' if self.best_return >= self.goal else 'NOT reached'}"
                 )
         lines.append(f"trials: {self.trials} ({self.errored} errored)")
         return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""The YAML vocabulary of a Tune search space, and the specs of a Tune scheduler and search algorithm.
+"""The YAML vocabulary of a Tune search space, and the specs of a Tune scheduler and search
+algorithm.
 
 A search-space entry is a mapping with exactly one key, a sampler named after Ray Tune's function,
 and Tune's own arguments: a list in Tune's order or a mapping of Tune's argument names
@@ -23,7 +24,8 @@ _REQUIRED = object()
 
 # Tune's arguments in Tune's order, with their defaults. `base` is in Tune's signatures but has been
 # deprecated and unused since Ray 2.x (a log-uniform distribution is the same in every base):
-# it is accepted, so configs written for older Tune keep working, and dropped, as Ray only warns on it.
+# it is accepted, so configs written for older Tune keep working, and dropped, as Ray only warns on
+# it.
 _ARGS: dict[str, tuple[tuple[str, Any], ...]] = {
     "uniform": (("lower", _REQUIRED), ("upper", _REQUIRED)),
     "quniform": (("lower", _REQUIRED), ("upper", _REQUIRED), ("q", _REQUIRED)),
@@ -45,17 +47,35 @@ _LISTS = {"choice": "categories", "grid_search": "values"}
 # The vocabulary for the docs: each sampler is `tune.<name>` with these arguments.
 SAMPLERS: dict[str, str] = {
     "uniform": "[lower, upper]: a float in [lower, upper)",
-    "quniform": "[lower, upper, q]: a float in [lower, upper], a multiple of q (lower and upper multiples of q)",
-    "loguniform": "[lower, upper]: a float log-uniform in [lower, upper), 0 < lower (base: accepted, unused by Tune)",
-    "qloguniform": "[lower, upper, q]: log-uniform, a multiple of q, 0 < lower (base: accepted, unused by Tune)",
+    "quniform": (
+        "[lower, upper, q]: a float in [lower, upper], a multiple of q (lower and upper multiples "
+        "of q)"
+    ),
+    "loguniform": (
+        "[lower, upper]: a float log-uniform in [lower, upper), 0 < lower (base: accepted, unused "
+        "by Tune)"
+    ),
+    "qloguniform": (
+        "[lower, upper, q]: log-uniform, a multiple of q, 0 < lower (base: accepted, unused by "
+        "Tune)"
+    ),
     "randn": "[mean, sd], default [0, 1]: a float from a normal distribution, sd > 0",
     "qrandn": "[mean, sd, q]: normal, a multiple of q, sd > 0",
     "randint": "[lower, upper]: an integer in [lower, upper)",
-    "qrandint": "[lower, upper, q], q default 1: a multiple of q in [lower, upper] (upper excluded when q is 1)",
-    "lograndint": "[lower, upper]: an integer log-uniform in [lower, upper), 0 < lower (base: accepted, unused)",
+    "qrandint": (
+        "[lower, upper, q], q default 1: a multiple of q in [lower, upper] (upper excluded when q "
+        "is 1)"
+    ),
+    "lograndint": (
+        "[lower, upper]: an integer log-uniform in [lower, upper), 0 < lower (base: accepted, "
+        "unused)"
+    ),
     "qlograndint": "[lower, upper, q]: log-uniform, a multiple of q in [lower, upper], 0 < lower",
     "choice": "[a, b, ...]: one of the values, drawn per trial",
-    "grid_search": "[a, b, ...]: one trial per value (per combination with the other grids); search_alg=random only",
+    "grid_search": (
+        "[a, b, ...]: one trial per value (per combination with the other grids); "
+        "search_alg=random only"
+    ),
 }
 
 SCHEDULERS: dict[str, str] = {  # name -> Tune's class
@@ -145,7 +165,7 @@ def _bind(name: str, raw: Any) -> dict:
     if _is_list(raw):
         if len(raw) > len(spec):
             raise ValueError(f"{name} takes at most {len(spec)} arguments {usage}, got {len(raw)}")
-        given = dict(zip(names, raw))
+        given = dict(zip(names, raw, strict=False))  # fewer values: the rest take their defaults
     elif isinstance(raw, Mapping):
         unknown = [k for k in raw if k not in names]
         if unknown:
@@ -240,7 +260,8 @@ def _check(value: Any, path: str, grid: str | None, mutation: bool = False) -> N
     elif mutation:
         raise KeyedError(
             path,
-            f"a mutation is a sampler (e.g. {{uniform: [0.001, 0.1]}}) or a list of values, got {value!r}",
+            "a mutation is a sampler (e.g. {uniform: [0.001, 0.1]}) or a list of values, got "
+            f"{value!r}",
         )
 
 
@@ -283,12 +304,14 @@ def _named(value: Any, what: str, choices: Mapping, default: str) -> tuple[str, 
     else:
         raise KeyedError(
             "",
-            f"must be a {what} name ({', '.join(choices)}) or a mapping of name: and its parameters, got {value!r}",
+            f"must be a {what} name ({', '.join(choices)}) or a mapping of name: and its "
+            f"parameters, got {value!r}",
         )
     if name not in choices:
         raise KeyedError(
             at,
-            f"unknown {what} {name!r}{_did_you_mean(name, choices)}; choose from {', '.join(choices)}",
+            f"unknown {what} {name!r}{_did_you_mean(name, choices)}; choose from "
+            f"{', '.join(choices)}",
         )
     for key in params:
         if key in _SET_BY_RAYFLOW:

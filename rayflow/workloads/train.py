@@ -1,8 +1,9 @@
-"""workload=train: the user's own Ray Train loop (`train_loop_per_worker`) on `num_workers`
+r"""workload=train: the user's own Ray Train loop (`train_loop_per_worker`) on `num_workers`
 workers, CPU or GPU from `compute`; or, with `sweep`, a Tune search whose every trial is a whole
 Train run with sampled values in its `train_loop_config`.
 
-    python -m rayflow workload=train workload.train_loop=loop:train_loop workload.num_workers=4 compute=gpu
+    python -m rayflow workload=train workload.train_loop=loop:train_loop \
+        workload.num_workers=4 compute=gpu
 
 workload=ddp is this workload with rayflow's CIFAR loop and keys of its own
 (rayflow.workloads.presets.ddp), run by `run_training` and `run_sweep`.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from omegaconf import OmegaConf
 
@@ -92,7 +94,8 @@ def params(cfg) -> None:
 
 
 def demand(cfg) -> list[Bundle]:
-    """One Train run: num_workers workers at once (the controller and a sweep's trial take no CPU)."""
+    """One Train run: num_workers workers at once (the controller and a sweep's trial take no
+    CPU)."""
     w = cfg.workload
     resources = worker_resources(w.resources_per_worker)
     prefix = "workload.resources_per_worker"
@@ -128,10 +131,44 @@ def _saved_result(path: Path):
 
 def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
     """One Ray Train run in the experiment folder; rank 0's reports go to a nested MLflow run."""
-    from ray.train import TrainingFailedError
+    path: Path = ctx.experiment_dir
+    tracker = ctx.tracker
+    run_id = _nested_run(ctx, mlflow_params)
+    if ctx.resume and not any(path.glob("checkpoint_*")):  # Ray Train's own, in the run's folder
+        print(
+            "[rayflow] resume: the Train run saved no checkpoint (its train_loop reports none): it "
+            "restarts from the start",
+            flush=True,
+        )
+    mlflow = {"uri": tracker.absolute_uri, "run_id": run_id} if run_id else None
+    fit = trainer(
+        train,
+        name=path.name,
+        storage=str(path.parent),
+        callbacks=[ReportLog(str(path / EPOCHS_FILE), mlflow)],
+    )
+    ended = _fit(fit, path, tracker, run_id)
+    summary = summarize_result(ended.result, train, ended.errored, ended.interrupted)
+    summary.error = ended.error
+    # what the workers reported
+    name = ((ended.result.metrics or {}) if ended.result else {}).get("device_name")
+    if name:
+        tracker.set_tags({"device_name": name})
+    if run_id:  # after the run: a tracking store that failed meanwhile is a warning (Tracker.write)
+        status = "KILLED" if summary.interrupted else "FAILED" if ended.errored else "FINISHED"
 
-    from rayflow.errors import first_error_line
+        def end(client, _):
+            if name:
+                client.set_tag(run_id, "device_name", name)
+            client.set_terminated(run_id, status)
 
+        tracker.write("the Train run's end", end)
+    return summary
+
+
+def _nested_run(ctx, mlflow_params: dict) -> str | None:
+    """The Train run's nested MLflow run, marked running: the one the resumed experiment started,
+    else a new one under the parent run; None where there is none (tracking off)."""
     path: Path = ctx.experiment_dir
     state = read_state(path)
     tracker = ctx.tracker
@@ -143,25 +180,30 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
         write_state(path, {**state, "train_run_id": run_id})
     if run_id:
         tracker.client.update_run(run_id, status="RUNNING")
-    if ctx.resume and not any(path.glob("checkpoint_*")):  # Ray Train's own, in the run's folder
-        print(
-            "[rayflow] resume: the Train run saved no checkpoint (its train_loop reports none): it restarts from the start",
-            flush=True,
-        )
-    mlflow = {"uri": tracker.absolute_uri, "run_id": run_id} if run_id else None
-    fit = trainer(
-        train,
-        name=path.name,
-        storage=str(path.parent),
-        callbacks=[ReportLog(str(path / EPOCHS_FILE), mlflow)],
-    )
-    errored = interrupted = False
-    error = None
+    return run_id
+
+
+class _Ended(NamedTuple):
+    """How a Train run's fit() ended."""
+
+    result: Any  # a ray.train.Result; None where the stopped run saved none (_saved_result)
+    errored: bool = False
+    interrupted: bool = False
+    error: str | None = None  # the error's line, for the summary
+
+
+def _fit(fit, path: Path, tracker, run_id: str | None) -> _Ended:
+    """fit.fit(), and how it ended. A failed or interrupted run's result is what it saved; a
+    termination signal goes on up, after the nested run is marked KILLED."""
+    from ray.train import TrainingFailedError
+
+    from rayflow.errors import first_error_line
+
     try:
-        result = fit.fit()
+        return _Ended(fit.fit())
     except TrainingFailedError as err:
         print(f"rayflow: Ray Train failed: {err}", file=sys.stderr, flush=True)
-        result, errored, error = _saved_result(path), True, first_error_line(err)
+        return _Ended(_saved_result(path), errored=True, error=first_error_line(err))
     except (KeyboardInterrupt, SystemExit):
         # Ctrl-C: Ray Train's own SIGINT handler aborts the run and exits through ray.get
         # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
@@ -171,24 +213,7 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
                     "the Train run's end", lambda client, _: client.set_terminated(run_id, "KILLED")
                 )
             raise
-        result, interrupted = _saved_result(path), True
-    summary = summarize_result(result, train, errored, interrupted)
-    summary.error = error
-    name = ((result.metrics or {}) if result else {}).get(
-        "device_name"
-    )  # what the workers reported
-    if name:
-        tracker.set_tags({"device_name": name})
-    if run_id:  # after the run: a tracking store that failed meanwhile is a warning (Tracker.write)
-        status = "KILLED" if summary.interrupted else "FAILED" if errored else "FINISHED"
-
-        def end(client, _):
-            if name:
-                client.set_tag(run_id, "device_name", name)
-            client.set_terminated(run_id, status)
-
-        tracker.write("the Train run's end", end)
-    return summary
+        return _Ended(_saved_result(path), interrupted=True)
 
 
 def train_trial(config: dict, train: TrainJob, storage: str) -> None:
@@ -209,7 +234,8 @@ def train_trial(config: dict, train: TrainJob, storage: str) -> None:
 
 def sweep_job(train: TrainJob, ctx, sweep: TuneJob) -> TuneJob:
     """`sweep` (its metric, scheduler, ...) with Train runs as its trials, as many at once as the
-    cluster has room for their workers (a trial only waits on its run; the workers hold the CPUs)."""
+    cluster has room for their workers (a trial only waits on its run; the workers hold the
+    CPUs)."""
     import ray
     from ray import tune
 
@@ -241,9 +267,9 @@ def run(cfg, ctx):
                 "reuse_actors": False,
                 "num_samples": sweep.get("num_samples", 1),
             },
-            "verbose": cfg.get("verbose"),
+            "verbose": cfg.get("verbose"),  # Tune's tables only when `verbose` asks
         }
-    )  # Tune's tables only when `verbose` asks
+    )
     return tune_kind.run_job(sweep_job(train, ctx, tune_kind.job(keys, train_trial)), ctx)
 
 

@@ -4,9 +4,10 @@ algorithm from YAML.
     python -m rayflow workload=tune workload.trainable=train:objective workload.metric=loss \
         workload.mode=min 'workload.search_space={lr: {loguniform: [1e-4, 1e-1]}}'
 
-`job(cfg, trainable)` turns the keys into a TuneJob (rayflow.workloads.tune_runner), the one seam every tuning
-workload goes through: workload=cifar is this workload with rayflow's CIFAR trainable and keys
-of its own (rayflow.workloads.presets.cifar), and scripts/bench.py times a user trainable through it.
+`job(cfg, trainable)` turns the keys into a TuneJob (rayflow.workloads.tune_runner), the one seam
+every tuning workload goes through: workload=cifar is this workload with rayflow's CIFAR trainable
+and keys of its own (rayflow.workloads.presets.cifar), and scripts/bench.py times a user trainable
+through it.
 """
 
 from __future__ import annotations
@@ -111,12 +112,10 @@ def progress(scheduler_value, stop: dict | None) -> tuple[str, str, int | None, 
         }
     )
     settings = {**defaults, **given}
-    time_attr = str(
-        given.get("time_attr") or "training_iteration"
-    )  # make_scheduler's default, not the class's
-    max_t = (
-        given.get("max_t") if name in SCHEDULER_LABELS else None
-    )  # Tune's default is no limit a trainable knows of
+    # make_scheduler's default, not the class's
+    time_attr = str(given.get("time_attr") or "training_iteration")
+    # Tune's default is no limit a trainable knows of
+    max_t = given.get("max_t") if name in SCHEDULER_LABELS else None
     limit = (stop or {}).get(time_attr)
     if isinstance(limit, (int, float)) and not isinstance(limit, bool):
         max_t = min(max_t, limit) if max_t else limit
@@ -192,7 +191,8 @@ def run(cfg, ctx) -> TuneSummary:
 
 
 def figures(cfg, experiment_dir: Path) -> list:
-    """Learning curves of the chosen metric over the scheduler's time attribute, and the search view."""
+    """Learning curves of the chosen metric over the scheduler's time attribute, and the search
+    view."""
     from rayflow.results.plots import tune_figures
 
     w = cfg.workload

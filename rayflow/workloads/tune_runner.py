@@ -15,10 +15,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayflow.results.records import TUNE_AUTO_KEYS
 from rayflow.runtime.environment import scoped_env
+
+if TYPE_CHECKING:
+    from ray.tune import Tuner
 
 
 @dataclass
@@ -70,14 +73,14 @@ def _first_result_wait():
         def __init__(self):
             self._phase = None
 
-        def __getstate__(
-            self,
-        ):  # Tune pickles its callbacks with the experiment; a live phase is not state
+        def __getstate__(self):
+            # Tune pickles its callbacks with the experiment; a live phase is not state
             return {"_phase": None}
 
-        def setup(self, **info):
+        def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
             self._phase = phase(
-                "waiting for the first trial's first result (its process starts and imports the trainable's modules)",
+                "waiting for the first trial's first result (its process starts and imports the "
+                "trainable's modules)",
                 "tune",
             )
             self._phase.__enter__()
@@ -134,64 +137,75 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
         )
         note_restarts(path)
     else:
-        tuner = tune.Tuner(
-            trainable,
-            param_space=job.param_space,
-            tune_config=tune.TuneConfig(
-                metric=job.metric,
-                mode=job.mode,
-                num_samples=job.num_samples,
-                scheduler=job.scheduler,
-                search_alg=job.search_alg,
-                time_budget_s=job.time_budget_s,
-                reuse_actors=job.reuse_actors,
-                max_concurrent_trials=job.max_concurrent_trials,
+        tuner = _new_tuner(job, path, trainable)
+    with _trials_in_prestarted_workers(), scoped_env(_tune_env(job)), _without_rays_resume_hint():
+        return fit_watching_interrupts(tuner)
+
+
+def _new_tuner(job: TuneJob, path: Path, trainable: Any) -> Tuner:
+    """A Tuner for a new experiment in `path`, with the job's settings."""
+    from ray import tune
+
+    return tune.Tuner(
+        trainable,
+        param_space=job.param_space,
+        tune_config=tune.TuneConfig(
+            metric=job.metric,
+            mode=job.mode,
+            num_samples=job.num_samples,
+            scheduler=job.scheduler,
+            search_alg=job.search_alg,
+            time_budget_s=job.time_budget_s,
+            reuse_actors=job.reuse_actors,
+            max_concurrent_trials=job.max_concurrent_trials,
+        ),
+        run_config=tune.RunConfig(
+            name=path.name,
+            storage_path=str(path.parent),
+            failure_config=tune.FailureConfig(max_failures=job.max_failures),
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=job.checkpoints_to_keep,
+                checkpoint_score_attribute=job.checkpoint_score_attribute,
+                checkpoint_score_order=job.checkpoint_score_order,
+                checkpoint_frequency=job.checkpoint_frequency,
+                checkpoint_at_end=job.checkpoint_at_end,
             ),
-            run_config=tune.RunConfig(
-                name=path.name,
-                storage_path=str(path.parent),
-                failure_config=tune.FailureConfig(max_failures=job.max_failures),
-                checkpoint_config=tune.CheckpointConfig(
-                    num_to_keep=job.checkpoints_to_keep,
-                    checkpoint_score_attribute=job.checkpoint_score_attribute,
-                    checkpoint_score_order=job.checkpoint_score_order,
-                    checkpoint_frequency=job.checkpoint_frequency,
-                    checkpoint_at_end=job.checkpoint_at_end,
-                ),
-                stop=job.stop,
-                callbacks=[*(job.callbacks or []), *_result_files(), _first_result_wait()],
-                verbose=job.verbose,
-                progress_reporter=_notebook_reporter(),
-            ),
-        )
+            stop=job.stop,
+            callbacks=[*(job.callbacks or []), *_result_files(), _first_result_wait()],
+            verbose=job.verbose,
+            progress_reporter=_notebook_reporter(),
+        ),
+    )
+
+
+def _tune_env(job: TuneJob) -> dict[str, str]:
+    """The environment variables Tune runs under, for this job."""
     # Tune adds its CSV, JSON and TensorBoard loggers unless told not to; the TensorBoard one
     # imports tensorboardX and with it torch in the driver (1.5-2 s before the first trial
     # starts, every run). rayflow's results go to MLflow: only the files Tune's ResultGrid and
     # resume read are kept (_result_files), and the driver imports no torch for them.
     env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
-    if (
-        job.verbose == 0
-    ):  # Tune's new output prints its experiment box even when silent; its legacy one, nothing
+    # Tune's new output prints its experiment box even when silent; its legacy one, nothing
+    if job.verbose == 0:
         env["RAY_AIR_NEW_OUTPUT"] = "0"
-    if (
-        job.max_pending_trials and "TUNE_MAX_PENDING_TRIALS_PG" not in os.environ
-    ):  # the user's own setting wins
+    # the user's own setting wins
+    if job.max_pending_trials and "TUNE_MAX_PENDING_TRIALS_PG" not in os.environ:
         env["TUNE_MAX_PENDING_TRIALS_PG"] = str(max(1, job.max_pending_trials))
-    with _trials_in_prestarted_workers(), scoped_env(env), _without_rays_resume_hint():
-        return fit_watching_interrupts(tuner)
+    return env
 
 
 def note_restarts(path: Path) -> None:
     """One line, on resume, for the unfinished trials that saved no checkpoint (a trainable that
-    checkpoints nothing): Tune runs them again from their first iteration, not from where they stopped."""
+    checkpoints nothing): Tune runs them again from their first iteration, not from where they
+    stopped."""
     from ray.tune import ExperimentAnalysis
 
     trials = ExperimentAnalysis(str(path)).trials  # the state Tuner.restore continues
     fresh = [t for t in trials if t.status != "TERMINATED" and t.checkpoint is None]
     if fresh:
         print(
-            f"[rayflow] resume: {len(fresh)} unfinished trial(s) saved no checkpoint (the trainable saves none): "
-            "they restart from the start",
+            f"[rayflow] resume: {len(fresh)} unfinished trial(s) saved no checkpoint (the "
+            "trainable saves none): they restart from the start",
             flush=True,
         )
 
@@ -311,9 +325,8 @@ class TuneSummary:
     def table(self) -> str:
         width = max(len(str(k)) for k in self.best_config) if self.best_config else 0
         lines = ["", "== rayflow results =="]
-        if (
-            not self.best_metrics
-        ):  # no trial reported the metric: no best trial, nothing under a heading
+        # no trial reported the metric: no best trial, nothing under a heading
+        if not self.best_metrics:
             return "\n".join(
                 [
                     *lines,
@@ -334,18 +347,21 @@ class TuneSummary:
         by = f" by {self.scheduler_label}" if self.scheduler_label else ""
         if self.interrupted:
             lines.append(
-                f"trials: {self.trials} ({self.errored} errored; interrupted before the search finished)"
+                f"trials: {self.trials} ({self.errored} errored; interrupted before the search "
+                "finished)"
             )
         elif self.scheduler_label:
             lines.append(
-                f"trials: {self.trials} ({self.stopped_early} stopped early{by}, {self.errored} errored)"
+                f"trials: {self.trials} ({self.stopped_early} stopped early{by}, {self.errored} "
+                "errored)"
             )
         else:
             lines.append(f"trials: {self.trials} ({self.errored} errored)")
         if self.budget_epochs:
             share = self.trial_epochs / self.budget_epochs
             lines.append(
-                f"trial-{self.unit}s used: {self.trial_epochs} of {self.budget_epochs} ({share:.0%})"
+                f"trial-{self.unit}s used: {self.trial_epochs} of {self.budget_epochs} "
+                f"({share:.0%})"
             )
         else:
             lines.append(f"trial-{self.unit}s used: {self.trial_epochs}")

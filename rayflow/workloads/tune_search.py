@@ -64,9 +64,8 @@ def to_tune(space: Any) -> Any:
         return getattr(tune, name)(**kwargs)
     if isinstance(space, Mapping):
         return {key: to_tune(value) for key, value in space.items()}
-    if isinstance(space, Sequence) and not isinstance(
-        space, (str, bytes)
-    ):  # OmegaConf's ListConfig too
+    # OmegaConf's ListConfig too
+    if isinstance(space, Sequence) and not isinstance(space, (str, bytes)):
         return [to_tune(value) for value in space]
     return space
 
@@ -92,7 +91,8 @@ def _need_extra(name: str, key: str) -> None:
 
 
 def _build(cls: type, name: str, params: dict, built: dict, key: str) -> Any:
-    """cls(**built), after every name of `params` (the user's) is checked against cls's signature."""
+    """cls(**built), after every name of `params` (the user's) is checked against cls's
+    signature."""
     takes = [p for p in inspect.signature(cls).parameters if p not in _GIVEN]
     for param in params:
         if param in _OBJECTS and param in takes:
@@ -173,7 +173,8 @@ def make_search_alg(
     if has_grid(space):  # Tune's searchers raise on a grid when the first trial is asked for
         raise ConfigError(
             f"{prefix}.search_space",
-            f"grid_search works with search_alg=random only; {name} cannot search a grid: use choice",
+            "grid_search works with search_alg=random only; "
+            f"{name} cannot search a grid: use choice",
         )
     cls = getattr(importlib.import_module(module), cls_name)
     searcher = _build(cls, name, params, params, key)
@@ -214,8 +215,8 @@ def check_tune_parts(
         w.get("scheduler"), w.get("metric"), w.get("mode"), time_attr, scheduler_defaults, prefix
     )
     searcher = make_search_alg(w.get("search_alg"), w.get("metric"), w.get("mode"), space, prefix)
-    # The Tuner's next step, on these throwaway objects: TuneConfig's metric and mode, and the space.
-    # Optuna logs the study it creates; the run's own study logs it once, where it belongs.
+    # The Tuner's next step, on these throwaway objects: TuneConfig's metric and mode, and the
+    # space. Optuna logs the study it creates; the run's own study logs it once, where it belongs.
     optuna_log = logging.getLogger("optuna")
     level = optuna_log.level
     optuna_log.setLevel(logging.WARNING)

@@ -4,7 +4,8 @@ Python object), found and checked before anything starts.
 Names resolve as they do under `python -m`: the directory rayflow runs from comes first, then
 installed packages. Ray gives its workers the driver's directory too (`py_driver_sys_path`), so
 a trial imports `train` from the same folder the driver did; a job on a remote cluster runs in
-Ray's copy of its `working_dir`, which Ray puts on its workers' path (rayflow.orchestrator.job_files).
+Ray's copy of its `working_dir`, which Ray puts on its workers' path
+(rayflow.orchestrator.job_files).
 
 An object given to `rayflow.run(trainable=objective)` is registered here under the name the
 config shows for it (`__main__:objective`), so the rest of rayflow reads one config key whether
@@ -29,7 +30,9 @@ def give(obj: Any) -> str:
     """Register an object handed to rayflow.run; returns the name the config holds for it."""
     if not callable(obj):
         raise TypeError(f"expected a function or class, got {type(obj).__name__}")
-    name = f"{getattr(obj, '__module__', None) or '__main__'}:{getattr(obj, '__qualname__', None) or getattr(obj, '__name__', 'callable')}"
+    module = getattr(obj, "__module__", None) or "__main__"
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", "callable")
+    name = f"{module}:{qualname}"
     _GIVEN[name] = obj
     return name
 

@@ -625,7 +625,7 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             meta["resourceVersion"] = was["resourceVersion"]
             if new == old:  # a no-op write changes nothing, not even resourceVersion
                 return copy.deepcopy(old)
-            strip = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
+            strip = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}
             if strip(new) != strip(old):
                 meta["generation"] = was.get("generation", 1) + 1
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):

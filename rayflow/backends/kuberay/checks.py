@@ -1,7 +1,7 @@
 """backend=kuberay: the checks of the `backend:` section, before anything is applied.
 
-`check` holds the section to its schema (rayflow.backends.kuberay.keys: every key's kind and the rules
-between keys), then renders the manifest and holds it to KubeRay's CRD schema
+`check` holds the section to its schema (rayflow.backends.kuberay.keys: every key's kind and the
+rules between keys), then renders the manifest and holds it to KubeRay's CRD schema
 (kuberay_schema.schema_errors) and to the operator's own rules (`operator_errors`, mirroring
 ray-operator/controllers/ray/utils/validation.go of KubeRay v1.7.0), which is where what
 backend.overrides adds is checked: a rule the manifest only breaks because of backend.overrides
@@ -24,11 +24,8 @@ from rayflow.schema import validate_section
 from rayflow.security.auth import refuse_auth_off
 
 TOKEN_AUTH_MIN_RAY = (2, 52, 0)  # ValidateRayClusterSpec: authOptions.mode token needs Ray 2.52.0
-K8S_TOKEN_AUTH_MIN_RAY = (
-    2,
-    55,
-    0,
-)  # Ray delegates token checks to Kubernetes (TokenReview) from 2.55.0
+# Ray delegates token checks to Kubernetes (TokenReview) from 2.55.0
+K8S_TOKEN_AUTH_MIN_RAY = (2, 55, 0)
 START_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
 
 
@@ -51,7 +48,8 @@ def _check_token_auth(b: dict, auth_mode: str, installed_ray: str) -> None:
         )
         raise ConfigError(
             key,
-            f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use Ray >= 2.52.0 or ray_auth_mode=disabled)",
+            f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use "
+            "Ray >= 2.52.0 or ray_auth_mode=disabled)",
         )
 
 
@@ -93,14 +91,16 @@ def exposures(manifest: Mapping) -> list[tuple[str, str]]:
                 out.append(
                     (
                         f"{base}.template.spec.containers[{container.get('name')}].ports[{port.get('name')}].hostPort",
-                        f"the head's port {port.get('containerPort')} on its node's address (hostPort {port['hostPort']})",
+                        f"the head's port {port.get('containerPort')} on its node's address "
+                        f"(hostPort {port['hostPort']})",
                     )
                 )
     return out
 
 
 def effective_auth(manifest: Mapping) -> str:
-    """The Ray auth mode the cluster runs with: token when the manifest configures it, else disabled."""
+    """The Ray auth mode the cluster runs with: token when the manifest configures it, else
+    disabled."""
     auth = user_layers.auth_of(km.cluster_of(manifest))
     return "token" if auth is not None and auth["mode"] == "token" else "disabled"
 
@@ -114,13 +114,15 @@ def refuse_bad_k8s_auth(manifest: Mapping, key: str, ray_version: str | None = N
     if auth["mode"] != "token":
         raise ConfigError(
             key,
-            f"Kubernetes token auth (enableK8sTokenAuth) needs Ray's token auth on (authOptions.mode: token), got mode {auth['mode']!r}",
+            "Kubernetes token auth (enableK8sTokenAuth) needs Ray's token auth on "
+            f"(authOptions.mode: token), got mode {auth['mode']!r}",
         )
     version = km.cluster_of(manifest).get("rayVersion") or ray_version
     if (_version(version) or (0,)) < K8S_TOKEN_AUTH_MIN_RAY:
         raise ConfigError(
             key,
-            f"Kubernetes token auth (enableK8sTokenAuth) needs Ray >= 2.55.0 on the cluster, got {version or 'no rayVersion'}",
+            "Kubernetes token auth (enableK8sTokenAuth) needs Ray >= 2.55.0 on the cluster, got "
+            f"{version or 'no rayVersion'}",
         )
 
 
@@ -143,41 +145,176 @@ def refuse_exposed_auth_off(manifest: Mapping, without_overrides: Mapping, own_k
 # --- the operator's rules on a rendered manifest -----------------------------------------------
 
 
-def _findings(manifest: Mapping, ray_version: str | None = None) -> list[tuple[str, str]]:
-    """(manifest path, message) for each rule of KubeRay's validation.go the manifest breaks."""
+def _metadata_findings(kind: Any, name: str) -> list[tuple[str, str]]:
+    """ValidateRayClusterMetadata, ValidateRayJobMetadata."""
+    if kind not in MAX_NAME:
+        return []
+    if len(name) > MAX_NAME[kind]:
+        return [
+            ("metadata.name", f"{kind} name should be no more than {MAX_NAME[kind]} characters")
+        ]
+    if not DNS_1035.fullmatch(name):
+        return [("metadata.name", f"{kind} name should be a valid DNS1035 label")]
+    return []
+
+
+def _rayjob_findings(spec: Mapping) -> list[tuple[str, str]]:
+    """ValidateRayJobSpec, validateDeletionConfiguration."""
     out: list[tuple[str, str]] = []
+    ttl = spec.get("ttlSecondsAfterFinished") or 0
+    if ttl < 0:
+        out.append(
+            (
+                "spec.ttlSecondsAfterFinished",
+                "TTLSecondsAfterFinished must be a non-negative integer",
+            )
+        )
+    if not spec.get("shutdownAfterJobFinishes") and ttl > 0:
+        out.append(
+            (
+                "spec.ttlSecondsAfterFinished",
+                "a RayJob with shutdownAfterJobFinishes set to false cannot have "
+                "TTLSecondsAfterFinished",
+            )
+        )
+    for field in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
+        if spec.get(field) is not None and spec[field] <= 0:
+            out.append((f"spec.{field}", f"{field} must be a positive integer"))
+    if spec.get("submissionMode") == "InteractiveMode" and (spec.get("backoffLimit") or 0) > 0:
+        out.append(("spec.backoffLimit", "BackoffLimit is incompatible with InteractiveMode"))
+    return out
+
+
+def _group_findings(
+    group_name: Any, path: str, group: Mapping, autoscaling: bool, v2: bool
+) -> list[tuple[str, str]]:
+    """ValidateRayClusterSpec's rules for every group, the head's included."""
+    out: list[tuple[str, str]] = []
+    params = group.get("rayStartParams") or {}
+    given = any(params.get(p) not in (None, "") for p in START_RESOURCE_PARAMS)
+    if given and group.get("resources"):  # validateRayGroupResources
+        out.append(
+            (
+                f"{path}.resources",
+                "resource fields should not be set in both rayStartParams and Resources for "
+                f"{group_name} group; please use only one",
+            )
+        )
+    if "labels" in params:  # validateRayGroupLabels
+        out.append(
+            (
+                f"{path}.rayStartParams.labels",
+                f"rayStartParams['labels'] is not supported for {group_name} group; please "
+                "use the top-level Labels field instead",
+            )
+        )
+    policy = ((group.get("template") or {}).get("spec") or {}).get("restartPolicy")
+    if autoscaling and v2 and policy not in (None, "", "Never"):
+        who = "head Pod" if group_name == "Head" else f"worker group {group_name}"
+        out.append(
+            (
+                f"{path}.template.spec.restartPolicy",
+                f"restartPolicy for {who} should be Never or unset when using autoscaler V2",
+            )
+        )
+    return out
+
+
+def _worker_group_findings(
+    group_name: Any, path: str, group: Mapping, autoscaling: bool, v2_env: bool
+) -> list[tuple[str, str]]:
+    """ValidateRayClusterSpec's rules for a worker group: its replicas and idle timeout.
+    v2_env: autoscaler v2 is on (autoscalerOptions.version, or the head's environment)."""
+    out: list[tuple[str, str]] = []
+    low, high = group.get("minReplicas"), group.get("maxReplicas")
+    if not autoscaling and (low is None or high is None):
+        out.append(
+            (
+                f"{path}.minReplicas",
+                f"worker group {group_name} must set both minReplicas and maxReplicas when "
+                "autoscaling is disabled",
+            )
+        )
+    for field, value in (("minReplicas", low), ("maxReplicas", high)):
+        if value is not None and value < 0:
+            out.append(
+                (f"{path}.{field}", f"worker group {group_name} has negative {field} {value}")
+            )
+    if low is not None and high is not None and low > high:
+        out.append(
+            (
+                f"{path}.minReplicas",
+                f"worker group {group_name} has minReplicas {low} greater than maxReplicas {high}",
+            )
+        )
+    if group.get("idleTimeoutSeconds") is not None and not v2_env:  # validateWorkerGroupIdleTimeout
+        out.append(
+            (
+                f"{path}.idleTimeoutSeconds",
+                f"worker group {group_name}: idleTimeoutSeconds is set, but autoscaler v2 is "
+                "not enabled",
+            )
+        )
+    return out
+
+
+def _autoscaler_findings(
+    base: str, cluster: Mapping, autoscaling: bool, head_env: list[Any]
+) -> list[tuple[str, str]]:
+    """ValidateRayClusterSpec's rules on autoscalerOptions."""
+    out: list[tuple[str, str]] = []
+    options = cluster.get("autoscalerOptions") or {}
+    if autoscaling and options.get("version") and "RAY_enable_autoscaler_v2" in head_env:
+        out.append(
+            (
+                f"{base}.autoscalerOptions.version",
+                "both .spec.autoscalerOptions.version and head Pod env var "
+                "RAY_enable_autoscaler_v2 are set, please only use the former",
+            )
+        )
+    if (options.get("idleTimeoutSeconds") or 0) < 0:
+        out.append(
+            (
+                f"{base}.autoscalerOptions.idleTimeoutSeconds",
+                "autoscalerOptions.idleTimeoutSeconds must be non-negative, got "
+                f"{options['idleTimeoutSeconds']}",
+            )
+        )
+    return out
+
+
+def _token_auth_findings(
+    base: str, cluster: Mapping, ray_version: str | None
+) -> list[tuple[str, str]]:
+    """ValidateRayClusterSpec, IsAuthEnabled: token auth needs a known Ray >= 2.52.0."""
+    if (cluster.get("authOptions") or {}).get("mode") != "token":
+        return []
+    version = cluster.get("rayVersion") or ray_version
+    parsed = _version(version)
+    if not version:
+        message = (
+            "authOptions.mode is 'token' but RayVersion was not specified. Ray version "
+            "2.52.0 or later is required"
+        )
+    elif parsed is None:
+        message = f"authOptions.mode is 'token' but RayVersion format is invalid: {version}"
+    elif parsed < TOKEN_AUTH_MIN_RAY:
+        message = f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version}"
+    else:
+        return []
+    return [(f"{base}.rayVersion", message)]
+
+
+def _findings(manifest: Mapping, ray_version: str | None = None) -> list[tuple[str, str]]:
+    """(manifest path, message) for each rule of KubeRay's validation.go the manifest breaks, in
+    the order the operator checks them."""
     kind = manifest.get("kind")
     name = str((manifest.get("metadata") or {}).get("name", ""))
-    if kind in MAX_NAME:  # ValidateRayClusterMetadata, ValidateRayJobMetadata
-        if len(name) > MAX_NAME[kind]:
-            out.append(
-                ("metadata.name", f"{kind} name should be no more than {MAX_NAME[kind]} characters")
-            )
-        elif not DNS_1035.fullmatch(name):
-            out.append(("metadata.name", f"{kind} name should be a valid DNS1035 label"))
+    out = _metadata_findings(kind, name)
     spec = manifest.get("spec") or {}
     base = "spec.rayClusterSpec" if kind == "RayJob" else "spec"
-    if kind == "RayJob":  # ValidateRayJobSpec, validateDeletionConfiguration
-        ttl = spec.get("ttlSecondsAfterFinished") or 0
-        if ttl < 0:
-            out.append(
-                (
-                    "spec.ttlSecondsAfterFinished",
-                    "TTLSecondsAfterFinished must be a non-negative integer",
-                )
-            )
-        if not spec.get("shutdownAfterJobFinishes") and ttl > 0:
-            out.append(
-                (
-                    "spec.ttlSecondsAfterFinished",
-                    "a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished",
-                )
-            )
-        for field in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
-            if spec.get(field) is not None and spec[field] <= 0:
-                out.append((f"spec.{field}", f"{field} must be a positive integer"))
-        if spec.get("submissionMode") == "InteractiveMode" and (spec.get("backoffLimit") or 0) > 0:
-            out.append(("spec.backoffLimit", "BackoffLimit is incompatible with InteractiveMode"))
+    if kind == "RayJob":
+        out += _rayjob_findings(spec)
     cluster = km.cluster_of(manifest)
     autoscaling = bool(cluster.get("enableInTreeAutoscaling"))
     v2 = (cluster.get("autoscalerOptions") or {}).get("version") == "v2"  # IsAutoscalingV2Enabled
@@ -192,106 +329,13 @@ def _findings(manifest: Mapping, ray_version: str | None = None) -> list[tuple[s
         (g.get("groupName"), f"{base}.workerGroupSpecs[{g.get('groupName')}]", g)
         for g in cluster.get("workerGroupSpecs") or []
     ]
+    v2_env = v2 or "RAY_enable_autoscaler_v2" in head_env
     for group_name, path, group in groups:  # ValidateRayClusterSpec, per group
-        params = group.get("rayStartParams") or {}
-        if any(params.get(p) not in (None, "") for p in START_RESOURCE_PARAMS) and group.get(
-            "resources"
-        ):  # validateRayGroupResources
-            out.append(
-                (
-                    f"{path}.resources",
-                    f"resource fields should not be set in both rayStartParams and Resources for {group_name} group; please use only one",
-                )
-            )
-        if "labels" in params:  # validateRayGroupLabels
-            out.append(
-                (
-                    f"{path}.rayStartParams.labels",
-                    f"rayStartParams['labels'] is not supported for {group_name} group; please use the top-level Labels field instead",
-                )
-            )
-        policy = ((group.get("template") or {}).get("spec") or {}).get("restartPolicy")
-        if autoscaling and v2 and policy not in (None, "", "Never"):
-            who = "head Pod" if group_name == "Head" else f"worker group {group_name}"
-            out.append(
-                (
-                    f"{path}.template.spec.restartPolicy",
-                    f"restartPolicy for {who} should be Never or unset when using autoscaler V2",
-                )
-            )
-        if group_name == "Head":
-            continue
-        low, high = group.get("minReplicas"), group.get("maxReplicas")
-        if not autoscaling and (low is None or high is None):
-            out.append(
-                (
-                    f"{path}.minReplicas",
-                    f"worker group {group_name} must set both minReplicas and maxReplicas when autoscaling is disabled",
-                )
-            )
-        for field, value in (("minReplicas", low), ("maxReplicas", high)):
-            if value is not None and value < 0:
-                out.append(
-                    (f"{path}.{field}", f"worker group {group_name} has negative {field} {value}")
-                )
-        if low is not None and high is not None and low > high:
-            out.append(
-                (
-                    f"{path}.minReplicas",
-                    f"worker group {group_name} has minReplicas {low} greater than maxReplicas {high}",
-                )
-            )
-        if (
-            group.get("idleTimeoutSeconds") is not None
-            and not v2
-            and "RAY_enable_autoscaler_v2" not in head_env
-        ):  # validateWorkerGroupIdleTimeout
-            out.append(
-                (
-                    f"{path}.idleTimeoutSeconds",
-                    f"worker group {group_name}: idleTimeoutSeconds is set, but autoscaler v2 is not enabled",
-                )
-            )
-    options = cluster.get("autoscalerOptions") or {}
-    if autoscaling and options.get("version") and "RAY_enable_autoscaler_v2" in head_env:
-        out.append(
-            (
-                f"{base}.autoscalerOptions.version",
-                "both .spec.autoscalerOptions.version and head Pod env var RAY_enable_autoscaler_v2 are set, please only use the former",
-            )
-        )
-    if (options.get("idleTimeoutSeconds") or 0) < 0:
-        out.append(
-            (
-                f"{base}.autoscalerOptions.idleTimeoutSeconds",
-                f"autoscalerOptions.idleTimeoutSeconds must be non-negative, got {options['idleTimeoutSeconds']}",
-            )
-        )
-    if (cluster.get("authOptions") or {}).get(
-        "mode"
-    ) == "token":  # ValidateRayClusterSpec, IsAuthEnabled
-        version = cluster.get("rayVersion") or ray_version
-        if not version:
-            out.append(
-                (
-                    f"{base}.rayVersion",
-                    "authOptions.mode is 'token' but RayVersion was not specified. Ray version 2.52.0 or later is required",
-                )
-            )
-        elif _version(version) is None:
-            out.append(
-                (
-                    f"{base}.rayVersion",
-                    f"authOptions.mode is 'token' but RayVersion format is invalid: {version}",
-                )
-            )
-        elif _version(version) < TOKEN_AUTH_MIN_RAY:
-            out.append(
-                (
-                    f"{base}.rayVersion",
-                    f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version}",
-                )
-            )
+        out += _group_findings(group_name, path, group, autoscaling, v2)
+        if group_name != "Head":
+            out += _worker_group_findings(group_name, path, group, autoscaling, v2_env)
+    out += _autoscaler_findings(base, cluster, autoscaling, head_env)
+    out += _token_auth_findings(base, cluster, ray_version)
     return out
 
 
@@ -300,7 +344,8 @@ def config_key(path: str) -> str | None:
     path = path.replace("spec.rayClusterSpec.", "spec.")
     group = re.fullmatch(r"spec\.workerGroupSpecs\[([^\]]+)\]\.(minReplicas|maxReplicas)", path)
     if group:
-        return f"backend.worker_groups.{group.group(1)}.{'min_replicas' if group.group(2) == 'minReplicas' else 'max_replicas'}"
+        key = "min_replicas" if group.group(2) == "minReplicas" else "max_replicas"
+        return f"backend.worker_groups.{group.group(1)}.{key}"
     return {
         "metadata.name": "backend.cluster_name",
         "spec.rayVersion": "backend.ray_version",
@@ -326,17 +371,15 @@ def check(
 ) -> None:
     """Raise ConfigError naming the key for a bad `backend:` section of backend=kuberay."""
     b = km.plain(section)
-    if gpu != (
-        b.get("compute_device") == "cuda"
-    ):  # the schema's rules read the device from the section
+    # the schema's rules read the device from the section
+    if gpu != (b.get("compute_device") == "cuda"):
         b["compute_device"] = "cuda" if gpu else "cpu"
     validate_section("backend", Kuberay, b, {"ray_auth_mode": auth_mode})
     _check_token_auth(b, auth_mode, ray_version)
     manifest = km.render(b, gpu, auth_mode, ray_version, python_version, {})
     rendered = km.render({**b, "overrides": {}}, gpu, auth_mode, ray_version, python_version, {})
-    for where, line in _schema_errors(
-        manifest, rendered
-    ):  # first: the rules below assume the types
+    # first: the rules below assume the types
+    for where, line in _schema_errors(manifest, rendered):
         raise ConfigError(where, f"{line} (KubeRay's CRD schema)")
     own = set(_findings(rendered, ray_version))
     for path, message in _findings(manifest, ray_version):
@@ -354,10 +397,9 @@ def _schema_errors(manifest: Mapping, rendered: Mapping) -> list[tuple[str, str]
     """("backend" | "backend.overrides", "path: message") for each error of KubeRay's CRD schema:
     an error the manifest without overrides lacks comes from backend.overrides."""
     try:
-        from rayflow.backends.kuberay.crd import schema_errors, with_defaults
-    except (
-        ModuleNotFoundError
-    ) as err:  # the schema module lands separately; nothing else is skipped
+        from rayflow.backends.kuberay.crd import schema_errors
+    # the schema module lands separately; nothing else is skipped
+    except ModuleNotFoundError as err:
         if err.name != "rayflow.backends.kuberay.crd":
             raise
         return []
@@ -397,7 +439,8 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
     added_token = user_layers.auth_of(km.cluster_of(user.document)) is None and auth_mode == "token"
     for path, message in _findings(with_defaults(manifest)):
         hint = (
-            " (rayflow adds token auth where the manifest configures none: a rayVersion >= 2.52.0, or ray_auth_mode=disabled)"
+            " (rayflow adds token auth where the manifest configures none: a rayVersion >= "
+            "2.52.0, or ray_auth_mode=disabled)"
             if added_token and "authOptions.mode is 'token'" in message
             else ""
         )

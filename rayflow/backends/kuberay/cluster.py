@@ -6,14 +6,15 @@ kuberay.user_manifest and kuberay.user_layers), validates it strictly against Ku
 the operator's own rules before anything is applied (kuberay.checks), asks the API server for a
 server-side dry run, creates it with the official `kubernetes` client (a create, never an
 overwrite: each run labels what it creates with its own run id and deletes only that), waits
-for the head (kuberay.wait), reaches
-the dashboard through the API server's service proxy (kuberay.relay: answering only this
-process, relaying only the Jobs API) and submits the run
-through the seam backend=vm uses (rayflow.orchestrator.submission). `kubernetes` is imported inside the methods.
+for the head (kuberay.wait), reaches the dashboard through the API server's service proxy
+(kuberay.relay: answering only this process, relaying only the Jobs API) and submits the run
+through the seam backend=vm uses (rayflow.orchestrator.submission). `kubernetes` is imported
+inside the methods.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import uuid
@@ -81,15 +82,12 @@ class _Applied:
         if self.kind == "RayCluster":
             return self.object_name
         status = (self.kube.get("RayJob", self.object_name) or {}).get("status") or {}
-        if status.get("jobDeploymentStatus") in (
-            "ValidationFailed",
-            "Failed",
-        ):  # the operator refused or gave up on it
+        # the operator refused or gave up on it
+        if status.get("jobDeploymentStatus") in ("ValidationFailed", "Failed"):
             raise ClusterError(
                 f"KubeRay marked RayJob {self.namespace}/{self.object_name} "
-                f"{status['jobDeploymentStatus']}: {status.get('message') or status.get('reason') or ''}".rstrip(
-                    ": "
-                )
+                f"{status['jobDeploymentStatus']}: "
+                f"{status.get('message') or status.get('reason') or ''}".rstrip(": ")
             )
         return status.get("rayClusterName") or None  # named by the operator
 
@@ -106,12 +104,15 @@ class KubeRayCluster(ClusterBackend):
         return str(self.section.get("compute_device")) == "cuda"
 
     def user_manifest(self) -> str | None:
-        """backend.manifest: the user's own RayCluster/RayJob file, or None (rayflow renders one)."""
+        """backend.manifest: the user's own RayCluster/RayJob file, or None (rayflow renders
+        one)."""
         return self.section.get("manifest") or None
 
     def _user_render(self, labels: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+        path = self.user_manifest()
+        assert path is not None  # asked for only with backend.manifest set
         return user_layers.render(
-            user_manifest.read(self.user_manifest()),
+            user_manifest.read(path),
             kuberay_manifest.plain(self.section),
             self.gpu(),
             self.auth_mode,
@@ -157,20 +158,24 @@ class KubeRayCluster(ClusterBackend):
         return kuberay_resources.capacity(self.section, self.gpu())
 
     def render(self, preload: WorkerPreload | None = None) -> Rendered:
-        """Exactly the object applied, so `dry_run=true | kubectl apply -f -` takes it (no token in it)."""
+        """Exactly the object applied, so `dry_run=true | kubectl apply -f -` takes it (no token in
+        it)."""
         # its notes name each literal secret with the Kubernetes Secret that should hold it
         return Rendered(
             yaml.safe_dump(self.manifest(), sort_keys=False), self.notes, secrets_noted=True
         )
 
     def teardown_command(self, manifest: dict[str, Any] | None = None) -> str | None:
-        """What deletes the cluster if this process dies before it can (printed on every error path);
-        None for one this run does not delete (kept)."""
+        """What deletes the cluster if this process dies before it can (printed on every error
+        path); None for one this run does not delete (kept)."""
         if self.keeps_cluster:
             return None
         manifest = manifest or self.manifest()
         metadata = manifest["metadata"]
-        return f"kubectl delete {manifest['kind'].lower()} {metadata['name']} -n {metadata['namespace']}"
+        return (
+            f"kubectl delete {manifest['kind'].lower()} {metadata['name']} -n "
+            f"{metadata['namespace']}"
+        )
 
     def notes(self) -> list[str]:
         """What rayflow changed in or added to the user's manifest, the documents it leaves, and a
@@ -199,9 +204,8 @@ class KubeRayCluster(ClusterBackend):
         from rayflow.backends.kuberay.kube import Kube
 
         s = self.section
-        for note in (
-            self.notes()
-        ):  # what rayflow adds to the user's file, what it leaves to them, literal secrets
+        # what rayflow adds to the user's file, what it leaves to them, literal secrets
+        for note in self.notes():
             print(f"[rayflow] kuberay: {note}", file=sys.stderr, flush=True)
         run_id = uuid.uuid4().hex[:12]
         labels = {RUN_LABEL: run_id, **({KEPT_LABEL: "true"} if s.keep_cluster else {})}
@@ -230,18 +234,15 @@ class KubeRayCluster(ClusterBackend):
         existing = run.kube.get(run.kind, run.object_name)
         if existing is None:
             with phase(f"server-side dry run of {run.where}", "kuberay") as step:
-                run.kube.create(
-                    run.manifest, dry_run=True
-                )  # the API server's admission speaks before anything exists
+                # the API server's admission speaks before anything exists
+                run.kube.create(run.manifest, dry_run=True)
                 step.done(f"the API server accepts {run.where} (server-side dry run)")
-            if (
-                not self.keeps_cluster
-            ):  # registered before the create: a client killed right after it still deletes
+            # registered before the create: a client killed right after it still deletes
+            if not self.keeps_cluster:
                 run.handle.on_stop(f"delete {run.where}", self._delete, run)
             with phase(f"applying {run.where}", "kuberay") as step:
-                created = run.kube.create(
-                    run.manifest
-                )  # refused (None) if another run made one meanwhile
+                # refused (None) if another run made one meanwhile
+                created = run.kube.create(run.manifest)
                 step.done(
                     f"applied {run.where}"
                     if created is not None
@@ -251,13 +252,15 @@ class KubeRayCluster(ClusterBackend):
                 existing = run.kube.get(run.kind, run.object_name)
                 if existing is None:
                     raise ClusterError(
-                        f"{run.where} was made and deleted by someone else while this run created it: run again"
+                        f"{run.where} was made and deleted by someone else while this run created "
+                        "it: run again"
                     )
         if existing is not None:
             self._join(run, existing)
 
     def _reach(self, run: _Applied) -> str:
-        """Wait for the head, read its Ray token, and reach its dashboard through the relay: its URL."""
+        """Wait for the head, read its Ray token, and reach its dashboard through the relay: its
+        URL."""
         s = self.section
         deadline = time.monotonic() + float(s.start_timeout_s)
         with phase(f"waiting for the head pod of {run.where} (HeadPodReady)", "kuberay") as step:
@@ -319,9 +322,9 @@ class KubeRayCluster(ClusterBackend):
         if rayflows and labels.get(KEPT_LABEL) != "true":
             raise ConfigError(
                 "backend.cluster_name",
-                f"{run.where} belongs to another rayflow run ({RUN_LABEL}={labels.get(RUN_LABEL, '?')}), "
-                f"which deletes it when it ends: choose another backend.cluster_name "
-                f"(if that run is gone: {delete})",
+                f"{run.where} belongs to another rayflow run "
+                f"({RUN_LABEL}={labels.get(RUN_LABEL, '?')}), which deletes it when it ends: "
+                f"choose another backend.cluster_name (if that run is gone: {delete})",
             )
         if not self.section.keep_cluster:
             why = (
@@ -337,7 +340,8 @@ class KubeRayCluster(ClusterBackend):
         run.manifest, run.joined = existing, True  # its auth decides how the dashboard is reached
         run.handle.kept, run.handle.teardown_command = True, None
         print(
-            f"[rayflow] kuberay: reusing the existing {run.where} as it is (delete it to apply a changed spec); "
+            f"[rayflow] kuberay: reusing the existing {run.where} as it is (delete it to apply a "
+            "changed spec); "
             + (
                 "it was kept by an earlier run and stays running"
                 if rayflows
@@ -356,10 +360,11 @@ class KubeRayCluster(ClusterBackend):
         from rayflow.backends.kuberay.relay import DashboardRelay, ssl_context
 
         service = f"{cluster}-head-svc"  # KubeRay's name for the head service
-        ray_credentials = None
+        ray_credentials: Callable[[], dict[str, str]] | None = None
         if _k8s_auth(run):
             _k8s_credentials(run)  # no bearer token: refused before the relay starts
-            ray_credentials = lambda: _k8s_credentials(run)  # noqa: E731  (fetched per request: exec plugins refresh it)
+            # fetched per request: exec plugins refresh it
+            ray_credentials = functools.partial(_k8s_credentials, run)
         if self._access() == "service":
             return DashboardRelay(
                 f"http://{service}.{run.namespace}.svc:{DASHBOARD_PORT}",
@@ -391,7 +396,8 @@ class KubeRayCluster(ClusterBackend):
     def _wait_for_jobs_api(
         self, run: _Applied, url: str, deadline: float, step: Any = None
     ) -> None:
-        """Until the Jobs API answers through the relay (the service may have no endpoint yet: 503)."""
+        """Until the Jobs API answers through the relay (the service may have no endpoint yet:
+        503)."""
         import urllib.error
         import urllib.request
 
@@ -403,7 +409,8 @@ class KubeRayCluster(ClusterBackend):
             except urllib.error.HTTPError as err:
                 if err.code in (401, 403):
                     raise ClusterError(
-                        f"the dashboard of {run.cluster_name()} refused the token from its Secret ({err.code})"
+                        f"the dashboard of {run.cluster_name()} refused the token from its Secret "
+                        f"({err.code})"
                     ) from None
                 status = f"HTTP {err.code}"
             except (urllib.error.URLError, OSError) as err:
@@ -412,8 +419,9 @@ class KubeRayCluster(ClusterBackend):
                 step.status(f"last answer: {status}")
             if time.monotonic() > deadline:
                 raise ClusterError(
-                    f"the dashboard of {run.cluster_name()} did not answer through {self._access()} "
-                    f"within backend.start_timeout_s ({self.section.start_timeout_s} s): {status}"
+                    f"the dashboard of {run.cluster_name()} did not answer through "
+                    f"{self._access()} within backend.start_timeout_s "
+                    f"({self.section.start_timeout_s} s): {status}"
                 )
             time.sleep(1.0)
 
@@ -422,11 +430,11 @@ class KubeRayCluster(ClusterBackend):
         gone. A finalizer that holds it past backend.delete_timeout_s is reported by name."""
         current = run.kube.get(run.kind, run.object_name)
         owner = ((current or {}).get("metadata", {}).get("labels") or {}).get(RUN_LABEL)
-        if (
-            current is not None and owner != run.run_id
-        ):  # another run's (it made one first, or since)
+        # another run's (it made one first, or since)
+        if current is not None and owner != run.run_id:
             print(
-                f"[rayflow] kuberay: {run.where} is not this run's ({RUN_LABEL}={owner or 'none'}): left alone",
+                f"[rayflow] kuberay: {run.where} is not this run's "
+                f"({RUN_LABEL}={owner or 'none'}): left alone",
                 flush=True,
             )
             return
@@ -454,8 +462,9 @@ class KubeRayCluster(ClusterBackend):
                 finalizers = (left or {}).get("metadata", {}).get("finalizers") or []
                 if finalizers:
                     raise ClusterError(
-                        f"{run.kind} {run.object_name} is held by finalizer(s) {', '.join(finalizers)} "
-                        f"after {timeout:g} s; whatever owns them must finish, or remove them with kubectl patch"
+                        f"{run.kind} {run.object_name} is held by finalizer(s) "
+                        f"{', '.join(finalizers)} after {timeout:g} s; whatever owns them must "
+                        "finish, or remove them with kubectl patch"
                     )
                 raise ClusterError(
                     f"{len(pods)} pod(s) of {cluster} still there after {timeout:g} s: "
@@ -469,9 +478,8 @@ def _token_secret(run: _Applied, cluster: str) -> tuple[str, str] | None:
     what KubeRay generates for authOptions.mode token (named after the cluster, or
     authOptions.secretName), or the Secret a head's RAY_AUTH_TOKEN reads in a user's manifest."""
     auth = user_layers.auth_of(kuberay_manifest.cluster_of(run.manifest))
-    if (
-        auth is None or auth["mode"] != "token" or auth["k8s"]
-    ):  # Kubernetes token auth: no Ray token, no Secret
+    # Kubernetes token auth: no Ray token, no Secret
+    if auth is None or auth["mode"] != "token" or auth["k8s"]:
         return None
     return auth["secret"] or cluster, auth["key"]
 
@@ -489,9 +497,10 @@ def _k8s_credentials(run: _Applied) -> dict[str, str]:
     token = {k.lower(): v for k, v in run.kube.auth_headers().items()}.get("authorization")
     if not token:
         raise ClusterError(
-            f"{run.cluster_name()} uses Kubernetes token auth (enableK8sTokenAuth), but these Kubernetes "
-            "credentials hold no bearer token (a client certificate cannot be passed on to Ray's dashboard): "
-            "use a kubeconfig user with a token or an exec plugin (backend.kubeconfig, backend.context)"
+            f"{run.cluster_name()} uses Kubernetes token auth (enableK8sTokenAuth), but these "
+            "Kubernetes credentials hold no bearer token (a client certificate cannot be passed "
+            "on to Ray's dashboard): use a kubeconfig user with a token or an exec plugin "
+            "(backend.kubeconfig, backend.context)"
         )
     return {"X-Ray-Authorization": token}
 

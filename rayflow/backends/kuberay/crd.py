@@ -43,6 +43,7 @@ import gzip
 import json
 import re
 from importlib import resources
+from typing import Any
 
 from rayflow.backends.kuberay.metadata import describe, join_path, object_meta_errors
 
@@ -69,11 +70,7 @@ _EMBEDDED_META = "annotations, finalizers, labels, name, namespace"
 
 @functools.cache
 def _schema(kind: str) -> dict:
-    data = (
-        resources.files("rayflow.backends.kuberay")
-        .joinpath("crds", _SCHEMA_FILES[kind])
-        .read_bytes()
-    )
+    data = (resources.files("rayflow.backends.kuberay") / "crds" / _SCHEMA_FILES[kind]).read_bytes()
     return json.loads(gzip.decompress(data))
 
 
@@ -148,7 +145,8 @@ class _Walker:
     """
 
     def __init__(self, kind: str, in_branch: bool = False):
-        self.kind, self.in_branch, self.errors = kind, in_branch, []
+        self.kind, self.in_branch = kind, in_branch
+        self.errors: list[str] = []
 
     def error(self, path: str, message: str) -> None:
         self.errors.append(f"{path}: {message}")
@@ -218,8 +216,8 @@ class _Walker:
     def _unknown_field_message(self, parent_path: str) -> str:
         if parent_path.endswith("metadata"):
             return (
-                f"unknown field (embedded metadata in KubeRay {KUBERAY_VERSION}'s {self.kind} keeps "
-                f"only {_EMBEDDED_META}; the API server would drop it)"
+                f"unknown field (embedded metadata in KubeRay {KUBERAY_VERSION}'s {self.kind} "
+                f"keeps only {_EMBEDDED_META}; the API server would drop it)"
             )
         return f"unknown field (KubeRay {KUBERAY_VERSION}'s {self.kind} has no such field)"
 
@@ -230,7 +228,7 @@ class _Walker:
         list_type = schema.get("x-kubernetes-list-type")
         if list_type in ("map", "set"):
             keys = schema.get("x-kubernetes-list-map-keys", [])
-            seen = {}
+            seen: dict[str, int] = {}  # an entry's identity -> its first index
             for i, item in enumerate(out):
                 if list_type == "map" and isinstance(item, dict):
                     identity = json.dumps([item.get(key) for key in keys])
@@ -254,8 +252,8 @@ class _Walker:
             if schema.get("format") == "date-time" and not _DATE_TIME.match(value):
                 self.error(path, f"{value!r} is not an RFC 3339 date-time")
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            low, high = _INT_RANGES.get(schema.get("format"), (None, None))
-            if low is not None and not low <= value <= high:
+            bounds = _INT_RANGES.get(str(schema.get("format")))
+            if bounds is not None and not bounds[0] <= value <= bounds[1]:
                 self.error(path, f"{value} is out of the {schema['format']} range")
             if "minimum" in schema and (
                 value <= schema["minimum"]
@@ -333,7 +331,7 @@ def _walk_manifest(manifest: dict) -> tuple[dict, list[str]]:
     return out, walker.errors
 
 
-def schema_errors(manifest: dict) -> list[str]:
+def schema_errors(manifest: Any) -> list[str]:
     """Every way the manifest breaks KubeRay's CRD schema, one "<path>: <message>" line each.
 
     Empty means the API server would store it as written (plus defaults). CEL rules are not

@@ -73,7 +73,8 @@ def parse_quantity(value: Any) -> Decimal | None:
 
 
 def is_dns_label(text: str) -> bool:
-    """A DNS-1123 label (a namespace name): at most 63 of a-z, 0-9, '-', alphanumeric at both ends."""
+    """A DNS-1123 label (a namespace name): at most 63 of a-z, 0-9, '-', alphanumeric at both
+    ends."""
     return len(text) <= 63 and bool(DNS_1123_LABEL.match(text))
 
 
@@ -106,7 +107,8 @@ def _quantity(value: Any) -> Any:
     amount = parse_quantity(value)
     if amount is None or amount <= 0:
         raise ValueError(
-            f"must be a Kubernetes quantity > 0 (e.g. 500m, 2, 4Gi, 512Mi: no spaces); got {value!r}"
+            "must be a Kubernetes quantity > 0 (e.g. 500m, 2, 4Gi, 512Mi: no spaces); got "
+            f"{value!r}"
         )
     if amount > BYTES_MAX:  # every number is bounded (rayflow.schema.kinds)
         raise ValueError(f"must be at most 1Pi, got {value!r}")
@@ -146,7 +148,8 @@ def _tolerations(value: Any) -> list:
 def _pip(value: Any) -> list:
     if not isinstance(value, list) or not all(isinstance(p, str) and p.strip() for p in value):
         raise ValueError(
-            f"must be null (rayflow's dependencies, pinned) or a list of pip requirements; got {value!r}"
+            "must be null (rayflow's dependencies, pinned) or a list of pip requirements; got "
+            f"{value!r}"
         )
     return value
 
@@ -184,8 +187,8 @@ class WorkerGroup(Part):
     memory: Quantity = Field(description="each pod's memory, requests and limits")
     gpu: Integer(0) = Field(
         default=0,
-        description="`nvidia.com/gpu` limits (whole devices), with the matching toleration; >= 1 for "
-        "the GPU group with compute=gpu",
+        description="`nvidia.com/gpu` limits (whole devices), with the matching toleration; >= 1 "
+        "for the GPU group with compute=gpu",
     )
     replicas: Integer(0, optional=True) = Field(
         default=None, description="pods at the start (null: `min_replicas`)"
@@ -211,7 +214,8 @@ class WorkerGroup(Part):
 
 
 class WorkerGroups(Part):
-    # Groups a user adds (`+backend.worker_groups.NAME={cpu: ..., memory: ...}`) are worker groups too.
+    # Groups a user adds (`+backend.worker_groups.NAME={cpu: ..., memory: ...}`) are worker groups
+    # too.
     __pydantic_extra__: dict[str, WorkerGroup] = Field(init=False)
 
     cpu: WorkerGroup = Field(description="the CPU group, always rendered")
@@ -247,20 +251,24 @@ class RayJobOptions(Part):
 
 class Kuberay(Section):
     name: Text = Field(
-        description="`kuberay`: a RayCluster or RayJob made by the KubeRay operator, the run submitted as a Ray Job"
+        description="`kuberay`: a RayCluster or RayJob made by the KubeRay operator, the run "
+        "submitted as a Ray Job"
     )
     manifest: OptionalText = Field(
         default=None,
-        description="a RayCluster or RayJob manifest file (yours, as it is) to apply instead of the one rendered from these keys; "
-        "one RayCluster/RayJob document, other documents left for you to `kubectl apply`; keys that differ from their "
-        'default and `overrides` apply on top (docs/backends/kuberay.md, "Your own manifest"); null: rendered from the keys',
+        description="a RayCluster or RayJob manifest file (yours, as it is) to apply instead of "
+        "the one rendered from these keys; one RayCluster/RayJob document, other documents left "
+        "for you to `kubectl apply`; keys that differ from their default and `overrides` apply on "
+        'top (docs/backends/kuberay.md, "Your own manifest"); null: rendered from the keys',
     )
     mode: OneOf("cluster", "rayjob") = Field(
-        description="`cluster`: apply a RayCluster, submit the run to it, delete it at the end (unless `keep_cluster`); `rayjob`: "
-        "apply a RayJob (InteractiveMode) whose cluster the operator deletes once the job ends"
+        description="`cluster`: apply a RayCluster, submit the run to it, delete it at the end "
+        "(unless `keep_cluster`); `rayjob`: apply a RayJob (InteractiveMode) whose cluster "
+        "the operator deletes once the job ends"
     )
     cluster_name: Text = Field(
-        description="the RayCluster's (or RayJob's) name: a DNS-1035 label, <= 53 characters (47 for a RayJob)"
+        description="the RayCluster's (or RayJob's) name: a DNS-1035 label, <= 53 characters (47 "
+        "for a RayJob)"
     )
     namespace: kind("a DNS-1123 label", _namespace) = Field(
         description="the namespace everything is applied in"
@@ -280,15 +288,17 @@ class Kuberay(Section):
         description="null: `rayproject/ray:<installed Ray>-py<major><minor>` (`-gpu` on GPU groups)"
     )
     ray_version: kind("a Ray version (2.60.0)", _ray_version, optional=True) = Field(
-        description="`rayVersion`; null: from the image's tag, else the installed Ray; must match the image's tag"
+        description="`rayVersion`; null: from the image's tag, else the installed Ray; must "
+        "match the image's tag"
     )
     service_type: OneOf("ClusterIP", "NodePort", "LoadBalancer") = Field(
         description="the head service's type"
     )
     dashboard_access: OneOf("auto", "proxy", "service") = Field(
-        description="how this client reaches the head's dashboard (Jobs API): `proxy`, the API server's service proxy through a relay "
-        "on 127.0.0.1 that adds your Kubernetes credentials and the Ray token; `service`, the head service's cluster DNS "
-        "name (rayflow runs in the cluster); `auto`: service inside a pod, else proxy"
+        description="how this client reaches the head's dashboard (Jobs API): `proxy`, the API "
+        "server's service proxy through a relay on 127.0.0.1 that adds your Kubernetes "
+        "credentials and the Ray token; `service`, the head service's cluster DNS name "
+        "(rayflow runs in the cluster); `auto`: service inside a pod, else proxy"
     )
     start_timeout_s: Number() = Field(
         description="the head pod may take this long to become ready (pulls, scheduling)"
@@ -323,20 +333,23 @@ class Kuberay(Section):
     )
     autoscaler: Autoscaler = Field(description="the autoscaler sidecar container's resources")
     head: Head = Field(
-        description="the head pod: the autoscaler, the GCS, the dashboard and the job's driver; no trials"
+        description="the head pod: the autoscaler, the GCS, the dashboard and the job's driver; "
+        "no trials"
     )
     worker_groups: WorkerGroups = Field(
         description="the worker groups (Kubernetes quantities; Ray reads its CPUs, GPUs and "
         "memory from them); add one with `+backend.worker_groups.NAME={cpu: ..., memory: ...}`"
     )
     job_pip: kind("a list of pip requirements", _pip, optional=True) = Field(
-        description="what the job installs (runtime_env pip): null, rayflow's dependencies pinned to this machine's versions "
-        "(rayproject/ray images lack them); `[]` with an image built from backends/kuberay/Dockerfile; or your own list"
+        description="what the job installs (runtime_env pip): null, rayflow's dependencies "
+        "pinned to this machine's versions (rayproject/ray images lack them); `[]` with an "
+        "image built from backends/kuberay/Dockerfile; or your own list"
     )
     rayjob: RayJobOptions = Field(description="`mode=rayjob`: the RayJob's own lifecycle")
     overrides: kind("a mapping", _overrides, optional=True) = Field(
-        description="anything else of the manifest, deep-merged into what rayflow renders last (a null deletes a key), e.g. "
-        "`{spec: {headGroupSpec: {serviceType: NodePort}}}`; validated against KubeRay's CRD like the rest"
+        description="anything else of the manifest, deep-merged into what rayflow renders last "
+        "(a null deletes a key), e.g. `{spec: {headGroupSpec: {serviceType: NodePort}}}`; "
+        "validated against KubeRay's CRD like the rest"
     )
 
     @model_validator(mode="after")
@@ -345,24 +358,12 @@ class Kuberay(Section):
         b["worker_groups"] = {
             name: group for name, group in b["worker_groups"].items() if group is not None
         }
-        what = "RayJob" if self.mode == "rayjob" else "RayCluster"
-        if (
-            len(self.cluster_name) > MAX_NAME[what]
-        ):  # ValidateRayClusterMetadata / ValidateRayJobMetadata
-            raise KeyedError(
-                "cluster_name",
-                f"{what} name should be no more than {MAX_NAME[what]} characters; got {self.cluster_name!r}",
-            )
-        if not DNS_1035.fullmatch(self.cluster_name):
-            raise KeyedError(
-                "cluster_name",
-                f"{what} name should be a valid DNS1035 label (lowercase letters, digits and '-', "
-                f"starting with a letter); got {self.cluster_name!r}",
-            )
+        _name_rules(self.cluster_name, "RayJob" if self.mode == "rayjob" else "RayCluster")
         if self.min_worker_nodes > self.max_worker_nodes:
             raise KeyedError(
                 "min_worker_nodes",
-                f"({self.min_worker_nodes}) is greater than backend.max_worker_nodes ({self.max_worker_nodes})",
+                f"({self.min_worker_nodes}) is greater than backend.max_worker_nodes "
+                f"({self.max_worker_nodes})",
             )
         for name, group in b["worker_groups"].items():
             _, low, high = replica_bounds(b, name, gpu)
@@ -372,21 +373,14 @@ class Kuberay(Section):
                     f"worker_groups.{name}.{key}",
                     f"worker group {name} has minReplicas {low} greater than maxReplicas {high}",
                 )
-        if gpu and self.worker_groups.gpu is None:
-            raise KeyedError(
-                "worker_groups.gpu",
-                "is needed with compute=gpu (the GPU worker group is rendered then)",
-            )
-        if gpu and self.worker_groups.gpu.gpu < 1:
-            raise KeyedError(
-                "worker_groups.gpu.gpu",
-                f"must be >= 1 for the GPU group with compute=gpu; got {self.worker_groups.gpu.gpu!r}",
-            )
+        if gpu:
+            _gpu_group_rules(self.worker_groups.gpu)
         tagged = image_ray_version(self.image)
         if self.ray_version is not None and tagged is not None and self.ray_version != tagged:
             raise KeyedError(
                 "ray_version",
-                f"is {self.ray_version} but backend.image runs Ray {tagged} (rayVersion must match the image)",
+                f"is {self.ray_version} but backend.image runs Ray {tagged} (rayVersion must "
+                "match the image)",
             )
         job = self.rayjob
         if (
@@ -397,6 +391,36 @@ class Kuberay(Section):
             raise KeyedError(
                 "rayjob.ttl_seconds_after_finished",
                 "a RayJob with shutdownAfterJobFinishes set to false cannot have "
-                "TTLSecondsAfterFinished (set backend.rayjob.shutdown_after_job_finishes=true or the TTL to 0)",
+                "TTLSecondsAfterFinished (set backend.rayjob.shutdown_after_job_finishes=true or "
+                "the TTL to 0)",
             )
         return self
+
+
+def _name_rules(name: str, what: str) -> None:
+    """ValidateRayClusterMetadata / ValidateRayJobMetadata."""
+    if len(name) > MAX_NAME[what]:
+        raise KeyedError(
+            "cluster_name",
+            f"{what} name should be no more than {MAX_NAME[what]} characters; got {name!r}",
+        )
+    if not DNS_1035.fullmatch(name):
+        raise KeyedError(
+            "cluster_name",
+            f"{what} name should be a valid DNS1035 label (lowercase letters, digits and '-', "
+            f"starting with a letter); got {name!r}",
+        )
+
+
+def _gpu_group_rules(group: WorkerGroup | None) -> None:
+    """compute=gpu renders the GPU worker group: it must be there, with GPUs."""
+    if group is None:
+        raise KeyedError(
+            "worker_groups.gpu",
+            "is needed with compute=gpu (the GPU worker group is rendered then)",
+        )
+    if group.gpu < 1:
+        raise KeyedError(
+            "worker_groups.gpu.gpu",
+            f"must be >= 1 for the GPU group with compute=gpu; got {group.gpu!r}",
+        )

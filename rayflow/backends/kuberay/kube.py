@@ -20,7 +20,8 @@ FIELD_MANAGER = "rayflow"
 
 
 def in_cluster() -> bool:
-    """This process runs in a pod with a service account (rayflow submitted from inside the cluster)."""
+    """This process runs in a pod with a service account (rayflow submitted from inside the
+    cluster)."""
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(
         "/var/run/secrets/kubernetes.io/serviceaccount/token"
     )
@@ -77,7 +78,8 @@ class Kube:
             ) from None
         except HTTPError as err:  # unreachable API server, TLS failure
             raise ClusterError(
-                f"the Kubernetes API server at {self.configuration.host} did not answer ({what}): {_first_line(err)}"
+                f"the Kubernetes API server at {self.configuration.host} did not answer ({what}): "
+                f"{_first_line(err)}"
             ) from None
 
     # --- Ray custom objects -------------------------------------------------------------------
@@ -104,7 +106,7 @@ class Kube:
             field_manager=FIELD_MANAGER,
             force=True,
             _content_type="application/apply-patch+yaml",
-            **({"dry_run": "All"} if dry_run else {}),
+            **_dry_run(dry_run),
         )
 
     def create(self, manifest: dict, dry_run: bool = False) -> dict | None:
@@ -127,7 +129,7 @@ class Kube:
             manifest,
             field_manager=FIELD_MANAGER,
             conflict_ok=True,
-            **({"dry_run": "All"} if dry_run else {}),
+            **_dry_run(dry_run),
         )
 
     def get(self, kind: str, name: str) -> dict | None:
@@ -222,6 +224,11 @@ class Kube:
 
     def close(self) -> None:
         self.api_client.close()
+
+
+def _dry_run(dry_run: bool) -> dict[str, Any]:
+    """The client's dry_run argument: the API server admits the object and stores nothing."""
+    return {"dry_run": "All"} if dry_run else {}
 
 
 def _api_message(err) -> str:

@@ -90,9 +90,10 @@ AUTOSCALING = (
 )
 
 
-def autoscaling_table() -> list[tuple[str, str, str, str]]:
-    """The rows (rayflow key, spark, vm, kuberay, Ray's autoscaler): the table of docs/backends/index.md, kept equal by a test."""
-    return [tuple(row) for row in AUTOSCALING]
+def autoscaling_table() -> list[tuple[str, str, str, str, str]]:
+    """The rows (rayflow key, spark, vm, kuberay, Ray's autoscaler): the table of
+    docs/backends/index.md, kept equal by a test."""
+    return [(row.key, row.spark, row.vm, row.kuberay, row.ray) for row in AUTOSCALING]
 
 
 def upscaling_mode(b: Mapping) -> str:
@@ -121,7 +122,9 @@ def autoscaler_options(b: Mapping) -> dict:
 
 def plain(section: DictConfig | Mapping) -> dict:
     if isinstance(section, DictConfig):
-        return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
+        container = OmegaConf.to_container(section, resolve=True)
+        assert isinstance(container, dict)  # the container of a DictConfig
+        return container
     return copy.deepcopy(dict(section))
 
 
@@ -138,14 +141,16 @@ def ray_version_of(b: Mapping, installed: str) -> str:
 def image_for(b: Mapping, ray_version: str, python_version: str, gpu_group: bool) -> str:
     if b.get("image"):
         return str(b["image"])
-    return f"{IMAGE_REPOSITORY}:{ray_version}-py{python_version.replace('.', '')}{'-gpu' if gpu_group else ''}"
+    python = python_version.replace(".", "")
+    return f"{IMAGE_REPOSITORY}:{ray_version}-py{python}{'-gpu' if gpu_group else ''}"
 
 
 # --- render ------------------------------------------------------------------------------------
 
 
 def _resources(cpu: Any, memory: Any, gpus: Any = 0) -> dict:
-    """requests = limits (Guaranteed QoS: Ray's scheduling assumes the pod keeps what it asked for)."""
+    """requests = limits (Guaranteed QoS: Ray's scheduling assumes the pod keeps what it asked
+    for)."""
     amounts = {"cpu": str(cpu), "memory": str(memory)}
     limits = dict(amounts, **({GPU_RESOURCE: str(gpus)} if gpus and float(gpus) > 0 else {}))
     return {"requests": amounts, "limits": limits}
@@ -276,8 +281,9 @@ def cluster_of(manifest: Mapping) -> Mapping:
 
 def literal_secrets(value: Any, path: str = "") -> list[tuple[str, str]]:
     """(path, variable) of each `env` item anywhere in the manifest whose name says it is secret
-    (rayflow.security.redaction.is_secret_name) and whose value is written in it: the object stored in the
-    API server would hold it in clear for anyone who may read it. valueFrom items are fine."""
+    (rayflow.security.redaction.is_secret_name) and whose value is written in it: the object stored
+    in the API server would hold it in clear for anyone who may read it. valueFrom items are
+    fine."""
     from rayflow.security.redaction import is_secret_name
 
     out: list[tuple[str, str]] = []
@@ -304,12 +310,14 @@ def literal_secrets(value: Any, path: str = "") -> list[tuple[str, str]]:
 
 
 def secret_notes(manifest: Mapping) -> list[str]:
-    """One warning per literal secret of literal_secrets, naming the Kubernetes Secret alternative."""
+    """One warning per literal secret of literal_secrets, naming the Kubernetes Secret
+    alternative."""
     kind, meta = manifest.get("kind"), manifest.get("metadata") or {}
     return [
-        f"warning: {where}: {name} is a literal value in the {kind} (masked in rayflow's output, but stored in clear "
-        f"in the object, readable by whoever may read {kind}s in namespace {meta.get('namespace')}): keep it in a "
-        f"Kubernetes Secret (kubectl create secret generic NAME --from-literal={name}=...) and refer to it "
-        f"with valueFrom.secretKeyRef in place of value"
+        f"warning: {where}: {name} is a literal value in the {kind} (masked in rayflow's output, "
+        f"but stored in clear in the object, readable by whoever may read {kind}s in namespace "
+        f"{meta.get('namespace')}): keep it in a Kubernetes Secret (kubectl create secret generic "
+        f"NAME --from-literal={name}=...) and refer to it with valueFrom.secretKeyRef in place of "
+        "value"
         for where, name in literal_secrets(manifest)
     ]

@@ -10,6 +10,7 @@ Also the two helpers every "<path>: <message>" line of kuberay_schema is written
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rayflow.backends.kuberay.keys import is_dns_label
 
@@ -67,10 +68,9 @@ def _is_qualified_name(text: str) -> bool:
     return len(name) <= 63 and bool(_QUALIFIED_NAME_PART.match(name))
 
 
-def object_meta_errors(meta) -> list[str]:
-    """Every way the root `metadata` breaks Kubernetes' ObjectMeta rules, one "<path>: <message>" each."""
-    if not isinstance(meta, dict):
-        return [f"metadata: must be an object, got {describe(meta)}"]
+def _shape_errors(meta: dict) -> tuple[list[str], dict[str, dict]]:
+    """ObjectMeta's fields and their types; with the labels and annotations that are mappings
+    (a bad one read as empty)."""
     errors = [
         f"{join_path('metadata', key)}: unknown field (not a field of Kubernetes ObjectMeta)"
         for key in meta
@@ -90,8 +90,12 @@ def object_meta_errors(meta) -> list[str]:
             for k, v in mapping.items()
             if not isinstance(v, str)
         ]
-    if errors:
-        return errors
+    return errors, string_maps
+
+
+def _name_errors(meta: dict) -> list[str]:
+    """The name (or generateName) and the namespace, as DNS-1123 names."""
+    errors = []
     name, generate_name = meta.get("name"), meta.get("generateName")
     if not name and not generate_name:
         errors.append("metadata.name: required field missing (or set metadata.generateName)")
@@ -109,14 +113,20 @@ def object_meta_errors(meta) -> list[str]:
     namespace = meta.get("namespace")
     if namespace and not is_dns_label(namespace):
         errors.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label")
-    for key, value in string_maps.get("labels", {}).items():
+    return errors
+
+
+def _label_errors(labels: dict, annotations: dict) -> list[str]:
+    """Label keys and values, annotation keys and their total size."""
+    errors = []
+    for key, value in labels.items():
         if not _is_qualified_name(key):
             errors.append(f"{join_path('metadata.labels', key)}: {key!r} is not a qualified name")
         if len(value) > 63 or not _LABEL_VALUE.match(value):
             errors.append(
-                f"{join_path('metadata.labels', key)}: {value!r} is not a label value (<= 63 of A-Za-z0-9-_.)"
+                f"{join_path('metadata.labels', key)}: {value!r} is not a label value (<= 63 of "
+                "A-Za-z0-9-_.)"
             )
-    annotations = string_maps.get("annotations", {})
     errors += [
         f"{join_path('metadata.annotations', key)}: {key!r} is not a qualified name"
         for key in annotations
@@ -124,6 +134,19 @@ def object_meta_errors(meta) -> list[str]:
     ]
     if sum(len(k) + len(v) for k, v in annotations.items()) > _ANNOTATIONS_MAX_BYTES:
         errors.append(f"metadata.annotations: longer than {_ANNOTATIONS_MAX_BYTES} bytes in total")
+    return errors
+
+
+def object_meta_errors(meta: Any) -> list[str]:
+    """Every way the root `metadata` breaks Kubernetes' ObjectMeta rules, one "<path>: <message>"
+    each. The values are checked only once the fields and their types are right."""
+    if not isinstance(meta, dict):
+        return [f"metadata: must be an object, got {describe(meta)}"]
+    errors, string_maps = _shape_errors(meta)
+    if errors:
+        return errors
+    errors = _name_errors(meta)
+    errors += _label_errors(string_maps.get("labels", {}), string_maps.get("annotations", {}))
     finalizers = meta.get("finalizers", [])
     if not isinstance(finalizers, list) or not all(
         isinstance(f, str) and _is_qualified_name(f) for f in finalizers

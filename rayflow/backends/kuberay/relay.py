@@ -27,9 +27,13 @@ import secrets
 import ssl
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from rayflow.security.redaction import mask_text
+
+if TYPE_CHECKING:  # aiohttp loads with the relay's first start
+    from aiohttp import ClientSession, web
 
 # Connection-level headers a proxy must not forward (RFC 9110 7.6.1), and those aiohttp sets itself.
 HOP_BY_HOP = {
@@ -70,7 +74,8 @@ JOBS_API = (
 def jobs_api_path(raw_path: str, method: str) -> str | None:
     """The path to forward for a request target as received (undecoded, query included), or None
     when it is not one of JOBS_API: percent-decoded once per segment, and refused when a segment
-    is `.`, `..` or empty (but a trailing slash), or decodes to a slash, backslash or another `%`."""
+    is `.`, `..` or empty (but a trailing slash), or decodes to a slash, backslash or another
+    `%`."""
     path = raw_path.partition("?")[0]
     if not path.startswith("/") or "\\" in path:
         return None
@@ -116,16 +121,15 @@ class DashboardRelay:
         # (X-Ray-Authorization), per request; it replaces whatever the Jobs client sent.
         self.ray_credentials = ray_credentials
         self.tls = tls
-        self.secret = secrets.token_urlsafe(
-            32
-        )  # what only the process that started the relay holds
+        # what only the process that started the relay holds
+        self.secret = secrets.token_urlsafe(32)
         self.url: str | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="rayflow-dashboard-relay", daemon=True
         )
-        self._runner = None
-        self._session = None
+        self._runner: web.AppRunner | None = None
+        self._session: ClientSession | None = None
 
     def start(self) -> str:
         self._thread.start()
@@ -148,11 +152,11 @@ class DashboardRelay:
         )
         app = web.Application(client_max_size=1024**3)  # runtime_env packages are uploaded whole
         app.router.add_route("*", "/{path:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        runner = self._runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        port = runner.addresses[0][1]  # the one site's (host, port)
         return f"http://127.0.0.1:{port}"
 
     async def _close(self) -> None:
@@ -182,8 +186,10 @@ class DashboardRelay:
         return headers
 
     async def _forward(self, request):
-        from aiohttp import ClientError, WSMsgType, web
+        from aiohttp import web
 
+        session = self._session
+        assert session is not None  # made by _serve before the relay listens
         if not self._authorised(request):
             return web.Response(
                 status=401,
@@ -195,27 +201,39 @@ class DashboardRelay:
         query = request.raw_path.partition("?")[2]
         target = self.upstream + path + (f"?{query}" if query else "")
         if request.headers.get("Upgrade", "").lower() == "websocket":
-            client = web.WebSocketResponse()
-            await client.prepare(request)
-            async with self._session.ws_connect(target, headers=self._headers(request)) as upstream:
+            return await self._forward_websocket(session, request, target)
+        return await self._forward_http(session, request, target)
 
-                async def pump(source, sink):
-                    async for message in source:
-                        if message.type == WSMsgType.TEXT:
-                            await sink.send_str(message.data)
-                        elif message.type == WSMsgType.BINARY:
-                            await sink.send_bytes(message.data)
-                        else:
-                            break
-                    await sink.close()
+    async def _forward_websocket(self, session: ClientSession, request, target: str):
+        """A WebSocket (Ray's log tail): messages pumped both ways until either side closes."""
+        from aiohttp import WSMsgType, web
 
-                await asyncio.gather(
-                    pump(upstream, client), pump(client, upstream), return_exceptions=True
-                )
-            return client
+        client = web.WebSocketResponse()
+        await client.prepare(request)
+        async with session.ws_connect(target, headers=self._headers(request)) as upstream:
+
+            async def pump(source, sink):
+                async for message in source:
+                    if message.type == WSMsgType.TEXT:
+                        await sink.send_str(message.data)
+                    elif message.type == WSMsgType.BINARY:
+                        await sink.send_bytes(message.data)
+                    else:
+                        break
+                await sink.close()
+
+            await asyncio.gather(
+                pump(upstream, client), pump(client, upstream), return_exceptions=True
+            )
+        return client
+
+    async def _forward_http(self, session: ClientSession, request, target: str):
+        """An HTTP request, its body and the answer streamed through."""
+        from aiohttp import ClientError, web
+
         body = request.content.iter_chunked(1 << 16) if request.body_exists else None
         try:
-            upstream_response = await self._session.request(
+            upstream_response = await session.request(
                 request.method,
                 target,
                 headers=self._headers(request),
@@ -231,9 +249,8 @@ class DashboardRelay:
             for key, value in upstream.headers.items():
                 if key.lower() not in HOP_BY_HOP:
                     response.headers.add(key, value)
-            if (
-                "Content-Encoding" in upstream.headers
-            ):  # passed through undecoded (auto_decompress off)
+            # passed through undecoded (auto_decompress off)
+            if "Content-Encoding" in upstream.headers:
                 response.headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
             await response.prepare(request)
             async for chunk in upstream.content.iter_chunked(1 << 16):

@@ -1,6 +1,6 @@
 """backend=kuberay: the Ray resources a rendered manifest's pods will have, derived the way the
-KubeRay operator derives them from Kubernetes quantities (parsed by rayflow.backends.kuberay.keys, which
-holds the keys' kinds) (`capacity`, the Ray nodes at full scale that placement checks a run's
+KubeRay operator derives them from Kubernetes quantities (parsed by rayflow.backends.kuberay.keys,
+which holds the keys' kinds) (`capacity`, the Ray nodes at full scale that placement checks a run's
 demand against). Pure functions, no `kubernetes` import.
 """
 
@@ -68,7 +68,8 @@ def ray_resources(group: Mapping) -> dict[str, float] | None:
 
 
 def capacity(section: DictConfig | Mapping, gpu: bool) -> list[dict[str, float]] | None:
-    """The Ray nodes at full scale of the manifest rayflow renders from the section (overrides included)."""
+    """The Ray nodes at full scale of the manifest rayflow renders from the section (overrides
+    included)."""
     return nodes_at_full_scale(
         render(section, gpu, "disabled", "0.0.0", "3.11", {}), run_group(gpu)
     )

@@ -52,7 +52,9 @@ class UserManifest(NamedTuple):
 def describe(doc: Any) -> str:
     if not isinstance(doc, dict):
         return f"a {type(doc).__name__}"
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     name = meta.get("name") or (
         f"{meta['generateName']}*" if meta.get("generateName") else "<no name>"
     )
@@ -78,8 +80,8 @@ def read(path: str) -> UserManifest:
     return cached._replace(document=copy.deepcopy(cached.document))
 
 
-@functools.lru_cache(maxsize=16)
-def _read(expanded: str, size: int, mtime: int, shown: str) -> UserManifest:
+def _documents(expanded: str, shown: str) -> list[dict]:
+    """The file's YAML documents (empty ones dropped), each a Kubernetes object."""
     try:
         text = Path(expanded).read_text()
     except IsADirectoryError:
@@ -97,8 +99,14 @@ def _read(expanded: str, size: int, mtime: int, shown: str) -> UserManifest:
         if not isinstance(doc, dict):
             raise refuse(
                 shown,
-                f"document {index + 1} is {describe(doc)}, not a Kubernetes object (kind, metadata, ...)",
+                f"document {index + 1} is {describe(doc)}, not a Kubernetes object (kind, "
+                "metadata, ...)",
             )
+    return documents
+
+
+def _ray_document(documents: list[dict], shown: str) -> dict:
+    """The one RayCluster or RayJob among the documents."""
     ray = [d for d in documents if d.get("kind") in RAY_KINDS]
     if not ray:
         found = ", ".join(describe(d) for d in documents) or "nothing"
@@ -106,29 +114,44 @@ def _read(expanded: str, size: int, mtime: int, shown: str) -> UserManifest:
     if len(ray) > 1:
         raise refuse(
             shown,
-            f"holds {len(ray)} RayCluster/RayJob documents ({', '.join(describe(d) for d in ray)}): "
-            "rayflow applies exactly one; keep the one to run in a file of its own",
+            f"holds {len(ray)} RayCluster/RayJob documents "
+            f"({', '.join(describe(d) for d in ray)}): rayflow applies exactly one; keep the one "
+            "to run in a file of its own",
         )
-    document, notes = ray[0], []
-    left_out = tuple(describe(d) for d in documents if d is not document)
-    if left_out:
-        notes.append(
-            f"backend.manifest: rayflow applies only {describe(document)} of {shown}; it leaves "
-            f"{', '.join(left_out)} to you: kubectl apply them first (rayflow neither applies nor deletes them)"
-        )
+    return ray[0]
+
+
+def _api_version(document: dict, shown: str) -> list[str]:
+    """ray.io/v1, v1alpha1 rewritten to it (with a note); any other refused."""
     api_version = document.get("apiVersion")
     if api_version == V1ALPHA1:
         document["apiVersion"] = API_VERSION
-        notes.append(
-            f"backend.manifest: {describe(document)} is apiVersion {V1ALPHA1}; applied as {API_VERSION}, "
-            "as KubeRay v1.7.0's API server stores it (same fields; set apiVersion: ray.io/v1 in the file to drop this note)"
-        )
-    elif api_version != API_VERSION:
+        return [
+            f"backend.manifest: {describe(document)} is apiVersion {V1ALPHA1}; applied as "
+            f"{API_VERSION}, as KubeRay v1.7.0's API server stores it (same fields; set "
+            "apiVersion: ray.io/v1 in the file to drop this note)"
+        ]
+    if api_version != API_VERSION:
         raise refuse(
             shown,
             f"{describe(document)}: apiVersion {api_version!r} is not one KubeRay v1.7.0 serves "
             f"(use {API_VERSION}; {V1ALPHA1} is converted)",
         )
+    return []
+
+
+@functools.lru_cache(maxsize=16)
+def _read(expanded: str, size: int, mtime: int, shown: str) -> UserManifest:
+    documents = _documents(expanded, shown)
+    document, notes = _ray_document(documents, shown), []
+    left_out = tuple(describe(d) for d in documents if d is not document)
+    if left_out:
+        notes.append(
+            f"backend.manifest: rayflow applies only {describe(document)} of {shown}; it leaves "
+            f"{', '.join(left_out)} to you: kubectl apply them first (rayflow neither applies nor "
+            "deletes them)"
+        )
+    notes += _api_version(document, shown)
     for where, value, found in placeholders(document):
         raise refuse(
             shown,

@@ -62,7 +62,10 @@ def diagnose(
     """Why the head will not come up, as one line; None while it may still come up."""
     invalid = _latest(cluster_events, "InvalidRayClusterSpec")
     if invalid is not None:
-        return f"KubeRay refused RayCluster {cluster_name} (InvalidRayClusterSpec): {invalid.get('message', '').strip()}"
+        return (
+            f"KubeRay refused RayCluster {cluster_name} (InvalidRayClusterSpec): "
+            f"{invalid.get('message', '').strip()}"
+        )
     if head is None:
         return None
     name = head["metadata"]["name"]
@@ -87,7 +90,8 @@ def diagnose(
                 f"(CrashLoopBackOff, {status.get('restartCount', 0)} restarts), {detail}"
             )
     if (head.get("status") or {}).get("phase") == "Failed":
-        return f"the head pod {name} failed: {(head.get('status') or {}).get('message') or (head.get('status') or {}).get('reason')}"
+        pod = head.get("status") or {}
+        return f"the head pod {name} failed: {pod.get('message') or pod.get('reason')}"
     if unschedulable(head) and unschedulable_for_s >= grace_s:
         event = _latest(head_events, "FailedScheduling")
         why = (event or {}).get("message") or next(
@@ -98,7 +102,10 @@ def diagnose(
             ),
             "",
         )
-        return f"no node can hold the head pod {name} (FailedScheduling for {unschedulable_for_s:.0f} s): {why.strip()}"
+        return (
+            f"no node can hold the head pod {name} (FailedScheduling for "
+            f"{unschedulable_for_s:.0f} s): {why.strip()}"
+        )
     return None
 
 
@@ -124,7 +131,8 @@ def wait_for_head(
 ) -> dict:
     """Until the RayCluster's HeadPodReady; returns the head pod. `cluster_name` names the
     RayCluster once known (a RayJob's cluster is named by the operator). Raises ClusterError.
-    `step` (a progress phase) is told what the head pod is doing: its ticker shows it on a terminal."""
+    `step` (a progress phase) is told what the head pod is doing: its ticker shows it on a
+    terminal."""
     started = time.monotonic()
     unschedulable_since: float | None = None
     while True:

@@ -56,18 +56,20 @@ HOOK = "rayflow.backends.spark.hook.RayflowStartHook"
 
 class SparkCluster(ClusterBackend):
     def spark_conf(self) -> dict[str, str]:
-        """spark_conf with dotted keys: on the command line Hydra nests `spark.task.cpus` as dicts."""
+        """spark_conf with dotted keys: on the command line Hydra nests `spark.task.cpus` as
+        dicts."""
         conf = OmegaConf.to_container(self.section.spark_conf or {}, resolve=True)
         return {key: str(value) for key, value in flatten(conf)}
 
     def setup_args(self) -> dict:
         b = OmegaConf.to_container(self.section, resolve=True)
+        assert isinstance(b, dict)  # the container of a DictConfig
         return {k: b.get(k) for k in SETUP_KEYS}
 
     def check(self) -> None:
         b = self.section
         for key in b:  # +backend.autoscale=true gets past Hydra; name the replacement
-            error = renamed_key_error(f"backend.{key}")
+            error = renamed_key_error(f"backend.{key!s}")
             if error:
                 raise error
         if importlib.util.find_spec("pyspark") is None:
@@ -83,7 +85,8 @@ class SparkCluster(ClusterBackend):
             "ray_auth_mode",
             "Ray on Spark's dashboard (all interfaces) and its GCS and "
             "Ray client ports (the Spark driver's address)",
-            fix="keep token auth (ray_auth_mode=token): Ray on Spark has no setting that keeps them on loopback",
+            fix="keep token auth (ray_auth_mode=token): "
+            "Ray on Spark has no setting that keeps them on loopback",
         )
         if b.hybrid:
             self._check_hybrid()
@@ -93,7 +96,8 @@ class SparkCluster(ClusterBackend):
 
     def _check_worker_size(self) -> None:
         """Where the Spark workers are this machine (local-cluster, local), a Ray worker node
-        must fit one Spark worker: Ray on Spark would otherwise fail, or wait, after starting Spark."""
+        must fit one Spark worker: Ray on Spark would otherwise fail, or wait, after starting
+        Spark."""
         b = self.section
         match = re.match(r"local-cluster\[\s*\d+\s*,\s*(\d+)\s*,", str(b.master))
         if (
@@ -103,7 +107,8 @@ class SparkCluster(ClusterBackend):
         ):
             raise ConfigError(
                 "backend.num_cpus_worker_node",
-                f"({b.num_cpus_worker_node}) exceeds the {match.group(1)} cores of each Spark worker of {b.master}",
+                f"({b.num_cpus_worker_node}) exceeds the {match.group(1)} cores "
+                f"of each Spark worker of {b.master}",
             )
         if not str(b.master).startswith("local"):
             return  # the workers are other machines: their size is known once Spark runs
@@ -127,7 +132,8 @@ class SparkCluster(ClusterBackend):
         if not SUPPORTED_MASTER.match(master):
             raise ConfigError(
                 "backend.master",
-                f"{master!r} is not supported by Ray on Spark; use spark://HOST:PORT, local-cluster[...] or local[...]",
+                f"{master!r} is not supported by Ray on Spark; "
+                "use spark://HOST:PORT, local-cluster[...] or local[...]",
             )
         if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
             raise ConfigError(
@@ -136,13 +142,15 @@ class SparkCluster(ClusterBackend):
             )
 
     def _check_hybrid(self) -> None:
-        """Databricks guidance for Spark work beside Ray: leave head resources unset, keep Spark capacity."""
-        b = self.section  # (head resources left unset: rayflow.schema.backends.Spark)
+        """Databricks guidance for Spark work beside Ray: leave head resources unset, keep Spark
+        capacity."""
+        b = self.section  # (head resources left unset: rayflow.backends.spark.keys.Spark)
         workers = self.spark_workers()
         if workers is not None and b.max_worker_nodes >= workers:
             raise ConfigError(
                 "backend.max_worker_nodes",
-                f"({b.max_worker_nodes}) must stay below the Spark workers ({workers}) with backend.hybrid=true, so Spark keeps capacity",
+                f"({b.max_worker_nodes}) must stay below the Spark workers ({workers}) "
+                "with backend.hybrid=true, so Spark keeps capacity",
             )
 
     def spark_workers(self) -> int | None:
@@ -150,7 +158,8 @@ class SparkCluster(ClusterBackend):
         return int(match.group(1)) if match else None
 
     def _tags(self, source: str) -> dict[str, str]:
-        """For the MLflow parent run: whose SparkSession the cluster ran in (and where its logs went)."""
+        """For the MLflow parent run: whose SparkSession the cluster ran in (and where its logs
+        went)."""
         path = self.section.collect_log_to_path
         tags = {"spark_session": source}
         if source == "built by rayflow":
@@ -173,14 +182,17 @@ class SparkCluster(ClusterBackend):
         else:
             conf = ", ".join(f"{k}={v}" for k, v in redact(self.spark_conf()).items())
             lines = [
-                f"spark: a SparkSession rayflow builds and stops: master={b.master}, app_name={b.app_name}"
+                "spark: a SparkSession rayflow builds and stops: "
+                f"master={b.master}, app_name={b.app_name}"
                 + (f", spark_conf: {conf}" if conf else "")
             ]
         plan = sizing_plan(OmegaConf.create({"backend": b}), self.spark_conf())
         nodes, node = plan["ray_worker_nodes"], plan["ray_worker_node"]
         lines.append(
-            f"sizing plan: {plan['spark_workers']} Spark worker(s) ({plan['source']}), {plan['cores_per_spark_worker']} "
-            f"core(s) each; Ray worker nodes min {nodes['min']}, max {nodes['max']}, possible {nodes['possible']}; "
+            f"sizing plan: {plan['spark_workers']} Spark worker(s) ({plan['source']}), "
+            f"{plan['cores_per_spark_worker']} core(s) each; "
+            f"Ray worker nodes min {nodes['min']}, max {nodes['max']}, "
+            f"possible {nodes['possible']}; "
             f"each {node['cpus']} CPU(s), {node['gpus']} GPU(s), heap {node['heap_bytes']} bytes"
         )
         lines += [f"sizing plan: {warning}" for warning in plan["warnings"]]
@@ -212,16 +224,12 @@ class SparkCluster(ClusterBackend):
     def _environment(self, handle: ClusterHandle) -> None:
         """What Ray-on-Spark's launchers need from the driver's environment."""
         bin_dir = str(Path(sys.executable).parent)
-        self._set_env(
-            handle, "PATH", bin_dir + os.pathsep + os.environ.get("PATH", "")
-        )  # they run `which ray`
+        # they run `which ray`
+        self._set_env(handle, "PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
         if "PYSPARK_PYTHON" not in os.environ:
-            self._set_env(
-                handle, "PYSPARK_PYTHON", sys.executable
-            )  # executors run this interpreter
-        if (
-            "SPARK_WORKER_DIR" not in os.environ
-        ):  # local-cluster scratch space, not site-packages/pyspark/work
+            self._set_env(handle, "PYSPARK_PYTHON", sys.executable)  # executors run this one
+        if "SPARK_WORKER_DIR" not in os.environ:
+            # local-cluster scratch space, not site-packages/pyspark/work
             worker_dir = tempfile.mkdtemp(prefix="rayflow-spark-")
             handle.on_stop(
                 "remove the Spark worker scratch folder",
@@ -250,9 +258,8 @@ class SparkCluster(ClusterBackend):
         """The SparkSession: the active one (a notebook's, never stopped), else one built here."""
         from pyspark.sql import SparkSession
 
-        logging.getLogger("py4j").setLevel(
-            logging.WARNING
-        )  # Hydra's INFO root logger makes it chatty
+        # Hydra's INFO root logger makes it chatty
+        logging.getLogger("py4j").setLevel(logging.WARNING)
         spark = active_session()
         handle.tags.update(self._tags(self.session_source()))
         if spark is None:  # ours to stop; an active session (a notebook's) never is
@@ -267,12 +274,14 @@ class SparkCluster(ClusterBackend):
             handle.on_stop("stop the SparkSession rayflow built", spark.stop)
         else:
             print(
-                f"[rayflow] spark: using the active SparkSession ({mask_text(str(spark.sparkContext.master))})",
+                "[rayflow] spark: using the active SparkSession "
+                f"({mask_text(str(spark.sparkContext.master))})",
                 flush=True,
             )
 
     def _ray_on_spark(self, handle: ClusterHandle) -> str:
-        """The Ray cluster inside Spark (setup_ray_cluster): its head here, its workers in Spark tasks."""
+        """The Ray cluster inside Spark (setup_ray_cluster): its head here, its workers in Spark
+        tasks."""
         from ray.util.spark import cluster_init, setup_ray_cluster, shutdown_ray_cluster
 
         args = self.setup_args()
@@ -282,10 +291,12 @@ class SparkCluster(ClusterBackend):
             else args["max_worker_nodes"]
         )
         with phase(
-            f"starting Ray on Spark (head node, then {low} of up to {args['max_worker_nodes']} worker nodes)",
+            f"starting Ray on Spark (head node, then {low} of up to "
+            f"{args['max_worker_nodes']} worker nodes)",
             "spark",
         ) as step:
-            # setup_ray_cluster starts the head, then waits for min_worker_nodes: say which, on a terminal
+            # setup_ray_cluster starts the head, then waits for min_worker_nodes: say which, on a
+            # terminal
             step.status(
                 lambda: (
                     "waiting for worker nodes"

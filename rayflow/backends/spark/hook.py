@@ -9,18 +9,21 @@ whose environment the driver does not control. Ray loads the hook with no argume
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ray.util.spark.start_hook_base import RayOnSparkStartHook
 from ray.util.spark.utils import is_in_databricks_runtime
 
 from rayflow.security.auth import auth_token
 
-if is_in_databricks_runtime():  # keep Databricks' own defaults (temp dir, dashboard proxy, creds)
+# On Databricks, keep Databricks' own defaults (temp dir, dashboard proxy, creds). mypy reads the
+# portable base: a base class must be one class to it (the Databricks hook subclasses it).
+if TYPE_CHECKING or not is_in_databricks_runtime():
+    _Base = RayOnSparkStartHook
+else:
     from ray.util.spark.databricks_hook import (
         DefaultDatabricksRayOnSparkStartHook as _Base,
     )
-else:
-    _Base = RayOnSparkStartHook
 
 # What Ray nodes, and the trials on them, must see as the driver does.
 FORWARDED = (

@@ -21,23 +21,25 @@ from rayflow.schema.root import Section
 class Spark(Section):
     name: Text = Field(description="`spark`: Ray on Spark (`ray.util.spark.setup_ray_cluster`)")
     master: Text = Field(
-        description="used only when there is no active SparkSession: `spark://...`, `local-cluster[...]`, "
-        "`local[...]` (yarn and k8s are refused)"
+        description="used only when there is no active SparkSession: `spark://...`, "
+        "`local-cluster[...]`, `local[...]` (yarn and k8s are refused)"
     )
     app_name: Text = Field(description="the Spark application's name")
     spark_conf: Mapping = Field(
-        description="settings of the SparkSession rayflow builds (executor memory 1g, `spark.task.cpus` 1)"
+        description="settings of the SparkSession rayflow builds "
+        "(executor memory 1g, `spark.task.cpus` 1)"
     )
     hybrid: Boolean = Field(
-        description="Spark jobs run beside Ray; enforces the Databricks rules (head resources unset, "
-        "fewer Ray worker nodes than Spark workers)"
+        description="Spark jobs run beside Ray; enforces the Databricks rules "
+        "(head resources unset, fewer Ray worker nodes than Spark workers)"
     )
     min_worker_nodes: Integer(0) = Field(
         description="Ray worker nodes kept up; autoscaling when min < max"
     )
     max_worker_nodes: Integer(1) = Field(description="Ray worker nodes at most")
     num_cpus_worker_node: Integer(1, optional=True) = Field(
-        description="per Ray worker node, set with `num_gpus_worker_node` (both null: Spark decides)"
+        description="per Ray worker node, set with `num_gpus_worker_node` "
+        "(both null: Spark decides)"
     )
     num_gpus_worker_node: Integer(0, optional=True) = Field(
         description="per Ray worker node, set with `num_cpus_worker_node`"
@@ -65,7 +67,8 @@ class Spark(Section):
     ray_temp_root_dir: OptionalText = Field(description="Ray's temp root on the Spark nodes")
     strict_mode: Boolean = Field(description="true: refuse to start on too small Spark workers")
     collect_log_to_path: OptionalText = Field(
-        description="copy the Ray nodes' logs here at shutdown (e.g. `/dbfs/ray-logs`); tagged on the MLflow parent run"
+        description="copy the Ray nodes' logs here at shutdown (e.g. `/dbfs/ray-logs`); "
+        "tagged on the MLflow parent run"
     )
     autoscale_upscaling_speed: Number() = Field(description="Ray's `upscaling_speed` (>= 1.0)")
     autoscale_idle_timeout_minutes: Number(allow_zero=True, at_most=SECONDS_MAX / 60) = Field(
@@ -77,7 +80,8 @@ class Spark(Section):
         if self.min_worker_nodes > self.max_worker_nodes:
             raise KeyedError(
                 "min_worker_nodes",
-                f"({self.min_worker_nodes}) is greater than backend.max_worker_nodes ({self.max_worker_nodes})",
+                f"({self.min_worker_nodes}) is greater than "
+                f"backend.max_worker_nodes ({self.max_worker_nodes})",
             )
         if (self.num_cpus_worker_node is None) != (self.num_gpus_worker_node is None):
             raise KeyedError(
@@ -93,6 +97,7 @@ class Spark(Section):
                 if getattr(self, key):
                     raise KeyedError(
                         key,
-                        "must stay unset with backend.hybrid=true: head-node CPUs/GPUs starve Spark and kill the Ray cluster",
+                        "must stay unset with backend.hybrid=true: "
+                        "head-node CPUs/GPUs starve Spark and kill the Ray cluster",
                     )
         return self

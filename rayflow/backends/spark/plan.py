@@ -63,11 +63,9 @@ def _spark_workers(cfg, session) -> tuple[str, int | None, int | None]:
     )
 
 
-def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
-
-    b = cfg.backend
-    session = active_session()
-    source, workers, cores = _spark_workers(cfg, session)
+def _facts_where_workers_run(b, session) -> dict:
+    """_worker_facts of a Ray worker node the size `b` asks for: in a Spark task of the active
+    session, else on this machine (a local-cluster master's workers)."""
     args = (
         b.num_cpus_worker_node,
         b.num_gpus_worker_node,
@@ -75,17 +73,17 @@ def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
         b.object_store_memory_worker_node,
     )
     if session is not None:
-        facts = (
+        facts: dict = (
             session.sparkContext.parallelize([1], 1)
             .map(lambda _: _worker_facts(*args))
             .collect()[0]
         )
-    else:
-        facts = _worker_facts(*args)
-    task_cpus = int(spark_conf.get("spark.task.cpus", 1))
-    cores = cores or facts["cores"]
-    per_worker = max(cores // max(facts["node_cpus"], 1), 0)
-    possible = per_worker * workers if workers is not None else None
+        return facts
+    return _worker_facts(*args)
+
+
+def _warnings(b, facts: dict, workers: int | None, possible: int | None) -> list[str]:
+    """What Ray would warn about, or fail on, with these sizes, and what Spark cannot hold."""
     warnings = []
     if facts["node_cpus"] < 4:
         warnings.append(
@@ -93,7 +91,8 @@ def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
         )
     if facts["heap_bytes"] < 10 * GIB:
         warnings.append(
-            f"Ray warns: {facts['heap_bytes'] / GIB:.1f} GiB heap per Ray worker node is below the recommended 10 GiB"
+            f"Ray warns: {facts['heap_bytes'] / GIB:.1f} GiB heap per Ray worker node "
+            "is below the recommended 10 GiB"
         )
     if facts["warning"]:
         warnings.append(f"Ray warns: {facts['warning']}")
@@ -101,17 +100,42 @@ def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
         warnings.append(f"Ray fails: {facts['error'].splitlines()[0]}")
     if possible is not None and b.max_worker_nodes > possible:
         warnings.append(
-            f"max_worker_nodes={b.max_worker_nodes} exceeds the {possible} Ray worker nodes the Spark workers can hold"
+            f"max_worker_nodes={b.max_worker_nodes} exceeds the {possible} Ray worker nodes "
+            "the Spark workers can hold"
         )
     if b.hybrid and workers is None:
         warnings.append(
             "hybrid: keep max_worker_nodes below the Spark workers so Spark jobs keep capacity"
         )
+    return warnings
+
+
+def _head_node(b) -> dict:
+    """The head node's size: Ray on Spark gives a head left at its defaults 1 GiB of each."""
     head_default = (
         (b.num_cpus_head_node or 0) == 0
         and (b.num_gpus_head_node or 0) == 0
         and b.object_store_memory_head_node is None
     )
+    return {
+        "cpus": b.num_cpus_head_node or 0,
+        "gpus": b.num_gpus_head_node or 0,
+        "heap_bytes": GIB if head_default else b.memory_head_node,
+        "object_store_bytes": GIB if head_default else b.object_store_memory_head_node,
+    }
+
+
+def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
+    """What Ray on Spark will build from `cfg.backend` and `spark_conf`, as plain data."""
+    b = cfg.backend
+    session = active_session()
+    source, workers, cores = _spark_workers(cfg, session)
+    facts = _facts_where_workers_run(b, session)
+    task_cpus = int(spark_conf.get("spark.task.cpus", 1))
+    cores = cores or facts["cores"]
+    per_worker = max(cores // max(facts["node_cpus"], 1), 0)
+    possible = per_worker * workers if workers is not None else None
+    warnings = _warnings(b, facts, workers, possible)
     return {
         "source": source,
         "spark_workers": workers,
@@ -132,11 +156,6 @@ def sizing_plan(cfg, spark_conf: dict[str, str]) -> dict:
             "heap_bytes": facts["heap_bytes"],
             "object_store_bytes": facts["object_store_bytes"],
         },
-        "ray_head_node": {
-            "cpus": b.num_cpus_head_node or 0,
-            "gpus": b.num_gpus_head_node or 0,
-            "heap_bytes": GIB if head_default else b.memory_head_node,
-            "object_store_bytes": GIB if head_default else b.object_store_memory_head_node,
-        },
+        "ray_head_node": _head_node(b),
         "warnings": warnings,
     }

@@ -38,9 +38,8 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
     a real start. gpu: the run uses GPUs (the GPU node type is rendered); auth_mode: the run's
     ray_auth_mode (an exposed dashboard needs `token`)."""
     raw = plain_section(section)
-    if gpu != (
-        raw.get("compute_device") == "cuda"
-    ):  # the schema's rules read the device from the section
+    # the schema's rules read the device from the section
+    if gpu != (raw.get("compute_device") == "cuda"):
         raw["compute_device"] = "cuda" if gpu else "cpu"
     validate_section("backend", Vm, raw, {"ray_auth_mode": auth_mode})
     b = with_defaults(raw)
@@ -53,9 +52,8 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
                 "backend.ssh_private_key",
                 "cannot be read: no such file, not a file, or no permission to read it",
             )
-    if (
-        b["provider"] != "fake_multinode" and b.get("cluster_yaml") is None
-    ):  # a file's provider: check_tools
+    # a file's provider: check_tools
+    if b["provider"] != "fake_multinode" and b.get("cluster_yaml") is None:
         check_tools(b["provider"])
 
 
@@ -66,7 +64,8 @@ def check_tools(provider: str, key: str = "backend.provider") -> None:
         if shutil.which(tool) is None:
             raise ConfigError(
                 key,
-                f"provider={provider} runs `{tool}` from this machine (ray up), and it is not on PATH: apt-get install {package}",
+                f"provider={provider} runs `{tool}` from this machine (ray up), "
+                f"and it is not on PATH: apt-get install {package}",
             )
 
 
@@ -79,7 +78,7 @@ def placeholders(section: DictConfig | Mapping) -> list[str]:
     b = with_defaults(section)
     keys = [
         f"backend.{key}"
-        for key in USER_KEYS.get(b.get("provider"), ())
+        for key in USER_KEYS.get(b.get("provider", ""), ())
         if b.get(key) in (None, "", [])
     ]
     if b.get("provider") == "gcp" and gcp_zone(b) is None:
@@ -92,7 +91,10 @@ def placeholder_note(section: DictConfig | Mapping) -> str | None:
     keys = placeholders(section)
     if not keys:
         return None
-    return f"rayflow: dry run: fill in {', '.join(keys)} before a real start (the printed config shows <fill in: ...> there)"
+    return (
+        f"rayflow: dry run: fill in {', '.join(keys)} before a real start "
+        "(the printed config shows <fill in: ...> there)"
+    )
 
 
 def require_filled(section: DictConfig | Mapping) -> None:
@@ -102,7 +104,8 @@ def require_filled(section: DictConfig | Mapping) -> None:
         provider = with_defaults(section).get("provider")
         raise ConfigError(
             keys[0],
-            f"must be filled in before provider={provider} can start (see backends/vm/{provider}.yaml); still unset: {', '.join(keys)}",
+            f"must be filled in before provider={provider} can start "
+            f"(see backends/vm/{provider}.yaml); still unset: {', '.join(keys)}",
         )
 
 
@@ -132,8 +135,8 @@ def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
     """The head's dashboard beyond loopback without token auth, however the document came to say
     so (backend.overrides or the user's file putting back `--dashboard-host=0.0.0.0`, or dropping
     `export RAY_AUTH_MODE=token` before the head's `ray start`): refused in one line naming the key
-    (rayflow.security.auth.refuse_auth_off); a host only the head's shell knows (`$VAR`) is a warning.
-    fake_multinode: rayflow starts the head itself, on 127.0.0.1."""
+    (rayflow.security.auth.refuse_auth_off); a host only the head's shell knows (`$VAR`) is a
+    warning. fake_multinode: rayflow starts the head itself, on 127.0.0.1."""
     if (doc.get("provider") or {}).get("type") == "fake_multinode":
         return
     overrides = section.get("overrides") or {}
@@ -153,7 +156,8 @@ def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
         if any(c in host for c in "$`("):
             warn_auth_off(
                 auth_mode if mode == "token" else "disabled",
-                f"the head's --dashboard-host is {host} ({where}), which only the head's shell knows",
+                f"the head's --dashboard-host is {host} ({where}), "
+                "which only the head's shell knows",
             )
             continue
         if is_loopback(host):
@@ -173,6 +177,6 @@ def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
     refuse_auth_off(
         auth_mode,
         "backend.cluster_yaml" if section.get("cluster_yaml") else "backend.provider",
-        f"provider={provider}: the head's Ray Client server (port 10001) and GCS on its node address, "
-        "which the other nodes reach over the network,",
+        f"provider={provider}: the head's Ray Client server (port 10001) "
+        "and GCS on its node address, which the other nodes reach over the network,",
     )

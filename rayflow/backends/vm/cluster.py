@@ -5,8 +5,8 @@ on this machine: rayflow starts the head itself (`RAY_FAKE_CLUSTER=1 ray start -
 an autoscaling config it writes completely) in a temp dir of its own, and stops exactly the
 processes that name it. `local` (SSH hosts), `aws` and `gcp` go through Ray's SDK
 (`create_or_update_cluster`, `teardown_cluster`), the library behind `ray up`/`ray down`.
-The run itself is submitted to the head (rayflow.orchestrator.submission); nothing connects this driver. A
-head on another machine is reached through an SSH tunnel to its loopback (vm.tunnel).
+The run itself is submitted to the head (rayflow.orchestrator.submission); nothing connects this
+driver. A head on another machine is reached through an SSH tunnel to its loopback (vm.tunnel).
 With `backend.cluster_yaml` the user's own cluster YAML is the cluster (vm.user_file,
 vm.user_additions), started the same way by its provider.
 
@@ -85,7 +85,8 @@ def wait_for_dashboard(url: str, timeout_s: float, what: str) -> None:
         except (urllib.error.URLError, OSError):
             if time.monotonic() > deadline:
                 raise ClusterError(
-                    f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s (backend.start_timeout_s)"
+                    f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s "
+                    "(backend.start_timeout_s)"
                 ) from None
             time.sleep(1.0)
 
@@ -101,7 +102,8 @@ class _Start:
     config_file: str = ""
 
     def stop_path(self, provider: str) -> str:
-        """What `python -m rayflow.teardown` takes: the fake cluster's temp dir, else its cluster YAML."""
+        """What `python -m rayflow.teardown` takes: the fake cluster's temp dir, else its cluster
+        YAML."""
         return self.temp_dir if provider == "fake_multinode" else self.config_file
 
 
@@ -120,8 +122,10 @@ class VMCluster(ClusterBackend):
             return user_file.provider_type(user_file.load(self.cluster_yaml), self.cluster_yaml)
         return str(self.section.provider)
 
+    # The contract's class attribute, a property here: fake nodes are processes on this machine,
+    # other providers' nodes other machines (mypy refuses a read-only property over an attribute).
     @property
-    def shares_filesystem(self) -> bool:  # type: ignore[override]  # fake nodes are processes on this machine
+    def shares_filesystem(self) -> bool:  # type: ignore[override]
         return self.provider == "fake_multinode"
 
     @property
@@ -134,14 +138,12 @@ class VMCluster(ClusterBackend):
 
     def check(self) -> None:
         check(self.section, self.gpu(), self.auth_mode)
-        config = (
-            self.cluster_config()
-        )  # a file: loaded, with rayflow's additions, checked as `ray up` would
+        # a file: loaded, with rayflow's additions, checked as `ray up` would
+        config = self.cluster_config()
         section = with_defaults(self.section)
         check_cluster_name(config, section)  # wherever it came from, before it names a file
-        check_exposure(
-            config, section, self.auth_mode
-        )  # the head's dashboard beyond loopback without auth
+        # the head's dashboard beyond loopback without auth
+        check_exposure(config, section, self.auth_mode)
         if self.cluster_yaml and self.provider != "fake_multinode":
             check_tools(self.provider, "backend.cluster_yaml")
 
@@ -149,9 +151,8 @@ class VMCluster(ClusterBackend):
         """The head and max_worker_nodes workers of the type the run uses, where sizes are set."""
         b = self.section
         if self.cluster_yaml:
-            return (
-                None  # the file's node types may leave their sizes to Ray: the running cluster says
-            )
+            # the file's node types may leave their sizes to Ray: the running cluster says
+            return None
         worker = b.worker.gpu if self.gpu() else b.worker.cpu
         if worker.num_cpus is None:
             return None  # the node's own size, known once it runs
@@ -193,8 +194,8 @@ class VMCluster(ClusterBackend):
         return config, [n for n in [placeholder_note(self.section)] if n]
 
     def render(self, preload: WorkerPreload | None = None) -> Rendered:
-        """Exactly the cluster YAML a start writes (what a dry run prints): `ray up` takes it, except
-        fake_multinode's, which the `ray start --head` that rayflow runs here takes."""
+        """Exactly the cluster YAML a start writes (what a dry run prints): `ray up` takes it,
+        except fake_multinode's, which the `ray start --head` that rayflow runs here takes."""
         config, notes = self._config_and_notes()
         provider = config["provider"]["type"]
         head = head_args(config) if provider == "fake_multinode" else []
@@ -226,13 +227,15 @@ class VMCluster(ClusterBackend):
         return handle
 
     def _teardown_is(self, run: _Start) -> None:
-        """The command that stops this cluster should this process die first (printed on error paths)."""
+        """The command that stops this cluster should this process die first (printed on error
+        paths)."""
         run.handle.teardown_command = f"python -m rayflow.teardown {run.stop_path(self.provider)}"
 
     def _kept_note(self, run: _Start) -> None:
         print(
-            f"[rayflow] vm: cluster {run.name} is kept running (backend.keep_cluster=true); a later run that names it "
-            f"joins it; stop it with: python -m rayflow.teardown {mask_text(run.stop_path(self.provider))}",
+            f"[rayflow] vm: cluster {run.name} is kept running (backend.keep_cluster=true); "
+            "a later run that names it joins it; stop it with: "
+            f"python -m rayflow.teardown {mask_text(run.stop_path(self.provider))}",
             flush=True,
         )
 
@@ -253,16 +256,15 @@ class VMCluster(ClusterBackend):
                 f"python -m rayflow.teardown {run.temp_dir}"
             ) from None
         print(
-            f"[rayflow] vm: joining the kept cluster {run.name} ({mask_text(run.temp_dir)}); it keeps running after this run",
+            f"[rayflow] vm: joining the kept cluster {run.name} ({mask_text(run.temp_dir)}); "
+            "it keeps running after this run",
             flush=True,
         )
         self._kept_note(run)
         return str(url)
 
     def _register_fake_teardown(self, run: _Start) -> None:
-        if (
-            not self.keeps_cluster
-        ):  # keep_cluster=true leaves it for a later run that names it to join
+        if not self.keeps_cluster:  # keep_cluster=true leaves it for a later run that names it
             run.handle.on_stop(
                 "remove the fake cluster's temp dir",
                 shutil.rmtree,
@@ -293,9 +295,8 @@ class VMCluster(ClusterBackend):
         run.handle.on_stop("let go of the cluster's name", state.release, run.name, run.run_id)
         if kept:
             return self._join_fake(run, kept)
-        run.temp_dir = tempfile.mkdtemp(
-            prefix="rf-vm-"
-        )  # short: Ray's socket paths stay < 108 chars
+        # a short name: Ray's socket paths in it stay < 108 chars
+        run.temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
         self._teardown_is(run)
         self._register_fake_teardown(run)
         url = self._fake_head(run)
@@ -305,7 +306,8 @@ class VMCluster(ClusterBackend):
         return url
 
     def _fake_head(self, run: _Start) -> str:
-        """`ray start --head` of a fake_multinode cluster in its temp dir; its dashboard URL once it answers."""
+        """`ray start --head` of a fake_multinode cluster in its temp dir; its dashboard URL once it
+        answers."""
         import ray._private.services as services
 
         port, dashboard = _free_port(), _free_port()
@@ -387,13 +389,12 @@ class VMCluster(ClusterBackend):
         self, run: _Start, config: dict[str, Any], kept: dict[str, Any] | None
     ) -> None:
         """The cluster YAML `ray up` reads, where the teardown command finds it; the teardown of a
-        cluster this run starts and does not keep, registered before `ray up` (a `ray up` that failed
-        halfway is torn down too)."""
+        cluster this run starts and does not keep, registered before `ray up` (a `ray up` that
+        failed halfway is torn down too)."""
         from ray.autoscaler import sdk
 
-        if kept and kept.get(
-            "stop"
-        ):  # its config stays where the run that kept it wrote it (its teardown command names it)
+        if kept and kept.get("stop"):
+            # its config stays where the run that kept it wrote it (its teardown command names it)
             run.temp_dir, run.config_file = os.path.dirname(kept["stop"]), kept["stop"]
         else:
             run.temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
@@ -422,14 +423,13 @@ class VMCluster(ClusterBackend):
             state.update(run.name, run.run_id, stop=run.config_file)
 
     def _ray_up(self, run: _Start, kept: bool) -> None:
-        """`ray up` through Ray's SDK; it never restarts Ray on a running cluster: one this run did not
-        start is only ever a kept one it joins (`--no-restart`)."""
+        """`ray up` through Ray's SDK; it never restarts Ray on a running cluster: one this run did
+        not start is only ever a kept one it joins (`--no-restart`)."""
         import click  # Ray's launcher reports its failures as click exceptions
         from ray.autoscaler import sdk
 
-        env = launcher_env(
-            self.section, self.auth_mode, _token_file(), provider=self.provider
-        )  # v1 for local (ray#59905)
+        # v1 for local (ray#59905)
+        env = launcher_env(self.section, self.auth_mode, _token_file(), provider=self.provider)
         what = (
             f"joining the kept cluster {run.name} (as `ray up --no-restart`)"
             if kept
@@ -440,14 +440,16 @@ class VMCluster(ClusterBackend):
                 sdk.create_or_update_cluster(
                     run.config_file, no_restart=kept, restart_only=False, no_config_cache=True
                 )
-            except click.ClickException as err:  # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
+            # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
+            except click.ClickException as err:
                 raise ClusterError(
                     f"backend=vm provider={self.provider}: `ray up` failed: "
                     f"{mask_text(err.format_message() or 'see its output above')}"
                 ) from None
 
     def _tunnel(self, handle: ClusterHandle, config: dict[str, Any], head_ip: str) -> str:
-        """The head's dashboard through an SSH tunnel to its loopback (vm.tunnel), stopped with the run."""
+        """The head's dashboard through an SSH tunnel to its loopback (vm.tunnel), stopped with the
+        run."""
         proc, url = tunnel.open_tunnel(tunnel.ssh_auth(config), head_ip, dashboard_port(config))
         handle.on_stop("close the SSH tunnel to the head's dashboard", tunnel.close_tunnel, proc)
         deadline = time.monotonic() + float(self.section.start_timeout_s)
@@ -477,11 +479,11 @@ def _head_running(config: dict) -> bool:
 
 
 def stop_local_workers(config: dict) -> None:
-    """`ray stop` on each worker host of a local-provider cluster over SSH, as Ray runs its commands."""
+    """`ray stop` on each worker host of a local-provider cluster over SSH, as Ray runs its
+    commands."""
     auth = config.get("auth") or {}
-    key = (
-        ["-i", os.path.expanduser(auth["ssh_private_key"])] if auth.get("ssh_private_key") else []
-    )  # else the ssh agent's
+    # else the ssh agent's
+    key = ["-i", os.path.expanduser(auth["ssh_private_key"])] if auth.get("ssh_private_key") else []
     user = f"{auth['ssh_user']}@" if auth.get("ssh_user") else ""
     for ip in config["provider"].get("worker_ips") or []:
         subprocess.run(

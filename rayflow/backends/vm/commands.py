@@ -109,8 +109,15 @@ def setup_commands(b: Mapping, ray_version: str) -> dict[str, list[str]]:
         # Ray's defaults put the image's conda env on PATH, then install a nightly wheel: keep
         # the first, replace the second with this machine's versions.
         path = {
-            "aws": "(stat $HOME/anaconda3/envs/tensorflow2_p310/ &> /dev/null && echo 'export PATH=\"$HOME/anaconda3/envs/tensorflow2_p310/bin:$PATH\"' >> ~/.bashrc) || true",
-            "gcp": "(stat /opt/conda/bin/ &> /dev/null && echo 'export PATH=\"/opt/conda/bin:$PATH\"' >> ~/.bashrc) || true",
+            "aws": (
+                "(stat $HOME/anaconda3/envs/tensorflow2_p310/ &> /dev/null && "
+                "echo 'export PATH=\"$HOME/anaconda3/envs/tensorflow2_p310/bin:$PATH\"' "
+                ">> ~/.bashrc) || true"
+            ),
+            "gcp": (
+                "(stat /opt/conda/bin/ &> /dev/null && "
+                "echo 'export PATH=\"/opt/conda/bin:$PATH\"' >> ~/.bashrc) || true"
+            ),
         }[provider]
         sdk = {
             "aws": "pip install 'boto3>=1.4.8'",
@@ -125,14 +132,16 @@ def setup_commands(b: Mapping, ray_version: str) -> dict[str, list[str]]:
         # Your hosts, maybe without internet: check the versions instead of installing.
         check = (
             f"test \"$(python -c 'import ray; print(ray.__version__)')\" = {ray_version} || "
-            f'{{ echo "rayflow: this host needs ray {ray_version}, as the launcher: pip install -U \\"ray[default,tune]=={ray_version}\\"" >&2; exit 1; }}'
+            f'{{ echo "rayflow: this host needs ray {ray_version}, as the launcher: '
+            f'pip install -U \\"ray[default,tune]=={ray_version}\\"" >&2; exit 1; }}'
         )
         return {"setup_commands": [check], "head_setup_commands": [], "worker_setup_commands": []}
+    # this machine's venv
     return {
         "setup_commands": [],
         "head_setup_commands": [],
         "worker_setup_commands": [],
-    }  # this machine's venv
+    }
 
 
 def launcher_env(
@@ -151,9 +160,8 @@ def launcher_env(
         # v2 would run prepare_config, which needs Ray's example.yaml (not in the wheel)
         env["RAY_enable_autoscaler_v2"] = "0"
         if auth_mode == "token" and token_file:
-            env["RAY_AUTH_TOKEN_PATH"] = str(
-                token_file
-            )  # worker processes start from the head's monitor
+            # worker processes start from the head's monitor
+            env["RAY_AUTH_TOKEN_PATH"] = str(token_file)
     if provider == "local":
         # Autoscaler v2 loses fresh local-provider hosts (Ray 2.60, ray#59905): `ray up` runs v1.
         env["RAY_UP_enable_autoscaler_v2"] = "0"
@@ -166,12 +174,12 @@ def launch_note(
     """The one line a dry run prints on its provider and how to start the printed cluster YAML
     without rayflow. token_mounted: the file's `file_mounts` names this machine's token file."""
     prefix = " ".join(f"{k}={v}" for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH")
-    if (
-        provider == "fake_multinode"
-    ):  # `ray up` would run prepare_config, which needs an example.yaml the wheel lacks
+    # `ray up` would run prepare_config, which needs an example.yaml the wheel lacks
+    if provider == "fake_multinode":
         return (
-            f"rayflow: dry run: provider: fake_multinode (started by rayflow on this machine; not a file for ray up: "
-            f"try backend.provider=aws, gcp or local); to start it yourself: {prefix} ray start --head "
+            "rayflow: dry run: provider: fake_multinode (started by rayflow on this machine; "
+            "not a file for ray up: try backend.provider=aws, gcp or local); "
+            f"to start it yourself: {prefix} ray start --head "
             f"--autoscaling-config=cluster.yaml {' '.join(head_args)} --dashboard-host=127.0.0.1"
         )
     # File paths are no secrets: the token file's and auth.ssh_private_key print as they are, so
@@ -181,7 +189,10 @@ def launch_note(
         if token_mounted
         else ""
     )
-    return f"rayflow: dry run: provider: {provider} (a file for ray up); to start it yourself: {prefix} ray up cluster.yaml{mounted}"
+    return (
+        f"rayflow: dry run: provider: {provider} (a file for ray up); "
+        f"to start it yourself: {prefix} ray up cluster.yaml{mounted}"
+    )
 
 
 def head_args(config: dict) -> list[str]:

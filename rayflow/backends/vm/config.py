@@ -103,6 +103,121 @@ def _node_config(b: dict, kind: str) -> dict:
     return {}
 
 
+def _provider(b: dict, provider: str, gcs_address: str | None) -> dict[str, Any]:
+    """The config's `provider:` section."""
+    if provider == "fake_multinode":
+        section: dict[str, Any] = {
+            "type": "fake_multinode",
+            "use_node_id_as_ip": True,
+            "disable_node_updaters": True,
+            "disable_launch_config_check": True,
+        }
+        if gcs_address:
+            section["gcs_address"] = gcs_address
+        return section
+    if provider == "local":
+        return {
+            "type": "local",
+            "head_ip": b.get("head_ip") or placeholder("head_ip"),
+            "worker_ips": list(b.get("worker_ips") or [placeholder("worker_ips")]),
+        }
+    section = {"type": provider, "region": cloud_region(b)}
+    if provider == "aws" and b.get("availability_zone"):
+        section["availability_zone"] = str(b["availability_zone"])
+    if provider == "gcp":
+        section["availability_zone"] = gcp_zone(b) or placeholder("availability_zone")
+        section["project_id"] = b.get("project_id") or placeholder("project_id")
+    # Stopped instances keep their disks, and the disks keep billing: terminate unless asked.
+    section["cache_stopped_nodes"] = bool(b["cache_stopped_nodes"])
+    return section
+
+
+def _auth(b: dict, provider: str) -> dict[str, Any]:
+    """The config's `auth:` section: how `ray up` reaches the nodes over SSH."""
+    if provider == "fake_multinode":
+        return {}
+    if provider == "local":
+        return {
+            "ssh_user": b.get("ssh_user") or placeholder("ssh_user"),
+            "ssh_private_key": b.get("ssh_private_key") or placeholder("ssh_private_key"),
+        }
+    auth = {"ssh_user": b.get("ssh_user") or "ubuntu"}
+    if b.get("ssh_private_key"):
+        auth["ssh_private_key"] = str(b["ssh_private_key"])
+    return auth
+
+
+def _node_types(b: dict, provider: str, gpu: bool, kinds: Any) -> dict[str, Any]:
+    """`available_node_types` (the head and each worker kind rendered) and `head_node_type`."""
+    head_type = FAKE_HEAD_TYPE if provider == "fake_multinode" else HEAD_TYPE
+    head = {
+        "resources": {"CPU": int(b["num_cpus_head_node"]), "GPU": int(b["num_gpus_head_node"])},
+        "node_config": _node_config(b, "head"),
+        "min_workers": 0,
+        "max_workers": 0,
+    }
+    types = {head_type: head}
+    for kind in kinds:
+        low, high = node_type_bounds(b, kind, gpu)
+        types[WORKER_TYPES[kind]] = {
+            "resources": _resources(b["worker"][kind]),
+            "node_config": _node_config(b, kind),
+            "min_workers": low,
+            "max_workers": high,
+        }
+    return {"available_node_types": types, "head_node_type": head_type}
+
+
+def _files(provider: str, auth_mode: str, token_file: str | None) -> dict[str, Any]:
+    """The file settings: only the token's file is mounted, by its path."""
+    mounts = {}
+    # fake: one machine, one file
+    if auth_mode == "token" and token_file and provider != "fake_multinode":
+        mounts["~/.ray/auth_token"] = str(token_file)
+    return {
+        "file_mounts": mounts,
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
+        "rsync_exclude": [],
+        "rsync_filter": [],
+        "docker": {},
+        "initialization_commands": [],
+    }
+
+
+def _ray_commands(b: dict, provider: str, gpu: bool, auth_mode: str) -> dict[str, list[str]]:
+    """The `ray start` commands of the head and the workers."""
+    if provider == "fake_multinode":  # the launcher starts the head; the provider starts workers
+        return {"head_start_ray_commands": [], "worker_start_ray_commands": []}
+    head, workers = start_commands(b, gpu, auth_mode)
+    return {"head_start_ray_commands": head, "worker_start_ray_commands": workers}
+
+
+def _metadata(
+    b: dict,
+    kinds: Any,
+    auth_mode: str,
+    versions: tuple[str, str],
+    token_file: str | None,
+) -> dict[str, Any]:
+    """`metadata.rayflow`: what the launcher needs besides the file (Ray never reads it)."""
+    provider = b["provider"]
+    ray_version, python_version = versions
+    return {
+        "rayflow": {
+            "provider": provider,
+            "ray_version": ray_version,
+            "python_version": python_version,  # the launcher's; cloud images bring their own Python
+            "autoscaler": "v1" if provider in ("local", "fake_multinode") else "v2",
+            "launcher_env": launcher_env(b, auth_mode, token_file),
+            "node_types": {kind: WORKER_TYPES[kind] for kind in kinds}
+            if provider != "local"
+            else {},
+            "placeholders": placeholders(b),
+        }
+    }
+
+
 def render(
     section: DictConfig | Mapping,
     gpu: bool,
@@ -125,7 +240,6 @@ def render(
     ray_version = ray_version or installed_version("ray")
     python_version = python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
     kinds = rendered_kinds(gpu)
-    head_type = FAKE_HEAD_TYPE if provider == "fake_multinode" else HEAD_TYPE
 
     config: dict[str, Any] = {
         "cluster_name": str(b["cluster_name"]),
@@ -135,101 +249,14 @@ def render(
         config["min_workers"] = int(b["min_worker_nodes"])  # Ray moves it onto the local node type
     config["upscaling_speed"] = float(b["autoscale_upscaling_speed"])
     config["idle_timeout_minutes"] = float(b["autoscale_idle_timeout_minutes"])
-
-    if provider == "fake_multinode":
-        config["provider"] = {
-            "type": "fake_multinode",
-            "use_node_id_as_ip": True,
-            "disable_node_updaters": True,
-            "disable_launch_config_check": True,
-        }
-        if gcs_address:
-            config["provider"]["gcs_address"] = gcs_address
-        config["auth"] = {}
-    elif provider == "local":
-        config["provider"] = {
-            "type": "local",
-            "head_ip": b.get("head_ip") or placeholder("head_ip"),
-            "worker_ips": list(b.get("worker_ips") or [placeholder("worker_ips")]),
-        }
-        config["auth"] = {
-            "ssh_user": b.get("ssh_user") or placeholder("ssh_user"),
-            "ssh_private_key": b.get("ssh_private_key") or placeholder("ssh_private_key"),
-        }
-    else:
-        region = cloud_region(b)
-        config["provider"] = {"type": provider, "region": region}
-        if provider == "aws" and b.get("availability_zone"):
-            config["provider"]["availability_zone"] = str(b["availability_zone"])
-        if provider == "gcp":
-            config["provider"]["availability_zone"] = gcp_zone(b) or placeholder(
-                "availability_zone"
-            )
-            config["provider"]["project_id"] = b.get("project_id") or placeholder("project_id")
-        # Stopped instances keep their disks, and the disks keep billing: terminate unless asked.
-        config["provider"]["cache_stopped_nodes"] = bool(b["cache_stopped_nodes"])
-        config["auth"] = {"ssh_user": b.get("ssh_user") or "ubuntu"}
-        if b.get("ssh_private_key"):
-            config["auth"]["ssh_private_key"] = str(b["ssh_private_key"])
-
+    config["provider"] = _provider(b, provider, gcs_address)
+    config["auth"] = _auth(b, provider)
     if provider != "local":  # Ray refuses node types for local: the hosts are its one type
-        head = {
-            "resources": {"CPU": int(b["num_cpus_head_node"]), "GPU": int(b["num_gpus_head_node"])},
-            "node_config": _node_config(b, "head"),
-            "min_workers": 0,
-            "max_workers": 0,
-        }
-        types = {head_type: head}
-        for kind in kinds:
-            low, high = node_type_bounds(b, kind, gpu)
-            types[WORKER_TYPES[kind]] = {
-                "resources": _resources(b["worker"][kind]),
-                "node_config": _node_config(b, kind),
-                "min_workers": low,
-                "max_workers": high,
-            }
-        config["available_node_types"] = types
-        config["head_node_type"] = head_type
-
-    mounts = {}
-    if (
-        auth_mode == "token" and token_file and provider != "fake_multinode"
-    ):  # fake: one machine, one file
-        mounts["~/.ray/auth_token"] = str(token_file)
-    config["file_mounts"] = mounts
-    config.update(
-        {
-            "cluster_synced_files": [],
-            "file_mounts_sync_continuously": False,
-            "rsync_exclude": [],
-            "rsync_filter": [],
-            "docker": {},
-            "initialization_commands": [],
-        }
-    )
+        config.update(_node_types(b, provider, gpu, kinds))
+    config.update(_files(provider, auth_mode, token_file))
     config.update(setup_commands(b, ray_version))
-    if (
-        provider == "fake_multinode"
-    ):  # the launcher starts the head; the provider starts workers itself
-        config["head_start_ray_commands"], config["worker_start_ray_commands"] = [], []
-    else:
-        config["head_start_ray_commands"], config["worker_start_ray_commands"] = start_commands(
-            b, gpu, auth_mode
-        )
-
-    config["metadata"] = {
-        "rayflow": {
-            "provider": provider,
-            "ray_version": ray_version,
-            "python_version": python_version,  # the launcher's; cloud images bring their own Python
-            "autoscaler": "v1" if provider in ("local", "fake_multinode") else "v2",
-            "launcher_env": launcher_env(b, auth_mode, token_file),
-            "node_types": {kind: WORKER_TYPES[kind] for kind in kinds}
-            if provider != "local"
-            else {},
-            "placeholders": placeholders(b),
-        }
-    }
+    config.update(_ray_commands(b, provider, gpu, auth_mode))
+    config["metadata"] = _metadata(b, kinds, auth_mode, (ray_version, python_version), token_file)
     return private_token_setup(merge_overrides(config, b.get("overrides") or {}))
 
 
@@ -245,19 +272,23 @@ def validate(config: Mapping) -> None:
     import contextlib
     import io
 
+    import click
+    import jsonschema
     from ray.autoscaler._private.util import prepare_config, validate_config
 
-    config = copy.deepcopy(dict(config))
+    plain: dict[str, Any] = copy.deepcopy(dict(config))
     provider = (
-        (config.get("provider") or {}).get("type")
-        if isinstance(config.get("provider"), Mapping)
+        (plain.get("provider") or {}).get("type")
+        if isinstance(plain.get("provider"), Mapping)
         else None
     )
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            prepared = config if provider == "fake_multinode" else prepare_config(config)
+            prepared = plain if provider == "fake_multinode" else prepare_config(plain)
             validate_config(prepared)
-    except Exception as err:  # jsonschema.ValidationError, ValueError, click's abort, ...
+    # Ray's refusals: the schema's, its node-type rules' (ValueError), an unknown provider
+    # (NotImplementedError) or out-of-date defaults (RuntimeError), its launcher's abort (click).
+    except (jsonschema.ValidationError, ValueError, RuntimeError, click.ClickException) as err:
         raise ConfigError(
             "backend", f"Ray refuses the rendered cluster config: {_ray_message(err)}"
         ) from None

@@ -38,7 +38,10 @@ DEFAULT_INSTANCE = {
 DEFAULT_GCP_ACCELERATOR = "nvidia-tesla-t4"
 GCP_IMAGE = {  # Google's Deep Learning VM families (Ray's defaults use common-cpu)
     "cpu": "projects/deeplearning-platform-release/global/images/family/common-cpu",
-    "gpu": "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-nvidia-550",
+    "gpu": (
+        "projects/deeplearning-platform-release/global/images/family/"
+        "common-cu124-ubuntu-2204-nvidia-550"
+    ),
 }
 GCP_DISK_GB = 50
 
@@ -48,7 +51,9 @@ GCP_DISK_GB = 50
 
 def plain_section(section: DictConfig | Mapping) -> dict:
     if isinstance(section, DictConfig):
-        return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
+        container = OmegaConf.to_container(section, resolve=True)
+        assert isinstance(container, dict)  # the container of a DictConfig
+        return container
     return copy.deepcopy(dict(section))
 
 

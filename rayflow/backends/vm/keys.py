@@ -39,21 +39,49 @@ DEFAULT_REGION = {"aws": "us-west-2", "gcp": "us-west1"}
 
 # Keys of cluster YAMLs from older guides and Ray versions, and what replaced them.
 REMOVED = {
-    "initial_workers": "backend.min_worker_nodes (Ray removed initial_workers: a cluster starts with its node types' min_workers)",
-    "instance_type": "backend.head_instance_type and backend.worker.cpu.instance_type / backend.worker.gpu.instance_type (one per node type)",
-    "autoscaling_mode": "nothing: Ray removed it, the autoscaler scales on pending resource demand; tune backend.autoscale_upscaling_speed",
-    "target_utilization_fraction": "backend.autoscale_upscaling_speed (Ray removed it: the autoscaler scales on pending resource demand, not utilization)",
-    "min_workers": "backend.min_worker_nodes (overall) and backend.worker.cpu.min_workers / backend.worker.gpu.min_workers (per node type)",
-    "max_workers": "backend.max_worker_nodes (overall) and backend.worker.cpu.max_workers / backend.worker.gpu.max_workers (per node type)",
+    "initial_workers": (
+        "backend.min_worker_nodes (Ray removed initial_workers: a cluster starts with its node "
+        "types' min_workers)"
+    ),
+    "instance_type": (
+        "backend.head_instance_type and backend.worker.cpu.instance_type / "
+        "backend.worker.gpu.instance_type (one per node type)"
+    ),
+    "autoscaling_mode": (
+        "nothing: Ray removed it, the autoscaler scales on pending resource demand; tune "
+        "backend.autoscale_upscaling_speed"
+    ),
+    "target_utilization_fraction": (
+        "backend.autoscale_upscaling_speed (Ray removed it: the autoscaler scales on pending "
+        "resource demand, not utilization)"
+    ),
+    "min_workers": (
+        "backend.min_worker_nodes (overall) and backend.worker.cpu.min_workers / "
+        "backend.worker.gpu.min_workers (per node type)"
+    ),
+    "max_workers": (
+        "backend.max_worker_nodes (overall) and backend.worker.cpu.max_workers / "
+        "backend.worker.gpu.max_workers (per node type)"
+    ),
     "idle_timeout_minutes": "backend.autoscale_idle_timeout_minutes",
     "upscaling_max_idle_time": "backend.autoscale_idle_timeout_minutes",
     "upscaling_speed": "backend.autoscale_upscaling_speed",
     "zone": "backend.availability_zone",
     "image_id": "backend.ami (aws) or backend.source_image (gcp)",
     "image": "backend.ami (aws) or backend.source_image (gcp)",
-    "head_node": "backend.head_instance_type and backend.num_cpus_head_node (Ray replaced head_node with available_node_types)",
-    "worker_nodes": "backend.worker.cpu / backend.worker.gpu (Ray replaced worker_nodes with available_node_types)",
-    "gcp_service_account_key": "Application Default Credentials: export GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json (or gcloud auth application-default login)",
+    "head_node": (
+        "backend.head_instance_type and backend.num_cpus_head_node (Ray replaced head_node with "
+        "available_node_types)"
+    ),
+    "worker_nodes": (
+        "backend.worker.cpu / backend.worker.gpu (Ray replaced worker_nodes with "
+        "available_node_types)"
+    ),
+    "gcp_service_account_key": (
+        "Application Default Credentials: export "
+        "GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json (or gcloud auth application-default "
+        "login)"
+    ),
     "num_worker_nodes": "backend.max_worker_nodes and backend.min_worker_nodes",
 }
 
@@ -98,9 +126,7 @@ TYPE_ONLY_FOR = {
 @functools.lru_cache(maxsize=1)
 def shipped_defaults() -> dict:
     """conf/backend/vm.yaml as shipped (rayflow.conf inside the wheel)."""
-    return yaml.safe_load(
-        resources.files("rayflow.conf").joinpath("backend", "vm.yaml").read_text()
-    )
+    return yaml.safe_load((resources.files("rayflow.conf") / "backend" / "vm.yaml").read_text())
 
 
 def deep_merge(base: Mapping, top: Mapping) -> dict:
@@ -131,7 +157,8 @@ def rendered_kinds(gpu: bool) -> tuple[str, ...]:
 
 
 def cloud_region(b: Mapping) -> str:
-    """backend.region, else the region of the first availability zone, else the provider's default."""
+    """backend.region, else the region of the first availability zone, else the provider's
+    default."""
     if b.get("region"):
         return str(b["region"])
     zone = str(b.get("availability_zone") or "").split(",")[0].strip()
@@ -151,7 +178,8 @@ def Whole(minimum: int, optional: bool = False) -> Any:
                 else ""
             )
             raise ValueError(
-                f"must be a whole number >= {minimum}{' or null' if optional else ''}{why}; got {value!r}"
+                f"must be a whole number >= {minimum}{' or null' if optional else ''}{why}; got "
+                f"{value!r}"
             )
         if value > BYTES_MAX:  # every number is bounded (rayflow.schema.kinds)
             raise ValueError(f"must be at most 2**50, got {value!r}")
@@ -163,7 +191,8 @@ def Whole(minimum: int, optional: bool = False) -> Any:
 def _cluster_name(value: Any) -> str:
     if not isinstance(value, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,39}", value):
         raise ValueError(
-            f"must be 1-40 lowercase letters, digits and dashes, starting with a letter (cloud labels and instance names carry it); got {value!r}"
+            "must be 1-40 lowercase letters, digits and dashes, starting with a letter (cloud "
+            f"labels and instance names carry it); got {value!r}"
         )
     return value
 
@@ -181,7 +210,10 @@ def cluster_name_problem(value: Any) -> str | None:
     if isinstance(value, str) and CLUSTER_NAME.fullmatch(value):
         return None
     shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-    return f"{shown} is not a cluster name: use 1-63 letters, digits, '-' and '_', starting and ending with a letter or digit"
+    return (
+        f"{shown} is not a cluster name: use 1-63 letters, digits, '-' and '_', starting and "
+        "ending with a letter or digit"
+    )
 
 
 def _hosts(value: Any) -> list:
@@ -218,8 +250,8 @@ def _overrides(value: Any) -> dict:
 
 class CpuNodeType(Part):
     num_cpus: Whole(0, optional=True) = Field(
-        description="the node's Ray CPUs (2 matches m5.large / n1-standard-2); null: detected by Ray, "
-        "refused with provider=fake_multinode (its nodes are processes here)"
+        description="the node's Ray CPUs (2 matches m5.large / n1-standard-2); null: detected by "
+        "Ray, refused with provider=fake_multinode (its nodes are processes here)"
     )
     num_gpus: Whole(0, optional=True) = Field(description="the node's Ray GPUs")
     memory: Whole(1, optional=True) = Field(
@@ -229,8 +261,8 @@ class CpuNodeType(Part):
         description="bytes of object store per node (null: Ray's default)"
     )
     min_workers: Whole(0, optional=True) = Field(
-        description="nodes of this type kept up (null: `min_worker_nodes` when the run uses this type, "
-        "else 0); not with provider=local (the hosts are the node type)"
+        description="nodes of this type kept up (null: `min_worker_nodes` when the run uses this "
+        "type, else 0); not with provider=local (the hosts are the node type)"
     )
     max_workers: Whole(0, optional=True) = Field(
         description="nodes of this type at most (null: `max_worker_nodes`); not with provider=local"
@@ -271,23 +303,26 @@ class NodeTypes(Part):
             if name not in cls.model_fields:
                 raise KeyedError(
                     str(name),
-                    "is not a node type of backend=vm; use backend.worker.cpu or backend.worker.gpu",
+                    "is not a node type of backend=vm; use backend.worker.cpu or "
+                    "backend.worker.gpu",
                 )
 
 
 class Vm(Section):
     name: Text = Field(
-        description="`vm`: Ray's cluster launcher (fake_multinode, SSH hosts, aws, gcp), the run submitted as a Ray Job"
+        description="`vm`: Ray's cluster launcher (fake_multinode, SSH hosts, aws, gcp), the run "
+        "submitted as a Ray Job"
     )
     cluster_yaml: kind("path of a Ray cluster YAML", _file_path, optional=True) = Field(
-        description="your own Ray cluster YAML (what `ray up` takes: aws, gcp, azure, local, fake_multinode) started as it is; "
-        "the keys of the rendered config (`provider`, `head_ip`, `region`, `worker`, ...) are then refused, and "
-        "the others apply on top of the file only where they differ from their default (docs/backends/vm.md)"
+        description="your own Ray cluster YAML (what `ray up` takes: aws, gcp, azure, local, "
+        "fake_multinode) started as it is; the keys of the rendered config (`provider`, "
+        "`head_ip`, `region`, `worker`, ...) are then refused, and the others apply on top "
+        "of the file only where they differ from their default (docs/backends/vm.md)"
     )
     provider: OneOf(*PROVIDERS) = Field(
-        description="`fake_multinode`: Ray's real autoscaler launching worker nodes as processes on this machine (no cloud, "
-        "no SSH); `local`: your hosts over SSH (`head_ip`, `worker_ips`); `aws`, `gcp`: VMs the launcher "
-        "creates with your cloud credentials"
+        description="`fake_multinode`: Ray's real autoscaler launching worker nodes as processes "
+        "on this machine (no cloud, no SSH); `local`: your hosts over SSH (`head_ip`, "
+        "`worker_ips`); `aws`, `gcp`: VMs the launcher creates with your cloud credentials"
     )
     cluster_name: kind("1-40 lowercase letters, digits and dashes", _cluster_name) = Field(
         description="names the VMs and their tags"
@@ -314,7 +349,8 @@ class Vm(Section):
         description="nodes added at once, as a multiple of the nodes running"
     )
     num_cpus_head_node: Whole(0) = Field(
-        description="the head's Ray CPUs (0: trials go to the workers; the head runs the autoscaler and the driver)"
+        description="the head's Ray CPUs (0: trials go to the workers; the head runs the "
+        "autoscaler and the driver)"
     )
     num_gpus_head_node: Whole(0) = Field(description="the head's Ray GPUs")
     head_instance_type: OptionalText = Field(
@@ -329,8 +365,8 @@ class Vm(Section):
         description="aws/gcp; null: us-west-2 (aws), us-west1 (gcp), or the zone's region"
     )
     availability_zone: OptionalText = Field(
-        description="aws/gcp, inside the region; aws: null lets Ray choose (or `us-west-2a,us-west-2b`); "
-        "gcp: null is us-west1-a in us-west1, else fill in"
+        description="aws/gcp, inside the region; aws: null lets Ray choose (or "
+        "`us-west-2a,us-west-2b`); gcp: null is us-west1-a in us-west1, else fill in"
     )
     cache_stopped_nodes: Boolean = Field(
         description="aws/gcp: stop idle VMs instead of terminating them (their disks keep billing)"
@@ -344,15 +380,17 @@ class Vm(Section):
         description="provider=local: the head host's address (only you can fill it in)"
     )
     worker_ips: kind("a list of host names or addresses", _hosts, optional=True) = Field(
-        description="provider=local: the worker hosts, each once, not the head; at least `max_worker_nodes` of them"
+        description="provider=local: the worker hosts, each once, not the head; at least "
+        "`max_worker_nodes` of them"
     )
     ssh_user: OptionalText = Field(description="local, aws, gcp; aws/gcp: null is ubuntu")
     ssh_private_key: kind("path of a private key file", _key_file, optional=True) = Field(
-        description="local, aws, gcp: the key file, readable here; aws/gcp: null lets Ray create a key pair"
+        description="local, aws, gcp: the key file, readable here; aws/gcp: null lets Ray create "
+        "a key pair"
     )
     overrides: kind("a mapping", _overrides) = Field(
-        description="anything else of Ray's cluster YAML, deep-merged into the rendered config last (a null deletes a key), "
-        "e.g. `{provider: {use_internal_ips: true}}`"
+        description="anything else of Ray's cluster YAML, deep-merged into the rendered config "
+        "last (a null deletes a key), e.g. `{provider: {use_internal_ips: true}}`"
     )
 
     @model_validator(mode="before")
@@ -364,12 +402,14 @@ class Vm(Section):
             if key in REMOVED:
                 raise KeyedError(
                     key,
-                    f"is not a backend=vm key (it comes from an outdated cluster YAML); use {REMOVED[key]}",
+                    "is not a backend=vm key (it comes from an outdated cluster YAML); use "
+                    f"{REMOVED[key]}",
                 )
             if key not in cls.model_fields:
                 raise KeyedError(
                     key,
-                    "is not a backend=vm key; Ray cluster-YAML settings go under backend.overrides (deep-merged into the rendered config)",
+                    "is not a backend=vm key; Ray cluster-YAML settings go under "
+                    "backend.overrides (deep-merged into the rendered config)",
                 )
         # A section from a file may leave keys out: the shipped defaults fill them, as the
         # renderer does (vm.defaults.with_defaults). Not the interpolations: they mean Hydra's
@@ -391,9 +431,8 @@ class Vm(Section):
             )
         auth_mode = (info.context or {}).get("cfg", {}).get("ray_auth_mode", "token")
         _dashboard_rule(self.dashboard_host, auth_mode)
-        if (
-            self.cluster_yaml is not None
-        ):  # the file holds the cluster: the rendering's keys have nothing to render
+        if self.cluster_yaml is not None:
+            # the file holds the cluster: the rendering's keys have nothing to render
             _rendering_keys_unset(b)
             return self
         for kind_ in ("cpu", "gpu"):
@@ -401,45 +440,59 @@ class Vm(Section):
         if gpu and self.worker.gpu.num_gpus < 1:
             raise KeyedError(
                 "worker.gpu.num_gpus",
-                f"must be >= 1 for the GPU node type with compute=gpu; got {self.worker.gpu.num_gpus!r}",
+                "must be >= 1 for the GPU node type with compute=gpu; got "
+                f"{self.worker.gpu.num_gpus!r}",
             )
         if provider != "local":
-            mins = sum(node_type_bounds(b, k, gpu)[0] for k in rendered_kinds(gpu))
-            if mins > high:
-                raise KeyedError(
-                    "max_worker_nodes",
-                    f"({high}) is smaller than the node types' min_workers add up to ({mins})",
-                )
-            if mins < low:
-                raise KeyedError(
-                    "min_worker_nodes",
-                    f"({low}) is more than the node types' min_workers add up to ({mins}); raise "
-                    f"backend.worker.{'gpu' if gpu else 'cpu'}.min_workers or lower backend.min_worker_nodes",
-                )
-        for key, providers in ONLY_FOR.items():
-            if b[key] not in (None, shipped_defaults().get(key)) and provider not in providers:
-                raise KeyedError(
-                    key,
-                    f"has no effect with provider={provider} (it applies to {', '.join(providers)})",
-                )
-        if provider in CLOUDS:
-            region = cloud_region(b)
-            for zone in str(self.availability_zone or "").split(","):
-                if zone.strip() and not zone.strip().startswith(
-                    region if provider == "aws" else f"{region}-"
-                ):
-                    raise KeyedError(
-                        "availability_zone", f"{zone.strip()!r} is not in backend.region {region!r}"
-                    )
-        if provider == "local" and self.worker_ips is not None:
-            if self.head_ip in self.worker_ips:
-                raise KeyedError("worker_ips", "lists the head (backend.head_ip) as a worker")
-            if self.worker_ips and high > len(self.worker_ips):
-                raise KeyedError(
-                    "max_worker_nodes",
-                    f"({high}) is more than the {len(self.worker_ips)} hosts in backend.worker_ips",
-                )
+            _min_workers_rule(b, gpu, low, high)
+        _provider_rules(self, b)
         return self
+
+
+def _min_workers_rule(b: dict, gpu: bool, low: int, high: int) -> None:
+    """The node types' min_workers add up to within backend.min_worker_nodes..max_worker_nodes."""
+    mins = sum(node_type_bounds(b, k, gpu)[0] for k in rendered_kinds(gpu))
+    if mins > high:
+        raise KeyedError(
+            "max_worker_nodes",
+            f"({high}) is smaller than the node types' min_workers add up to ({mins})",
+        )
+    if mins < low:
+        raise KeyedError(
+            "min_worker_nodes",
+            f"({low}) is more than the node types' min_workers add up to ({mins}); raise "
+            f"backend.worker.{'gpu' if gpu else 'cpu'}.min_workers or lower "
+            "backend.min_worker_nodes",
+        )
+
+
+def _provider_rules(vm: Vm, b: dict) -> None:
+    """Keys of other providers left at their default; zones inside the region; provider=local's
+    hosts, enough of them and the head not among the workers."""
+    provider, high = vm.provider, vm.max_worker_nodes
+    for key, providers in ONLY_FOR.items():
+        if b[key] not in (None, shipped_defaults().get(key)) and provider not in providers:
+            raise KeyedError(
+                key,
+                f"has no effect with provider={provider} (it applies to {', '.join(providers)})",
+            )
+    if provider in CLOUDS:
+        region = cloud_region(b)
+        for zone in str(vm.availability_zone or "").split(","):
+            if zone.strip() and not zone.strip().startswith(
+                region if provider == "aws" else f"{region}-"
+            ):
+                raise KeyedError(
+                    "availability_zone", f"{zone.strip()!r} is not in backend.region {region!r}"
+                )
+    if provider == "local" and vm.worker_ips is not None:
+        if vm.head_ip in vm.worker_ips:
+            raise KeyedError("worker_ips", "lists the head (backend.head_ip) as a worker")
+        if vm.worker_ips and high > len(vm.worker_ips):
+            raise KeyedError(
+                "max_worker_nodes",
+                f"({high}) is more than the {len(vm.worker_ips)} hosts in backend.worker_ips",
+            )
 
 
 def _dashboard_rule(host: str | None, auth_mode: str) -> None:
@@ -471,8 +524,9 @@ def _rendering_keys_unset(b: Mapping) -> None:
     for key in _changed({k: b[k] for k in RENDERING_KEYS}, shipped):
         raise KeyedError(
             key,
-            "has no effect with backend.cluster_yaml: the file holds the cluster (its provider, hosts, node types); "
-            "set it in the file, or with backend.overrides (merged into the file last)",
+            "has no effect with backend.cluster_yaml: the file holds the cluster (its provider, "
+            "hosts, node types); set it in the file, or with backend.overrides (merged into the "
+            "file last)",
         )
 
 
@@ -482,7 +536,8 @@ def _node_type_rules(b: dict, kind_: str, gpu: bool) -> None:
     if t["num_cpus"] is None and provider == "fake_multinode":
         raise KeyedError(
             f"{prefix}.num_cpus",
-            "must be set with provider=fake_multinode (its worker nodes are processes here: nothing to detect)",
+            "must be set with provider=fake_multinode (its worker nodes are processes here: "
+            "nothing to detect)",
         )
     for key, providers in TYPE_ONLY_FOR.items():
         if t.get(key) is not None and provider not in providers:
@@ -493,7 +548,8 @@ def _node_type_rules(b: dict, kind_: str, gpu: bool) -> None:
             )
             raise KeyedError(
                 f"{prefix}.{key}",
-                f"has no effect with provider={provider} (it applies to {', '.join(providers)}){hint}",
+                f"has no effect with provider={provider} (it applies to "
+                f"{', '.join(providers)}){hint}",
             )
     low, high = node_type_bounds(b, kind_, gpu)
     if low > high:

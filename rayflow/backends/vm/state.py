@@ -1,4 +1,5 @@
-"""backend=vm: clusters have owners. Which cluster of a name this user's runs started, kept and hold.
+"""backend=vm: clusters have owners. Which cluster of a name this user's runs started, kept and
+hold.
 
 A cluster is found again by its name only through this user's own state folder
 (`~/.cache/rayflow/vm`, 0700, checked to be this user's, never a shared /tmp path): `NAME.json`
@@ -20,6 +21,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeGuard
 
 import psutil
 
@@ -39,7 +41,8 @@ def state_dir() -> Path:
         info = folder.lstat()
         if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid():
             raise ClusterError(
-                f"backend=vm: {folder} is not a folder of this user's (a link, or owned by uid {info.st_uid}): "
+                f"backend=vm: {folder} is not a folder of this user's "
+                f"(a link, or owned by uid {info.st_uid}): "
                 "rayflow keeps its cluster state there; remove it"
             )
         if stat.S_IMODE(info.st_mode) & 0o077:
@@ -75,7 +78,7 @@ def me(run_id: str) -> dict:
     return {"run": run_id, "pid": os.getpid(), "started": psutil.Process().create_time()}
 
 
-def holds(holder: dict | None) -> bool:
+def holds(holder: dict | None) -> TypeGuard[dict]:
     """Whether the run recorded as holder is still alive (its pid, started when it was)."""
     if not isinstance(holder, dict):
         return False
@@ -102,7 +105,8 @@ class _Lock:
             self._lock.acquire()
         except filelock.Timeout:
             raise ClusterError(
-                f"backend=vm: another run held the lock of this cluster name for more than {LOCK_TIMEOUT_S:g} s"
+                "backend=vm: another run held the lock of this cluster name "
+                f"for more than {LOCK_TIMEOUT_S:g} s"
             ) from None
 
     def __exit__(self, *exc) -> None:
@@ -127,7 +131,8 @@ def claim(
         if holds(holder) and holder.get("run") != run_id:
             raise ConfigError(
                 KEY,
-                f"a cluster named {name!r} is in use by another run of yours (pid {holder['pid']}): give this run "
+                f"a cluster named {name!r} is in use by another run of yours "
+                f"(pid {holder['pid']}): give this run "
                 f"a name of its own (backend.cluster_name=...), or wait for that run to end",
             )
         if running(state):
@@ -135,7 +140,8 @@ def claim(
                 raise ConfigError(
                     KEY,
                     f"a cluster named {name!r} is running ({provider}) that no run of yours kept "
-                    "(keep_cluster=true): rayflow joins only a kept cluster and never restarts or stops "
+                    "(keep_cluster=true): rayflow joins only a kept cluster "
+                    "and never restarts or stops "
                     "another's; give this run a name of its own (backend.cluster_name=...)"
                     + (
                         f", or stop it: python -m rayflow.teardown {state['stop']}"

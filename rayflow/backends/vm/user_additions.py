@@ -121,12 +121,12 @@ def _ray_defaults(kind: str) -> dict:
 
 
 def _setup(doc: dict, raw: Mapping, kind: str, ray_version: str) -> str | None:
-    """rayflow's pinned setup where the file has none of its own; else a note on what it must provide."""
+    """rayflow's pinned setup where the file has none of its own; else a note on what it must
+    provide."""
     if kind == "fake_multinode":
         return None  # the nodes are processes of this machine's venv
-    if (
-        kind == "azure"
-    ):  # Ray's defaults (a conda env), with this machine's versions for the nightly wheel
+    if kind == "azure":
+        # Ray's defaults (a conda env), with this machine's versions for the nightly wheel
         ours = [
             pin_command(ray_version) if "pip install" in c and "ray" in c else c
             for c in _ray_defaults(kind)["setup_commands"]
@@ -141,38 +141,28 @@ def _setup(doc: dict, raw: Mapping, kind: str, ray_version: str) -> str | None:
     need = (
         f"ray {ray_version} on the hosts (rayflow checks, never installs, on hosts you run)"
         if kind == "local"
-        else f"\"ray[default,tune]=={ray_version}\" and rayflow's runtime dependencies at this machine's versions "
+        else f'"ray[default,tune]=={ray_version}" '
+        "and rayflow's runtime dependencies at this machine's versions "
         f"(rayflow.runtime.requirements.runtime_requirements)"
     )
-    return f"rayflow: backend.cluster_yaml: the file's own setup_commands are kept, not rayflow's pins: they must install {need}"
+    return (
+        "rayflow: backend.cluster_yaml: the file's own setup_commands are kept, "
+        f"not rayflow's pins: they must install {need}"
+    )
 
 
-def render_file(
-    section: DictConfig | Mapping,
-    gpu: bool,
-    auth_mode: str,
-    ray_version: str,
-    python_version: str,
-    token_file: str | None = None,
-    gcs_address: str | None = None,
-) -> tuple[dict, list[str]]:
-    """The document rayflow writes for `ray up` (fake_multinode: for `ray start --head
-    --autoscaling-config`) from backend.cluster_yaml, and the notes a dry run prints."""
-    b = with_defaults(section)
-    path = str(b["cluster_yaml"])
-    raw = user_file.load(path)
-    kind = user_file.check_raw(raw, path)
-    doc, notes, user = copy.deepcopy(raw), [], set_by_user(b)
-
-    for key, (target, kind_of) in TOP_LEVEL.items():  # rayflow's keys the user set, over the file's
+def _apply_users_keys(
+    doc: dict, b: Mapping, user: set[str], kind: str, gpu: bool, path: str
+) -> dict[str, str]:
+    """rayflow's keys the user set, over the file's; returns the node types the run uses."""
+    for key, (target, kind_of) in TOP_LEVEL.items():
         if key in user:
             doc[target] = kind_of(b[key])
     chosen = node_types(doc, gpu, path)
     if "min_worker_nodes" in user:
         if kind == "local":
-            doc["min_workers"] = int(
-                b["min_worker_nodes"]
-            )  # Ray moves it onto the hosts' node type
+            # Ray moves it onto the hosts' node type
+            doc["min_workers"] = int(b["min_worker_nodes"])
         elif chosen.get("gpu" if gpu else "cpu"):
             doc["available_node_types"][chosen["gpu" if gpu else "cpu"]]["min_workers"] = int(
                 b["min_worker_nodes"]
@@ -183,27 +173,44 @@ def render_file(
                 "available_node_types",
                 "names no worker node type for backend.min_worker_nodes to apply to",
             )
-    for key in (
-        "ssh_user",
-        "ssh_private_key",
-    ):  # a dry run masks the key's path: it may come back this way
+    # a dry run masks the key's path: it may come back this way
+    for key in ("ssh_user", "ssh_private_key"):
         if key in user:
             doc.setdefault("auth", {})[key] = b[key]
+    return chosen
 
-    if kind != "fake_multinode":
-        mounts = doc.get("file_mounts") if isinstance(doc.get("file_mounts"), dict) else {}
-        if auth_mode == "token" and token_file:
-            doc["file_mounts"] = {**mounts, TOKEN_MOUNT: str(token_file)}
-        _start_commands(doc, kind, b, auth_mode, path)
-    else:
+
+def _add_run_needs(
+    doc: dict,
+    b: Mapping,
+    kind: str,
+    auth_mode: str,
+    token_file: str | None,
+    gcs_address: str | None,
+    path: str,
+) -> None:
+    """What a submitted run needs of the nodes: the token file mounted, every `ray start` set up
+    (_start_commands); for fake_multinode, where the head's GCS listens."""
+    if kind == "fake_multinode":
         if gcs_address:
             doc["provider"]["gcs_address"] = gcs_address
-    setup_note = _setup(doc, raw, kind, ray_version)
+        return
+    mounts = doc.get("file_mounts")
+    if not isinstance(mounts, dict):
+        mounts = {}
+    if auth_mode == "token" and token_file:
+        doc["file_mounts"] = {**mounts, TOKEN_MOUNT: str(token_file)}
+    _start_commands(doc, kind, b, auth_mode, path)
 
-    env = launcher_env(b, auth_mode, token_file, provider=kind)
-    kept = (
-        doc.get("metadata") if isinstance(doc.get("metadata"), Mapping) else {}
-    )  # Ray keeps metadata, never reads it
+
+def _add_metadata(
+    doc: dict, kind: str, versions: tuple[str, str], env: dict[str, str], chosen: dict[str, str]
+) -> None:
+    """`metadata.rayflow`, beside the file's own metadata (Ray keeps metadata, never reads it)."""
+    ray_version, python_version = versions
+    kept = doc.get("metadata")
+    if not isinstance(kept, Mapping):
+        kept = {}
     doc["metadata"] = {
         **kept,
         "rayflow": {
@@ -216,9 +223,12 @@ def render_file(
             "placeholders": [],
         },
     }
-    doc = private_token_setup(merge_overrides(doc, b.get("overrides") or {}))
-    user_file.check_final(doc, path, kind)
 
+
+def _added(
+    b: Mapping, raw: Mapping, kind: str, auth_mode: str, token_file: str | None, ray_version: str
+) -> list[str]:
+    """What rayflow adds to the file, as the dry run's note says it."""
     added = []
     if kind != "fake_multinode":
         if auth_mode == "token":
@@ -236,17 +246,48 @@ def render_file(
         ]
     if "setup_commands" not in raw and kind != "fake_multinode":
         added.append(
-            f"setup_commands pinning ray {ray_version} ({'checked' if kind == 'local' else 'with its runtime dependencies'})"
+            f"setup_commands pinning ray {ray_version} "
+            f"({'checked' if kind == 'local' else 'with its runtime dependencies'})"
         )
+    return added
+
+
+def render_file(
+    section: DictConfig | Mapping,
+    gpu: bool,
+    auth_mode: str,
+    ray_version: str,
+    python_version: str,
+    token_file: str | None = None,
+    gcs_address: str | None = None,
+) -> tuple[dict, list[str]]:
+    """The document rayflow writes for `ray up` (fake_multinode: for `ray start --head
+    --autoscaling-config`) from backend.cluster_yaml, and the notes a dry run prints."""
+    b = with_defaults(section)
+    path = str(b["cluster_yaml"])
+    raw = user_file.load(path)
+    kind = user_file.check_raw(raw, path)
+    doc, user = copy.deepcopy(raw), set_by_user(b)
+
+    chosen = _apply_users_keys(doc, b, user, kind, gpu, path)
+    _add_run_needs(doc, b, kind, auth_mode, token_file, gcs_address, path)
+    setup_note = _setup(doc, raw, kind, ray_version)
+    env = launcher_env(b, auth_mode, token_file, provider=kind)
+    _add_metadata(doc, kind, (ray_version, python_version), env, chosen)
+    doc = private_token_setup(merge_overrides(doc, b.get("overrides") or {}))
+    user_file.check_final(doc, path, kind)
+
+    added = _added(b, raw, kind, auth_mode, token_file, ray_version)
     applied = [
         f"backend.{k}"
         for k in sorted(user & {*TOP_LEVEL, "min_worker_nodes", "ssh_user", "ssh_private_key"})
     ]
-    notes.append(
-        f"rayflow: backend.cluster_yaml {path}: rayflow adds {'; '.join(added) if added else 'nothing'}"
+    notes = [
+        f"rayflow: backend.cluster_yaml {path}: "
+        f"rayflow adds {'; '.join(added) if added else 'nothing'}"
         + (f"; over the file: {', '.join(applied)}" if applied else "")
         + ("; then backend.overrides" if b.get("overrides") else "")
-    )
+    ]
     if setup_note:
         notes.append(setup_note)
     if gpu and "gpu" in chosen:

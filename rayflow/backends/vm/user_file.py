@@ -29,15 +29,19 @@ from rayflow.errors import ConfigError
 from rayflow.security.redaction import REDACTED
 
 KEY = "backend.cluster_yaml"
+# what rayflow starts from a user's file
 LAUNCHED = (
     "fake_multinode",
     "local",
     "aws",
     "gcp",
     "azure",
-)  # what rayflow starts from a user's file
+)
 NOT_LAUNCHED = {
-    "spark": "Ray on Spark's own provider (ray.util.spark starts it inside a Spark application): use backend=spark",
+    "spark": (
+        "Ray on Spark's own provider "
+        "(ray.util.spark starts it inside a Spark application): use backend=spark"
+    ),
     "kuberay": "KubeRay's (its operator starts the pods): use backend=kuberay",
     "readonly": "a read-only provider for a cluster that is already running: use backend=attach",
 }
@@ -45,15 +49,27 @@ FAKE_HEAD_TYPE = "ray.head.default"  # Ray's fake provider names its head node t
 # Keys of Ray 1 cluster files, with what Ray 2 reads instead (a top-level min_workers is the
 # local provider's own and stays).
 LEGACY = {
-    "head_node": "available_node_types and head_node_type (Ray 2 replaced head_node with node types)",
+    "head_node": (
+        "available_node_types and head_node_type (Ray 2 replaced head_node with node types)"
+    ),
     "worker_nodes": "available_node_types (Ray 2 replaced worker_nodes with node types)",
-    "initial_workers": "min_workers of a node type in available_node_types (Ray removed initial_workers)",
-    "autoscaling_mode": "nothing: Ray removed it, the autoscaler scales on pending demand (upscaling_speed)",
-    "target_utilization_fraction": "upscaling_speed (Ray removed it: the autoscaler scales on pending demand)",
-    "min_workers": "min_workers of a node type in available_node_types (Ray ignores a top-level min_workers but for provider local)",
+    "initial_workers": (
+        "min_workers of a node type in available_node_types (Ray removed initial_workers)"
+    ),
+    "autoscaling_mode": (
+        "nothing: Ray removed it, the autoscaler scales on pending demand (upscaling_speed)"
+    ),
+    "target_utilization_fraction": (
+        "upscaling_speed (Ray removed it: the autoscaler scales on pending demand)"
+    ),
+    "min_workers": (
+        "min_workers of a node type in available_node_types "
+        "(Ray ignores a top-level min_workers but for provider local)"
+    ),
 }
-# Placeholders as Ray's examples and guides write them (YOUR_HEAD_NODE_HOSTNAME, WORKER_NODE_1_HOSTNAME,
-# `...` in a list, <project_id>), rayflow's own (<fill in: backend.KEY>) and what a dry run masks (***).
+# Placeholders as Ray's examples and guides write them (YOUR_HEAD_NODE_HOSTNAME,
+# WORKER_NODE_1_HOSTNAME, `...` in a list, <project_id>), rayflow's own (<fill in: backend.KEY>) and
+# what a dry run masks (***).
 PLACEHOLDER = re.compile(
     r"YOUR_[A-Z0-9_]+|[A-Z0-9_]*HOSTNAME[A-Z0-9_]*|TYPICALLY_[A-Z0-9_]+|\.\.\.|<[^<>]+>|"
     + re.escape(REDACTED)
@@ -88,7 +104,8 @@ def load(path: str) -> dict:
         raise refuse(
             path,
             "",
-            f"is not a Ray cluster YAML: a mapping of keys (cluster_name, provider, ...) was expected, got {type(doc).__name__}",
+            "is not a Ray cluster YAML: a mapping of keys (cluster_name, provider, ...) "
+            f"was expected, got {type(doc).__name__}",
         )
     return doc
 
@@ -106,7 +123,8 @@ def provider_type(doc: Mapping, path: str) -> str:
 
 
 def check_raw(doc: Mapping, path: str) -> str:
-    """The file as written: no key of Ray 1 files, a provider rayflow launches. Returns its type."""
+    """The file as written: no key of Ray 1 files, a provider rayflow launches. Returns its
+    type."""
     for key, replacement in LEGACY.items():
         if (
             key in doc
@@ -116,10 +134,10 @@ def check_raw(doc: Mapping, path: str) -> str:
             raise refuse(
                 path, key, f"is a key of outdated (Ray 1) cluster files; use {replacement}"
             )
-    if "cluster_name" in doc and cluster_name_problem(
-        doc["cluster_name"]
-    ):  # it names files (state, Ray's /tmp/ray/cluster-NAME.*)
-        raise refuse(path, "cluster_name", cluster_name_problem(doc["cluster_name"]))
+    # it names files (state, Ray's /tmp/ray/cluster-NAME.*)
+    problem = cluster_name_problem(doc["cluster_name"]) if "cluster_name" in doc else None
+    if problem:
+        raise refuse(path, "cluster_name", problem)
     kind = provider_type(doc, path)
     if kind not in LAUNCHED:
         why = (
@@ -134,7 +152,7 @@ def _is_local(doc: Mapping) -> bool:
     return isinstance(doc.get("provider"), Mapping) and doc["provider"].get("type") == "local"
 
 
-def placeholders(doc: Mapping, prefix: str = "") -> list[str]:
+def placeholders(doc: Mapping | list, prefix: str = "") -> list[str]:
     """Keys (dotted) whose value is a placeholder, outside the commands (shell text)."""
     found = []
     items = doc.items() if isinstance(doc, Mapping) else enumerate(doc)
@@ -229,13 +247,15 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
             raise refuse(
                 path,
                 "head_node_type",
-                f"must be {FAKE_HEAD_TYPE!r} with provider fake_multinode (Ray's fake provider names its head so)",
+                f"must be {FAKE_HEAD_TYPE!r} with provider fake_multinode "
+                "(Ray's fake provider names its head so)",
             )
         if doc["provider"].get("disable_node_updaters") is not True:
             raise refuse(
                 path,
                 "provider.disable_node_updaters",
-                "must be true with provider fake_multinode (its nodes are processes here, not SSH hosts)",
+                "must be true with provider fake_multinode "
+                "(its nodes are processes here, not SSH hosts)",
             )
     else:
         key_file = (doc.get("auth") or {}).get("ssh_private_key")

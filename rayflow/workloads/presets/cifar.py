@@ -1,8 +1,8 @@
 """workload=cifar: Ray Tune + ASHA over the seed tutorial's CIFAR10 CNN, a checkpoint per epoch.
 
-Each trial loads the data once (uint8 tensors, see rayflow.workloads.presets.cifar_data), trains with SGD, and
-every epoch reports val_loss, val_accuracy and epoch with a checkpoint holding the model
-and optimizer state. A restarted trial (FailureConfig.max_failures) or a resumed
+Each trial loads the data once (uint8 tensors, see rayflow.workloads.presets.cifar_data), trains
+with SGD, and every epoch reports val_loss, val_accuracy and epoch with a checkpoint holding the
+model and optimizer state. A restarted trial (FailureConfig.max_failures) or a resumed
 experiment (resume=true) continues from the trial's last checkpoint.
 
 The epoch body is train_epoch (with TrainStep) and evaluate, which scripts/bench_data.py
@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -26,19 +28,20 @@ from rayflow.workloads.presets import cifar_data
 from rayflow.workloads.presets.cifar_data import DataSpec, iterate, load_split
 from rayflow.workloads.presets.models import Net
 
-KIND = (
-    "tune"  # a preset of workload=tune: conf/workload/cifar.yaml names train_cifar as its trainable
-)
+# a preset of workload=tune: conf/workload/cifar.yaml names train_cifar as its trainable
+KIND = "tune"
 METRICS = ("val_loss", "val_accuracy", "train_loss", "epoch")
 
 
 def prepare(cfg, here: bool) -> None:
-    """The CIFAR-format data set (conf/data/cifar10.yaml), made or fetched here before the cluster starts."""
+    """The CIFAR-format data set (conf/workload/data/cifar10.yaml), made or fetched here before the
+    cluster starts."""
     cifar_data.prepare_run(cfg, here)
 
 
 def worker_imports(cfg) -> tuple[str, ...]:
-    return ()  # none preloaded (rayflow.workloads.Workload): a trial imports torch in about a second
+    # none preloaded (rayflow.workloads.Workload): a trial imports torch in about a second
+    return ()
 
 
 def metrics(cfg) -> dict[str, str]:
@@ -54,7 +57,8 @@ def powers_of_two(low: int, high: int) -> list[int]:
 
 
 def check(cfg) -> None:
-    """Every key of workload=cifar is checked by its schema (rayflow.workloads.presets.keys.Cifar)."""
+    """Every key of workload=cifar is checked by its schema
+    (rayflow.workloads.presets.keys.Cifar)."""
 
 
 def demand(cfg) -> list[Bundle]:
@@ -91,6 +95,17 @@ GRAPH_ENV = "RAYFLOW_CUDA_GRAPH"  # "0" turns the CUDA-graph step off (eager ste
 GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as PyTorch's docs do
 
 
+@dataclass
+class Captured:
+    """A step captured as a CUDA graph: the graph, the tensors it reads its batch from (the later
+    batches are copied into them), and what it baked in (TrainStep._signature)."""
+
+    graph: torch.cuda.CUDAGraph
+    images: torch.Tensor
+    labels: torch.Tensor
+    signature: tuple[Any, ...]
+
+
 class TrainStep:
     """One SGD step on a batch: zero_grad, forward, loss, backward, optimizer.step.
 
@@ -117,24 +132,28 @@ class TrainStep:
             cuda_graph = os.environ.get(GRAPH_ENV, "1") != "0"
         self.use_graph = bool(cuda_graph) and self.device.type == "cuda"
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.graph = None
-        self.signature = None
+        self.captured: Captured | None = None
         self.warmed = 0
-        self.static_images = self.static_labels = None
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        """The captured step's CUDA graph; None while the steps run eagerly."""
+        return self.captured.graph if self.captured is not None else None
 
     def __call__(self, images, labels) -> None:
         if self.use_graph and len(labels) == self.batch_size:
-            if self.graph is not None:
-                self.static_images.copy_(images)
-                self.static_labels.copy_(labels)
-                self.graph.replay()
+            if self.captured is not None:
+                self.captured.images.copy_(images)
+                self.captured.labels.copy_(labels)
+                self.captured.graph.replay()
                 return
             if self.warmed < GRAPH_WARMUP_STEPS:
                 self._side_stream_step(images, labels)
                 self.warmed += 1
                 return
-            if self._capture(images, labels):
-                self.graph.replay()  # capturing ran nothing: this batch's step
+            captured = self._capture(images, labels)
+            if captured is not None:
+                captured.graph.replay()  # capturing ran nothing: this batch's step
                 return
         self._step(images, labels)
 
@@ -153,8 +172,9 @@ class TrainStep:
             self._step(images, labels)
         current.wait_stream(side)
 
-    def _signature(self) -> tuple:
-        """What the captured graph baked in: the tensors it reads and writes, the hyperparameters."""
+    def _signature(self) -> tuple[Any, ...]:
+        """What the captured graph baked in: the tensors it reads and writes, the
+        hyperparameters."""
         params = tuple(
             p.data_ptr() for group in self.optimizer.param_groups for p in group["params"]
         )
@@ -170,34 +190,37 @@ class TrainStep:
         )
         return params, state, hyper
 
-    def _capture(self, images, labels) -> bool:
-        self.static_images, self.static_labels = images.clone(), labels.clone()
+    def _capture(self, images, labels) -> Captured | None:
+        """Capture the step on this batch (the capture runs nothing); None where capture failed
+        (the steps run eagerly from then on)."""
+        static_images, static_labels = images.clone(), labels.clone()
         self.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
+        # Broad on purpose: whatever the capture raises (an op CUDA graphs cannot hold, a driver's
+        # limit), an eager step trains the same; the run must not end over a speed-up.
         try:
             with torch.cuda.graph(graph):
-                loss = self.criterion(self.net(self.static_images), self.static_labels)
+                loss = self.criterion(self.net(static_images), static_labels)
                 loss.backward()
                 self.optimizer.step()
                 self.loss_sum.add_(loss.detach().double())
-        except Exception as err:  # noqa: BLE001 - any capture failure: keep training eagerly
+        except Exception as err:  # noqa: BLE001
             warnings.warn(
                 f"CUDA graph capture of the training step failed, training eagerly: {err}",
                 RuntimeWarning,
+                stacklevel=1,  # the step's own event, not its caller's doing
             )
             self.use_graph = False
-            self.static_images = self.static_labels = None
             self.optimizer.zero_grad(set_to_none=True)
-            return False
-        self.graph, self.signature = graph, self._signature()
-        return True
+            return None
+        self.captured = Captured(graph, static_images, static_labels, self._signature())
+        return self.captured
 
     def check(self) -> None:
         """Drop the graph if what it captured is no longer the optimizer's (the next full
         batches warm up and capture again)."""
-        if self.graph is not None and self._signature() != self.signature:
-            self.graph = self.signature = None
-            self.static_images = self.static_labels = None
+        if self.captured is not None and self._signature() != self.captured.signature:
+            self.captured = None
             self.warmed = 0
 
 
@@ -243,9 +266,8 @@ def train_cifar(config: dict, data: DataSpec, max_epochs: int, want_gpu: bool) -
         with checkpoint.as_directory() as folder:
             start = load_checkpoint(folder, net, optimizer, device)
     generator = torch.Generator().manual_seed(data.seed + start)
-    step = TrainStep(
-        net, optimizer, criterion, int(config["batch_size"])
-    )  # after the restore: see TrainStep
+    # after the restore: see TrainStep
+    step = TrainStep(net, optimizer, criterion, int(config["batch_size"]))
 
     for epoch in range(start + 1, max_epochs + 1):
         train_loss = train_epoch(step, train_x, train_y, generator)

@@ -86,13 +86,17 @@ class DataSpec:
         if self.synthetic:
             # The version is in the name: a set written by an older generator under the same root
             # is not reused (it would show the old, trivially solved learning curves).
-            name = f"synthetic-v{SYNTHETIC_VERSION}-{self.synthetic_train_size}-{self.synthetic_test_size}-seed{self.seed}"
+            name = (
+                f"synthetic-v{SYNTHETIC_VERSION}-{self.synthetic_train_size}-"
+                f"{self.synthetic_test_size}-seed{self.seed}"
+            )
             return Path(self.root) / name / BATCH_DIR
         return Path(self.root) / BATCH_DIR
 
 
 def spec(cfg) -> DataSpec:
-    """The data set a run of cifar or ddp reads: its `data:` section (conf/data/cifar10.yaml) and seed."""
+    """The data set a run of cifar or ddp reads: its `data:` section
+    (conf/workload/data/cifar10.yaml) and seed."""
     return DataSpec.from_config(cfg.data, seed=int(cfg.seed))
 
 
@@ -107,7 +111,8 @@ def prepare_run(cfg, here: bool) -> None:
     data = spec(cfg)
     if data.synthetic:
         print(
-            f"[rayflow] data: SYNTHETIC CIFAR-format set (data.synthetic=true) under {data.batch_dir}",
+            "[rayflow] data: SYNTHETIC CIFAR-format set (data.synthetic=true) under "
+            f"{data.batch_dir}",
             flush=True,
         )
     if here:
@@ -133,7 +138,8 @@ def _lock(root: Path, timeout_s: float):
             lock.acquire(timeout=timeout_s)
     except Timeout:
         raise DataError(
-            f"data.timeout_s: waited {timeout_s:g} s for another process preparing the data under {root} (lock {lock.lock_file})"
+            f"data.timeout_s: waited {timeout_s:g} s for another process preparing the data under "
+            f"{root} (lock {lock.lock_file})"
         ) from None
     try:
         yield
@@ -142,13 +148,13 @@ def _lock(root: Path, timeout_s: float):
 
 
 def prepare(spec: DataSpec) -> Path:
-    """Make sure the batches exist on this node (download or synthesise once), return their folder."""
+    """Make sure the batches exist on this node (download or synthesise once), return their
+    folder."""
     batch_dir = spec.batch_dir
     if _complete(batch_dir):
         return batch_dir
-    with _lock(
-        Path(spec.root), spec.timeout_s
-    ):  # concurrent trials on a node: one fetches, the others wait
+    # concurrent trials on a node: one fetches, the others wait
+    with _lock(Path(spec.root), spec.timeout_s):
         if not _complete(batch_dir):
             if spec.synthetic:
                 write_synthetic(
@@ -190,8 +196,8 @@ def download(
                     bar.update(len(chunk))
         except OSError as err:
             raise DataError(
-                f"data.download: could not fetch {shown} ({mask_text(str(err))}; data.timeout_s={timeout_s:g}); "
-                "set data.synthetic=true to run offline"
+                f"data.download: could not fetch {shown} ({mask_text(str(err))}; "
+                f"data.timeout_s={timeout_s:g}); set data.synthetic=true to run offline"
             ) from None
         bar.finished()
         if digest.hexdigest() != md5:
@@ -223,7 +229,8 @@ def write_synthetic(batch_dir: Path, train_size: int, test_size: int, seed: int)
             + coarse.repeat(4, axis=2).repeat(4, axis=3)
             + rng.normal(0, SYNTHETIC_PIXEL_SD, size=(n, 3, 32, 32))
         )
-        # Some labels drawn at random, as in real data: no model reaches loss 0 on the validation split.
+        # Some labels drawn at random, as in real data: no model reaches loss 0 on the validation
+        # split.
         noisy = rng.random(n) < SYNTHETIC_LABEL_NOISE
         labels = np.where(noisy, rng.integers(0, NUM_CLASSES, size=n), labels)
         data = np.clip(images, 0, 255).astype(np.uint8).reshape(n, 3072)
@@ -232,7 +239,8 @@ def write_synthetic(batch_dir: Path, train_size: int, test_size: int, seed: int)
     tmp = batch_dir.with_name(batch_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name, size in zip(TRAIN_FILES, np.array_split(np.arange(train_size), len(TRAIN_FILES))):
+    parts = np.array_split(np.arange(train_size), len(TRAIN_FILES))
+    for name, size in zip(TRAIN_FILES, parts, strict=True):
         _dump(tmp / name, make(len(size)))
     _dump(tmp / TEST_FILE, make(test_size))
     _dump(
@@ -299,11 +307,13 @@ def load_batch(path: Path) -> dict:
             batch = BatchUnpickler(f, encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as err:
         raise DataError(
-            f"data.root: {path} is not a CIFAR-10 batch pickle ({type(err).__name__}: {err}); not loaded: remove it or point data.root elsewhere"
+            f"data.root: {path} is not a CIFAR-10 batch pickle ({type(err).__name__}: {err}); not "
+            "loaded: remove it or point data.root elsewhere"
         ) from None
     if not isinstance(batch, dict) or not {b"data", b"labels"} <= set(batch):
         raise DataError(
-            f"data.root: {path} is not a CIFAR-10 batch (no data and labels); not loaded: remove it or point data.root elsewhere"
+            f"data.root: {path} is not a CIFAR-10 batch (no data and labels); not loaded: remove "
+            "it or point data.root elsewhere"
         )
     return batch
 

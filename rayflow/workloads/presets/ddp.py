@@ -20,12 +20,14 @@ KIND = "train"
 
 
 def prepare(cfg, here: bool) -> None:
-    """The CIFAR-format data set (conf/data/cifar10.yaml), made or fetched here before the cluster starts."""
+    """The CIFAR-format data set (conf/workload/data/cifar10.yaml), made or fetched here before the
+    cluster starts."""
     cifar_data.prepare_run(cfg, here)
 
 
 def worker_imports(cfg) -> tuple[str, ...]:
-    return ()  # none preloaded: every new worker would import them, Ray Train's controller (no torch) too
+    # none preloaded: every new worker would import them, Ray Train's controller (no torch) too
+    return ()
 
 
 def metrics(cfg) -> dict[str, str]:
@@ -57,7 +59,8 @@ def check(cfg) -> None:
 
 
 def demand(cfg) -> list[Bundle]:
-    """One Train run: num_workers workers at once (the controller and a sweep's trial take no CPU)."""
+    """One Train run: num_workers workers at once (the controller and a sweep's trial take no
+    CPU)."""
     return [
         section_bundle(
             cfg,
@@ -108,9 +111,9 @@ def sweep(cfg, ctx, train: TrainJob):
                 "max_failures": 0,
                 "reuse_actors": False,
             },
-            "verbose": cfg.get("verbose"),
+            "verbose": cfg.get("verbose"),  # Tune's tables only when `verbose` asks
         }
-    )  # Tune's tables only when `verbose` asks
+    )
     searched = tune_kind.job(keys, train_trial)
     searched.shown_metrics = ("val_accuracy", "val_loss")
     return sweep_job(train, ctx, searched)

@@ -1,11 +1,11 @@
-"""The keys of the presets cifar, ddp and ppo (conf/workload/*.yaml) and of the CIFAR data set cifar and
-ddp read (conf/data/cifar10.yaml), their kinds and the rules between them.
+"""The keys of the presets cifar, ddp and ppo (conf/workload/*.yaml) and of the CIFAR data set cifar
+and ddp read (conf/workload/data/cifar10.yaml), their kinds and the rules between them.
 
 Rules that need more than the workload's own section (a GPU request against `compute`, a sweep
 against the backend's dashboard) read the whole config from the validation context."""
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, ValidationInfo, model_validator
 
@@ -82,7 +82,11 @@ def _positive_numbers_or_null(value: Any) -> list | None:
     return value
 
 
-AnyNumber = kind(f"number in [{-NUMBER_MAX:g}, {NUMBER_MAX:g}]", _finite(NUMBER_MAX))
+if TYPE_CHECKING:
+    # mypy cannot read a kind (a call) as a type: this one lets numbers through, which compare
+    AnyNumber = float
+else:
+    AnyNumber = kind(f"number in [{-NUMBER_MAX:g}, {NUMBER_MAX:g}]", _finite(NUMBER_MAX))
 MetricKind = OneOf("val_loss", "val_accuracy")
 ModeKind = OneOf("min", "max")
 ModelKind = OneOf("cnn", "resnet")
@@ -154,7 +158,8 @@ class Data(Section):
 
     root: WritableDir = Field(description="CIFAR-10 python batches, shared by the trials of a node")
     download: Boolean = Field(
-        description="fetch `data.url` once (checked against `data.md5`) when the batches are missing"
+        description="fetch `data.url` once (checked against `data.md5`) "
+        "when the batches are missing"
     )
     url: Text = Field(description="the archive's address: point at a mirror of the same file")
     md5: Text = Field(description="the archive's md5")
@@ -200,14 +205,14 @@ class Asha(Section):
 
 
 class Cifar(Shipped):
-    sections: ClassVar[dict[str, type[Section]]] = {
-        "data": Data
-    }  # conf/data/cifar10.yaml, at the root
+    # the data set it reads, at the root as `data` (conf/workload/data/cifar10.yaml)
+    sections: ClassVar[dict[str, type[Section]]] = {"data": Data}
 
     name: Text = Field(description="`cifar`: Ray Tune + ASHA over the CIFAR10 CNN")
     kind: OneOf("tune") = Field(description="a preset of `workload=tune`")
     trainable: ModuleFunction = Field(
-        description="the trainable: rayflow's CIFAR function, `train_cifar(config, data, max_epochs, want_gpu)`"
+        description="the trainable: rayflow's CIFAR function, `train_cifar(config, data, "
+        "max_epochs, want_gpu)`"
     )
     num_samples: Integer(1, TRIALS_MAX) = Field(description="trials sampled from the search space")
     max_epochs: Integer() = Field(description="epochs per trial (ASHA's `max_t`)")
@@ -255,10 +260,12 @@ class Ddp(Shipped):
     name: Text = Field(description="`ddp`: data-parallel training with Ray Train")
     kind: OneOf("train") = Field(description="a preset of `workload=train`")
     train_loop: ModuleFunction = Field(
-        description="the loop every worker runs: rayflow's, `rayflow.workloads.presets.ddp_loop:train_loop`"
+        description="the loop every worker runs: rayflow's, "
+        "`rayflow.workloads.presets.ddp_loop:train_loop`"
     )
     model: ModelKind = Field(
-        description="`cnn` (the seed CNN) or `resnet` (a small ResNet, ~0.7M parameters, worth a GPU)"
+        description="`cnn` (the seed CNN) or `resnet` (a small ResNet, ~0.7M parameters, worth a "
+        "GPU)"
     )
     num_workers: Integer() = Field(description="Ray Train workers, one model replica each")
     resources_per_worker: Resources = Field(description="what each worker reserves")
@@ -298,10 +305,12 @@ class Ddp(Shipped):
                 )
             if _whole(info).get("backend", {}).get("include_dashboard") is False:
                 # ASHA stops Train runs midway; Ray Train then frees their workers' placement
-                # group through the state API, which the dashboard serves. Without it the sweep hangs.
+                # group through the state API, which the dashboard serves. Without it the sweep
+                # hangs.
                 raise KeyedError(
                     "!backend.include_dashboard",
-                    "must be true for workload.tune=true (Ray Train frees stopped runs through the dashboard's state API)",
+                    "must be true for workload.tune=true (Ray Train frees stopped runs through the "
+                    "dashboard's state API)",
                 )
         return self
 
@@ -328,7 +337,8 @@ class Ppo(Shipped):
     name: Text = Field(description="`ppo`: RLlib PPO")
     kind: OneOf("rllib") = Field(description="a preset of `workload=rllib`")
     env: Text = Field(
-        description="a Gymnasium id (`module:Env-v0` imports `module` first); unknown ids are refused up front"
+        description="a Gymnasium id (`module:Env-v0` imports `module` first); unknown ids are "
+        "refused up front"
     )
     num_env_runners: Integer(0) = Field(
         description="sampling actors (0: sample in the algorithm's own process)"
@@ -365,7 +375,8 @@ class Ppo(Shipped):
         if self.minibatch_size > self.train_batch_size:
             raise KeyedError(
                 "minibatch_size",
-                f"({self.minibatch_size}) exceeds workload.train_batch_size ({self.train_batch_size})",
+                f"({self.minibatch_size}) exceeds workload.train_batch_size "
+                f"({self.train_batch_size})",
             )
         return self
 

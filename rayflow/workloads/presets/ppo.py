@@ -25,7 +25,8 @@ WORKER_IMPORTS = (
     "ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module",
     "ray.rllib.env.single_agent_env_runner",
     "rayflow.workloads.presets.ppo",
-    "torch._inductor.config",  # 1.5 s: the seed (.debugging) turns on torch.use_deterministic_algorithms, which imports it
+    # 1.5 s: the seed (.debugging) turns on torch.use_deterministic_algorithms, which imports it
+    "torch._inductor.config",
 )
 # The trial's params in MLflow (its config is RLlib's whole AlgorithmConfig; the parent run
 # holds rayflow's config).
@@ -131,9 +132,8 @@ def algo_config(cfg, gpu: bool):
                 vf_share_layers=bool(w.vf_share_layers),
             )
         )
-        .learners(
-            num_learners=0, num_gpus_per_learner=1 if gpu else 0
-        )  # the learner runs in the trial's actor
+        # the learner runs in the trial's actor
+        .learners(num_learners=0, num_gpus_per_learner=1 if gpu else 0)
         .callbacks(StepRate)
         .debugging(seed=int(cfg.seed))
     )
@@ -161,5 +161,5 @@ def run(cfg, ctx):
         int(w.max_failures),
         gpu,
         PARAMS,
-        shown_keys=("lr",),
-    )  # as before the grid was generalised
+        shown_keys=("lr",),  # as before the grid was generalised
+    )
