@@ -37,6 +37,21 @@ def compose_config(*overrides: str) -> DictConfig:
         GlobalHydra.instance().clear()
 
 
+def default_choice(group: str) -> str:
+    """The option the root config's defaults list chooses for `group` (conf/config.yaml)."""
+    from importlib import resources
+
+    import yaml
+
+    root = yaml.safe_load(
+        resources.files(CONFIG_MODULE).joinpath(f"{CONFIG_NAME}.yaml").read_text()
+    )
+    for entry in root.get("defaults", []):
+        if isinstance(entry, dict) and group in entry:
+            return str(entry[group])
+    raise LookupError(f"conf/{CONFIG_NAME}.yaml chooses no {group}")
+
+
 def replacing_mappings(overrides: list[str]) -> list[str]:
     """`workload.stop={...}` replaces a free-form mapping (a key of kind "a mapping, or null", e.g.
     rllib's stop) that its YAML fills by default, as it does one left null: Hydra would merge the
@@ -50,9 +65,8 @@ def replacing_mappings(overrides: list[str]) -> list[str]:
     from rayflow.workloads import REGISTRY
     from rayflow.workloads.keys import free_form_keys
 
-    name = next(
-        (o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "workload"), "cifar"
-    )
+    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "workload"]
+    name = chosen[-1] if chosen else default_choice("workload")
     shipped = resources.files(CONFIG_MODULE).joinpath("workload").joinpath(f"{name}.yaml")
     if name not in REGISTRY or not shipped.is_file():
         return overrides
