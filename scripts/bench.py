@@ -40,9 +40,11 @@ ready, scale-up, scale-down; `ratio` = rayflow's ready / plain's.
 
 Every subcommand takes `--smoke`: the same code paths of both sides at the least size (a few
 trials of a fraction of a second, one repeat, a few hundred synthetic images, an iteration or
-two), still one JSON line with the same keys, in seconds to a minute or two; its figures measure
-nothing. tests/test_bench.py (and, in their modules' turn, tests/test_spark.py and
-tests/test_vm.py) run each one so that none rots:
+two), without the phases that only measure (the settle sleep before a timed run, the waits for
+an autoscaler to add and remove nodes: each cluster is still started, used and stopped), still
+one JSON line with the same keys (a figure of a left-out phase is null) and `"smoke": true`, in
+seconds to about a minute; its figures measure nothing. tests/test_bench.py (and, in their
+modules' turn, tests/test_spark.py and tests/test_vm.py) run each one so that none rots:
 
     python scripts/bench.py tune-overhead --smoke
     python scripts/bench.py data-pipeline --smoke --device cpu [--rayflow-only]  # no torchvision: --rayflow-only
@@ -72,7 +74,7 @@ import bench_ddp
 import bench_launcher
 import bench_ppo
 import bench_vm
-from bench_common import log, smoke_option, wait_for
+from bench_common import log, median_or_none, rounded, seconds, smoke_option, wait_for
 
 # Must be set before ray is imported anywhere (rayflow imports it lazily); a local
 # benchmark cluster needs no token, and the caller may still choose otherwise.
@@ -202,7 +204,8 @@ def tune_overhead(args) -> dict:
                 began = time.perf_counter()
                 with cluster():
                     starts[name].append(time.perf_counter() - began)
-                    time.sleep(SETTLE_S)
+                    if not args.smoke:  # only the measurement needs the settled cluster
+                        time.sleep(SETTLE_S)
                     start = time.perf_counter()
                     interrupted = run(storage, prepared)
                     walls[name].append(time.perf_counter() - start)
@@ -246,7 +249,14 @@ def tune_overhead_args(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="leave out the MLflow trial callback on rayflow's side",
     )
-    smoke_option(p, trials=4, trial_seconds=0.4, reports=2, repeats=1)
+    smoke_option(
+        p,
+        "no settle sleep before a timed run",
+        trials=2,
+        trial_seconds=0.2,
+        reports=2,
+        repeats=1,
+    )
 
 
 def spark_cluster(args) -> dict:
@@ -259,11 +269,16 @@ def spark_cluster(args) -> dict:
     from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
 
+    # The scaling measurement starts from one worker node and adds a second. A smoke run measures
+    # no scaling: each cluster is the Ray head alone (no worker node's Spark job is launched) on
+    # the least Spark, one worker of one core (the default master has two).
+    workers = 0 if args.smoke else 1
     overrides = [
         "backend=spark",
-        "backend.min_worker_nodes=1",
-        "backend.max_worker_nodes=2",
+        f"backend.min_worker_nodes={workers}",
+        f"backend.max_worker_nodes={1 if args.smoke else 2}",
         f"backend.autoscale_idle_timeout_minutes={args.idle_minutes}",
+        *(["backend.master='local-cluster[1, 1, 2048]'"] if args.smoke else []),
     ]
     cfg = compose_config(*overrides)
 
@@ -302,11 +317,14 @@ def spark_cluster(args) -> dict:
 
         return ready, stop
 
-    def scaling() -> tuple[float, float]:
-        """(demand -> second worker alive, first worker idle -> it is removed), in seconds."""
+    def scaling() -> tuple[float | None, float | None]:
+        """(demand -> second worker alive, first worker idle -> it is removed), in seconds; in a
+        smoke run (None, None) once the driver sees the cluster's nodes: no scaling is waited for."""
         alive = lambda: sum(1 for n in ray.nodes() if n["Alive"])  # noqa: E731
+        wait_for(lambda: alive() >= 1 + workers, NODE_WAIT_S, "the Ray-on-Spark nodes")
+        if args.smoke:
+            return None, None
         hold = ray.remote(num_cpus=1)(lambda s: time.sleep(s))
-        wait_for(lambda: alive() >= 2, NODE_WAIT_S, "first Ray-on-Spark worker node")
         asked = time.perf_counter()
         refs = [hold.remote(args.task_seconds) for _ in range(2)]
         wait_for(lambda: alive() >= 3, NODE_WAIT_S, "second worker node (scale-up)")
@@ -331,22 +349,22 @@ def spark_cluster(args) -> dict:
                 stop()
             figures.setdefault(name, []).append((ready, up, down))
             log(
-                f"repeat {rep + 1}/{args.repeats} {name}: ready {ready:.1f} s, scale-up {up:.1f} s, scale-down {down:.1f} s"
+                f"repeat {rep + 1}/{args.repeats} {name}: ready {ready:.1f} s, scale-up {seconds(up)}, scale-down {seconds(down)}"
             )
 
     med = {
-        name: [statistics.median(v[i] for v in runs) for i in range(3)]
+        name: [median_or_none(v[i] for v in runs) for i in range(3)]
         for name, runs in figures.items()
     }
     return {
         "name": "spark-cluster",
         "ratio": round(med["rayflow"][0] / med["plain"][0], 4),
-        "ready_s": round(med["rayflow"][0], 2),
-        "plain_ready_s": round(med["plain"][0], 2),
-        "scale_up_s": round(med["rayflow"][1], 2),
-        "plain_scale_up_s": round(med["plain"][1], 2),
-        "scale_down_s": round(med["rayflow"][2], 2),
-        "plain_scale_down_s": round(med["plain"][2], 2),
+        "ready_s": rounded(med["rayflow"][0], 2),
+        "plain_ready_s": rounded(med["plain"][0], 2),
+        "scale_up_s": rounded(med["rayflow"][1], 2),
+        "plain_scale_up_s": rounded(med["plain"][1], 2),
+        "scale_down_s": rounded(med["rayflow"][2], 2),
+        "plain_scale_down_s": rounded(med["plain"][2], 2),
         "idle_timeout_s": args.idle_minutes * 60,
         "master": str(cfg.backend.master),
         "repeats": args.repeats,
@@ -367,7 +385,13 @@ def spark_cluster_args(p: argparse.ArgumentParser) -> None:
         help="length of the two tasks that force a scale-up (longer than a scale-up takes)",
     )
     p.add_argument("--repeats", type=int, default=1)
-    smoke_option(p, task_seconds=25, repeats=1)
+    smoke_option(
+        p,
+        "each side's Ray cluster is its head node alone (backend.min_worker_nodes=0) on a Spark "
+        "of one worker, started, seen by the driver and stopped: no scale-up or scale-down is "
+        "waited for",
+        repeats=1,
+    )
 
 
 # name -> (function returning the result dict, function adding its options, help).
@@ -435,6 +459,8 @@ def main(argv=None) -> int:
     result_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     result = BENCHMARKS[args.command][0](args)
+    if args.smoke:  # its figures measure nothing: the line says so
+        result["smoke"] = True
     result_out.write(json.dumps(result) + "\n")
     result_out.flush()
     return 0

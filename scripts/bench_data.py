@@ -247,9 +247,8 @@ def seed_epochs(
         log(
             f"seed epoch: {epochs[-1]:.3f} s (training {trains[-1]:.3f} s), val_accuracy {correct / total:.3f}"
         )
-    began = (
-        time.perf_counter()
-    )  # the pipeline alone: an epoch of training batches on the device, no model
+    # the pipeline alone: an epoch of training batches on the device, no model
+    began = time.perf_counter()
     for inputs, labels in trainloader:
         inputs, labels = inputs.to(device), labels.to(device)
     _sync(device)

@@ -47,6 +47,7 @@ def overrides(args) -> list[str]:
         "workload=ppo",
         "backend.num_cpus=2",
         f"backend.preload_worker_imports={str(args.warm).lower()}",
+        *(["backend.include_dashboard=false"] if args.smoke else []),
         *([f"workload.train_batch_size={args.train_batch_size}"] if args.train_batch_size else []),
     ]
 

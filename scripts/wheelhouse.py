@@ -150,9 +150,8 @@ def stub_environment(folder: Path, have: dict) -> Path:
     python = folder / "bin" / "python"
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "install", "--upgrade", "pip>=24.2"], check=True)
-    subprocess.run(
-        [*pip, "uninstall", "-y", "setuptools"], check=False, capture_output=True
-    )  # a stub may take its place
+    # a stub may take its place
+    subprocess.run([*pip, "uninstall", "-y", "setuptools"], check=False, capture_output=True)
     site = Path(
         subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

@@ -150,9 +150,8 @@ def head_node():
 
     ray_cli = str(Path(sys.executable).parent / "ray")
     port = _free_port()
-    temp_dir = tempfile.mkdtemp(
-        prefix="rf-head-"
-    )  # short: Ray's socket paths must stay < 108 chars
+    # short: Ray's socket paths must stay < 108 chars
+    temp_dir = tempfile.mkdtemp(prefix="rf-head-")
     env = dict(os.environ, RAY_AUTH_MODE="token")
     try:
         subprocess.run(

@@ -141,15 +141,13 @@ def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayfl
     assert stopped["env_same"] and stopped["sigint_same"]
     assert seen["resumed"]["folder"] == stopped["folder"] and seen["resumed"]["epochs"] == [20]
     assert not seen["resumed"]["connected"]
-    assert (
-        seen["refused"]["key"] == "workload.num_samples"
-    )  # a failed preflight, then a run that works
+    # a failed preflight, then a run that works
+    assert seen["refused"]["key"] == "workload.num_samples"
     assert seen["after"]["env_same"] and not seen["after"]["connected"]
     sweep = seen["sweep"]
     assert len(set(sweep["folders"])) == 2 and sweep["trials"] == [2, 2] and not sweep["connected"]
-    assert (
-        seen["_output"].count("[rayflow] reusing the local cluster") == 1
-    )  # the sweep's second job
+    # the sweep's second job
+    assert seen["_output"].count("[rayflow] reusing the local cluster") == 1
     assert ray_daemon_pids() - before == set()
 
 

@@ -69,9 +69,8 @@ class TestLocal(LifecycleSuite, DriverConnectionSuite):
 
         before = os.environ.get("RAY_API_SERVER_ADDRESS")
         with running(backend):
-            own = ray_address_to_api_server_url(
-                ray.get_runtime_context().gcs_address
-            )  # what the GCS says
+            # what the GCS says
+            own = ray_address_to_api_server_url(ray.get_runtime_context().gcs_address)
             asked = ray.get(
                 ray.remote(
                     lambda: (
@@ -81,9 +80,8 @@ class TestLocal(LifecycleSuite, DriverConnectionSuite):
                 ).remote()
             )
         assert asked == (own, own)
-        assert (
-            os.environ.get("RAY_API_SERVER_ADDRESS") == before
-        )  # the driver's environment put back
+        # the driver's environment put back
+        assert os.environ.get("RAY_API_SERVER_ADDRESS") == before
 
 
 @pytest.mark.usefixtures("head_node")

@@ -17,9 +17,8 @@ from rayflow.testing.processes import ray_daemon_pids
 from tests.harness.cli import Rayflow
 
 TUNE = ["workload.metric=loss", "workload.mode=min"]  # what every workload=tune command names
-VM_FILES = (
-    Path(__file__).parent / "bad_cluster_yaml"
-)  # bad Ray cluster YAMLs (backend.cluster_yaml)
+# bad Ray cluster YAMLs (backend.cluster_yaml)
+VM_FILES = Path(__file__).parent / "bad_cluster_yaml"
 
 BAD_INPUT = [
     # booleans take true/false only (a string like "maybe" is truthy)

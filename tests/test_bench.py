@@ -29,7 +29,8 @@ BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 def run_bench(rayflow, name: str, *options: str, keys: tuple[str, ...], timeout: float) -> dict:
     """`python scripts/bench.py NAME --smoke OPTIONS` in the test's own folder (the `rayflow`
     fixture's, which fails the test on Ray daemons left running): its one JSON line, checked to
-    hold `keys` besides `name`. A run past `timeout` is stopped (SIGTERM, then SIGKILL) and fails."""
+    hold `keys` besides `name` and `"smoke": true`. A run past `timeout` is stopped (SIGTERM,
+    then SIGKILL) and fails."""
     argv = [sys.executable, str(BENCH), name, "--smoke", *options]
     proc = subprocess.Popen(
         argv,
@@ -56,6 +57,7 @@ def run_bench(rayflow, name: str, *options: str, keys: tuple[str, ...], timeout:
     assert len(lines) == 1, f"stdout is not one JSON line: {out[-2000:]!r}; {tail}"
     result = json.loads(lines[0])
     assert isinstance(result, dict) and result.get("name") == name, result
+    assert result.get("smoke") is True, f"the line does not say it is a smoke run: {result}"
     missing = [key for key in keys if key not in result]
     assert not missing, f"no {missing} in {result}"
     return result
@@ -75,7 +77,7 @@ def test_tune_overhead(rayflow):
     assert positive(
         result["ratio"], result["plain_ratio"], result["wall_s"], result["plain_wall_s"]
     )
-    assert result["trials"] == 4 and result["tracking"] == "mlflow"
+    assert result["trials"] == 2 and result["tracking"] == "mlflow"
 
 
 def test_ddp_overhead(rayflow):

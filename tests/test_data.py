@@ -86,9 +86,8 @@ def test_seed_cnn_learns_the_synthetic_set_over_epochs_not_in_one(tmp_path):
     )
     generator = torch.Generator().manual_seed(0)
     curve, threads = [], torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # a trial's one CPU; more threads on a busy machine take minutes, not seconds
+    # a trial's one CPU; more threads on a busy machine take minutes, not seconds
+    torch.set_num_threads(1)
     try:
         for _ in range(4):
             cifar.train_epoch(step, train_x, train_y, generator)
@@ -96,9 +95,8 @@ def test_seed_cnn_learns_the_synthetic_set_over_epochs_not_in_one(tmp_path):
     finally:
         torch.set_num_threads(threads)
     losses, accuracies = [loss for loss, _ in curve], [acc for _, acc in curve]
-    assert accuracies[0] < 0.4 and accuracies[-1] > accuracies[0] + 0.2, (
-        curve
-    )  # learning, over epochs
+    # learning, over epochs
+    assert accuracies[0] < 0.4 and accuracies[-1] > accuracies[0] + 0.2, curve
     assert max(accuracies) < 0.95 and min(losses) > 0.5, curve  # not solved: no leakage look
 
 

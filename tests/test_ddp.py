@@ -134,9 +134,8 @@ def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):
     assert parent.data.metrics["best_val_accuracy"] == max(
         t.data.metrics["val_accuracy"] for t in trials
     )
-    runs = sorted(
-        p.name for p in rayflow.storage.glob("ddp-*/train-*")
-    )  # each trial's Ray Train run
+    # each trial's Ray Train run
+    runs = sorted(p.name for p in rayflow.storage.glob("ddp-*/train-*"))
     assert len(runs) == 2, runs
     plots = rayflow.plots(client, parent)
     curves = plots["learning_curves.png"]

@@ -48,9 +48,8 @@ def test_the_readme_is_short_and_its_links_exist():
     assert local and all((REPO / link).exists() for link in local), [
         l for l in local if not (REPO / l).exists()
     ]
-    assert (
-        "bash scripts/setup.sh --test && .venv/bin/python -m pytest" in text
-    )  # the test command .ci/run runs
+    # the test command .ci/run runs
+    assert "bash scripts/setup.sh --test && .venv/bin/python -m pytest" in text
 
 
 def _nav_pages(node) -> list[str]:

@@ -83,9 +83,8 @@ def test_errored_and_interrupted_trials_are_not_done(tmp_path):
     root = tmp_path / "tune-1"
     statuses = returned_trials(root)
     statuses |= {"f_00001": "ERROR", "f_00002": "RUNNING"}
-    write_state(
-        root, {"f_00000": "PENDING"}, stamp="2026-11-25_06-00-00"
-    )  # an older invocation's state
+    # an older invocation's state
+    write_state(root, {"f_00000": "PENDING"}, stamp="2026-11-25_06-00-00")
     write_state(root, statuses)
     assert [t.done for t in tune_trials(root)] == [True, False, False]
     assert list(tune_result(root).trials["done"]) == [True, False, False]

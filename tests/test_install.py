@@ -52,9 +52,8 @@ def test_hydra_lists_the_launcher_from_outside_the_checkout(tmp_path):
 def test_rayflow_runs_from_the_folder_that_holds_its_clone(tmp_path):
     """`cd ~ && python -m rayflow` with the clone in ~/rayflow: the clone's folder is no namespace
     package shadowing the real one (ImportError: cannot import name 'ClusterBackend' before)."""
-    (tmp_path / "rayflow").symlink_to(
-        REPO, target_is_directory=True
-    )  # a clone named as users name it
+    # a clone named as users name it
+    (tmp_path / "rayflow").symlink_to(REPO, target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for args in (["--help"], ["dry_run=true", "data.synthetic=true"]):
         out = subprocess.run(

@@ -100,14 +100,12 @@ def test_job_files_gives_the_runtime_env_parts(project):
 
 def test_nothing_to_ship_gives_no_keys(tmp_path, monkeypatch):
     assert jf.job_files(workload()) == {}
-    assert (
-        jf.job_files(OmegaConf.create({"workload": {"name": "cifar"}})) == {}
-    )  # a config without the keys
+    # a config without the keys
+    assert jf.job_files(OmegaConf.create({"workload": {"name": "cifar"}})) == {}
     jf.check_upload(OmegaConf.create({"workload": {"name": "cifar"}}), limit=1)  # nothing to check
     monkeypatch.chdir(tmp_path)
-    assert jf.job_files(workload(working_dir="."))["working_dir"] == str(
-        tmp_path
-    )  # `.`: where rayflow runs
+    # `.`: where rayflow runs
+    assert jf.job_files(workload(working_dir="."))["working_dir"] == str(tmp_path)
 
 
 def test_what_is_shipped_is_what_ray_zips(project, tmp_path):
@@ -156,9 +154,8 @@ def test_over_the_limit_is_one_line_naming_the_biggest_entry(project):
     )
     assert "biggest: data/big.bin 293 KiB" in message and "workload.excludes" in message
     assert "train.py" not in message  # small files are not named
-    jf.check_upload(
-        workload(working_dir=str(project), excludes=["/data"]), limit=200_000
-    )  # excluded: it fits
+    # excluded: it fits
+    jf.check_upload(workload(working_dir=str(project), excludes=["/data"]), limit=200_000)
 
 
 def test_counting_stops_far_over_the_limit(project):
@@ -359,9 +356,8 @@ def test_credential_files_are_not_shipped_by_default(project, tmp_path, capsys):
     for name in CREDENTIALS:
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text("SECRET-VALUE\n")
-    (project / "lib" / "credentials.py").write_text(
-        "def load():\n    return None\n"
-    )  # code named so ships
+    # code named so ships
+    (project / "lib" / "credentials.py").write_text("def load():\n    return None\n")
     cfg = workload(working_dir=str(project))
     names = zipfile.ZipFile(ray_zip(project, working_dir_patterns(cfg), tmp_path)).namelist()
     assert not [

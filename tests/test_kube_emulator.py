@@ -483,9 +483,8 @@ def test_service_proxy(emu, api, upstream):
     url, seen = upstream
     base = f"{emu.url}/api/v1/namespaces/default/services/rc-head-svc:dashboard/proxy"
     auth = {"Authorization": f"Bearer {emu.token}"}
-    assert (
-        requests.get(f"{base}/api/version", headers=auth, timeout=5).status_code == 404
-    )  # no service yet
+    # no service yet
+    assert requests.get(f"{base}/api/version", headers=auth, timeout=5).status_code == 404
     with FakeKubeRayOperator(emu, url, "tok", head_ready_after_s=0.3):
         apply(custom, raycluster("rc"))
         wait_for(

@@ -32,9 +32,19 @@ pytest.importorskip("kmock")
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _free_ports(1)[0]
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct ports, held open together while chosen (one closed at once may come back)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class RayHead:
@@ -42,9 +52,8 @@ class RayHead:
 
     def __init__(self):
         self.token = secrets.token_hex(24)
-        self.temp_dir = tempfile.mkdtemp(
-            prefix="rf-kr-"
-        )  # short: Ray's socket paths stay < 108 chars
+        # short: Ray's socket paths stay < 108 chars
+        self.temp_dir = tempfile.mkdtemp(prefix="rf-kr-")
         self.dashboard_url = f"http://127.0.0.1:{_free_port()}"
 
     def start(self) -> None:
@@ -58,12 +67,13 @@ class RayHead:
             PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         )
         env.pop("MLFLOW_TRACKING_URI", None)
+        port, agent, client, metrics, runtime_env = _free_ports(5)
         subprocess.run(
             [
                 str(bin_dir / "ray"),
                 "start",
                 "--head",
-                f"--port={_free_port()}",
+                f"--port={port}",
                 "--node-ip-address=127.0.0.1",
                 "--num-cpus=2",
                 "--include-dashboard=true",
@@ -71,10 +81,10 @@ class RayHead:
                 f"--dashboard-port={self.dashboard_url.rsplit(':', 1)[1]}",
                 f"--temp-dir={self.temp_dir}",
                 "--disable-usage-stats",
-                f"--dashboard-agent-listen-port={_free_port()}",
-                f"--ray-client-server-port={_free_port()}",
-                f"--metrics-export-port={_free_port()}",
-                f"--runtime-env-agent-port={_free_port()}",
+                f"--dashboard-agent-listen-port={agent}",
+                f"--ray-client-server-port={client}",
+                f"--metrics-export-port={metrics}",
+                f"--runtime-env-agent-port={runtime_env}",
             ],
             check=True,
             env=env,
@@ -453,9 +463,8 @@ def test_a_users_own_manifest_runs_and_only_what_was_applied_is_deleted(
         for r in emulator.requests
         if r.method in ("PATCH", "POST", "PUT") and "/rayclusters" in r.path
     ]
-    assert (
-        writes[0].query.get("dryRun") == "All" and writes[1].query.get("dryRun") is None
-    )  # asked first, then applied
+    # asked first, then applied
+    assert writes[0].query.get("dryRun") == "All" and writes[1].query.get("dryRun") is None
     assert not [r for r in emulator.requests if "configmaps" in r.path], (
         "the ConfigMap is the user's to apply"
     )
@@ -545,9 +554,8 @@ def test_the_api_servers_refusal_in_the_server_side_dry_run_is_one_line_and_noth
 def test_an_existing_raycluster_rayflow_did_not_make_is_reused_and_never_deleted(
     ray_head, rayflow, emulator
 ):
-    foreign = yaml.safe_load(
-        USER_MANIFEST.split("---")[0]
-    )  # applied by someone else: no managed-by label of rayflow's
+    # applied by someone else: no managed-by label of rayflow's
+    foreign = yaml.safe_load(USER_MANIFEST.split("---")[0])
     foreign["metadata"]["namespace"], foreign["spec"]["authOptions"] = "default", {"mode": "token"}
     path = rayflow.workdir / "team-ray.yaml"
     path.write_text(USER_MANIFEST)

@@ -454,9 +454,8 @@ def test_a_misspelt_override_is_a_schema_error_of_backend_overrides(schema_error
 def test_dry_run_prints_the_manifest(rayflow):
     out = rayflow.run("backend=kuberay", "dry_run=true", "compute=cpu", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    [printed] = list(
-        yaml.safe_load_all(out.stdout)
-    )  # exactly the manifest: `| kubectl apply -f -` takes it
+    # exactly the manifest: `| kubectl apply -f -` takes it
+    [printed] = list(yaml.safe_load_all(out.stdout))
     assert printed["kind"] == "RayCluster" and set(printed) == {
         "apiVersion",
         "kind",

@@ -240,9 +240,8 @@ def test_precedence_manifest_then_keys_that_differ_from_the_default_then_overrid
         ]
 
     assert cpu_pool()["maxReplicas"] == 5  # the manifest's
-    assert (
-        cpu_pool("backend.max_worker_nodes=2")["maxReplicas"] == 5
-    )  # 2 is the packaged default: not "set"
+    # 2 is the packaged default: not "set"
+    assert cpu_pool("backend.max_worker_nodes=2")["maxReplicas"] == 5
     assert cpu_pool("backend.max_worker_nodes=3")["maxReplicas"] == 3
     assert (
         cpu_pool("backend.max_worker_nodes=3", "+backend.overrides.metadata.annotations.team=ml")[

@@ -34,9 +34,8 @@ def test_the_launcher_yaml_and_its_schema_agree() -> None:
     assert set(node) == set(Launcher.model_fields) and set(node["resources"]) == set(
         JobResources.model_fields
     )
-    validate_section(
-        "hydra.launcher", Launcher, {**node, "ray_auth_mode": "token"}, {}
-    )  # the defaults are valid
+    # the defaults are valid
+    validate_section("hydra.launcher", Launcher, {**node, "ray_auth_mode": "token"}, {})
 
 
 def test_discovering_plugins_loads_no_ray() -> None:
@@ -94,9 +93,8 @@ def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path)
         f"[rayflow] job #{n} (job=broken seed={s} hold_s=2) failed: ValueError: job broken was asked to fail"
         for n, s in ((4, 1), (5, 2))
     ], out.stderr[-3000:]
-    assert (
-        "ValueError: job broken was asked to fail" in out.stderr
-    )  # then Hydra raises the first failure
+    # then Hydra raises the first failure
+    assert "ValueError: job broken was asked to fail" in out.stderr
     dirs = app.job_dirs()
     assert [d.name for d in dirs] == [str(n) for n in range(6)]
     for job_dir in dirs:
@@ -109,9 +107,8 @@ def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path)
         2: "large",
         3: "large",
     }
-    assert all(
-        m["decay"] == 0.05 for m in metrics.values()
-    )  # the app's own resolver, resolved in the job
+    # the app's own resolver, resolved in the job
+    assert all(m["decay"] == 0.05 for m in metrics.values())
 
     def overlap(a: dict, b: dict) -> bool:
         return a["started"] < b["ended"] and b["started"] < a["ended"]

@@ -218,9 +218,8 @@ def kernel_env(base: dict) -> dict:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYSPARK_PYTHON"] = sys.executable
     package_root = Path(rayflow.__file__).resolve().parents[1]
-    if (
-        package_root == REPO
-    ):  # a checkout (editable install, or PYTHONPATH): the kernel imports it too
+    # a checkout (editable install, or PYTHONPATH): the kernel imports it too
+    if package_root == REPO:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
@@ -297,9 +296,8 @@ def test_notebook_runs_rayflow_on_its_own_spark_session(rayflow, tmp_path, monke
     jupyter_path = tmp_path / "jupyter"
     kernel_spec(jupyter_path)
     monkeypatch.setenv("JUPYTER_PATH", str(jupyter_path))
-    monkeypatch.setenv(
-        "JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime")
-    )  # the connection file
+    # the connection file
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
     from jupyter_client.kernelspec import KernelSpecManager
 
     assert KernelSpecManager().get_kernel_spec(KERNEL_NAME).argv[0] == sys.executable

@@ -254,9 +254,8 @@ def test_the_session_hook_never_fails_the_run(tmp_path, monkeypatch, capsys):
             raise OSError("the store is gone")
 
     root = cifar_experiment(tmp_path / "cifar-1")
-    session.plots(
-        compose_config("workload.max_epochs=4"), Tracker(), root, workload_for("cifar")
-    )  # no exception
+    # no exception
+    session.plots(compose_config("workload.max_epochs=4"), Tracker(), root, workload_for("cifar"))
     out, err = capsys.readouterr()
     assert err.strip() == "rayflow: warning: plots: OSError: the store is gone"
     assert "plots:" not in out

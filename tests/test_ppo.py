@@ -125,9 +125,8 @@ def test_unknown_environment_is_refused_before_anything_starts(rayflow):
     out = rayflow.run("workload=ppo", "workload.env=CartPol-v1")
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
-    assert (
-        line.startswith("rayflow: error: workload.env") and "CartPole" in line
-    )  # Gymnasium's suggestion
+    # Gymnasium's suggestion
+    assert line.startswith("rayflow: error: workload.env") and "CartPole" in line
     assert not rayflow.storage.exists() and not rayflow.db.exists()
 
 

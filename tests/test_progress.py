@@ -247,9 +247,8 @@ def test_the_download_shows_its_progress_on_a_terminal(tmp_path, archive_server)
     assert proc.returncode == 0, out
     assert len(hits) == 1
     redraws = out.split("\r\x1b[K")
-    assert len([r for r in redraws if PROGRESS.fullmatch(r)]) >= 3, (
-        out
-    )  # redrawn in place as bytes arrive
+    # redrawn in place as bytes arrive
+    assert len([r for r in redraws if PROGRESS.fullmatch(r)]) >= 3, out
     lines = [line for line in out.split("\n") if line]
     assert len(lines) == 1 and DOWNLOADED.fullmatch(lines[0].split("\r\x1b[K")[-1]), out
 

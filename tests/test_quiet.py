@@ -143,7 +143,7 @@ def test_verbose_shows_the_autoscalers_own_lines():
 
 
 def test_a_submitted_runs_streamed_log_summarises_the_autoscaler(monkeypatch):
-    from rayflow.orchestrator.submission import _LogStream
+    from rayflow.orchestrator.job_logs import LogStream as _LogStream
 
     out = io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
@@ -168,9 +168,8 @@ def quiet_run(tmp_path_factory, data_root) -> list[str]:
     from tests.harness.cli import Rayflow
 
     cli = Rayflow(tmp_path_factory.mktemp("quiet"), data_root)
-    cli.env.pop(
-        "RAY_DEDUP_LOGS", None
-    )  # Ray's default: its held-back `[repeated Nx]` lines are what this checks
+    # Ray's default: its held-back `[repeated Nx]` lines are what this checks
+    cli.env.pop("RAY_DEDUP_LOGS", None)
     proc, log = cli.start("workload.num_samples=2", "workload.max_epochs=1", "tracking=none")
     try:
         proc.wait(timeout=300)

@@ -156,8 +156,13 @@ def test_the_printed_resume_of_cifar_after_ctrl_c_runs_verbatim(rayflow):
         "workload.search_space.batch_size=[32]",
     ]
     proc, log = rayflow.start(*args)
+    # A checkpoint's folder is written before Tune's driver has its result, and only what the
+    # driver has is in the experiment state a Ctrl-C saves: the second folder means the first
+    # one's result came back an epoch ago.
     checkpointed = wait_until(
-        lambda: any(rayflow.storage.glob("*/train_cifar_*/checkpoint_*")), timeout=180, interval=0.1
+        lambda: len(list(rayflow.storage.glob("*/train_cifar_*/checkpoint_*"))) >= 2,
+        timeout=180,
+        interval=0.1,
     )
     assert checkpointed, log.read_text()[-3000:]
     proc.send_signal(signal.SIGINT)

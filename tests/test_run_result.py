@@ -75,9 +75,8 @@ def test_the_result_line_rebuilds_the_run_result_on_the_submitting_side(tmp_path
         "tune",
     )
     result, status = returned_result(log, mine, job_key)
-    assert (
-        status == "FAILED" and result is mine and result.overrides == ("backend=vm",)
-    )  # this side's command line
+    # this side's command line
+    assert status == "FAILED" and result is mine and result.overrides == ("backend=vm",)
     assert result.experiment_dir == tmp_path / "exp"  # the job's folder (on the head)
     assert (result.mlflow_experiment_id, result.mlflow_run_id) == ("7", "run-1")
     assert result.best_config == {"lr": 0.01} and result.best_metrics == {

@@ -33,9 +33,8 @@ from rayflow.workloads.search_space import (
 )
 from rayflow.workloads.tune_search import check_tune_parts, make_scheduler, make_search_alg, to_tune
 
-pytestmark = pytest.mark.filterwarnings(
-    "error::ray.util.annotations.RayDeprecationWarning"
-)  # `base` must not reach Tune
+# `base` must not reach Tune
+pytestmark = pytest.mark.filterwarnings("error::ray.util.annotations.RayDeprecationWarning")
 
 
 def _sampler(domain):
@@ -303,9 +302,8 @@ def test_pb2_is_built_and_needs_scikit_learn(monkeypatch):
     pytest.importorskip("sklearn")
     pb2 = make_scheduler({"name": "pb2", "hyperparam_bounds": {"lr": [1e-4, 0.1]}}, "loss", "min")
     assert type(pb2).__name__ == "PB2"
-    monkeypatch.setitem(
-        sys.modules, "sklearn", None
-    )  # Python's documented way to make an import fail
+    # Python's documented way to make an import fail
+    monkeypatch.setitem(sys.modules, "sklearn", None)
     with pytest.raises(
         ConfigError,
         match=r"^workload.scheduler: pb2 needs the scikit-learn package: pip install 'rayflow\[pb2\]'$",

@@ -247,13 +247,11 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact(kube_world, caps
             in str(refused.value)
         )
         assert "\n" not in str(refused.value)
-        assert (
-            emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == uid
-        )  # untouched
+        # untouched
+        assert emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == uid
         assert labels_of(emulator)["rayflow.io/run"] == first.owner_run
-    assert (
-        emulator.get("rayclusters", "default", "rayflow") is None
-    )  # the first run deleted its own
+    # the first run deleted its own
+    assert emulator.get("rayclusters", "default", "rayflow") is None
 
 
 def test_a_run_that_loses_the_race_to_create_refuses_and_deletes_nothing(
@@ -269,9 +267,8 @@ def test_a_run_that_loses_the_race_to_create_refuses_and_deletes_nothing(
         uid = emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"]
         real_get, calls = Kube.get, []
 
-        def first_get_misses(
-            self, kind, name
-        ):  # the loser's first look came before the winner's create
+        # the loser's first look came before the winner's create
+        def first_get_misses(self, kind, name):
             calls.append(name)
             return None if len(calls) == 1 else real_get(self, kind, name)
 
@@ -308,9 +305,8 @@ def test_a_kept_cluster_is_joined_only_with_keep_cluster_and_never_deleted_by_th
     )
     with running(backend(emulator, "backend.keep_cluster=true")) as joiner:
         assert joiner.address.startswith("http://127.0.0.1:")
-    assert (
-        labels_of(emulator)["rayflow.io/run"] == keeper.owner_run
-    )  # joined as it was, left running
+    # joined as it was, left running
+    assert labels_of(emulator)["rayflow.io/run"] == keeper.owner_run
     emulator.delete("rayclusters", "default", "rayflow")
 
 
@@ -451,10 +447,8 @@ def test_a_users_manifest_with_an_exposed_head_and_no_auth_is_refused(tmp_path):
 
     path = tmp_path / "team.yaml"
     path.write_text(TEAM_CLUSTER)
-    for mode in (
-        "token",
-        "disabled",
-    ):  # the manifest's own RAY_AUTH_MODE=disabled is kept, whatever ray_auth_mode says
+    # the manifest's own RAY_AUTH_MODE=disabled is kept, whatever ray_auth_mode says
+    for mode in ("token", "disabled"):
         with pytest.raises(
             ConfigError,
             match=r"a head service of type LoadBalancer \(spec.headGroupSpec.serviceType\)",

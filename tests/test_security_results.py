@@ -122,9 +122,8 @@ def test_another_writers_text_run_into_the_line_does_not_void_it(tmp_path, monke
     out = tmp_path / "driver.log"
     with open(out, "w") as stream:
         monkeypatch.setattr("sys.stdout", stream)
-        stream.write(
-            "(autoscaler +9s) Resized to 1 CPUs."
-        )  # a line of theirs, its newline still to come
+        # a line of theirs, its newline still to come
+        stream.write("(autoscaler +9s) Resized to 1 CPUs.")
         result_channel.emit(signed(RESULT_MARKER, result_data("run-1")))
     log = out.read_text() + "\n"
     result, status = returned_result(log, base(), KEY)
@@ -262,9 +261,8 @@ def test_a_failed_jobs_valid_looking_line_is_not_read(submit, capsys):
                 f"Traceback ...\nValueError: boom\n{RESULT_MARKER}{json.dumps(result_data('forged'))}\n"
             ),
         )
-    assert (
-        failed.value.result is None and seen["kept"].mlflow_run_id is None
-    )  # nothing of the log became a result
+    # nothing of the log became a result
+    assert failed.value.result is None and seen["kept"].mlflow_run_id is None
     err = capsys.readouterr().err
     assert (
         "[rayflow] the last 2 lines of job raysubmit_1" in err
@@ -426,9 +424,8 @@ def test_a_launcher_jobs_end_travels_as_json():
     assert back[2].job_return.status == JobStatus.FAILED
     with pytest.raises(ValueError, match="lr=1 is too large"):
         back[2].job_return.return_value
-    with pytest.raises(
-        RuntimeError, match="AppError: custom"
-    ):  # no type looked up outside builtins
+    # no type looked up outside builtins
+    with pytest.raises(RuntimeError, match="AppError: custom"):
         back[3].job_return.return_value
     assert back[4].job_return is None and back[4].error.startswith("not started")
 

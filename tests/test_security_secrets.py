@@ -37,9 +37,8 @@ def test_hydras_parse_error_masks_the_override_it_quotes(tmp_path):
     )
     url = cli(tmp_path, "tracking.uri=http://u:PLANTED-url@h/x", "bad[=")
     assert url.returncode == 2
-    argparse = cli(
-        tmp_path, "--info", "tracking.uri=http://u:PLANTED-argparse@h/x"
-    )  # not a choice of --info
+    # not a choice of --info
+    argparse = cli(tmp_path, "--info", "tracking.uri=http://u:PLANTED-argparse@h/x")
     assert argparse.returncode == 2 and "u:***@h/x" in argparse.stderr
     # Hydra's own traceback, asked for (HYDRA_FULL_ERROR=1) where Hydra answers: --cfg
     traceback = cli(
@@ -156,9 +155,8 @@ def test_the_spec_handed_to_a_job_and_logged_is_masked():
     backend = plan_job(
         rayflow.compose("backend=vm", "tracking=none", "dry_run=true", *overrides), []
     ).backend
-    assert any(
-        secret in backend.render().text for secret in secrets
-    )  # what `ray up` gets holds them
+    # what `ray up` gets holds them
+    assert any(secret in backend.render().text for secret in secrets)
     spec = spec_text(backend)
     logged = yaml.safe_dump(redact(yaml.safe_load(spec)), sort_keys=False)
     assert_nowhere(secrets, [spec, logged], [])

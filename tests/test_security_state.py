@@ -113,9 +113,8 @@ def test_every_number_in_the_schema_has_an_upper_bound():
                 for value in HUGE:
                     if _accepts(adapter, shape(value))[0]:
                         unbounded.append(f"{key}={shape(value)!r}")
-    assert (
-        numeric > 60
-    )  # the walk found the numeric keys (a probe that stopped matching would pass vacuously)
+    # the walk found the numeric keys (a probe that stopped matching would pass vacuously)
+    assert numeric > 60
     assert not unbounded, unbounded
 
 
@@ -216,9 +215,8 @@ def test_resume_of_a_running_experiment_is_refused_naming_resume(tmp_path):
         experiment_dir(_cfg(tmp_path, f"resume={path}"))
     assert err.value.key == "resume" and "is running now" in str(err.value)
     lock.release()
-    assert (
-        experiment_dir(_cfg(tmp_path, f"resume={path}")) == path
-    )  # its run ended: resumable again
+    # its run ended: resumable again
+    assert experiment_dir(_cfg(tmp_path, f"resume={path}")) == path
 
 
 def test_resume_true_passes_running_experiments_by(tmp_path):

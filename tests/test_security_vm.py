@@ -101,9 +101,8 @@ def test_a_second_run_is_refused_while_another_holds_the_name_and_leaves_it_inta
     other_run, tmp_path
 ):
     """The old behaviour: any live cluster of the name was reused and its teardown registered."""
-    temp_dir = str(
-        tmp_path / "rf-vm-other"
-    )  # the other run's cluster: a process naming its temp dir
+    # the other run's cluster: a process naming its temp dir
+    temp_dir = str(tmp_path / "rf-vm-other")
     write_state(
         "rayflow",
         provider="fake_multinode",
@@ -121,9 +120,8 @@ def test_a_second_run_is_refused_while_another_holds_the_name_and_leaves_it_inta
     assert err.value.key == "backend.cluster_name" and "in use by another run" in str(err.value)
     assert f"pid {other_run.pid}" in str(err.value) and "\n" not in str(err.value)
     assert other_run.poll() is None and state.read("rayflow") == before  # left intact
-    assert (
-        set(Path(tempfile.gettempdir()).glob("rf-vm-*")) == temp_dirs
-    )  # nothing started: no cluster folder to tear down
+    # nothing started: no cluster folder to tear down
+    assert set(Path(tempfile.gettempdir()).glob("rf-vm-*")) == temp_dirs
 
 
 def test_a_live_cluster_nobody_kept_is_refused_not_joined(other_run, tmp_path):
@@ -146,12 +144,10 @@ def test_a_live_cluster_nobody_kept_is_refused_not_joined(other_run, tmp_path):
 
 
 def test_claims_and_releases(other_run):
-    assert (
-        state.claim("c1", "run-1", "aws", False, lambda _: False) is None
-    )  # new: the name is run-1's
-    with pytest.raises(
-        ConfigError, match="in use by another run"
-    ):  # same process, another run: still refused
+    # new: the name is run-1's
+    assert state.claim("c1", "run-1", "aws", False, lambda _: False) is None
+    # same process, another run: still refused
+    with pytest.raises(ConfigError, match="in use by another run"):
         state.claim("c1", "run-2", "aws", False, lambda _: True)
     state.release("c1", "run-2")  # not its record: left alone
     assert state.read("c1")["holder"]["run"] == "run-1"
@@ -189,9 +185,8 @@ def test_sdk_providers_never_run_ray_up_over_a_live_cluster_this_run_did_not_sta
         ConfigError, match=r"^.*'shared' is running \(local\) that no run of yours kept"
     ) as err:
         running(backend_for(cfg)).__enter__()
-    assert (
-        err.value.key == "backend.cluster_name" and calls == []
-    )  # nothing restarted, nothing torn down
+    # nothing restarted, nothing torn down
+    assert err.value.key == "backend.cluster_name" and calls == []
 
     # kept by an earlier run of this user, held by none: joined with no_restart=True, never torn down
     config_file = tmp_path / "kept" / "shared.yaml"
@@ -225,9 +220,8 @@ def test_a_kept_sdk_cluster_joined_without_a_recorded_config_is_never_torn_down(
     monkeypatch.setattr(
         cluster.VMCluster, "_tunnel", lambda self, handle, config, ip: "http://127.0.0.1:9"
     )
-    write_state(
-        "kept", provider="local", kept=True, holder=None
-    )  # its run died before it recorded its config
+    # its run died before it recorded its config
+    write_state("kept", provider="local", kept=True, holder=None)
     with running(
         backend_for(
             compose_config(
@@ -267,9 +261,8 @@ def test_a_new_sdk_cluster_is_recorded_while_it_starts_and_forgotten_after_its_t
         )
     ):
         pass
-    assert (
-        seen["up"]["no_restart"] is False and seen["during"]["holder"]["pid"] == os.getpid()
-    )  # a concurrent run is refused
+    # a concurrent run is refused
+    assert seen["up"]["no_restart"] is False and seen["during"]["holder"]["pid"] == os.getpid()
     assert seen["down"] and state.read("mine") is None
 
 

@@ -186,9 +186,8 @@ def test_an_active_session_is_used_and_left_running_and_its_fake_gpus_reach_ray(
             )
         )
         assert backend.render().notes[0] == "spark: the active SparkSession (used and left running)"
-        assert (
-            sum(node["GPU"] for node in backend.capacity({"GPU"})) == 2
-        )  # the GPUs the cluster offers
+        # the GPUs the cluster offers
+        assert sum(node["GPU"] for node in backend.capacity({"GPU"})) == 2
         with running(backend):
             import ray
 
@@ -273,9 +272,8 @@ def test_tuning_on_spark_scales_out_and_lands_in_mlflow(spark_jobs):
             client.download_artifacts(parent.info.run_id, "cluster/spec.yaml", str(runner.workdir))
         )
     )
-    assert (
-        spec["min_worker_nodes"] == 1 and spec["max_worker_nodes"] == 2
-    )  # setup_ray_cluster's arguments
+    # setup_ray_cluster's arguments
+    assert spec["min_worker_nodes"] == 1 and spec["max_worker_nodes"] == 2
     assert parent.data.tags["spark_session"] == "built by rayflow" and parent.data.tags[
         "spark_master"
     ].startswith("local-cluster[")
@@ -380,7 +378,7 @@ def test_the_spark_cluster_benchmark_runs_in_its_smoke_form(rayflow):
         ),
         timeout=600,
     )
-    assert positive(*(result[k] for k in ("ratio", "ready_s", "plain_ready_s", "scale_up_s")))
-    assert positive(
-        result["plain_scale_up_s"], result["scale_down_s"], result["plain_scale_down_s"]
-    )
+    assert positive(result["ratio"], result["ready_s"], result["plain_ready_s"])
+    # a smoke run waits for no scaling: those figures are left unmeasured, and say so
+    scaling = ("scale_up_s", "plain_scale_up_s", "scale_down_s", "plain_scale_down_s")
+    assert all(result[k] is None for k in scaling), result

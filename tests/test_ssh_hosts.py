@@ -110,9 +110,8 @@ class TestTwoHosts:
             )
             assert done.returncode == 0, done.stderr
             assert done.stdout.split()[-2:] == [str(ssh_hosts.venv_bin / "python"), ray_version]
-            assert (
-                ssh_hosts.ssh(ip, "command -v rsync", timeout=20).returncode == 0
-            )  # Ray's launcher syncs files with it
+            # Ray's launcher syncs files with it
+            assert ssh_hosts.ssh(ip, "command -v rsync", timeout=20).returncode == 0
             # No way out: no default route, no DNS server.
             routes = ssh_hosts.ssh(ip, "ip -4 route; cat /etc/resolv.conf", timeout=20).stdout
             assert "default" not in routes and "nameserver" not in routes
@@ -224,16 +223,14 @@ def test_a_killed_runs_leftovers_are_swept_by_the_next():
 @needs_hosts
 def test_an_unusable_venv_is_refused_up_front_with_the_reason(tmp_path):
     blocked, _ = access_plan([sys.executable, os.path.realpath(sys.executable)])
-    if (
-        blocked
-    ):  # e.g. /root (0700) on the way to /root/.pyenv: refused when not exposed in the hosts
+    # e.g. /root (0700) on the way to /root/.pyenv: refused when not exposed in the hosts
+    if blocked:
         with pytest.raises(
             SshHostsError, match=rf"{re.escape(str(sorted(blocked)[0]))} is d.*cannot pass it"
         ):
             SshHosts(1, expose_blocked=False).start()
-    if str(tmp_path).startswith(
-        "/tmp/"
-    ):  # a venv below /tmp (a CI checkout) is carried into the hosts
+    # a venv below /tmp (a CI checkout) is carried into the hosts
+    if str(tmp_path).startswith("/tmp/"):
         (tmp_path / "bin").mkdir()
         (tmp_path / "bin" / "python").symlink_to(sys.executable)
         with SshHosts(1, tmp_path / "bin") as hosts:  # start() runs the venv's python in the host

@@ -128,9 +128,8 @@ def test_each_submitted_job_returns_its_run_result(vm_jobs):
     for result, experiment in ((cifar, "cifar"), (ddp, "ddp"), (tune, "tune")):
         _, parents, _ = runner.mlflow(experiment)
         assert result["type"] == "RunResult" and result["mlflow_run_id"] == parents[0].info.run_id
-        assert result["experiment_dir"].startswith(
-            str(runner.storage)
-        )  # fake nodes share this machine's files
+        # fake nodes share this machine's files
+        assert result["experiment_dir"].startswith(str(runner.storage))
     assert (
         cifar["trials"] == 4
         and "val_accuracy" in cifar["best_metrics"]
@@ -139,9 +138,8 @@ def test_each_submitted_job_returns_its_run_result(vm_jobs):
     assert tune["trials"] == 2 and "loss" in tune["best_metrics"] and "lr" in tune["best_config"], (
         tune
     )
-    assert ddp["trials"] == 2 and "val_accuracy" in ddp["best_metrics"], (
-        ddp
-    )  # one row per epoch of the one Train run
+    # one row per epoch of the one Train run
+    assert ddp["trials"] == 2 and "val_accuracy" in ddp["best_metrics"], ddp
     assert out.stdout.count("== rayflow results") == 3  # the table once per job, not again here
     assert "[rayflow-result]" not in out.stdout  # the job's line for this side is not shown
 
@@ -259,9 +257,8 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_toke
         and "not-the-cluster-token" not in lines[0]
     )
     try:
-        wait_for_dashboard(
-            first.address, 5, "the kept cluster"
-        )  # kept: the first run left it running
+        # kept: the first run left it running
+        wait_for_dashboard(first.address, 5, "the kept cluster")
         with running(
             backend_for(compose_config(*owned))
         ) as joined:  # names it: joins it, and never stops it
@@ -329,5 +326,7 @@ def test_the_vm_cluster_benchmark_runs_in_its_smoke_form(rayflow):
         ),
         timeout=600,
     )
-    assert positive(result["ratio"], result["head_ready_s"], result["scale_up_s"])
-    assert positive(result["scale_down_after_idle_s"], result["vm_run_s"], result["local_run_s"])
+    assert positive(result["ratio"], result["head_ready_s"], result["vm_run_s"])
+    assert positive(result["local_run_s"])
+    # a smoke run waits for no autoscaling: those figures are left unmeasured, and say so
+    assert result["scale_up_s"] is None and result["scale_down_after_idle_s"] is None, result

@@ -106,9 +106,8 @@ def test_rendered_config_passes_rays_validation(provider, gpu, ssh_tools, key_fi
         if gpu:
             assert types["rayflow_worker_gpu"]["resources"]["GPU"] == 1
     else:
-        assert (
-            "available_node_types" not in config
-        )  # Ray refuses node types for on-premise clusters
+        # Ray refuses node types for on-premise clusters
+        assert "available_node_types" not in config
         assert config["provider"]["worker_ips"] == ["10.213.0.12", "10.213.0.13"]
         assert config["auth"] == {"ssh_user": "rayhost", "ssh_private_key": str(key_file)}
 
@@ -215,9 +214,8 @@ def test_fake_multinode_config_is_accepted_by_rays_fake_provider_and_scheduler(g
         config["provider"], config["cluster_name"]
     )
     head = provider.non_terminated_nodes({})
-    assert (
-        provider.node_tags(head[0])[TAG_RAY_USER_NODE_TYPE] == config["head_node_type"]
-    )  # the fake head's type
+    # the fake head's type
+    assert provider.node_tags(head[0])[TAG_RAY_USER_NODE_TYPE] == config["head_node_type"]
 
     scheduler = ResourceDemandScheduler(
         provider,
@@ -328,9 +326,8 @@ def test_every_ray_start_exports_the_auth_mode(provider, auth_mode):
         assert 0 <= export < command.find("ray start"), command
     head = config["head_start_ray_commands"][-1]
     assert "--num-cpus=0" in head and "--num-gpus=0" in head
-    assert (
-        "--dashboard-host=127.0.0.1" in head
-    )  # the head's loopback: rayflow reaches it through an SSH tunnel
+    # the head's loopback: rayflow reaches it through an SSH tunnel
+    assert "--dashboard-host=127.0.0.1" in head
 
 
 def test_fake_multinode_gets_the_auth_mode_from_the_launcher(token_file):

@@ -213,9 +213,8 @@ def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(
     assert parent.data.metrics["cluster_nodes_peak"] == 2
     assert len(runs) == 3
     token = (Path(env["HOME"]) / ".ray" / "auth_token").read_text().strip()
-    assert (
-        token and token not in out.stdout + out.stderr
-    )  # the token travelled by file, never printed
+    # the token travelled by file, never printed
+    assert token and token not in out.stdout + out.stderr
     for ip in hosts.ips:  # and is private on every node (rsync made ~/.ray 0755; Ray writes 0644)
         modes = hosts.ssh(ip, "stat -c %a ~/.ray ~/.ray/auth_token", timeout=20)
         assert modes.stdout.split() == ["700", "600"], (ip, modes.stdout, modes.stderr)
@@ -315,9 +314,8 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shar
         and result["trials"] == 1
         and "val_accuracy" in result["best_metrics"]
     ), result
-    assert result["experiment_dir"].startswith(
-        str(shared_dir / "ray_results")
-    )  # the head's folder (shared here)
+    # the head's folder (shared here)
+    assert result["experiment_dir"].startswith(str(shared_dir / "ray_results"))
     [result] = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
     ips = {json.loads(line)["node_ip"] for line in result.read_text().splitlines() if line.strip()}
     assert ips == {worker}  # the head has 0 CPUs: the trial ran on the worker host

@@ -23,9 +23,8 @@ from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config
 from rayflow.security.auth import NODE_TOKEN_MODES
 
-RAY_DEFAULTS = resources.files(
-    "ray.autoscaler"
-)  # Ray's own provider defaults, beside ray-schema.json
+# Ray's own provider defaults, beside ray-schema.json
+RAY_DEFAULTS = resources.files("ray.autoscaler")
 SECRET = "rayflow-test-token-0c5e2f9a11b34d6e"
 
 
@@ -103,9 +102,8 @@ def test_rays_provider_defaults_render_validate_and_round_trip(provider, tmp_pat
         else Path(str(RAY_DEFAULTS.joinpath(provider, "defaults.yaml")))
     )
     config = from_file(path)
-    user_file.check_final(
-        config, str(path), provider
-    )  # Ray's prepare_config, validate_config, check_legacy_fields
+    # Ray's prepare_config, validate_config, check_legacy_fields
+    user_file.check_final(config, str(path), provider)
     assert (
         config["provider"]["type"] == provider
         and config["metadata"]["rayflow"]["provider"] == provider
@@ -119,9 +117,8 @@ def test_rays_provider_defaults_render_validate_and_round_trip(provider, tmp_pat
         if "ray start" in c
     ]
     assert len(starts) == 2 and all(c.startswith("export RAY_AUTH_MODE=token; ") for c in starts)
-    assert (
-        "--dashboard-host=127.0.0.1" in starts[0]
-    )  # the head's loopback, reached through an SSH tunnel
+    # the head's loopback, reached through an SSH tunnel
+    assert "--dashboard-host=127.0.0.1" in starts[0]
     # the file's own setup (local's: none) is kept, with a note, after the line that makes the synced token private
     assert config["setup_commands"] == [NODE_TOKEN_MODES, *doc["setup_commands"]]
     again = write(tmp_path, yaml.safe_dump(config, sort_keys=False), "again.yaml")
@@ -171,21 +168,18 @@ def test_a_dry_runs_document_fed_back_renders_the_same_document(case, tmp_path, 
     }[case]
     rendered = backend(*overrides)
     rendered.check()
-    printed = spec_text(
-        rendered
-    )  # what dry_run=true prints: the document, secret-named values masked
+    # what dry_run=true prints: the document, secret-named values masked
+    printed = spec_text(rendered)
     assert yaml.safe_load(printed) == yaml.safe_load(
         yaml.safe_dump(rayflow_masked(yaml.safe_load(rendered.render().text)))
     )
     path = write(tmp_path, printed)
-    again = (
-        [f"backend.ssh_private_key={key_file}"] if case == "local" else []
-    )  # the masked key's path, given back
+    # the masked key's path, given back
+    again = [f"backend.ssh_private_key={key_file}"] if case == "local" else []
     fed_back = backend(f"backend.cluster_yaml={path}", *again)
     fed_back.check()
-    assert (
-        fed_back.render().text == rendered.render().text
-    )  # the very document rayflow writes for `ray up`
+    # the very document rayflow writes for `ray up`
+    assert fed_back.render().text == rendered.render().text
     assert spec_text(fed_back) == printed
 
 
@@ -227,9 +221,8 @@ def test_rayflow_keys_apply_over_the_file_only_where_set(tmp_path, key_file):
         and config["idle_timeout_minutes"] == 9
         and config["cluster_name"] == "default"
     )
-    config = from_file(
-        path, "backend.max_worker_nodes=2"
-    )  # rayflow's default: not an override of the file
+    # rayflow's default: not an override of the file
+    config = from_file(path, "backend.max_worker_nodes=2")
     assert config["max_workers"] == 1
     config = from_file(
         path,

@@ -54,16 +54,14 @@ class ClusterHandle:
     teardown_command: str | None = None
     # left running when the run ends (backend.keep_cluster), for a later run to join
     kept: bool = False
-    started_at: float = field(
-        default_factory=time.time
-    )  # when start() began (seconds since the epoch)
+    # when start() began (seconds since the epoch)
+    started_at: float = field(default_factory=time.time)
     start_seconds: float | None = None  # how long start() took
     # for the MLflow parent run of the job that started it
     tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)  # start-up figures (seconds), likewise
-    teardown_errors: list[str] = field(
-        default_factory=list
-    )  # the undo steps that failed, one line each
+    # the undo steps that failed, one line each
+    teardown_errors: list[str] = field(default_factory=list)
     _undo: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
     def on_stop(self, what: str, undo: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

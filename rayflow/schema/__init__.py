@@ -15,7 +15,12 @@ import typing
 from typing import Any
 
 from rayflow.errors import ConfigError
-from rayflow.schema.root import Compute, Mlflow, NoTracking, Root, Section
+
+if typing.TYPE_CHECKING:
+    from rayflow.schema.root import Section
+
+# The models (pydantic) load only when a config is checked: importing this package, as the config
+# helpers beside it (rayflow.schema.values) do for `--help`, stays light.
 
 GROUPS = ("backend", "workload", "compute", "tracking")
 # The parts whose every key is declared: a key Hydra lets in with `+` (`+workload.num_sample=5`,
@@ -27,6 +32,8 @@ OPEN = ("backend", "tracking")
 
 def root_models(cfg: dict[str, Any]) -> dict[str, type[Section]]:
     """The models of the parts every config has: the root's own keys (""), compute and tracking."""
+    from rayflow.schema.root import Compute, Mlflow, NoTracking, Root
+
     tracking = Mlflow if cfg.get("tracking", {}).get("enabled") else NoTracking
     return {"": Root, "compute": Compute, "tracking": tracking}
 
@@ -67,9 +74,15 @@ def validate_section(
 def _section_model(annotation: Any) -> Any:
     """The model of a nested section key (`Model`, or `Model | None`), or None."""
     for candidate in (annotation, *typing.get_args(annotation)):
-        if isinstance(candidate, type) and issubclass(candidate, Section):
+        if isinstance(candidate, type) and issubclass(candidate, _section()):
             return candidate
     return None
+
+
+def _section() -> type[Section]:
+    from rayflow.schema.root import Section
+
+    return Section
 
 
 def unknown_key(where: str, model: type[Section], section: dict[Any, Any]) -> None:

@@ -8,10 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-DATA_WORKLOADS = (
-    "cifar",
-    "ddp",
-)  # the presets whose data set (conf/workload/data/) sits at the root as `data`
+# the presets whose data set (conf/workload/data/) sits at the root as `data`
+DATA_WORKLOADS = ("cifar", "ddp")
 
 
 class Rayflow:

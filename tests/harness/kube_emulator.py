@@ -55,10 +55,8 @@ RESOURCES: dict[str, tuple[str, str, str, bool, bool]] = {
     "rayclusters": ("ray.io", "v1", "RayCluster", True, True),
     "rayjobs": ("ray.io", "v1", "RayJob", True, True),
 }
-MANAGED_BY_VALUES = (
-    "ray.io/kuberay-operator",
-    "kueue.x-k8s.io/multikueue",
-)  # RayCluster spec.managedBy's CEL rule
+# RayCluster spec.managedBy's CEL rule
+MANAGED_BY_VALUES = ("ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue")
 # The field selectors the API server accepts beyond metadata.name/namespace; anything else is a 400.
 FIELD_LABELS = {
     "events": {
@@ -232,9 +230,8 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         factory=list
     )
     _rv: int = 0
-    _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(
-        factory=dict
-    )  # (key, manager) -> config
+    # (key, manager) -> config
+    _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(factory=dict)
     _history: list[tuple[int, str, dict | None, dict | None]] = attrs.field(factory=list)
     _watchers: list[tuple[str, asyncio.Queue]] = attrs.field(factory=list)
     _session: aiohttp.ClientSession | None = None
@@ -283,29 +280,18 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
-        if (
-            res is None or res.plural is None
-        ):  # discovery (/api, /apis/ray.io/v1, /version): kmock's
+        # discovery (/api, /apis/ray.io/v1, /version): kmock's
+        if res is None or res.plural is None:
             return await kmock.RawHandler._handle(self, request)
         plural, ns, name, sub = res.plural, request.namespace, request.name, request.subresource
         if plural not in RESOURCES or RESOURCES[plural][:2] != (res.group, res.version):
             raise api_error(404, "NotFound", "the server could not find the requested resource")
         q, method = request.params, request.method
-        if method == "GET" and q.get("watch") in (
-            "1",
-            "t",
-            "T",
-            "TRUE",
-            "true",
-            "True",
-        ):  # Go's ParseBool
+        # Go's ParseBool
+        if method == "GET" and q.get("watch") in ("1", "t", "T", "TRUE", "true", "True"):
             return await self._watch(request._raw_request, plural, ns, q)
-        if method in (
-            "POST",
-            "PUT",
-            "PATCH",
-            "DELETE",
-        ):  # synchronous on the loop: the flags cover one write
+        # synchronous on the loop: the flags cover one write
+        if method in ("POST", "PUT", "PATCH", "DELETE"):
             if q.get("dryRun") not in (None, "All"):
                 raise api_error(
                     400, "BadRequest", f"Invalid dry run value: {q['dryRun']!r} (only All)"
@@ -384,9 +370,8 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             body["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
             errors = schema_errors(body)
             managed_by = (obj.get("spec") or {}).get("managedBy")
-            if (
-                managed_by is not None and managed_by not in MANAGED_BY_VALUES
-            ):  # the CRD's x-kubernetes-validations
+            # the CRD's x-kubernetes-validations
+            if managed_by is not None and managed_by not in MANAGED_BY_VALUES:
                 errors.append(
                     'spec.managedBy: Invalid value: "string": the managedBy field value must be either '
                     "'ray.io/kuberay-operator' or 'kueue.x-k8s.io/multikueue'"
@@ -448,9 +433,8 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
     ) -> dict[str, Any]:
         old = self.read(plural, ns, name)
         rv = body.get("metadata", {}).get("resourceVersion")
-        if (
-            rv and rv != old["metadata"]["resourceVersion"]
-        ):  # optimistic concurrency, as the server does
+        # optimistic concurrency, as the server does
+        if rv and rv != old["metadata"]["resourceVersion"]:
             raise api_error(
                 409,
                 "Conflict",
@@ -794,9 +778,8 @@ class KubeEmulator:
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
         self._tmp.cleanup()
-        if (
-            self._bugs and exc_info[0] is None
-        ):  # server-side failures other than API errors are bugs
+        # server-side failures other than API errors are bugs
+        if self._bugs and exc_info[0] is None:
             raise ExceptionGroup("the Kubernetes emulator failed while serving", self._bugs)
 
     def _serve(self) -> None:

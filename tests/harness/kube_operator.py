@@ -487,9 +487,8 @@ class FakeKubeRayOperator:
         self._merge("pods", ns, name, patch)
         await asyncio.sleep(min(self.head_ready_after_s, 0.2))
         backoff = f'Back-off pulling image "{image}"'
-        self.event(
-            pod, "Normal", "BackOff", backoff, component="kubelet", field_path=where
-        )  # kubelet: Normal
+        # kubelet: Normal
+        self.event(pod, "Normal", "BackOff", backoff, component="kubelet", field_path=where)
         self.event(
             pod,
             "Warning",
@@ -525,9 +524,8 @@ class FakeKubeRayOperator:
             "finishedAt": now_iso(),
             "containerID": f"containerd://{secrets.token_hex(32)}",
         }
-        if (
-            not oom
-        ):  # OOM kills leave no termination message; a failing `ray start` leaves its log tail
+        # OOM kills leave no termination message; a failing `ray start` leaves its log tail
+        if not oom:
             terminated["message"] = (
                 "ValueError: Failed to start the GCS server: address already in use"
             )

@@ -18,6 +18,7 @@ did not start, and join a kept one with `no_restart=True`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -60,11 +61,24 @@ from rayflow.runtime.progress import phase
 from rayflow.security.auth import auth_token, ensure_token, token_path
 from rayflow.security.redaction import mask_text
 
+# The head's ports beside its GCS and dashboard that rayflow chooses (`ray start --head` flags)
+OWN_PORTS = (
+    "dashboard-agent-listen-port",
+    "ray-client-server-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports free now: held open together while they are chosen, since a port
+    closed at once may be handed out again by the next bind (Ray refuses one port given to two
+    of its components)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 def _token_file() -> str | None:
@@ -310,7 +324,7 @@ class VMCluster(ClusterBackend):
         answers."""
         import ray._private.services as services
 
-        port, dashboard = _free_port(), _free_port()
+        port, dashboard, *others = _free_ports(6)
         config = self.cluster_config(gcs_address=f"{services.get_node_ip_address()}:{port}")
         run.config_file = os.path.join(run.temp_dir, "autoscaling.yaml")
         Path(run.config_file).write_text(yaml.safe_dump(config))
@@ -325,10 +339,7 @@ class VMCluster(ClusterBackend):
             *head_args(config),
             f"--autoscaling-config={run.config_file}",
             # every port of its own: other Ray clusters on this machine keep theirs
-            f"--dashboard-agent-listen-port={_free_port()}",
-            f"--ray-client-server-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}",
-            f"--runtime-env-agent-port={_free_port()}",
+            *(f"--{flag}={free}" for flag, free in zip(OWN_PORTS, others, strict=True)),
             "--disable-usage-stats",
         ]
         env = dict(
