@@ -75,6 +75,7 @@ LONGEST_FIRST = [
     "test_launcher",
     "test_kuberay",
     "test_api",
+    "test_bench",
 ]
 
 

@@ -13,6 +13,7 @@ import yaml
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ConfigError
+from rayflow.runtime.progress import shutdown_ray
 from rayflow.security.auth import is_loopback, owned_privately, warn_auth_off
 from rayflow.security.redaction import mask_text
 
@@ -119,5 +120,5 @@ class AttachedCluster(ClusterBackend):
         handle = ClusterHandle(self.name, address=self.target())
         with handle.unwound_on_error():
             ray.init(address=handle.address, log_to_driver=True)
-            handle.on_stop("disconnect from the attached cluster (it keeps running)", ray.shutdown)
+            handle.on_stop("disconnect from the attached cluster (it keeps running)", shutdown_ray)
         return handle

@@ -16,7 +16,7 @@ from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ClusterError
 from rayflow.runtime.environment import scoped_env
-from rayflow.runtime.progress import phase
+from rayflow.runtime.progress import phase, shutdown_ray
 from rayflow.security.auth import (
     is_loopback,
     private_folder,
@@ -213,7 +213,7 @@ class LocalCluster(ClusterBackend):
             check_alive=False,
             allow_graceful=False,
         )
-        handle.on_stop("ray.shutdown() of the local cluster", ray.shutdown)
+        handle.on_stop("ray.shutdown() of the local cluster", shutdown_ray)
         # ray.init is typed to return BaseContext; a local start returns its RayContext subclass
         return str(context.address_info["address"])  # type: ignore[attr-defined]
 

@@ -356,6 +356,7 @@ __all__ = [
     "phase",
     "plain_ray_logs",
     "settle_ray_logs",
+    "shutdown_ray",
     "time_left",
     "tune_verbose",
     "autoscaler_line",
@@ -481,6 +482,19 @@ def _flush_deduplicated(ray_logging, worker) -> None:
             worker.print_worker_logs(leftover, sys.stderr, ignore_prefix)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+
+
+def shutdown_ray() -> None:
+    """ray.shutdown() of this driver, without showing what its workers print as Ray stops them
+    (an actor's `__del__` cut short by the SIGTERM: a traceback ending in `SystemExit: 1`, under
+    a run's results). What they printed before the stop is let through first (settle_ray_logs)."""
+    import ray
+    from ray._private import ray_logging
+
+    settle_ray_logs(quiet_s=0.2, max_s=LOGS_WAIT_MAX_S)
+    # the handler ray.init(log_to_driver=True) adds, and ray.shutdown removes
+    ray_logging.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+    ray.shutdown()
 
 
 # --- the autoscaler's lines in a run's output ----------------------------------------------------

@@ -26,7 +26,7 @@ from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.backends.spark.plan import active_session, sizing_plan
 from rayflow.errors import ConfigError
-from rayflow.runtime.progress import phase
+from rayflow.runtime.progress import phase, shutdown_ray
 from rayflow.schema.values import flatten, renamed_key_error
 from rayflow.security.auth import ensure_token, refuse_auth_off, secure_token_file
 from rayflow.security.redaction import mask_text, redact
@@ -324,7 +324,7 @@ class SparkCluster(ClusterBackend):
 
         with phase(f"connecting this driver to {handle.address}", "spark"):
             ray.init(address=handle.address, log_to_driver=True)
-        handle.on_stop("ray.shutdown() of this driver", ray.shutdown)
+        handle.on_stop("ray.shutdown() of this driver", shutdown_ray)
 
 
 def _restore_env(key: str, value: str | None) -> None:
