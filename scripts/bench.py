@@ -259,6 +259,15 @@ def tune_overhead_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# A smoke run's Spark: local mode, one JVM (local-cluster starts a master, a worker and an
+# executor), where Ray on Spark sizes its nodes by spark.task.cpus.
+SMOKE_SPARK = [
+    "backend.master='local[1]'",
+    "backend.num_cpus_worker_node=null",
+    "backend.num_gpus_worker_node=null",
+]
+
+
 def spark_cluster(args) -> dict:
     """Ray on Spark through rayflow's backend against plain setup_ray_cluster, in turn."""
     import ray
@@ -271,14 +280,14 @@ def spark_cluster(args) -> dict:
 
     # The scaling measurement starts from one worker node and adds a second. A smoke run measures
     # no scaling: each cluster is the Ray head alone (no worker node's Spark job is launched) on
-    # the least Spark, one worker of one core (the default master has two).
+    # the least Spark (SMOKE_SPARK: local mode, one JVM).
     workers = 0 if args.smoke else 1
     overrides = [
         "backend=spark",
         f"backend.min_worker_nodes={workers}",
         f"backend.max_worker_nodes={1 if args.smoke else 2}",
         f"backend.autoscale_idle_timeout_minutes={args.idle_minutes}",
-        *(["backend.master='local-cluster[1, 1, 2048]'"] if args.smoke else []),
+        *(SMOKE_SPARK if args.smoke else []),
     ]
     cfg = compose_config(*overrides)
 
@@ -387,9 +396,9 @@ def spark_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1)
     smoke_option(
         p,
-        "each side's Ray cluster is its head node alone (backend.min_worker_nodes=0) on a Spark "
-        "of one worker, started, seen by the driver and stopped: no scale-up or scale-down is "
-        "waited for",
+        "each side's Ray cluster is its head node alone (backend.min_worker_nodes=0) on Spark's "
+        "local mode (local[1]), started, seen by the driver and stopped: no scale-up or "
+        "scale-down is waited for",
         repeats=1,
     )
 

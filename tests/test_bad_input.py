@@ -95,6 +95,7 @@ BAD_INPUT = [
     (["backend=spark", "backend.min_worker_nodes=3"], "backend.min_worker_nodes"),
     (["backend=spark", "+backend.num_worker_nodes=2"], "backend.num_worker_nodes"),
     (["backend=spark", "backend.master=yarn"], "backend.master"),
+    (["backend=spark", "backend.master='local[2]'"], "backend.num_cpus_worker_node"),
     # backend=vm: outdated guides, sizes, SSH, where tracking can go
     (["backend=vm", "+backend.initial_workers=2"], "backend.initial_workers"),
     (

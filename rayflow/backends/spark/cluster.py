@@ -90,9 +90,26 @@ class SparkCluster(ClusterBackend):
         )
         if b.hybrid:
             self._check_hybrid()
-        if active_session() is None:
+        active = active_session()
+        if active is None:
             self._check_master()
             self._check_worker_size()
+        self._check_local_mode(str(active.sparkContext.master if active else self.section.master))
+
+    def _check_local_mode(self, master: str) -> None:
+        """Spark's local mode (`local[...]`, a Databricks single-node cluster) has no stage
+        scheduling: Ray on Spark sizes each node by `spark.task.cpus` and refuses the node sizes
+        after starting Spark."""
+        if not (master == "local" or master.startswith("local[")):
+            return
+        for key in ("num_cpus_worker_node", "num_gpus_worker_node"):
+            if self.section.get(key) is not None:
+                raise ConfigError(
+                    f"backend.{key}",
+                    f"cannot be set on Spark's local mode (master {master}): Ray on Spark sizes "
+                    "its nodes by spark.task.cpus there; set backend.num_cpus_worker_node=null "
+                    "backend.num_gpus_worker_node=null",
+                )
 
     def _check_worker_size(self) -> None:
         """Where the Spark workers are this machine (local-cluster, local), a Ray worker node
