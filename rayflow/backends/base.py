@@ -44,10 +44,10 @@ class Rendered:
 
 @dataclass(frozen=True)
 class WorkerPreload:
-    """What the workload's trial processes import first (torch, RLlib), how many processes one trial
-    has, and the CPUs one of them reserves (its compute threads). A backend that starts Ray's worker
-    processes ahead of use has them import these, so the first trial does not wait for its
-    imports."""
+    """What the workload's trial processes import first (torch, RLlib), how many processes the
+    trials that run at once have, and the CPUs one of them reserves (its compute threads). A
+    backend that starts Ray's worker processes ahead of use has them import these, so the first
+    trials do not wait for their imports."""
 
     modules: tuple[str, ...]
     processes: int = 1

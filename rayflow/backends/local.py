@@ -116,8 +116,8 @@ class LocalCluster(ClusterBackend):
             # preload_python_modules each imports the modules right away, while the driver still
             # sets up Tune, so a trial and its env runners start in warm processes. Ray's default
             # soft limit follows the CPUs left free, so a trial's placement group that takes them
-            # all gets the idle workers killed before its actors can use them; keep as many as one
-            # trial's processes (each holds its imports: ~0.45 GB for ppo).
+            # all gets the idle workers killed before its actors can use them; keep as many as the
+            # trials that run at once have processes (each holds its imports: ~0.45 GB for ppo).
             kwargs["_system_config"] = {
                 "preload_python_modules": list(preload.modules),
                 "num_workers_soft_limit": max(1, preload.processes),

@@ -83,14 +83,9 @@ def plan_job(cfg: DictConfig, overrides: list[str]) -> Plan:
     check_uri(cfg, local_files_ok=local_files_ok(backend) or bool(cfg.dry_run))
     if cfg.resume is not False and cfg.tracking.enabled:
         _check_resumed_run(cfg)
+    slots = _slots(bundles, nodes)
     return Plan(
-        overrides,
-        cfg,
-        backend,
-        workload,
-        bundles,
-        _preload(workload, cfg, bundles),
-        _slots(bundles, nodes),
+        overrides, cfg, backend, workload, bundles, _preload(workload, cfg, bundles, slots), slots
     )
 
 
@@ -128,12 +123,18 @@ def _check_gpus(
         )
 
 
-def _preload(workload: Any, cfg: DictConfig, bundles: list[Bundle]) -> WorkerPreload | None:
+def _preload(
+    workload: Any, cfg: DictConfig, bundles: list[Bundle], slots: int | None
+) -> WorkerPreload | None:
+    """What Ray's idle workers import as the cluster starts, and how many of them are kept: the
+    processes of every trial that runs at once (with one kept per trial, the second of two 1-CPU
+    trials started in a cold process: about 1 s more per run, scripts/bench.py tune-overhead)."""
     modules = tuple(workload.worker_imports(cfg))
     if not modules:
         return None
     threads = max((b.resources.get("CPU", 1.0) for b in bundles), default=1.0)
-    return WorkerPreload(modules, sum(b.count for b in bundles), int(threads) or 1)
+    processes = sum(b.count for b in bundles) * max(1, slots or 1)
+    return WorkerPreload(modules, processes, int(threads) or 1)
 
 
 def _slots(bundles: list[Bundle], nodes: list[dict[str, float]] | None) -> int | None:
