@@ -73,16 +73,12 @@ def validate_section(
 
 def _section_model(annotation: Any) -> Any:
     """The model of a nested section key (`Model`, or `Model | None`), or None."""
-    for candidate in (annotation, *typing.get_args(annotation)):
-        if isinstance(candidate, type) and issubclass(candidate, _section()):
-            return candidate
-    return None
-
-
-def _section() -> type[Section]:
     from rayflow.schema.root import Section
 
-    return Section
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, Section):
+            return candidate
+    return None
 
 
 def unknown_key(where: str, model: type[Section], section: dict[Any, Any]) -> None:
