@@ -209,13 +209,13 @@ class LocalCluster(ClusterBackend):
         # Undo steps run newest first: a clean shutdown, then whatever of the node it left.
         handle.on_stop(
             "kill what is left of the local Ray node",
-            node.kill_all_processes,  # type: ignore[attr-defined]  # ray types it as None
+            node.kill_all_processes,
             check_alive=False,
             allow_graceful=False,
         )
         handle.on_stop("ray.shutdown() of the local cluster", shutdown_ray)
         # ray.init is typed to return BaseContext; a local start returns its RayContext subclass
-        return str(context.address_info["address"])  # type: ignore[attr-defined]
+        return str(context.address_info["address"])
 
     @staticmethod
     def _warm_workers_env(handle: ClusterHandle, preload: WorkerPreload) -> None:

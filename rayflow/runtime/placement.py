@@ -156,7 +156,7 @@ class PlacementWatch:
         from ray.autoscaler.v2.sdk import get_cluster_resource_state
 
         # Ray sets gcs_client on its Worker when the driver connects; the class does not declare it
-        gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]
+        gcs = ray._private.worker.global_worker.gcs_client
         since, nodes_seen = None, -1
         while not self._stop.wait(self.interval_s):
             # Broad on purpose: a watch that fails must never fail the run it watches; whatever the

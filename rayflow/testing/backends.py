@@ -38,6 +38,10 @@ class BackendSuite:
     # stop per tuple: whatever fails, the other steps still run and nothing is left behind.
     teardown_faults: list[tuple[str, ...]] = []
     start_timeout_s: float = 180
+    # False: the two starts of the signal and teardown-fault tests go one after the other (the
+    # second once the first is up), for engines that pick their ports at random and bind them
+    # seconds later, so that two starts at once can pick the same port.
+    starts_side_by_side: bool = True
 
     def overrides(self) -> list[str]:
         return [f"backend={self.name}"]
@@ -90,7 +94,8 @@ class LifecycleSuite(BackendSuite):
     # The processes of the two tests below run side by side, one per signal or per set of faults:
     # a start waits on the engine much of the time (JVMs, Ray on Spark's fixed 20 s wait for its
     # head, autoscalers), so two at once take far less than two in turn. Every check is per
-    # process, but for what is left: the union of what they started must be gone.
+    # process, but for what is left: the union of what they started must be gone. (A backend
+    # with starts_side_by_side False starts the second once the first is up.)
 
     def test_signals_stop_what_it_started(self, tmp_path):
         script = textwrap.dedent(
@@ -120,6 +125,8 @@ class LifecycleSuite(BackendSuite):
                     env=self._script_env(),
                 )
             runs[signum] = (proc, out)
+            if not self.starts_side_by_side:
+                self._wait_for_line(out, "ready", proc)
         try:
             for signum, (_, out) in runs.items():
                 ready = wait_until(
@@ -152,6 +159,13 @@ class LifecycleSuite(BackendSuite):
             )
         else:
             assert ray_daemon_pids() >= before
+
+    def _wait_for_line(self, out: Path, line: str, proc: subprocess.Popen) -> None:
+        """Until `proc` printed `line` to `out`, or ended."""
+        wait_until(
+            lambda: proc.poll() is not None or f"{line}\n" in out.read_text().splitlines(True),
+            timeout=self.start_timeout_s,
+        )
 
     def _fault_script(self, faults: tuple[str, ...]) -> str:
         """A start and stop in a process of its own, the teardown steps named by `faults` made to
@@ -218,6 +232,8 @@ class LifecycleSuite(BackendSuite):
                     env=self._script_env(),
                 )
             runs.append((faults, proc, out, err))
+            if not self.starts_side_by_side:
+                self._wait_for_line(out, "STARTED", proc)
         try:
             codes = [proc.wait(timeout=300) for _, proc, _, _ in runs]
         finally:

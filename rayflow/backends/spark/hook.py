@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ray.util.spark.start_hook_base import RayOnSparkStartHook
 from ray.util.spark.utils import is_in_databricks_runtime
 
 from rayflow.security.auth import auth_token
@@ -19,7 +18,7 @@ from rayflow.security.auth import auth_token
 # On Databricks, keep Databricks' own defaults (temp dir, dashboard proxy, creds). mypy reads the
 # portable base: a base class must be one class to it (the Databricks hook subclasses it).
 if TYPE_CHECKING or not is_in_databricks_runtime():
-    _Base = RayOnSparkStartHook
+    from ray.util.spark.start_hook_base import RayOnSparkStartHook as _Base
 else:
     from ray.util.spark.databricks_hook import (
         DefaultDatabricksRayOnSparkStartHook as _Base,

@@ -160,7 +160,7 @@ def _setup(config: dict) -> _Worker:
     )
     # equal shards: DDP needs equal step counts
     sampler: DistributedSampler[int] = DistributedSampler(
-        range(len(train_y)),  # type: ignore[arg-type]  # it takes only the len() of its dataset
+        range(len(train_y)),  # it takes only the len() of its dataset
         num_replicas=world,
         rank=rank,
         shuffle=True,
