@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from rayflow.testing.processes import ray_daemon_pids
@@ -25,6 +26,7 @@ def test_help_is_fast_and_loads_no_heavy_module():
     assert "HEAVY []" in out.stdout
 
 
+@pytest.mark.no_store
 def test_dry_run_prints_the_spec_and_starts_nothing(rayflow):
     before = ray_daemon_pids()
     out = rayflow.run("dry_run=true", "backend.num_cpus=1")

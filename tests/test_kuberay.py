@@ -27,6 +27,7 @@ from rayflow.testing.processes import wait_until
 from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.kube_emulator import KubeEmulator
 from tests.harness.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
+from tests.harness.mlflow_server import mlflow_server as served_mlflow
 
 pytest.importorskip("kmock")
 
@@ -114,45 +115,8 @@ def emulator():
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    env = dict(os.environ)
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{folder / 'server.db'}",
-            "--artifacts-destination",
-            str(folder / "artifacts"),
-            "--workers",
-            "1",
-        ],
-        stdout=open(folder / "mlflow.log", "w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-
-    def up() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            return False
-
-    try:
-        assert wait_until(up, timeout=60), (folder / "mlflow.log").read_text()[-2000:]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with served_mlflow(tmp_path_factory.mktemp("mlflow-server")) as (url, _):
+        yield url
 
 
 def kuberay(emulator: KubeEmulator, *more: str) -> list[str]:

@@ -121,6 +121,7 @@ def test_interrupt_then_resume_continues_the_iterations(rayflow):
     assert lifetime == 8000  # the restored algorithm kept counting
 
 
+@pytest.mark.no_store
 def test_unknown_environment_is_refused_before_anything_starts(rayflow):
     out = rayflow.run("workload=ppo", "workload.env=CartPol-v1")
     assert out.returncode == 2

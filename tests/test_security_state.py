@@ -291,59 +291,10 @@ def objective(config):
 def doomed_mlflow_server(tmp_path):
     """A real `mlflow server` on a free loopback port, in a process group of its own (its
     workers go with it): yields (URI, process group id)."""
-    import os
-    import socket
-    import subprocess
-    import sys
+    from tests.harness.mlflow_server import mlflow_server
 
-    from rayflow.testing.processes import wait_until
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    folder = tmp_path / "mlflow-server"
-    folder.mkdir()
-    env = dict(os.environ)
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{folder / 'server.db'}",
-            "--artifacts-destination",
-            str(folder / "artifacts"),
-            "--workers",
-            "1",
-        ],
-        stdout=open(folder / "mlflow.log", "w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-
-    def up() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            return False
-
-    try:
-        assert wait_until(up, timeout=60), (folder / "mlflow.log").read_text()[-2000:]
-        yield f"http://127.0.0.1:{port}", proc.pid
-    finally:
-        try:
-            os.killpg(proc.pid, 9)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
+    with mlflow_server(tmp_path / "mlflow-server") as served:
+        yield served
 
 
 def test_a_tracking_server_stopped_mid_run_is_one_warning_and_the_outcome_stands(

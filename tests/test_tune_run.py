@@ -7,6 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rayflow.testing.processes import process_pids, ray_daemon_pids, wait_until
@@ -96,6 +97,7 @@ def test_asha_run_lands_in_mlflow_with_checkpoints(rayflow):
     )
 
 
+@pytest.mark.no_store
 def test_tracking_none_logs_nothing(rayflow):
     out = rayflow.run("workload.num_samples=1", "workload.max_epochs=1", "tracking=none")
     assert out.returncode == 0, out.stderr[-3000:]

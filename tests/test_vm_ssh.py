@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from rayflow.testing.processes import wait_until
+from tests.harness.mlflow_server import mlflow_server as served_mlflow
 from tests.harness.ssh_hosts import SshHosts, unavailable_reason
 
 pytestmark = pytest.mark.slow
@@ -75,44 +76,8 @@ def shared_dir():
 
 @pytest.fixture
 def mlflow_server(hosts, tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            hosts.bridge_ip,
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'server.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "artifacts"),
-            "--workers",
-            "1",
-            "--allowed-hosts",
-            f"{hosts.bridge_ip}:{port},{hosts.bridge_ip}",
-        ],
-        stdout=open(tmp_path / "mlflow.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://{hosts.bridge_ip}:{port}"
-
-    def up() -> bool:
-        try:
-            with socket.create_connection((hosts.bridge_ip, port), timeout=1):
-                return True
-        except OSError:
-            return False
-
-    try:
-        assert wait_until(up, timeout=60), (tmp_path / "mlflow.log").read_text()[-2000:]
+    with served_mlflow(tmp_path, host=hosts.bridge_ip) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(

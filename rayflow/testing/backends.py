@@ -128,11 +128,8 @@ class LifecycleSuite(BackendSuite):
             if not self.starts_side_by_side:
                 self._wait_for_line(out, "ready", proc)
         try:
-            for signum, (_, out) in runs.items():
-                ready = wait_until(
-                    lambda log=out: "ready\n" in log.read_text().splitlines(keepends=True),
-                    timeout=self.start_timeout_s,
-                )
+            for signum, (proc, out) in runs.items():
+                ready = self._wait_for_line(out, "ready", proc)
                 assert ready, f"{signum.name}: " + out.read_text()[-3000:]
             started = ray_daemon_pids() - before
             for signum, (proc, _) in runs.items():
@@ -160,12 +157,14 @@ class LifecycleSuite(BackendSuite):
         else:
             assert ray_daemon_pids() >= before
 
-    def _wait_for_line(self, out: Path, line: str, proc: subprocess.Popen) -> None:
-        """Until `proc` printed `line` to `out`, or ended."""
-        wait_until(
-            lambda: proc.poll() is not None or f"{line}\n" in out.read_text().splitlines(True),
-            timeout=self.start_timeout_s,
-        )
+    def _wait_for_line(self, out: Path, line: str, proc: subprocess.Popen) -> bool:
+        """Until `proc` printed `line` to `out` (True), or ended or took too long (False)."""
+
+        def printed() -> bool:
+            return f"{line}\n" in out.read_text().splitlines(keepends=True)
+
+        wait_until(lambda: proc.poll() is not None or printed(), timeout=self.start_timeout_s)
+        return printed()
 
     def _fault_script(self, faults: tuple[str, ...]) -> str:
         """A start and stop in a process of its own, the teardown steps named by `faults` made to
