@@ -68,7 +68,12 @@ TAKE_TURNS = {
 # Modules one worker runs one after the other, as one unit of pytest-xdist's `--dist loadfile`:
 # they take turns anyway (TAKE_TURNS), and on two workers the second of them would otherwise
 # sit waiting for the lock, idle, while the first runs on the other worker.
-SAME_WORKER = {"test_spark": "test_spark+test_vm", "test_vm": "test_spark+test_vm"}
+SAME_WORKER = {
+    "test_spark": "test_spark+test_vm",
+    "test_vm": "test_spark+test_vm",
+    "test_ssh_hosts": "test_ssh_hosts+test_vm_ssh",
+    "test_vm_ssh": "test_ssh_hosts+test_vm_ssh",
+}
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -85,19 +90,28 @@ def pytest_xdist_make_scheduler(config, log):
     return Scheduling(config, log)
 
 
-# The longest modules first (minutes on 2 cores, from `pytest --durations`), so that neither
+# The longest modules first (seconds on 2 cores, from `pytest --durations=0`), so that neither
 # worker is left with a long one at the end while the other idles; the rest keep their order.
+# pytest-xdist would order the modules by their number of tests instead (`--no-loadscope-reorder`
+# in pyproject's addopts keeps this order): the 133 bad-input rows first, test_api's 3 tests last.
 LONGEST_FIRST = [
-    "test_spark",
+    "test_spark",  # with test_vm: about 1240 s, much of it waiting on Spark and autoscalers
     "test_vm",
-    "test_user_workloads",
-    "test_ddp",
-    "test_ppo",
-    "test_tune_run",
-    "test_launcher",
     "test_kuberay",
+    "test_ddp",
+    "test_tune_run",
+    "test_ppo",
+    "test_resume",
     "test_api",
+    "test_ssh_hosts",  # with test_vm_ssh: about 180 s
+    "test_vm_ssh",
+    "test_launcher",
+    "test_user_workloads",
     "test_bench",
+    "test_backends",
+    "test_notebook",
+    "test_bad_input",
+    "test_quiet",
 ]
 
 
