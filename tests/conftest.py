@@ -66,7 +66,7 @@ TAKE_TURNS = {
 
 
 # Modules one worker runs one after the other, as one unit of pytest-xdist's `--dist loadfile`:
-# they take turns anyway (TAKE_TURNS), and on two workers the second of them would otherwise
+# they take turns anyway (TAKE_TURNS), and the second of them would otherwise, on another worker,
 # sit waiting for the lock, idle, while the first runs on the other worker.
 SAME_WORKER = {
     "test_spark": "test_spark+test_vm",
@@ -116,7 +116,7 @@ LONGEST_FIRST = [
 
 
 def pytest_collection_modifyitems(config, items):
-    """`-n 2 --dist loadfile` (pyproject's addopts) keeps a test module's tests on one worker, so a
+    """`--dist loadfile` (pyproject's addopts) keeps a test module's tests on one worker, so a
     module's shared cluster (test_spark's, test_vm's, test_kuberay's head) starts once. (The
     xdist_group marks of `--dist loadgroup` never reached the node ids in pytest-xdist 3.8 here:
     modules were split over both workers, and each started its shared cluster twice at once.)"""

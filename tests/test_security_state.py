@@ -318,7 +318,7 @@ def test_a_tracking_server_stopped_mid_run_is_one_warning_and_the_outcome_stands
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "== rayflow results ==" in out.stdout and "trials: 1 (0 errored)" in out.stdout
-    assert "Traceback" not in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr, out.stdout[-3000:] + out.stderr[-4000:]
     warnings = [
         line for line in out.stderr.splitlines() if line.startswith("rayflow: warning: MLflow ")
     ]

@@ -50,7 +50,8 @@ class TestSpark(LifecycleSuite, DriverConnectionSuite):
 
     # Ray on Spark picks its head's ports at random in 9000-10000 and binds them seconds later:
     # two clusters started at once were seen to pick the same one (a head's client server failed).
-    starts_side_by_side = False
+    # Its log says when the first head is up, its ports bound.
+    second_start_after = "Ray head node started"
 
     def overrides(self):
         return LOCAL_MODE

@@ -38,10 +38,11 @@ class BackendSuite:
     # stop per tuple: whatever fails, the other steps still run and nothing is left behind.
     teardown_faults: list[tuple[str, ...]] = []
     start_timeout_s: float = 180
-    # False: the two starts of the signal and teardown-fault tests go one after the other (the
-    # second once the first is up), for engines that pick their ports at random and bind them
-    # seconds later, so that two starts at once can pick the same port.
-    starts_side_by_side: bool = True
+    # None: the two starts of the signal and teardown-fault tests go side by side. Else the
+    # second waits until the first has printed this, for engines that pick their ports at random
+    # and bind them seconds later (two starts at once could pick the same port): their "ports
+    # are bound" line.
+    second_start_after: str | None = None
 
     def overrides(self) -> list[str]:
         return [f"backend={self.name}"]
@@ -95,7 +96,7 @@ class LifecycleSuite(BackendSuite):
     # a start waits on the engine much of the time (JVMs, Ray on Spark's fixed 20 s wait for its
     # head, autoscalers), so two at once take far less than two in turn. Every check is per
     # process, but for what is left: the union of what they started must be gone. (A backend
-    # with starts_side_by_side False starts the second once the first is up.)
+    # with second_start_after starts the second once the first has bound its ports.)
 
     def test_signals_stop_what_it_started(self, tmp_path):
         script = textwrap.dedent(
@@ -125,11 +126,11 @@ class LifecycleSuite(BackendSuite):
                     env=self._script_env(),
                 )
             runs[signum] = (proc, out)
-            if not self.starts_side_by_side:
-                self._wait_for_line(out, "ready", proc)
+            if self.second_start_after:
+                self._wait_for_text([out], self.second_start_after, proc)
         try:
             for signum, (proc, out) in runs.items():
-                ready = self._wait_for_line(out, "ready", proc)
+                ready = self._wait_for_text([out], "ready\n", proc)
                 assert ready, f"{signum.name}: " + out.read_text()[-3000:]
             started = ray_daemon_pids() - before
             for signum, (proc, _) in runs.items():
@@ -157,11 +158,14 @@ class LifecycleSuite(BackendSuite):
         else:
             assert ray_daemon_pids() >= before
 
-    def _wait_for_line(self, out: Path, line: str, proc: subprocess.Popen) -> bool:
-        """Until `proc` printed `line` to `out` (True), or ended or took too long (False)."""
+    def _wait_for_text(self, outs: list[Path], text: str, proc: subprocess.Popen) -> bool:
+        """Until `proc` printed `text` (a line of its own if it ends in a newline) to one of
+        `outs` (True), or ended or took too long (False)."""
 
         def printed() -> bool:
-            return f"{line}\n" in out.read_text().splitlines(keepends=True)
+            if text.endswith("\n"):
+                return any(text in o.read_text().splitlines(keepends=True) for o in outs)
+            return any(text in o.read_text() for o in outs)
 
         wait_until(lambda: proc.poll() is not None or printed(), timeout=self.start_timeout_s)
         return printed()
@@ -231,8 +235,8 @@ class LifecycleSuite(BackendSuite):
                     env=self._script_env(),
                 )
             runs.append((faults, proc, out, err))
-            if not self.starts_side_by_side:
-                self._wait_for_line(out, "STARTED", proc)
+            if self.second_start_after:
+                self._wait_for_text([out, err], self.second_start_after, proc)
         try:
             codes = [proc.wait(timeout=300) for _, proc, _, _ in runs]
         finally:
