@@ -66,8 +66,8 @@ TAKE_TURNS = {
 
 
 # Modules one worker runs one after the other, as one unit of pytest-xdist's `--dist loadfile`:
-# they take turns anyway (TAKE_TURNS), and the second of them would otherwise, on another worker,
-# sit waiting for the lock, idle, while the first runs on the other worker.
+# they take turns anyway (TAKE_TURNS), and on another worker the second of them would sit
+# waiting for the lock, idle, while the first runs.
 SAME_WORKER = {
     "test_spark": "test_spark+test_vm",
     "test_vm": "test_spark+test_vm",

@@ -22,8 +22,8 @@ def _free_port(host: str) -> int:
 
 @contextlib.contextmanager
 def mlflow_server(folder: Path, host: str = "127.0.0.1") -> Iterator[tuple[str, int]]:
-    """(its URL, its process id, the leader of its own process group), killed with its group at
-    the end. Its store, artifacts and log (mlflow.log) are in `folder`."""
+    """Yields (its URL, its process id, which leads a process group of its own); the group is
+    killed at the end. Its store, artifacts and log (mlflow.log) are in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     port = _free_port(host)
     env = dict(os.environ)
