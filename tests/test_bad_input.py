@@ -1,7 +1,8 @@
 """Bad input, as users type it by mistake: each is refused before anything starts.
 
 One table across every config group, its rows run three at a time. For each row
-`python -m rayflow` must exit 2 within 60 s with one line `rayflow: error: <key>: ...` naming
+`python -m rayflow` (forked from a process that has imported it; a sample of rows also in a new
+interpreter, which must print the same) must exit 2 within 60 s with one line `rayflow: error: <key>: ...` naming
 the key, print no traceback, and leave no Ray or Spark process, experiment folder, MLflow
 store or Hydra output behind.
 """
@@ -15,6 +16,7 @@ import pytest
 
 from rayflow.testing.processes import ray_daemon_pids
 from tests.harness.cli import Rayflow
+from tests.harness.forked import run_forked
 
 TUNE = ["workload.metric=loss", "workload.mode=min"]  # what every workload=tune command names
 # bad Ray cluster YAMLs (backend.cluster_yaml)
@@ -376,23 +378,60 @@ BAD_INPUT = [
 ]
 
 
+# Rows also run as a fresh `python -m rayflow` (the others run forked: tests/harness/forked.py):
+# the first row of each kind of check named here (a type, the tracking store's probe, a demand
+# the cluster cannot place, an unknown key, a search space, resume, a user's cluster file).
+FRESH = [
+    next(i for i, (_, key) in enumerate(BAD_INPUT) if key == name)
+    for name in (
+        "dry_run",
+        "tracking.uri",
+        "workload.resources_per_trial.cpu",
+        "workload.nosuch",
+        "workload.search_space.lr",
+        "resume",
+        "backend.cluster_yaml",
+    )
+]
+
+
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory, data_root):
     """Every row's `python -m rayflow`, each in a work folder of its own, three at a time (none
-    starts anything, and each is mostly Python's start-up): {row index: (runner, output, seconds)}."""
+    starts anything): {row index: (runner, output, seconds)}. Each row runs in a process forked
+    from one that has imported rayflow (the interpreter's start-up, most of a refusal's time,
+    paid once); the FRESH rows run as a new interpreter too, which must print the same."""
     from concurrent.futures import ThreadPoolExecutor
 
     def refuse(index: int):
         args, _ = BAD_INPUT[index]
         runner = Rayflow(tmp_path_factory.mktemp(f"bad-input-{index}"), data_root)
+        streams = tmp_path_factory.mktemp(f"bad-input-{index}-streams")
         started = time.monotonic()
-        out = runner.run(*args, timeout=60)
+        out = run_forked(runner.argv(*args), runner.workdir, runner.env, streams, timeout=60)
         return index, (runner, out, time.monotonic() - started)
+
+    def fresh(index: int):
+        args, _ = BAD_INPUT[index]
+        runner = Rayflow(tmp_path_factory.mktemp(f"bad-input-fresh-{index}"), data_root)
+        return index, (runner, runner.run(*args, timeout=60))
 
     before = ray_daemon_pids()
     with ThreadPoolExecutor(max_workers=3) as pool:
         seen = dict(pool.map(refuse, range(len(BAD_INPUT))))
-    yield seen, before
+        new = dict(pool.map(fresh, FRESH))
+    yield seen, new, before
+
+
+def test_a_new_interpreter_refuses_as_the_forked_one_does(refusals):
+    seen, new, _ = refusals
+
+    def shown(runner, out):  # each ran in a work folder of its own
+        texts = (out.stdout, out.stderr)
+        return out.returncode, [text.replace(str(runner.workdir), "WORKDIR") for text in texts]
+
+    for index, (runner, out) in new.items():
+        assert shown(runner, out) == shown(*seen[index][:2]), BAD_INPUT[index]
 
 
 @pytest.mark.parametrize("index", range(len(BAD_INPUT)), ids=[" ".join(a) for a, _ in BAD_INPUT])
@@ -403,7 +442,7 @@ def test_bad_input_is_one_line_naming_the_key(refusals, index):
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU")
-    seen, before = refusals
+    seen, _, before = refusals
     rayflow, out, seconds = seen[index]
     assert seconds < 60
     assert out.returncode == 2, out.stderr[-2000:]
