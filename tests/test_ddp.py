@@ -11,8 +11,10 @@ import torch
 from rayflow.testing.processes import process_pids, wait_until
 
 DDP = ["workload=ddp", "backend.num_cpus=2", "workload.num_workers=2", "workload.batch_size=32"]
-# A small ResNet at batch 32 takes a few seconds an epoch here: long enough to act mid-epoch 2.
-SLOW_EPOCHS = [*DDP, "workload.model=resnet", "workload.epochs=3"]
+# A small ResNet at batch 32 takes a few seconds an epoch here: long enough to act mid-epoch 2,
+# once epoch 1's checkpoint is recorded, and see the run finish from that checkpoint.
+EPOCHS = 2
+SLOW_EPOCHS = [*DDP, "workload.model=resnet", f"workload.epochs={EPOCHS}"]
 
 
 def checkpoints(rayflow):
@@ -87,8 +89,8 @@ def test_killed_worker_restarts_the_group_from_the_last_checkpoint(rayflow):
     ]
     assert resumed and resumed[0] >= 1, "the restarted workers did not load the checkpoint"
     client, parent, train = train_run(rayflow)
-    assert history(client, train, "epoch")[-1] == (3, 3.0)
-    assert train.info.status == "FINISHED" and parent.data.metrics["epochs_completed"] == 3
+    assert history(client, train, "epoch")[-1] == (EPOCHS, EPOCHS)
+    assert train.info.status == "FINISHED" and parent.data.metrics["epochs_completed"] == EPOCHS
 
 
 def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
@@ -101,7 +103,7 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
     assert "resume=" in log.read_text()
     client, parent, train = train_run(rayflow)
     done = int(history(client, train, "epoch")[-1][1])
-    assert done < 3 and train.info.status == "KILLED"
+    assert done < EPOCHS and train.info.status == "KILLED"
 
     out = rayflow.run("workload=ddp", "resume=true")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -113,12 +115,13 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
     assert resumed and done - 1 <= int(resumed[0]) <= done, (resumed, done)
     client, parent, train = train_run(rayflow)  # the same parent and nested run, continued
     epochs = [step for step, _ in history(client, train, "epoch")]
-    assert epochs[-1] == 3 and epochs.count(1) == 1, f"epochs were repeated from scratch: {epochs}"
+    assert epochs[-1] == EPOCHS and epochs.count(1) == 1, f"epochs repeated from scratch: {epochs}"
     assert (
-        parent.data.tags.get("resumed") == "true" and parent.data.metrics["epochs_completed"] == 3
+        parent.data.tags.get("resumed") == "true"
+        and parent.data.metrics["epochs_completed"] == EPOCHS
     )
     # the plot of the resumed run has every epoch, those before the interrupt too
-    assert rayflow.plots(client, parent)["training.png"]["epochs"] == [1, 2, 3]
+    assert rayflow.plots(client, parent)["training.png"]["epochs"] == [1, 2]
 
 
 def test_tune_sweeps_lr_with_one_train_run_per_trial(rayflow):
