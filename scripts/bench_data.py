@@ -6,7 +6,7 @@ on one device, through two pipelines over the same python-batch files:
   rayflow  the workload's in-memory tensors: the batches read once into uint8 tensors on the
            device (rayflow.workloads.presets.cifar_data.load_split), each mini-batch indexed and normalised there
            (rayflow.workloads.presets.cifar_data.iterate); the epoch body is train_cifar's own code (workload=cifar:
-           rayflow.workloads.presets.cifar.train_epoch with its TrainStep, then evaluate, validation
+           rayflow.workloads.presets.cifar_train.train_epoch with its TrainStep, then evaluate, validation
            in batches of 512): batch losses summed on the device and read once per epoch, and
            on CUDA the full-size batches replaying a CUDA graph of forward, backward and
            optimizer.step (the last, smaller batch eager).
@@ -85,13 +85,13 @@ def rayflow_epochs(
     spec, device, batch_size: int, count: int
 ) -> tuple[list[float], list[float], float]:
     """(epoch seconds, training-only seconds, seconds of the pipeline alone for one epoch) of
-    train_cifar's epoch body on `device`: rayflow.workloads.presets.cifar's train_epoch and evaluate,
+    train_cifar's epoch body on `device`: rayflow.workloads.presets.cifar_train's train_epoch and evaluate,
     the functions the trainable calls."""
     import torch
     import torch.nn as nn
 
-    from rayflow.workloads.presets.cifar import TrainStep, evaluate, train_epoch
     from rayflow.workloads.presets.cifar_data import iterate, load_split
+    from rayflow.workloads.presets.cifar_train import TrainStep, evaluate, train_epoch
     from rayflow.workloads.presets.models import Net
 
     start = time.perf_counter()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from rayflow.orchestrator.compose import compose_config
-from rayflow.workloads.presets import cifar
+from rayflow.workloads.presets import cifar, cifar_train
 
 
 def test_net_is_the_seed_cnn():
-    net = cifar.Net(l1=32, l2=16)
+    net = cifar_train.Net(l1=32, l2=16)
     assert (net.conv1.in_channels, net.conv1.out_channels, net.conv1.kernel_size) == (3, 6, (5, 5))
     assert (net.conv2.in_channels, net.conv2.out_channels) == (6, 16)
     assert (
@@ -38,18 +38,18 @@ def test_search_space_follows_the_config():
 
 def test_checkpoint_round_trip_restores_model_and_optimizer(tmp_path):
     torch.manual_seed(0)
-    net = cifar.Net(8, 8)
+    net = cifar_train.Net(8, 8)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     images, labels = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
     for _ in range(2):  # momentum buffers become non-trivial state
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(net(images), labels).backward()
         optimizer.step()
-    cifar.save_checkpoint(str(tmp_path), net, optimizer, epoch=3)
+    cifar_train.save_checkpoint(str(tmp_path), net, optimizer, epoch=3)
 
-    restored = cifar.Net(8, 8)
+    restored = cifar_train.Net(8, 8)
     restored_optimizer = torch.optim.SGD(restored.parameters(), lr=0.5, momentum=0.0)
-    assert cifar.load_checkpoint(str(tmp_path), restored, restored_optimizer) == 3
+    assert cifar_train.load_checkpoint(str(tmp_path), restored, restored_optimizer) == 3
     for a, b in zip(net.state_dict().values(), restored.state_dict().values()):
         assert torch.equal(a, b)
     assert restored_optimizer.param_groups[0]["lr"] == 0.1
@@ -103,18 +103,18 @@ def test_train_epoch_gives_the_former_loop_values_on_cpu():
     runs = []
     for refactored in (False, True):
         torch.manual_seed(0)
-        net = cifar.Net(16, 8)
+        net = cifar_train.Net(16, 8)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
         generator = torch.Generator().manual_seed(0)
-        step = cifar.TrainStep(net, optimizer, criterion, 32)
+        step = cifar_train.TrainStep(net, optimizer, criterion, 32)
         assert not step.use_graph  # CPU: the eager step, always
         values = []
         for _ in range(2):
             if refactored:
                 values.append(
                     (
-                        cifar.train_epoch(step, images, labels, generator),
-                        *cifar.evaluate(net, criterion, images, labels, batch_size=64),
+                        cifar_train.train_epoch(step, images, labels, generator),
+                        *cifar_train.evaluate(net, criterion, images, labels, batch_size=64),
                     )
                 )
             else:
@@ -134,21 +134,21 @@ def test_train_epoch_continues_from_a_restored_checkpoint(tmp_path):
 
     def fresh():
         torch.manual_seed(0)
-        net = cifar.Net(16, 8)
+        net = cifar_train.Net(16, 8)
         return net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
     net, optimizer = fresh()
-    step = cifar.TrainStep(net, optimizer, criterion, 32)
-    cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(1))
-    cifar.save_checkpoint(str(tmp_path), net, optimizer, epoch=1)
-    expected = cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(2))
+    step = cifar_train.TrainStep(net, optimizer, criterion, 32)
+    cifar_train.train_epoch(step, images, labels, torch.Generator().manual_seed(1))
+    cifar_train.save_checkpoint(str(tmp_path), net, optimizer, epoch=1)
+    expected = cifar_train.train_epoch(step, images, labels, torch.Generator().manual_seed(2))
 
-    restored = cifar.Net(16, 8)
+    restored = cifar_train.Net(16, 8)
     restored_optimizer = torch.optim.SGD(restored.parameters(), lr=0.5, momentum=0.0)
-    assert cifar.load_checkpoint(str(tmp_path), restored, restored_optimizer) == 1
-    restored_step = cifar.TrainStep(restored, restored_optimizer, criterion, 32)
+    assert cifar_train.load_checkpoint(str(tmp_path), restored, restored_optimizer) == 1
+    restored_step = cifar_train.TrainStep(restored, restored_optimizer, criterion, 32)
     assert (
-        cifar.train_epoch(restored_step, images, labels, torch.Generator().manual_seed(2))
+        cifar_train.train_epoch(restored_step, images, labels, torch.Generator().manual_seed(2))
         == expected
     )
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), restored.parameters()))

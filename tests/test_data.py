@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rayflow.errors import DataError
-from rayflow.workloads.presets import cifar
 from rayflow.workloads.presets import cifar_data as data
+from rayflow.workloads.presets import cifar_train
 from rayflow.workloads.presets.cifar_data import DataSpec
 from rayflow.workloads.presets.models import Net
 
@@ -81,7 +81,7 @@ def test_seed_cnn_learns_the_synthetic_set_over_epochs_not_in_one(tmp_path):
     torch.manual_seed(0)
     net = Net()
     criterion = torch.nn.CrossEntropyLoss()
-    step = cifar.TrainStep(
+    step = cifar_train.TrainStep(
         net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9), criterion, 32
     )
     generator = torch.Generator().manual_seed(0)
@@ -90,8 +90,8 @@ def test_seed_cnn_learns_the_synthetic_set_over_epochs_not_in_one(tmp_path):
     torch.set_num_threads(1)
     try:
         for _ in range(4):
-            cifar.train_epoch(step, train_x, train_y, generator)
-            curve.append(cifar.evaluate(net, criterion, val_x, val_y))
+            cifar_train.train_epoch(step, train_x, train_y, generator)
+            curve.append(cifar_train.evaluate(net, criterion, val_x, val_y))
     finally:
         torch.set_num_threads(threads)
     losses, accuracies = [loss for loss, _ in curve], [acc for _, acc in curve]

@@ -108,7 +108,7 @@ def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path, monkeypatch)
     """workload=cifar's TrainStep on CUDA: the full-size batches replay a captured CUDA graph,
     the loss falls, and every epoch's loss and the weights match the eager step's; a
     checkpoint restores into a fresh trial and into the captured one (which re-captures)."""
-    from rayflow.workloads.presets import cifar
+    from rayflow.workloads.presets import cifar_train
 
     # cuDNN's default conv backward algorithms are nondeterministic: on the H100 two eager runs
     # of this very test differed by up to 1.3e-2 in a weight after 3 epochs, which fails the
@@ -133,26 +133,26 @@ def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path, monkeypatch)
 
     def trial():
         torch.manual_seed(0)
-        net = cifar.Net(16, 8).cuda()
+        net = cifar_train.Net(16, 8).cuda()
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
         return net, optimizer
 
     runs = {}
     for graph in (False, True):
         net, optimizer = trial()
-        step = cifar.TrainStep(net, optimizer, criterion, 32, cuda_graph=graph)
+        step = cifar_train.TrainStep(net, optimizer, criterion, 32, cuda_graph=graph)
         losses = []
         for epoch in range(3):
             losses.append(
-                cifar.train_epoch(step, images, labels, torch.Generator().manual_seed(epoch))
+                cifar_train.train_epoch(step, images, labels, torch.Generator().manual_seed(epoch))
             )
             if epoch == 1 and graph:
-                cifar.save_checkpoint(str(tmp_path), net, optimizer, epoch=2)
+                cifar_train.save_checkpoint(str(tmp_path), net, optimizer, epoch=2)
         assert (step.graph is not None) == graph
         runs[graph] = (
             losses,
             [p.detach().clone() for p in net.parameters()],
-            cifar.evaluate(net, criterion, images, labels),
+            cifar_train.evaluate(net, criterion, images, labels),
         )
     (eager, eager_params, eager_val), (graphed, graphed_params, graphed_val) = (
         runs[False],
@@ -168,16 +168,16 @@ def test_cifar_cuda_graph_step_trains_like_the_eager_step(tmp_path, monkeypatch)
     # a fresh trial restored from the epoch-2 checkpoint: its epoch 3 is the graphed run's
     net, optimizer = trial()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.0)
-    assert cifar.load_checkpoint(str(tmp_path), net, optimizer, "cuda") == 2
-    step = cifar.TrainStep(net, optimizer, criterion, 32)
-    assert cifar.train_epoch(
+    assert cifar_train.load_checkpoint(str(tmp_path), net, optimizer, "cuda") == 2
+    step = cifar_train.TrainStep(net, optimizer, criterion, 32)
+    assert cifar_train.train_epoch(
         step, images, labels, torch.Generator().manual_seed(2)
     ) == pytest.approx(graphed[2], rel=1e-4)
     assert step.graph is not None
     # restored into the trial whose graph is captured: the graph is dropped and re-captured
     captured = step.graph
-    assert cifar.load_checkpoint(str(tmp_path), net, optimizer, "cuda") == 2
-    assert cifar.train_epoch(
+    assert cifar_train.load_checkpoint(str(tmp_path), net, optimizer, "cuda") == 2
+    assert cifar_train.train_epoch(
         step, images, labels, torch.Generator().manual_seed(2)
     ) == pytest.approx(graphed[2], rel=1e-4)
     assert step.graph is not None and step.graph is not captured

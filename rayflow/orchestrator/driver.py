@@ -135,15 +135,27 @@ def _start_tracking(
     write_state(path, {**state, **redact(saved)})  # keeps what the workload saved (resume)
 
 
+def _torch_version() -> str:
+    """torch's version as its trials see it, read without importing torch here (a second of a
+    driver's start-up, where only the trials train)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:  # a torch without distribution metadata (built in place)
+        import torch
+
+        return str(torch.__version__)
+
+
 def _parent_tags(cfg: DictConfig, path: Path) -> dict[str, Any]:
     import ray
-    import torch
 
     return {
         "backend": os.environ.get(SUBMITTED_BY) or cfg.backend.name,  # vm, not the job's attach
         "workload": cfg.workload.name,
         "ray_version": ray.__version__,
-        "torch_version": torch.__version__,
+        "torch_version": _torch_version(),
         "git_commit": git_commit(cfg.workload.get("trainable")),
         "experiment_dir": str(path),
     }
