@@ -75,7 +75,7 @@ def test_compose_and_dry_run_return_the_config_and_the_spec(tmp_path):
     assert ray_daemon_pids() == before  # a dry run starts nothing
 
 
-def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayflow):
+def test_a_run_an_interrupted_one_resumed_a_refusal_and_another_run_in_one_process(rayflow):
     before = ray_daemon_pids()
     seen = session(
         rayflow,
@@ -83,13 +83,12 @@ def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayfl
         import threading, time
         from pathlib import Path
         env, sigint = dict(os.environ), signal.getsignal(signal.SIGINT)
-        first = rayflow.run(*BASE, *{SMALL!r})
-        second = rayflow.run(*BASE, *{SMALL!r}, "workload.search_space.lr.min=0.01")
-        for name, r in (("first", first), ("second", second)):
+        def report_run(name, r):
             report(name, best_config=r.best_config, val_accuracy=r.best_metrics.get("val_accuracy"),
                    folder=str(r.experiment_dir), exists=r.experiment_dir.is_dir(), run_id=r.mlflow_run_id,
                    experiment=r.mlflow_experiment, trials=len(r.trials), columns=list(r.trials.columns),
-                   type=type(r.trials).__name__, connected=ray_connected())
+                   type=type(r.trials).__name__, connected=ray_connected(), env_same=dict(os.environ) == env)
+        report_run("first", rayflow.run(*BASE, *{SMALL!r}))
 
         storage = Path(BASE[0].split("=", 1)[1])
         known = set(storage.iterdir())
@@ -112,19 +111,19 @@ def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayfl
             rayflow.run(*BASE, "workload.num_samples=0")
         except rayflow.ConfigError as err:
             report("refused", key=err.key)
-        after = rayflow.run(*BASE, *{SMALL!r})
-        report("after", val_accuracy=after.best_metrics.get("val_accuracy"), connected=ray_connected(),
-               env_same=dict(os.environ) == env)
+        report_run("after", rayflow.run(*BASE, *{SMALL!r}, "workload.search_space.lr.min=0.01"))
         sweep = rayflow.run(*BASE, *{SMALL!r}, "workload.scheduler.reduction_factor=2,4", multirun=True)
         report("sweep", folders=[str(r.experiment_dir) for r in sweep], trials=[len(r.trials) for r in sweep],
                connected=ray_connected())
     """,
         capture=True,
     )
-    first, second = seen["first"], seen["second"]
-    assert first["folder"] != second["folder"] and first["run_id"] != second["run_id"]
-    for result in (first, second):
+    # two runs of one process, an interrupted one, its resume and a refusal between them
+    first, after = seen["first"], seen["after"]
+    assert first["folder"] != after["folder"] and first["run_id"] != after["run_id"]
+    for result in (first, after):
         assert result["exists"] and result["experiment"] == "cifar" and not result["connected"]
+        assert result["env_same"]
         assert (
             result["type"] == "DataFrame"
             and result["trials"] == 2
@@ -132,7 +131,8 @@ def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayfl
         )
         assert 0 <= result["val_accuracy"] <= 1 and "lr" in result["best_config"]
     client, parents, _ = rayflow.mlflow("cifar")
-    assert {first["run_id"], second["run_id"]} <= {p.info.run_id for p in parents}
+    assert {first["run_id"], after["run_id"]} <= {p.info.run_id for p in parents}
+    assert after["best_config"]["lr"] >= 0.01  # its own search space, not the first run's
 
     stopped = seen["interrupt"]
     assert (
@@ -141,9 +141,8 @@ def test_cifar_twice_then_interrupted_resumed_and_once_more_in_one_process(rayfl
     assert stopped["env_same"] and stopped["sigint_same"]
     assert seen["resumed"]["folder"] == stopped["folder"] and seen["resumed"]["epochs"] == [20]
     assert not seen["resumed"]["connected"]
-    # a failed preflight, then a run that works
+    # a failed preflight, then a run that works (checked with the first above)
     assert seen["refused"]["key"] == "workload.num_samples"
-    assert seen["after"]["env_same"] and not seen["after"]["connected"]
     sweep = seen["sweep"]
     assert len(set(sweep["folders"])) == 2 and sweep["trials"] == [2, 2] and not sweep["connected"]
     # the sweep's second job
