@@ -46,11 +46,26 @@ WORKLOADS = {
     ],
 }
 COMPUTE, DEVICE = "compute=gpu", "cuda"  # what every run asks for, and the parent's device tag then
+READS_CIFAR = ("cifar", "ddp")  # the presets that bring the data set (`data.*`; others refuse it)
 CHECKPOINTS = {
     "cifar": "cifar-*/*/checkpoint_*/checkpoint.pt",
     "ddp": "ddp-*/checkpoint_*/checkpoint.pt",
     "ppo": "ppo-*/PPO_*/checkpoint_*/algorithm_state.pkl",
 }
+
+
+def overrides(name: str, work: Path, folder: Path) -> list[str]:
+    """The workload's command line: on this machine's GPU, its runs and store under `folder`,
+    the synthetic CIFAR-format set under `work` for the presets that read it."""
+    data = ["data.synthetic=true", f"data.root={work / 'data'}"] if name in READS_CIFAR else []
+    return [
+        *WORKLOADS[name],
+        COMPUTE,
+        "backend=local",
+        *data,
+        f"storage_path={folder / 'ray_results'}",
+        f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
+    ]
 
 
 class Refused(Exception):
@@ -180,18 +195,7 @@ def main(argv=None) -> int:
         folder = work / name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
-        argv = [
-            sys.executable,
-            "-m",
-            "rayflow",
-            *WORKLOADS[name],
-            COMPUTE,
-            "backend=local",
-            "data.synthetic=true",
-            f"data.root={work / 'data'}",
-            f"storage_path={folder / 'ray_results'}",
-            f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
-        ]
+        argv = [sys.executable, "-m", "rayflow", *overrides(name, work, folder)]
         print(f"[gpu_smoke] {name}: {' '.join(argv[3:])}", file=sys.stderr, flush=True)
         began = time.perf_counter()
         try:

@@ -1,4 +1,5 @@
-"""The GPU tools' CPU side (fast, offline, run by CI): the smoke script's refusal without a GPU,
+"""The GPU tools' CPU side (fast, offline, run by CI): the smoke script's refusal without a GPU
+and its command lines,
 the wheelhouse's pieces (slim repack, marker walk, platform tags, --have files) and the
 benchmark's torchvision copy of the synthetic set."""
 
@@ -60,6 +61,17 @@ def test_smoke_script_rejects_an_unknown_workload():
         env=dict(os.environ, PYTHON=sys.executable),
     )
     assert out.returncode == 2 and "--workloads: choose from cifar, ddp, ppo" in out.stderr
+
+
+def test_each_smoke_command_composes(tmp_path):
+    """What the GPU machine runs, checked here: each workload's command line is a valid config
+    (a key a preset does not have would fail there in its first second)."""
+    from rayflow.orchestrator.compose import compose_config
+
+    smoke = load_script("gpu_smoke")
+    for name in smoke.WORKLOADS:
+        cfg = compose_config(*smoke.overrides(name, tmp_path, tmp_path / name))
+        assert cfg.workload.name == name and cfg.compute.device == "cuda"
 
 
 def make_wheel(path, files: dict[str, bytes]):
