@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -57,6 +58,21 @@ SUBMITTED_BY, SUBMITTED_SPEC, SUBMITTED_METRICS = (
 RAY_UPLOAD_LIMIT = 100 * 2**20  # Ray refuses a runtime_env package larger than this
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 UNREACHABLE_S = 30.0  # a head busy enough to drop connections answers again well within this
+# Ray's Jobs client raises RuntimeError("Request failed with status code N: ...") for an error
+# status: 502, 503 and 504 are a gateway in between (the kuberay relay, the API server's service
+# proxy, an ingress) saying the head did not answer it.
+GATEWAY_DOWN = re.compile(r"Request failed with status code 50[234]\b")
+
+
+def _unreachable(err: BaseException) -> bool:
+    """The head did not answer: no connection to it, or a gateway in between said so."""
+    from requests.exceptions import ConnectionError as Disconnected
+
+    return isinstance(err, Disconnected) or (
+        isinstance(err, RuntimeError) and GATEWAY_DOWN.match(str(err)) is not None
+    )
+
+
 # The job's own package (py_modules) holding its request: the overrides it runs with.
 REQUEST_PACKAGE, REQUEST_FILE = "rayflow_job_request", "request.json"
 
@@ -265,8 +281,6 @@ def _stop(client: Any, job_id: str, deadline: float) -> None:
     """Stop the job and wait until it has ended, up to `deadline`. The request the signal cut
     into may leave its connection broken, and a head busy stopping the job may drop one: a
     connection error is retried, not raised over the signal being handled."""
-    from requests.exceptions import ConnectionError as Disconnected
-
     asked = False
     while time.monotonic() < deadline:
         try:
@@ -275,8 +289,9 @@ def _stop(client: Any, job_id: str, deadline: float) -> None:
                 asked = True
             if str(client.get_job_status(job_id).value) in TERMINAL:
                 return
-        except Disconnected:
-            pass
+        except (OSError, RuntimeError) as err:
+            if not _unreachable(err):
+                raise
         time.sleep(1.0)
     why = "after being asked to" if asked else "(the head did not answer)"
     print(
@@ -290,14 +305,14 @@ def _stop(client: Any, job_id: str, deadline: float) -> None:
 def _wait(client: Any, job_id: str, deadline: float | None = None) -> str:
     """Poll the job until it ends (or `deadline`). A head that stops answering for
     UNREACHABLE_S fails the run in one line naming it, not with the HTTP client's traceback."""
-    from requests.exceptions import ConnectionError as Disconnected
-
     unreachable_since: float | None = None
     while True:
         try:
             status = str(client.get_job_status(job_id).value)
             unreachable_since = None
-        except Disconnected as err:
+        except (OSError, RuntimeError) as err:
+            if not _unreachable(err):
+                raise
             unreachable_since = unreachable_since or time.monotonic()
             if time.monotonic() - unreachable_since > UNREACHABLE_S:
                 raise ClusterError(

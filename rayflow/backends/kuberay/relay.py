@@ -56,6 +56,7 @@ WS_HEADERS = {
     "sec-websocket-protocol",
 }
 RELAY_HEADER = "X-Rayflow-Relay"  # the per-run secret; stripped before anything is forwarded
+HTTP_SILENCE_S = 120  # an upstream that says nothing this long on an HTTP request has gone
 
 # What Ray 2.60's JobSubmissionClient calls (ray/dashboard/modules/job/sdk.py and
 # dashboard_sdk.py), by method: the version check, submit/list, one job's info, stop, delete,
@@ -229,7 +230,7 @@ class DashboardRelay:
 
     async def _forward_http(self, session: ClientSession, request, target: str):
         """An HTTP request, its body and the answer streamed through."""
-        from aiohttp import ClientError, web
+        from aiohttp import ClientError, ClientTimeout, web
 
         body = request.content.iter_chunked(1 << 16) if request.body_exists else None
         try:
@@ -239,6 +240,9 @@ class DashboardRelay:
                 headers=self._headers(request),
                 data=body,
                 allow_redirects=False,
+                # An API server that takes the request and never answers would hold the Jobs
+                # client's call for good (it sets no timeout): its silence ends in a 502 here.
+                timeout=ClientTimeout(total=None, sock_connect=30, sock_read=HTTP_SILENCE_S),
             )
         except (ClientError, OSError) as err:  # the API server is unreachable: what a gateway says
             return web.Response(
