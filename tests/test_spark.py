@@ -52,6 +52,9 @@ class TestSpark(LifecycleSuite, DriverConnectionSuite):
     # two clusters started at once were seen to pick the same one (a head's client server failed).
     # Its log says when the first head is up, its ports bound.
     second_start_after = "Ray head node started"
+    # Ray on Spark's shutdown, then the SparkSession's and its JVM's, for two clusters at once:
+    # on CI's two loaded cores one took longer than the default 60 s once.
+    stop_timeout_s = 120
 
     def overrides(self):
         return LOCAL_MODE

@@ -38,6 +38,8 @@ class BackendSuite:
     # stop per tuple: whatever fails, the other steps still run and nothing is left behind.
     teardown_faults: list[tuple[str, ...]] = []
     start_timeout_s: float = 180
+    # how long a started process may take to tear down and exit after SIGINT or SIGTERM
+    stop_timeout_s: float = 60
     # None: the two starts of the signal and teardown-fault tests go side by side. Else the
     # second waits until the first has printed this, for engines that pick their ports at random
     # and bind them seconds later (two starts at once could pick the same port): their "ports
@@ -136,7 +138,13 @@ class LifecycleSuite(BackendSuite):
             for signum, (proc, _) in runs.items():
                 proc.send_signal(signum)
             for signum, (proc, out) in runs.items():
-                code = proc.wait(timeout=60)
+                try:
+                    code = proc.wait(timeout=self.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(
+                        f"{signum.name}: still running {self.stop_timeout_s} s after the signal: "
+                        + out.read_text()[-3000:]
+                    )
                 if signum == signal.SIGTERM:
                     assert code == 128 + signum, (code, out.read_text()[-2000:])
                 else:

@@ -56,7 +56,7 @@ WS_HEADERS = {
     "sec-websocket-protocol",
 }
 RELAY_HEADER = "X-Rayflow-Relay"  # the per-run secret; stripped before anything is forwarded
-HTTP_SILENCE_S = 120  # an upstream that says nothing this long on an HTTP request has gone
+HTTP_SILENCE_S = 60  # an upstream that says nothing this long on an HTTP request has gone
 
 # What Ray 2.60's JobSubmissionClient calls (ray/dashboard/modules/job/sdk.py and
 # dashboard_sdk.py), by method: the version check, submit/list, one job's info, stop, delete,
