@@ -172,7 +172,7 @@ def empty_mlflow_store(tmp_path_factory) -> Path:
 @pytest.fixture
 def rayflow(request, tmp_path, data_root) -> Rayflow:
     before = ray_daemon_pids()
-    runner = Rayflow(tmp_path, data_root)
+    runner = Rayflow(tmp_path, data_root, request.node.get_closest_marker("no_dashboard") is None)
     if request.node.get_closest_marker("no_store") is None:
         shutil.copyfile(request.getfixturevalue("empty_mlflow_store"), runner.db)
     yield runner

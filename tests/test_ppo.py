@@ -10,6 +10,11 @@ pytest.importorskip("ray.rllib")
 
 from rayflow.testing.processes import wait_until
 
+# The dashboard is not what these tests are about: their local runs start Ray without it
+# (tests/harness/cli.py WITHOUT_DASHBOARD); the default is what test_quiet, test_secrets, the
+# first-hour tests and the others run.
+pytestmark = pytest.mark.no_dashboard
+
 # Small iterations (1000 env steps) keep a short run short; the defaults are RLlib's tuned ones.
 QUICK = [
     "workload=ppo",

@@ -13,7 +13,14 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from rayflow.testing.processes import wait_until
+
+# The dashboard is not what these tests are about: their local runs start Ray without it
+# (tests/harness/cli.py WITHOUT_DASHBOARD); the default is what test_quiet, test_secrets, the
+# first-hour tests and the others run.
+pytestmark = pytest.mark.no_dashboard
 
 # The user's project: each entry point fails while FAIL (a file next to it) exists.
 FLAKY = """

@@ -12,6 +12,11 @@ import yaml
 
 from rayflow.testing.processes import process_pids, ray_daemon_pids, wait_until
 
+# The dashboard is not what these tests are about: their local runs start Ray without it
+# (tests/harness/cli.py WITHOUT_DASHBOARD); the default is what test_quiet, test_secrets, the
+# first-hour tests and the others run.
+pytestmark = pytest.mark.no_dashboard
+
 SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
 
 

@@ -13,6 +13,11 @@ import pytest
 
 from tests.harness.examples import copy_example
 
+# The dashboard is not what these tests are about: their local runs start Ray without it
+# (tests/harness/cli.py WITHOUT_DASHBOARD); the default is what test_quiet, test_secrets, the
+# first-hour tests and the others run.
+pytestmark = pytest.mark.no_dashboard
+
 
 def project(rayflow, name: str):
     """The example's files in the test's work folder: the user's project, outside the repository."""

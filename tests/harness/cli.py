@@ -10,13 +10,21 @@ from pathlib import Path
 
 # the presets whose data set (conf/workload/data/) sits at the root as `data`
 DATA_WORKLOADS = ("cifar", "ddp")
+# What a `no_dashboard` test's local runs start without Ray's dashboard: Ray Train's runs (ddp,
+# train) use the state API it serves, so they keep it.
+WITHOUT_DASHBOARD = ("cifar", "tune", "rllib", "ppo")
+
+
+def _choice(args, group: str, default: str) -> str:
+    return next((a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == group), default)
 
 
 class Rayflow:
     """Runs `python -m rayflow` in a work folder of its own, with small, isolated defaults."""
 
-    def __init__(self, workdir: Path, data_root: Path):
+    def __init__(self, workdir: Path, data_root: Path, dashboard: bool = True):
         self.workdir = workdir
+        self.dashboard = dashboard  # False: see WITHOUT_DASHBOARD
         self.storage = workdir / "ray_results"
         self.db = workdir / "mlflow.db"
         self.base = [
@@ -32,15 +40,18 @@ class Rayflow:
 
     def base_for(self, args) -> list[str]:
         """The defaults for a command line: the data keys only where its workload reads the CIFAR
-        data set (the presets cifar, the default, and ddp bring the `data` section; others have none)."""
-        workload = next(
-            (a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == "workload"), "cifar"
-        )
-        return (
+        data set (the presets cifar, the default, and ddp bring the `data` section; others have
+        none); without the dashboard where `dashboard` is False and WITHOUT_DASHBOARD allows."""
+        workload = _choice(args, "workload", "cifar")
+        base = (
             self.base
             if workload in DATA_WORKLOADS
             else [b for b in self.base if not b.startswith("data.")]
         )
+        if not self.dashboard and workload in WITHOUT_DASHBOARD:
+            if _choice(args, "backend", "local") == "local":
+                base = [*base, "backend.include_dashboard=false"]
+        return base
 
     def argv(self, *args: str, base: bool = True) -> list[str]:
         flags = [a for a in args if a.startswith("-")]  # Hydra wants -m before the overrides
