@@ -30,6 +30,17 @@ def pytest_configure(config):
     # running on the machine, or the other pytest-xdist worker, is neither blamed nor killed.
     mark_session()
     _spark_defaults_for_short_jvms(config)
+    _ctrl_c_as_in_a_terminal()
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """A suite started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT ignored,
+    and so would every process a test starts: a Ctrl-C test would then see rayflow ignore the
+    signal as Python does by design. The tests' processes get SIGINT as a terminal gives it."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # As a machine's spark-defaults.conf would: the tests' Spark JVMs live a minute or two, so the

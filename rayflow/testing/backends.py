@@ -138,22 +138,7 @@ class LifecycleSuite(BackendSuite):
             for signum, (proc, _) in runs.items():
                 proc.send_signal(signum)
             for signum, (proc, out) in runs.items():
-                try:
-                    code = proc.wait(timeout=self.stop_timeout_s)
-                except subprocess.TimeoutExpired:
-                    pytest.fail(
-                        f"{signum.name}: still running {self.stop_timeout_s} s after the signal: "
-                        + out.read_text()[-3000:]
-                    )
-                if signum == signal.SIGTERM:
-                    assert code == 128 + signum, (code, out.read_text()[-2000:])
-                else:
-                    # KeyboardInterrupt unwinds the with-block; Python then exits by SIGINT or
-                    # with 1
-                    assert code in (-signal.SIGINT, 1) and "KeyboardInterrupt" in out.read_text(), (
-                        code,
-                        out.read_text()[-2000:],
-                    )
+                self._exits_as_signalled(signum, proc, out)
         finally:
             for proc, _ in runs.values():
                 if proc.poll() is None:
@@ -165,6 +150,23 @@ class LifecycleSuite(BackendSuite):
             )
         else:
             assert ray_daemon_pids() >= before
+
+    def _exits_as_signalled(self, signum: int, proc: subprocess.Popen, out: Path) -> None:
+        try:
+            code = proc.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"{signal.Signals(signum).name}: still running {self.stop_timeout_s} s after the "
+                "signal: " + out.read_text()[-3000:]
+            )
+        if signum == signal.SIGTERM:
+            assert code == 128 + signum, (code, out.read_text()[-2000:])
+        else:
+            # KeyboardInterrupt unwinds the with-block; Python then exits by SIGINT or with 1
+            assert code in (-signal.SIGINT, 1) and "KeyboardInterrupt" in out.read_text(), (
+                code,
+                out.read_text()[-2000:],
+            )
 
     def _wait_for_text(self, outs: list[Path], text: str, proc: subprocess.Popen) -> bool:
         """Until `proc` printed `text` (a line of its own if it ends in a newline) to one of
