@@ -148,13 +148,24 @@ RAY_MIN_OBJECT_STORE = 78643200  # Ray's floor for object_store_memory (bytes)
 _VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
+def object_storage_error(value: str) -> str:
+    """An object-store URI where a folder is expected. Every part of a run takes these keys as a
+    folder path, so `s3://bucket/x` would become a local folder `s3:/bucket/x`: refused, until
+    object storage is supported end to end."""
+    scheme = value.split("://", 1)[0]
+    return (
+        f"{value}: object storage ({scheme}://) is not supported yet; give a folder path "
+        "(where the cluster's nodes are separate machines, one they all mount)"
+    )
+
+
 def writable_dir_error(value: Any) -> str | None:
     """Why `value` cannot be a directory this process creates and writes, or None. Nothing is
     created: the nearest existing ancestor must be a writable directory."""
     if not isinstance(value, str) or not value.strip():
         return f"must be a directory path, got {value!r}"
-    if "://" in value:  # s3://, gs://: storage Tune writes through pyarrow; checked where used
-        return None
+    if "://" in value:
+        return object_storage_error(value)
     too_long = path_length_error(value) or path_length_error(
         str(Path(value).expanduser().absolute())
     )
@@ -180,11 +191,13 @@ def _writable_dir(value: Any, info: ValidationInfo) -> str:
         raise ValueError(f"must be a directory path, got {value!r}")
     # Paths mean this machine's only where the cluster's nodes share its files (the validation
     # context says: a backend that submits to other machines resolves them on its head).
+    if "://" in value:
+        raise ValueError(object_storage_error(value))
     if (info.context or {}).get("local_paths", True):
         error = writable_dir_error(value)
         if error:
             raise ValueError(error)
-    elif "://" not in value and path_length_error(value):
+    elif path_length_error(value):
         raise ValueError(path_length_error(value))
     return value
 

@@ -91,8 +91,9 @@ class Root(Section):
         "(run from the folder of the first run, give its `tracking.uri`, or `tracking=none`)"
     )
     storage_path: WritableDir = Field(
-        description="Tune's experiment state and checkpoints (`s3://`, `gs://` too); "
-        "on a cluster sharing this machine's files it must be creatable and writable here"
+        description="Tune's experiment state and checkpoints: a folder (object storage, "
+        "`s3://`, is not supported yet); on a cluster sharing this machine's files it must be "
+        "creatable and writable here"
     )
     experiment_name: FolderName(EXPERIMENT_NAME_MAX) = Field(
         description="the experiment folder under `storage_path` (default "
