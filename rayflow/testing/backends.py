@@ -14,6 +14,7 @@ fails; stop(handle) may be called again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,6 +59,23 @@ class BackendSuite:
             os.environ,
             PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
         )
+
+
+def _kill_with_descendants(proc: subprocess.Popen) -> None:
+    """A process still running when the test gives up, and what it started: killed alone, it
+    left its cluster's head (Ray on Spark's `ray start --block`) running with no owner."""
+    import psutil
+
+    if proc.poll() is not None:
+        return
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    proc.kill()
+    for child in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 
 
 class LifecycleSuite(BackendSuite):
@@ -141,8 +159,7 @@ class LifecycleSuite(BackendSuite):
                 self._exits_as_signalled(signum, proc, out)
         finally:
             for proc, _ in runs.values():
-                if proc.poll() is None:
-                    proc.kill()
+                _kill_with_descendants(proc)
         if self.owns_cluster:
             assert started
             assert wait_until(lambda: not (ray_daemon_pids() & started), timeout=20), sorted(
