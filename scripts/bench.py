@@ -33,6 +33,10 @@ hydra-launcher (`--jobs 8 --job-seconds 4`) sweeps examples/hydra-app with hydra
 backend=local and with Hydra's basic launcher; `ratio` = wall / ideal, `speedup` = basic / rayflow
 (see bench_launcher.py).
 
+object-storage (`--repeats 3`) runs the same small workload=cifar search with storage_path a
+local folder and on an S3-compatible store (moto on loopback unless `--store s3://...`),
+alternating; `ratio` = store / folder wall seconds (see bench_storage.py).
+
 vm-cluster (`--repeats 2`) times backend=vm on fake_multinode: head ready, scale-up and
 scale-down, and what submitting the run as a Ray Job adds (see bench_vm.py). spark-cluster
 (`--repeats 1`) times Ray on Spark through rayflow's backend against plain setup_ray_cluster:
@@ -73,6 +77,7 @@ import bench_data  # scripts/ is on sys.path when this file runs
 import bench_ddp
 import bench_launcher
 import bench_ppo
+import bench_storage
 import bench_vm
 from bench_common import log, median_or_none, rounded, seconds, smoke_option, wait_for
 
@@ -121,6 +126,7 @@ def tune_overhead(args) -> dict:
     from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
     from rayflow.orchestrator.preflight import plan_job
+    from rayflow.results.experiment import Experiment
     from rayflow.workloads import tune as tune_kind
     from rayflow.workloads.tune_runner import fit_watching_interrupts, run_tune
     from rayflow.workloads.user_code import give
@@ -157,7 +163,7 @@ def tune_overhead(args) -> dict:
         tuned = tune_kind.job(cfg, trainable, callbacks=callbacks)
         tuned.verbose = 0
         tuned.max_pending_trials = slots  # as run_job sets it from RunContext.trial_slots
-        return run_tune(tuned, storage / "rayflow-bench")[1]
+        return run_tune(tuned, Experiment(str(storage / "rayflow-bench")))[1]
 
     def plain_run(storage: Path, _: None) -> bool:
         tuner = tune.Tuner(
@@ -435,6 +441,11 @@ BENCHMARKS = {
         bench_vm.vm_cluster,
         bench_vm.vm_cluster_args,
         "backend=vm on fake_multinode: head ready, scale-up/down, what submitting the run as a Ray Job adds",
+    ),
+    "object-storage": (
+        bench_storage.object_storage,
+        bench_storage.object_storage_args,
+        "the same cifar run with storage_path a local folder and on an S3-compatible store",
     ),
     "hydra-launcher": (
         bench_launcher.hydra_launcher,

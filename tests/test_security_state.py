@@ -192,7 +192,7 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
 
     def claim(_):
         barrier.wait()
-        return stack.enter_context(claimed_experiment(cfg))
+        return stack.enter_context(claimed_experiment(cfg)).dir
 
     with stack:
         with ThreadPoolExecutor(8) as pool:

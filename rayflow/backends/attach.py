@@ -86,6 +86,14 @@ class AttachedCluster(ClusterBackend):
             return found
         return address
 
+    # The contract's class attribute, a property here: a cluster reached on loopback (or `auto`,
+    # the one `ray start` left here) is taken as this machine's processes; one at another
+    # address, as separate machines.
+    @property
+    def single_machine(self) -> bool:  # type: ignore[override]
+        address = str(self.section.address or "").strip()
+        return address == "auto" or is_loopback(_host_port(address.removeprefix("ray://"))[0])
+
     def check(self) -> None:
         timeout = float(self.section.connect_timeout_s)  # its kind: rayflow.backends.keys.Attach
         address = self.target()

@@ -4,7 +4,7 @@ few members, heavy imports (ray, pyspark, kubernetes) inside them.
 A backend is built from its own `backend:` config section and the run's auth mode, nothing else (as
 Hydra hands a launcher only its own config), and keeps only that: what one cluster does while it
 lives is in the `ClusterHandle` its `start()` returns (rayflow.backends.handle). Callers ask what a
-backend can do (`submits_jobs`, `shares_filesystem`), never what it is called.
+backend can do (`submits_jobs`, `shares_filesystem`, `single_machine`), never what it is called.
 
 Each step of `start()` that leaves something behind registers its undo on the handle the moment it
 succeeds (`handle.on_stop`); a start that fails unwinds what it had started before it raises
@@ -60,6 +60,10 @@ class ClusterBackend(abc.ABC):
     submits_jobs: bool = False
     # Its nodes see this machine's files (data prepared here, SQLite).
     shares_filesystem: bool = False
+    # Its nodes are processes of one machine (this one, or the head's): a folder there is every
+    # node's, so Tune's checkpoints may go to one; else storage_path must be an object store or a
+    # folder every node mounts (rayflow.orchestrator.preflight.check_storage).
+    single_machine: bool = False
 
     def __init__(self, section: DictConfig, auth_mode: str = "token") -> None:
         self.section = section  # the `backend:` config section

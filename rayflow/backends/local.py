@@ -74,6 +74,7 @@ def total_memory_bytes() -> int:
 
 class LocalCluster(ClusterBackend):
     shares_filesystem = True  # its one node is this machine
+    single_machine = True
 
     def check(self) -> None:
         b = self.section

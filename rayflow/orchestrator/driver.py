@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -25,7 +24,7 @@ from rayflow.orchestrator.preflight import Plan
 from rayflow.orchestrator.report import report
 from rayflow.orchestrator.resume import group_choices, resumed_keys
 from rayflow.orchestrator.submission import SUBMITTED_BY, SUBMITTED_METRICS, SUBMITTED_SPEC
-from rayflow.results.experiment import read_state, write_state
+from rayflow.results.experiment import Experiment, read_state, write_state
 from rayflow.results.run_result import RunResult, result_line
 from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.node_usage import NodePeak
@@ -39,15 +38,17 @@ from rayflow.tracking.tracker import Tracker, git_commit
 from rayflow.workloads import RunContext
 
 
-def run_here(plan: Plan, cluster: SharedCluster, path: Path) -> RunResult:
+def run_here(plan: Plan, cluster: SharedCluster, experiment: Experiment) -> RunResult:
     """The job of `plan` on `cluster` (started by the first job that acquires it), in this process;
     its RunResult. Raises RunFailed, RunInterrupted or Terminated after its own clean-up."""
     cfg = plan.cfg
     # missing data fails before Ray starts
     plan.workload.prepare(cfg, here=plan.backend.shares_filesystem)
     tracker = Tracker(cfg)
-    result = _new_result(plan, path, tracker)
-    state = read_state(path) if cfg.resume is not False else {}  # the experiment's state, read once
+    result = _new_result(plan, experiment, tracker)
+    # the experiment's state, read once
+    state = read_state(experiment) if cfg.resume is not False else {}
+    path = experiment.location
     status = "FAILED"
     import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
 
@@ -55,13 +56,13 @@ def run_here(plan: Plan, cluster: SharedCluster, path: Path) -> RunResult:
         try:
             handle, started = cluster.acquire()
             resolve_compute(cfg)
-            _start_tracking(plan, cluster.spec, handle, started, tracker, state, path)
+            _start_tracking(plan, cluster.spec, handle, started, tracker, state, experiment)
             result.mlflow_run_id, result.mlflow_experiment_id = (
                 tracker.run_id,
                 tracker.experiment_id,
             )
-            result.summary, peak = _run_watched(plan, tracker, path, result)
-            report(cfg, tracker, result.summary, path, peak, plan.workload)
+            result.summary, peak = _run_watched(plan, tracker, experiment, result)
+            report(cfg, tracker, result.summary, experiment, peak, plan.workload)
             _raise_unfinished(result, path)
             status = "FINISHED"
             return result
@@ -76,18 +77,19 @@ def run_here(plan: Plan, cluster: SharedCluster, path: Path) -> RunResult:
                 emit(result_line(result, status))  # one write: Ray's log thread prints meanwhile
 
 
-def _new_result(plan: Plan, path: Path, tracker: Tracker) -> RunResult:
+def _new_result(plan: Plan, experiment: Experiment, tracker: Tracker) -> RunResult:
     cfg, workload = plan.cfg, plan.workload
     return RunResult(
         str(cfg.workload.name),
         None,
-        path,
+        experiment.dir,
         tuple(plan.overrides),
         redact(to_container(cfg)),
         tracker.absolute_uri if tracker.enabled else None,
         tracker.experiment or None,
         trial_metrics=workload.metrics(cfg),
         trial_params=workload.params(cfg),
+        experiment=experiment.location,
     )
 
 
@@ -109,7 +111,7 @@ def _start_tracking(
     started: bool,
     tracker: Tracker,
     state: dict[str, Any],
-    path: Path,
+    experiment: Experiment,
 ) -> None:
     """The MLflow parent run: a new one, or on resume the experiment's own; the cluster's start-up
     figures where this job started it; then the experiment's state, for a later resume."""
@@ -118,7 +120,7 @@ def _start_tracking(
     tracker.start(
         cfg,
         spec,
-        tags={**_parent_tags(cfg, path), **handle.tags},
+        tags={**_parent_tags(cfg, experiment.location), **handle.tags},
         resume_run_id=state.get("mlflow_run_id"),
     )
     if os.environ.get(SUBMITTED_METRICS):  # the start-up of the cluster that submitted this job
@@ -132,7 +134,7 @@ def _start_tracking(
         "choices": group_choices(list(plan.overrides)),
         "config": {k: config[k] for k in resumed_keys(cfg) if k in config},
     }
-    write_state(path, {**state, **redact(saved)})  # keeps what the workload saved (resume)
+    write_state(experiment, {**state, **redact(saved)})  # keeps what the workload saved (resume)
 
 
 def _torch_version() -> str:
@@ -148,7 +150,7 @@ def _torch_version() -> str:
         return str(torch.__version__)
 
 
-def _parent_tags(cfg: DictConfig, path: Path) -> dict[str, Any]:
+def _parent_tags(cfg: DictConfig, path: str) -> dict[str, Any]:
     import ray
 
     return {
@@ -157,19 +159,26 @@ def _parent_tags(cfg: DictConfig, path: Path) -> dict[str, Any]:
         "ray_version": ray.__version__,
         "torch_version": _torch_version(),
         "git_commit": git_commit(cfg.workload.get("trainable")),
-        "experiment_dir": str(path),
+        "experiment_dir": path,
     }
 
 
 def _run_watched(
-    plan: Plan, tracker: Tracker, path: Path, result: RunResult
+    plan: Plan, tracker: Tracker, experiment: Experiment, result: RunResult
 ) -> tuple[Any, NodePeak]:
     """The workload's run, watched: a demand no node can place for schedule_timeout_s stops it
     (RunFailed: Tune and Train saved their state); the node count at its peak is kept."""
     cfg = plan.cfg
     keys = sorted({b.keys[r] for b in plan.bundles for r, amount in b.resources.items() if amount})
     hint = f"lower {', '.join(keys)} or use a cluster with bigger nodes"
-    context = RunContext(tracker, path, cfg.resume is not False, plan.trial_slots)
+    context = RunContext(
+        tracker,
+        experiment.dir,
+        cfg.resume is not False,
+        plan.trial_slots,
+        experiment,
+        _node_env(plan, experiment),
+    )
     with NodePeak() as peak, PlacementWatch(float(cfg.schedule_timeout_s), hint) as watch:
         try:
             summary = plan.workload.run(cfg, context)
@@ -181,11 +190,22 @@ def _run_watched(
     return summary, peak
 
 
-def _resume_hint(path: Path) -> str:
+def _node_env(plan: Plan, experiment: Experiment) -> dict[str, str]:
+    """An object store's settings for the trials, where their nodes do not have this process's
+    environment: not a submitted job's (its runtime env holds them for every worker,
+    rayflow.orchestrator.submission), not the nodes this process started (they inherit it)."""
+    from rayflow.results.storage import STORAGE_ENV
+
+    if not experiment.remote or plan.backend.shares_filesystem or os.environ.get(SUBMITTED_BY):
+        return {}
+    return {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
+
+
+def _resume_hint(path: str) -> str:
     return f"Continue with: python -m rayflow resume={path}"
 
 
-def _raise_unfinished(result: RunResult, path: Path) -> None:
+def _raise_unfinished(result: RunResult, path: str) -> None:
     """A run interrupted (its state saved) or with errored trials ends in its exception."""
     summary = result.summary
     if summary.interrupted:
@@ -199,7 +219,7 @@ def _raise_unfinished(result: RunResult, path: Path) -> None:
         )
 
 
-def _translate_interrupt(stop: BaseException, result: RunResult, path: Path) -> None:
+def _translate_interrupt(stop: BaseException, result: RunResult, path: str) -> None:
     """A terminating signal becomes Terminated (exit 128 + N), Ctrl-C RunInterrupted (exit 130);
     either way the state is saved and the resume command printed. Anything else goes on as it is."""
     code = termination_exit_code()

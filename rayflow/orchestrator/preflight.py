@@ -23,7 +23,7 @@ from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config, config_errors, sweep_points, validate
 from rayflow.orchestrator.job_files import check_upload
 from rayflow.orchestrator.resume import resumed
-from rayflow.results.experiment import experiment_dir, read_state
+from rayflow.results.experiment import locate, read_state
 from rayflow.runtime.placement import Bundle, check_fits, copies_at_once
 from rayflow.tracking.tracker import check_uri, missing_run
 from rayflow.workloads import workload_for
@@ -73,7 +73,7 @@ def plan_job(cfg: DictConfig, overrides: list[str]) -> Plan:
     if nodes is not None:  # else the running cluster is watched (PlacementWatch)
         check_fits(bundles, nodes, backend.name)
     if cfg.resume is not False:
-        experiment_dir(cfg)
+        locate(cfg)
     # the files that go with the job fit Ray's upload limit
     if backend.submits_jobs and not cfg.dry_run:
         check_upload(cfg, in_place=backend.shares_filesystem)
@@ -81,11 +81,55 @@ def plan_job(cfg: DictConfig, overrides: list[str]) -> Plan:
     # share this machine's files cannot write a local SQLite or file store.
     # A dry run only notes it (a provider's defaults alone still render).
     check_uri(cfg, local_files_ok=local_files_ok(backend) or bool(cfg.dry_run))
+    check_storage(cfg, backend)  # may wait storage.PROBE_TIMEOUT_S for an object store
     if cfg.resume is not False and cfg.tracking.enabled:
         _check_resumed_run(cfg)
     slots = _slots(bundles, nodes)
     return Plan(
         overrides, cfg, backend, workload, bundles, _preload(workload, cfg, bundles, slots), slots
+    )
+
+
+# Folders a Databricks cluster mounts on every node: shared without storage_shared=true.
+SHARED_PREFIXES = ("/dbfs/", "/Volumes/")
+
+
+def check_storage(cfg: DictConfig, backend: ClusterBackend) -> None:
+    """storage_path where every node of the cluster reaches it: an object store that answers
+    (probed within storage.PROBE_TIMEOUT_S), or a folder one machine holds for all its nodes, or
+    one the user says every node mounts. A dry run probes nothing, and only notes a folder the
+    nodes would not share (a provider's defaults alone still render: session.dry_run)."""
+    from rayflow.results import storage
+    from rayflow.results.experiment import where_kept
+
+    where = where_kept(cfg)
+    if cfg.dry_run:
+        return
+    if storage.is_uri(where):
+        try:
+            storage.probe(where)
+        except storage.StorageError as err:
+            raise ConfigError("storage_path", str(err)) from None
+        return
+    refusal = storage_refusal(cfg, backend)
+    if refusal:
+        raise ConfigError("storage_path", refusal)
+
+
+def storage_refusal(cfg: DictConfig, backend: ClusterBackend) -> str | None:
+    """Why a folder storage_path does not do for the backend's nodes, or None."""
+    from rayflow.results.experiment import where_kept
+
+    where = where_kept(cfg)
+    if "://" in where or backend.single_machine or cfg.storage_shared:
+        return None
+    if where.startswith(SHARED_PREFIXES):
+        return None
+    return (
+        f"{where} is a folder of one machine, but backend={backend.name} runs trials on "
+        "separate machines that do not see it (checkpoints written there are lost to the "
+        "others): give an object store every node reaches (storage_path=s3://BUCKET/PATH or "
+        "gs://BUCKET/PATH), or a folder every node mounts at that path with storage_shared=true"
     )
 
 
@@ -149,7 +193,7 @@ def _check_resumed_run(cfg: DictConfig) -> None:
     """A resumed experiment logs into its first run's MLflow parent run: the store must hold it
     (a relative sqlite:///mlflow.db from another directory is another store). Refused rather than
     started anew, so a resumed experiment's MLflow history stays in one run."""
-    run_id = read_state(experiment_dir(cfg)).get("mlflow_run_id")
+    run_id = read_state(locate(cfg)).get("mlflow_run_id")
     if not run_id:
         return
     reason = missing_run(cfg, str(run_id))

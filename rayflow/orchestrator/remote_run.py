@@ -32,13 +32,15 @@ from rayflow.orchestrator.submission import (
     job_overrides,
     submit,
 )
-from rayflow.results.experiment import experiment_dir
+from rayflow.results.experiment import locate, on_object_store
 from rayflow.results.run_result import (
     RESULT_MARKER,
     RunResult,
     returned_mlflow_run,
     returned_result,
 )
+from rayflow.results.storage import is_uri
+from rayflow.results.storage import join as storage_join
 from rayflow.runtime.signals import termination_exit_code
 from rayflow.schema.values import to_container
 from rayflow.security.redaction import mask_text, redact
@@ -57,8 +59,12 @@ def _request(plan: Plan, tracker: Tracker) -> dict[str, list[str]]:
             {
                 key: str(Path(str(value)).expanduser().resolve())
                 for key, value in _local_folders(plan).items()
+                if not is_uri(value)
             }
         )
+    if is_uri(cfg.storage_path) and cfg.resume is False:
+        # named here, so this side knows where the experiment goes (its resume command)
+        absolute["experiment_name"] = str(cfg.experiment_name)
     if tracker.enabled:
         absolute["tracking.uri"] = tracker.absolute_uri
     return {"overrides": job_overrides(plan.overrides, absolute)}
@@ -85,7 +91,13 @@ def _local_folders(plan: Plan) -> dict[str, object]:
     }
 
 
-def _env(cluster: SharedCluster, started: bool) -> dict[str, str]:
+# A job whose experiment outlives the cluster (an object store) is stopped as Ctrl-C stops a local
+# run, so Tune saves its state there before it ends; Ray's job supervisor reads these from the
+# job's environment, and kills the job after the grace given (its default: SIGTERM, 3 s).
+GRACEFUL_STOP = {"RAY_JOB_STOP_SIGNAL": "SIGINT", "RAY_JOB_STOP_WAIT_TIME_S": "30"}
+
+
+def _env(plan: Plan, cluster: SharedCluster, started: bool) -> dict[str, str]:
     handle = cluster.handle
     assert handle is not None
     return {
@@ -94,6 +106,7 @@ def _env(cluster: SharedCluster, started: bool) -> dict[str, str]:
         SUBMITTED_SPEC: cluster.spec,
         SUBMITTED_METRICS: json.dumps(handle.metrics if started else {}),
         **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)},
+        **(GRACEFUL_STOP if on_object_store(plan.cfg) else {}),
     }
 
 
@@ -109,14 +122,14 @@ def run_submitted(plan: Plan, cluster: SharedCluster) -> RunResult:
         done = submit(
             handle,
             job_entrypoint(handle.submission.python),
-            _env(cluster, started),
+            _env(plan, cluster, started),
             RESULT_MARKER,
             runtime_env=files,
             request=_request(plan, tracker),
             verbose=cfg.get("verbose", 0),
         )
     except (KeyboardInterrupt, SystemExit):
-        _stopped()
+        _stopped(_outliving(plan))
         raise
     except BaseException:
         command = cluster.handle.teardown_command if cluster.handle is not None else None
@@ -129,15 +142,30 @@ def run_submitted(plan: Plan, cluster: SharedCluster) -> RunResult:
     return _returned(plan, cluster, tracker, done)
 
 
-def _stopped() -> None:
+def _outliving(plan: Plan) -> str:
+    """What outlives the cluster: an experiment on an object store, continued on a new cluster
+    by the command this returns ("" where the experiment stays on the cluster's own disks). A
+    resume's `resume` is the experiment's location already (rayflow.orchestrator.resume)."""
+    cfg = plan.cfg
+    if not on_object_store(cfg):
+        return ""
+    where = cfg.resume if isinstance(cfg.resume, str) else None
+    where = where or storage_join(str(cfg.storage_path), str(cfg.experiment_name))
+    return f" Continue it on a new cluster with: python -m rayflow resume={where}"
+
+
+def _stopped(outliving: str) -> None:
     """Ctrl-C or a terminating signal while the job ran: it was stopped; exit as a local run
-    does."""
+    does, with the resume command where the experiment outlives the cluster."""
     code = termination_exit_code()
     if code:
-        print(f"rayflow: stopped by signal {code - 128}; the job was stopped", file=sys.stderr)
+        print(
+            f"rayflow: stopped by signal {code - 128}; the job was stopped.{outliving}",
+            file=sys.stderr,
+        )
         raise Terminated(code) from None
     if sys.exc_info()[0] is KeyboardInterrupt:
-        print("rayflow: interrupted; the job was stopped", file=sys.stderr)
+        print(f"rayflow: interrupted; the job was stopped.{outliving}", file=sys.stderr)
         raise SystemExit(130) from None
 
 
@@ -145,14 +173,16 @@ def _returned(plan: Plan, cluster: SharedCluster, tracker: Tracker, done: Submit
     """The RunResult the job's signed line gives back; a failed job's last lines, then RunFailed.
     A failed job's line is read for its MLflow parent run only, so its log goes there."""
     cfg, outcome = plan.cfg, done.outcome
+    located = locate(cfg)
     base = RunResult(
         str(cfg.workload.name),
         None,
-        experiment_dir(cfg),
+        located.dir,
         tuple(plan.overrides),
         redact(to_container(cfg)),
         tracker.absolute_uri if tracker.enabled else None,
         tracker.experiment or None,
+        experiment=located.location,
     )
     if done.succeeded:
         result, _ = returned_result(outcome.log, base, done.key)
@@ -168,6 +198,7 @@ def _returned(plan: Plan, cluster: SharedCluster, tracker: Tracker, done: Submit
         raise RunFailed(
             f"the job on backend={cluster.backend.name} ended {outcome.status}"
             + (f": {outcome.error}" if outcome.error else "")
+            + _outliving(plan)
         )
     if result.summary is not None and result.summary.table().strip():
         first = result.summary.table().strip().splitlines()[0]

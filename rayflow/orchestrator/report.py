@@ -10,37 +10,64 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rayflow.results.experiment import Experiment
 from rayflow.runtime.node_usage import NodePeak
 from rayflow.runtime.progress import settle_ray_logs
 from rayflow.tracking.tracker import Tracker
 
 
 def report(
-    cfg: DictConfig, tracker: Tracker, summary: Any, path: Path, peak: NodePeak, workload: Any
+    cfg: DictConfig,
+    tracker: Tracker,
+    summary: Any,
+    experiment: Experiment,
+    peak: NodePeak,
+    workload: Any,
 ) -> None:
     """The outcome into the parent run and onto the terminal."""
-    tracker.set_tags({"device": ",".join(summary.devices) or cfg.compute.device})
+    tags = {"device": ",".join(summary.devices) or cfg.compute.device}
+    if summary.best_checkpoint:  # where it lives: the experiment's folder or object store
+        tags["best_checkpoint"] = str(summary.best_checkpoint)
+    tracker.set_tags(tags)
     tracker.log_metrics({**summary.parent_metrics(), **peak.metrics()})
     if summary.best_checkpoint and cfg.tracking.get("log_best_checkpoint", False):
-        tracker.log_artifacts(summary.best_checkpoint, "best_checkpoint")
+        best_checkpoint_copy(tracker, str(summary.best_checkpoint))
     settle_ray_logs()  # Ray's held-back worker lines above the results, not below them
     print(summary.table(), flush=True)
-    plots(cfg, tracker, path, workload)
-    print(f"experiment: {path}   (continue it with resume={path})")
+    plots(cfg, tracker, experiment, workload)
+    where = experiment.location
+    print(f"experiment: {where}   (continue it with resume={where})")
     print(f"MLflow: {tracker.ui_hint()}", flush=True)
     print(f"cluster nodes at peak: {peak.peak}", flush=True)
 
 
-def plots(cfg: DictConfig, tracker: Tracker, path: Path, workload: Any) -> None:
+def best_checkpoint_copy(tracker: Tracker, where: str) -> None:
+    """The best checkpoint copied into the parent run (`best_checkpoint/`): from its folder, or
+    fetched from its object store first."""
+    import tempfile
+
+    from rayflow.results import storage
+
+    if not storage.is_uri(where):
+        tracker.log_artifacts(where, "best_checkpoint")
+        return
+    with tempfile.TemporaryDirectory(prefix="rayflow-best-") as local:
+        storage.pull(where, Path(local), skip=lambda _: False)
+        tracker.log_artifacts(local, "best_checkpoint")
+
+
+def plots(cfg: DictConfig, tracker: Tracker, experiment: Experiment, workload: Any) -> None:
     """The run's plots (rayflow.results.plots), drawn from its experiment folder now that the run is
     over, into `<path>/plots/` and the parent run's `plots/`; their place goes under the results
     table."""
+    path = experiment.dir
     try:
         from rayflow.results.plots import FOLDER, make_plots
 
         files = make_plots(workload.figures(cfg, path), path)
         if files:
             tracker.log_artifacts(str(path / FOLDER), FOLDER)
+            experiment.push(FOLDER)
     # Broad on purpose: the run itself is done; a plot (matplotlib, an odd result, the upload)
     # that fails costs the plot and one warning line, never the run's outcome.
     except Exception as err:  # noqa: BLE001

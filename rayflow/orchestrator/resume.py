@@ -12,14 +12,13 @@ the data come from).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config
-from rayflow.results.experiment import read_state, resumed_folder
+from rayflow.results.experiment import Experiment, read_state, resumed_folder
 from rayflow.workloads import workload_keys
 
 GROUPS = ("backend", "workload", "compute", "tracking")  # the defaults list's choices
@@ -95,7 +94,7 @@ def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
 
 
 def _saved_choices(
-    state: dict[str, Any], saved: dict[str, Any], given: dict[str, str], path: Path
+    state: dict[str, Any], saved: dict[str, Any], given: dict[str, str], path: Experiment
 ) -> dict[str, str]:
     """The experiment's group choices; the command line may not choose another workload or
     compute."""
@@ -170,7 +169,7 @@ def _holds(value: Any, marker: str) -> bool:
     return isinstance(value, str) and marker in value
 
 
-def _check_unchanged(cfg: DictConfig, key: str, saved: dict[str, Any], path: Path) -> None:
+def _check_unchanged(cfg: DictConfig, key: str, saved: dict[str, Any], path: Experiment) -> None:
     """A key of the resume command line that shapes the trials must keep the experiment's value."""
     from omegaconf import OmegaConf
 

@@ -17,7 +17,7 @@ import yaml
 
 from rayflow.orchestrator.cluster import SharedCluster, cluster_key, cluster_scope
 from rayflow.orchestrator.driver import run_here
-from rayflow.orchestrator.preflight import Plan, local_files_ok
+from rayflow.orchestrator.preflight import Plan, local_files_ok, storage_refusal
 from rayflow.orchestrator.remote_run import run_submitted
 from rayflow.results.experiment import claimed_experiment
 from rayflow.results.run_result import RunResult
@@ -52,8 +52,8 @@ def run_job(plan: Plan, cluster: SharedCluster) -> RunResult | None:
         return None
     if plan.backend.submits_jobs:
         return run_submitted(plan, cluster)
-    with claimed_experiment(plan.cfg) as path:  # made (new) and locked while this job runs
-        return run_here(plan, cluster, path)
+    with claimed_experiment(plan.cfg) as experiment:  # made (new) and held while this job runs
+        return run_here(plan, cluster, experiment)
 
 
 def dry_run(plan: Plan, spec: str) -> None:
@@ -72,6 +72,9 @@ def dry_run(plan: Plan, spec: str) -> None:
             "tracking.uri: a real run needs a tracking server (http(s)://, databricks): "
             "the cluster's nodes do not share this machine's files"
         )
+    refusal = storage_refusal(plan.cfg, plan.backend)
+    if refusal:
+        notes.append(f"storage_path: a real run refuses it: {refusal}")
     for note in notes:
         print(note if note.startswith("rayflow:") else f"rayflow: {note}", file=sys.stderr)
 

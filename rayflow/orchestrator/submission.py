@@ -35,11 +35,13 @@ from typing import Any
 from rayflow.backends import ClusterHandle
 from rayflow.errors import ClusterError, JobError
 from rayflow.orchestrator.job_logs import LogStream, first_line, whole_log
+from rayflow.results.storage import STORAGE_ENV
 from rayflow.security import result_channel
 from rayflow.security.redaction import mask_text
 
-# What the job's driver must see as this side does: MLflow's and Databricks' credentials
-# (through the job's runtime_env, never its command line or logs).
+# What the job's driver and its trials must see as this side does: MLflow's and Databricks'
+# credentials, an object store's settings (through the job's runtime_env, which every worker of
+# the job inherits, never its command line or logs).
 FORWARDED_ENV = (
     "MLFLOW_TRACKING_TOKEN",
     "MLFLOW_TRACKING_USERNAME",
@@ -47,6 +49,7 @@ FORWARDED_ENV = (
     "MLFLOW_TRACKING_INSECURE_TLS",
     "DATABRICKS_HOST",
     "DATABRICKS_TOKEN",
+    *STORAGE_ENV,
 )
 # Set in a submitted run's environment: the backend that submitted it, its cluster spec (redacted),
 # and its start-up figures (for the job that started the cluster).

@@ -124,29 +124,54 @@ class Trial:
         return self.status == ERRORED
 
 
-def trial_statuses(experiment_dir: Path) -> dict[str, str]:
-    """Trial id -> status, from the newest experiment state Tune wrote in the folder ({} if
-    none)."""
+def _trial_states(experiment_dir: Path) -> list[tuple[dict, dict]]:
+    """(the trial, its run metadata) per trial, from the newest experiment state Tune wrote in
+    the folder ([] if none)."""
     states = sorted(Path(experiment_dir).glob(TUNE_STATE_GLOB))  # names end in a sortable time
     if not states:
-        return {}
+        return []
     try:
         entries = json.loads(states[-1].read_text()).get("trial_data", [])
     except (OSError, ValueError, AttributeError):
-        return {}
-    statuses = {}
+        return []
+    found = []
     for entry in entries:  # [the trial's JSON, its runtime metadata's JSON]
         try:
-            trial = json.loads(entry[0])
+            trial, metadata = json.loads(entry[0]), json.loads(entry[1])
         except (ValueError, TypeError, IndexError, KeyError):
             continue
-        if (
-            isinstance(trial, dict)
-            and trial.get("trial_id")
-            and isinstance(trial.get("status"), str)
-        ):
-            statuses[str(trial["trial_id"])] = trial["status"]
-    return statuses
+        if isinstance(trial, dict) and trial.get("trial_id"):
+            found.append((trial, metadata if isinstance(metadata, dict) else {}))
+    return found
+
+
+def trial_statuses(experiment_dir: Path) -> dict[str, str]:
+    """Trial id -> status, from the newest experiment state Tune wrote in the folder ({} if
+    none)."""
+    return {
+        str(trial["trial_id"]): trial["status"]
+        for trial, _ in _trial_states(experiment_dir)
+        if isinstance(trial.get("status"), str)
+    }
+
+
+def trial_restarts(experiment_dir: Path) -> tuple[int, str | None]:
+    """How often Tune restarted a trial after a failure (a lost node, an error of its own; from
+    its last checkpoint where it had one), and the first failure's line ((0, None): never). A
+    trial's last failure, the one it ended ERRORED on, is no restart."""
+    restarts = 0
+    for trial, metadata in _trial_states(experiment_dir):
+        failures = int(metadata.get("num_failures") or 0)
+        restarts += max(0, failures - (trial.get("status") == "ERRORED"))
+    if not restarts:
+        return 0, None
+    for error in sorted(Path(experiment_dir).glob("*/error.txt")):
+        lines = [line.strip() for line in error.read_text(errors="replace").splitlines()]
+        # "Failure # 1 (occurred at ...)", then the error's text
+        said = [line for line in lines[1:] if line and not line.startswith("Failure #")]
+        if said:
+            return restarts, said[0][:200]
+    return restarts, None
 
 
 def tune_trials(experiment_dir: Path) -> list[Trial]:

@@ -58,6 +58,13 @@ class RunResult:
     # of them).
     trial_metrics: dict[str, str] | None = field(default=None, repr=False)
     trial_params: tuple[str, ...] | None = field(default=None, repr=False)
+    # Where the experiment lives, what `resume=` takes: its folder, or its object-store URI (then
+    # experiment_dir is a local mirror of it, checkpoints left out).
+    experiment: str = ""
+
+    @property
+    def location(self) -> str:
+        return self.experiment or str(self.experiment_dir)
 
     @property
     def interrupted(self) -> bool:
@@ -111,14 +118,14 @@ class RunResult:
         if self.runner is None:
             raise RuntimeError(
                 "this result did not come from rayflow.run; continue it with "
-                f"python -m rayflow resume={self.experiment_dir}"
+                f"python -m rayflow resume={self.location}"
             )
         kept = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") != "resume"]
-        return self.runner(*kept, f"resume={self.experiment_dir}")
+        return self.runner(*kept, f"resume={self.location}")
 
     def __repr__(self) -> str:
         lines = [self.summary.table().strip() if self.summary is not None else "(no summary)"]
-        lines.append(f"experiment: {self.experiment_dir}")
+        lines.append(f"experiment: {self.location}")
         if self.mlflow_run_id:
             lines.append(
                 f"MLflow: experiment {self.mlflow_experiment!r}, parent run {self.mlflow_run_id} "
@@ -198,6 +205,7 @@ def result_line(result: RunResult, status: str) -> str:
     data = {
         "status": status,
         "experiment_dir": str(result.experiment_dir),
+        "experiment": result.location,
         "mlflow_experiment_id": result.mlflow_experiment_id,
         "mlflow_run_id": result.mlflow_run_id,
         "summary": asdict(ReturnedSummary.of(result.summary))
@@ -224,6 +232,7 @@ def returned_result(log: str, base: RunResult, key: bytes) -> tuple[RunResult, s
     if not isinstance(data, dict):
         return base, None
     base.experiment_dir = Path(data["experiment_dir"])
+    base.experiment = str(data.get("experiment") or data["experiment_dir"])
     base.mlflow_experiment_id, base.mlflow_run_id = (
         data["mlflow_experiment_id"],
         data["mlflow_run_id"],

@@ -148,15 +148,27 @@ RAY_MIN_OBJECT_STORE = 78643200  # Ray's floor for object_store_memory (bytes)
 _VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
+OBJECT_STORES = ("s3", "gs", "gcs")  # pyarrow's object stores, which Ray Tune and Train write to
+
+
 def object_storage_error(value: str) -> str:
-    """An object-store URI where a folder is expected. Every part of a run takes these keys as a
-    folder path, so `s3://bucket/x` would become a local folder `s3:/bucket/x`: refused, until
-    object storage is supported end to end."""
+    """An object-store URI where only a folder of the machines will do (data.root)."""
     scheme = value.split("://", 1)[0]
-    return (
-        f"{value}: object storage ({scheme}://) is not supported yet; give a folder path "
-        "(where the cluster's nodes are separate machines, one they all mount)"
-    )
+    return f"{value}: must be a folder path ({scheme}:// is taken by storage_path only)"
+
+
+def object_store_error(value: str) -> str | None:
+    """Why `value` is not an object-store URI an experiment can live under, or None."""
+    kind, _, rest = value.partition("://")
+    if kind.lower() not in OBJECT_STORES:
+        return (
+            f"{value}: {kind}:// is not an object store rayflow writes to; use s3://, gs:// or "
+            "a folder"
+        )
+    bucket = rest.split("/", 1)[0]
+    if not bucket or any(c.isspace() for c in rest):
+        return f"{value}: want {kind}://BUCKET/PATH"
+    return None
 
 
 def writable_dir_error(value: Any) -> str | None:
@@ -202,6 +214,17 @@ def _writable_dir(value: Any, info: ValidationInfo) -> str:
     return value
 
 
+def _storage_dir(value: Any, info: ValidationInfo) -> str:
+    """A folder (as WritableDir) or an object-store URI (checked for its form here, reached by
+    the preflight's probe)."""
+    if isinstance(value, str) and "://" in value:
+        error = object_store_error(value.strip())
+        if error:
+            raise ValueError(error)
+        return value.strip()
+    return _writable_dir(value, info)
+
+
 def Integer(minimum: int = 1, maximum: int = COUNT_MAX, optional: bool = False) -> Any:
     return kind(f"integer in [{minimum}, {maximum}]", _integer(minimum, maximum), optional)
 
@@ -243,6 +266,13 @@ Text = kind("string", _text)
 OptionalText = kind("string", _text, optional=True)
 LOCAL_FOLDER = Kind("a directory that must be creatable and writable")
 WritableDir = Annotated[Any, BeforeValidator(_writable_dir), LOCAL_FOLDER]
+# storage_path: a folder as above, or an object store every node of a cluster reaches
+StorageDir = Annotated[
+    Any,
+    BeforeValidator(_storage_dir),
+    Kind("a directory that must be creatable and writable, or s3://BUCKET/PATH, gs://BUCKET/PATH"),
+    LOCAL_FOLDER,  # a folder given is this machine's where the nodes share its files
+]
 Anything = Annotated[Any, Kind("any value")]
 Mapping = Annotated[dict, Kind("a mapping")]
 

@@ -14,8 +14,8 @@ from rayflow.schema.kinds import (
     OneOf,
     OptionalText,
     Seconds,
+    StorageDir,
     Text,
-    WritableDir,
     kind,
     path_length_error,
 )
@@ -90,10 +90,18 @@ class Root(Section):
         "experiment. Refused when the tracking store does not hold the experiment's parent run "
         "(run from the folder of the first run, give its `tracking.uri`, or `tracking=none`)"
     )
-    storage_path: WritableDir = Field(
-        description="Tune's experiment state and checkpoints: a folder (object storage, "
-        "`s3://`, is not supported yet); on a cluster sharing this machine's files it must be "
-        "creatable and writable here"
+    storage_path: StorageDir = Field(
+        description="where every experiment keeps Tune's and Train's state, every checkpoint "
+        "and the files the results are read from: an object store (`s3://BUCKET/PATH`, "
+        "`gs://BUCKET/PATH`; S3-compatible stores through `AWS_ENDPOINT_URL`), checked before "
+        "anything starts, or a folder. A folder is refused where the cluster's nodes are separate "
+        "machines, unless every node mounts it (`storage_shared`); on a cluster sharing this "
+        "machine's files it must be creatable and writable here"
+    )
+    storage_shared: Boolean = Field(
+        description="`true`: the folder `storage_path` names is mounted at that path on every "
+        "node (NFS, a shared disk), so a cluster of separate machines may use it. Databricks "
+        "`/dbfs/` and `/Volumes/` paths are known to be shared without it"
     )
     experiment_name: FolderName(EXPERIMENT_NAME_MAX) = Field(
         description="the experiment folder under `storage_path` (default "

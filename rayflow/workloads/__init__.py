@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rayflow.errors import ConfigError
+from rayflow.results.experiment import Experiment
 
 if TYPE_CHECKING:
     from rayflow.tracking.tracker import Tracker
@@ -54,6 +55,15 @@ class RunContext:
     # Trials of the workload's one bundle that the cluster holds at once at its largest; None
     # when only the running cluster knows its size (attach, a job on a head, sizes left to Spark).
     trial_slots: int | None = None
+    # Where Tune and Train write (rayflow.results.experiment.Experiment; by default the folder
+    # `experiment_dir`), and what the trials' nodes need from this process's environment to
+    # reach it (an object store's settings, where the nodes do not inherit them).
+    experiment: Experiment | None = None
+    node_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.experiment is None:
+            self.experiment = Experiment(str(self.experiment_dir))
 
 
 class Workload(Protocol):

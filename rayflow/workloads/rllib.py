@@ -235,7 +235,7 @@ def run_config(
         callbacks=[Progress(shown), *([callback] if callback else [])],
         verbose=0,
     )
-    results, interrupted = run_tune(job, ctx.experiment_dir, resume=ctx.resume)
+    results, interrupted = run_tune(job, ctx.experiment, resume=ctx.resume, env=ctx.node_env)
     goal = (stop or {}).get(RETURN)
     return summarize(
         results,

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 
 from omegaconf import OmegaConf
 
-from rayflow.results.experiment import read_state, write_state
+from rayflow.results import storage
+from rayflow.results.experiment import Experiment, read_state, write_state
 from rayflow.results.records import EPOCHS_FILE
 from rayflow.runtime.placement import Bundle
 from rayflow.runtime.signals import termination_exit_code
@@ -121,17 +122,18 @@ def demand(cfg) -> list[Bundle]:
 TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"
 
 
-def _saved_result(path: Path):
+def _saved_result(experiment: Experiment):
     """What the stopped Train run saved (ray.train.Result), or None: a run that failed before its
     first checkpoint leaves Ray Train no checkpoint snapshot to read a Result from."""
     from ray.train import Result
 
-    return Result.from_path(str(path)) if (path / TRAIN_SNAPSHOT).exists() else None
+    return Result.from_path(experiment.location) if experiment.has(TRAIN_SNAPSHOT) else None
 
 
 def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
     """One Ray Train run in the experiment folder; rank 0's reports go to a nested MLflow run."""
     path: Path = ctx.experiment_dir
+    experiment: Experiment = ctx.experiment
     tracker = ctx.tracker
     run_id = _nested_run(ctx, mlflow_params)
     if ctx.resume and not any(path.glob("checkpoint_*")):  # Ray Train's own, in the run's folder
@@ -143,11 +145,14 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
     mlflow = {"uri": tracker.absolute_uri, "run_id": run_id} if run_id else None
     fit = trainer(
         train,
-        name=path.name,
-        storage=str(path.parent),
+        name=experiment.name,
+        storage=storage.parent(experiment.location),
         callbacks=[ReportLog(str(path / EPOCHS_FILE), mlflow)],
     )
-    ended = _fit(fit, path, tracker, run_id)
+    try:
+        ended = _fit(fit, experiment, tracker, run_id)
+    finally:  # the reports rayflow logged beside Train's state (an object store: to it)
+        experiment.push(EPOCHS_FILE)
     summary = summarize_result(ended.result, train, ended.errored, ended.interrupted)
     summary.error = ended.error
     # what the workers reported
@@ -169,15 +174,14 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
 def _nested_run(ctx, mlflow_params: dict) -> str | None:
     """The Train run's nested MLflow run, marked running: the one the resumed experiment started,
     else a new one under the parent run; None where there is none (tracking off)."""
-    path: Path = ctx.experiment_dir
-    state = read_state(path)
+    state = read_state(ctx.experiment)
     tracker = ctx.tracker
     run_id = state.get("train_run_id") if ctx.resume else None
     if tracker.run_id and run_id is None:
         run_id = create_nested_run(
             tracker.client, tracker.experiment_id, tracker.run_id, "train", mlflow_params
         )
-        write_state(path, {**state, "train_run_id": run_id})
+        write_state(ctx.experiment, {**state, "train_run_id": run_id})
     if run_id:
         tracker.client.update_run(run_id, status="RUNNING")
     return run_id
@@ -192,7 +196,7 @@ class _Ended(NamedTuple):
     error: str | None = None  # the error's line, for the summary
 
 
-def _fit(fit, path: Path, tracker, run_id: str | None) -> _Ended:
+def _fit(fit, experiment: Experiment, tracker, run_id: str | None) -> _Ended:
     """fit.fit(), and how it ended. A failed or interrupted run's result is what it saved; a
     termination signal goes on up, after the nested run is marked KILLED."""
     from ray.train import TrainingFailedError
@@ -203,7 +207,7 @@ def _fit(fit, path: Path, tracker, run_id: str | None) -> _Ended:
         return _Ended(fit.fit())
     except TrainingFailedError as err:
         print(f"rayflow: Ray Train failed: {err}", file=sys.stderr, flush=True)
-        return _Ended(_saved_result(path), errored=True, error=first_error_line(err))
+        return _Ended(_saved_result(experiment), errored=True, error=first_error_line(err))
     except (KeyboardInterrupt, SystemExit):
         # Ctrl-C: Ray Train's own SIGINT handler aborts the run and exits through ray.get
         # (SystemExit). Its checkpoints are saved; report what they hold. SIGTERM goes on up.
@@ -213,7 +217,7 @@ def _fit(fit, path: Path, tracker, run_id: str | None) -> _Ended:
                     "the Train run's end", lambda client, _: client.set_terminated(run_id, "KILLED")
                 )
             raise
-        return _Ended(_saved_result(path), interrupted=True)
+        return _Ended(_saved_result(experiment), interrupted=True)
 
 
 def train_trial(config: dict, train: TrainJob, storage: str) -> None:
@@ -242,7 +246,7 @@ def sweep_job(train: TrainJob, ctx, sweep: TuneJob) -> TuneJob:
     per_run = train.resources.get("CPU", 1) * train.num_workers
     free = ray.cluster_resources().get("CPU", 1) // per_run
     sweep.trainable = tune.with_parameters(
-        train_trial, train=train, storage=str(ctx.experiment_dir)
+        train_trial, train=train, storage=ctx.experiment.location
     )
     sweep.resources = {"cpu": 0, "memory": 1}  # Tune wants a non-empty request; 1 byte is not a CPU
     sweep.reuse_actors = False  # a stopped trial's actor goes, and with it its Train workers

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rayflow.results.records import trial_restarts
 from rayflow.runtime.placement import Bundle, section_bundle
 from rayflow.runtime.progress import tune_verbose
 from rayflow.schema.values import to_container
@@ -182,8 +183,8 @@ def run_job(tuned: TuneJob, ctx, metrics=None, params=None) -> TuneSummary:
     if tuned.max_pending_trials is None:
         tuned.max_pending_trials = ctx.trial_slots
     tuned.callbacks = [*tuned.callbacks, *([callback] if callback else [])]
-    results, interrupted = run_tune(tuned, ctx.experiment_dir, resume=ctx.resume)
-    return summarize(results, tuned, interrupted)
+    results, interrupted = run_tune(tuned, ctx.experiment, resume=ctx.resume, env=ctx.node_env)
+    return summarize(results, tuned, interrupted, trial_restarts(ctx.experiment_dir))
 
 
 def run(cfg, ctx) -> TuneSummary:

@@ -14,9 +14,10 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rayflow.results import storage
+from rayflow.results.experiment import Experiment
 from rayflow.results.records import TUNE_AUTO_KEYS
 from rayflow.runtime.environment import scoped_env
 
@@ -118,8 +119,11 @@ def _notebook_reporter():
     return JupyterNotebookReporter(overwrite=False)
 
 
-def run_tune(job: TuneJob, path: Path, resume: bool = False):
-    """Run (or continue) the experiment in `path`; returns (ResultGrid, interrupted)."""
+def run_tune(job: TuneJob, experiment: Experiment, resume: bool = False, env=None):
+    """Run (or continue) the experiment; returns (ResultGrid, interrupted). Tune writes to its
+    location (a folder, or an object store: then its mirror is pulled once fit() is over, for what
+    rayflow reads). `env`: what the trials need from this process's environment where their
+    nodes do not have it (an object store's settings), given to them as their runtime env."""
     from ray import tune
 
     trainable = (
@@ -127,23 +131,29 @@ def run_tune(job: TuneJob, path: Path, resume: bool = False):
         if job.resources is None
         else tune.with_resources(job.trainable, job.resources)
     )
-    if resume and (path / "tuner.pkl").exists():  # else it stopped before Tune started: start anew
+    if resume and experiment.has("tuner.pkl"):  # else it stopped before Tune started: start anew
         tuner = tune.Tuner.restore(
-            str(path),
+            experiment.location,
             trainable,
             resume_unfinished=True,
             resume_errored=True,
             param_space=job.param_space,
         )
-        note_restarts(path)
+        note_restarts(experiment.location)
     else:
-        tuner = _new_tuner(job, path, trainable)
-    with _trials_in_prestarted_workers(), scoped_env(_tune_env(job)), _without_rays_resume_hint():
-        return fit_watching_interrupts(tuner)
+        tuner = _new_tuner(job, experiment, trainable)
+    with (
+        _trials_in_prestarted_workers(env or {}),
+        scoped_env(_tune_env(job)),
+        _without_rays_resume_hint(),
+    ):
+        outcome = fit_watching_interrupts(tuner)
+    experiment.pull()
+    return outcome
 
 
-def _new_tuner(job: TuneJob, path: Path, trainable: Any) -> Tuner:
-    """A Tuner for a new experiment in `path`, with the job's settings."""
+def _new_tuner(job: TuneJob, experiment: Experiment, trainable: Any) -> Tuner:
+    """A Tuner for a new experiment, with the job's settings."""
     from ray import tune
 
     return tune.Tuner(
@@ -160,8 +170,8 @@ def _new_tuner(job: TuneJob, path: Path, trainable: Any) -> Tuner:
             max_concurrent_trials=job.max_concurrent_trials,
         ),
         run_config=tune.RunConfig(
-            name=path.name,
-            storage_path=str(path.parent),
+            name=experiment.name,
+            storage_path=storage.parent(experiment.location),
             failure_config=tune.FailureConfig(max_failures=job.max_failures),
             checkpoint_config=tune.CheckpointConfig(
                 num_to_keep=job.checkpoints_to_keep,
@@ -194,13 +204,13 @@ def _tune_env(job: TuneJob) -> dict[str, str]:
     return env
 
 
-def note_restarts(path: Path) -> None:
+def note_restarts(path: str) -> None:
     """One line, on resume, for the unfinished trials that saved no checkpoint (a trainable that
     checkpoints nothing): Tune runs them again from their first iteration, not from where they
     stopped."""
     from ray.tune import ExperimentAnalysis
 
-    trials = ExperimentAnalysis(str(path)).trials  # the state Tuner.restore continues
+    trials = ExperimentAnalysis(path).trials  # the state Tuner.restore continues
     fresh = [t for t in trials if t.status != "TERMINATED" and t.checkpoint is None]
     if fresh:
         print(
@@ -239,18 +249,20 @@ def _result_files() -> list:
 
 
 @contextlib.contextmanager
-def _trials_in_prestarted_workers():
+def _trials_in_prestarted_workers(env: dict[str, str]):
     """Tune gives every trial actor the runtime_env {"env_vars": {"PL_DISABLE_FORK": "1"}}
     (ray.tune.execution.class_cache: a PyTorch Lightning workaround; rayflow's workloads do not
     use Lightning). Any runtime_env makes Ray start a new process for the actor rather than give
     it one of the idle workers its raylet prestarted (and that imported the workload's modules:
     LocalCluster.preload_worker_imports), which puts 2-5 s of process start and imports in front
     of every trial. Without the variable the trial's runtime_env is empty and those workers fit.
-    Variables Tune forwards from the driver's environment (AWS keys, Ray Train's) still go."""
+    Variables Tune forwards from the driver's environment (AWS keys, Ray Train's) still go, and
+    `env` with them (then in a new process)."""
     from ray.tune.execution import class_cache
 
     saved = dict(class_cache.DEFAULT_ENV_VARS)
     class_cache.DEFAULT_ENV_VARS.pop("PL_DISABLE_FORK", None)
+    class_cache.DEFAULT_ENV_VARS.update(env)
     try:
         yield
     finally:
@@ -312,12 +324,18 @@ class TuneSummary:
     shown_metrics: tuple[str, ...] = ()
     scheduler_label: str | None = None
     unit: str = "epoch"
+    restarted: int = 0  # trial restarts after a failure (a lost node), from their last checkpoint
+    restart_reason: str | None = None  # the first failure's line
 
     def parent_metrics(self) -> dict[str, float]:
         """What the invocation's parent MLflow run records about the whole search."""
         shown = self.shown_metrics or (self.metric,)
         best = {f"best_{k}": v for k, v in self.best_metrics.items() if k in shown}
-        metrics = {**best, f"trial_{self.unit}s": self.trial_epochs}
+        metrics = {
+            **best,
+            f"trial_{self.unit}s": self.trial_epochs,
+            "trial_restarts": self.restarted,
+        }
         if self.scheduler_label:
             metrics["trials_stopped_early"] = self.stopped_early
         return metrics
@@ -365,10 +383,33 @@ class TuneSummary:
             )
         else:
             lines.append(f"trial-{self.unit}s used: {self.trial_epochs}")
-        return "\n".join(lines)
+        return "\n".join([*lines, *self._restarts()])
+
+    def _restarts(self) -> list[str]:
+        if not self.restarted:
+            return []
+        why = f"; the first failure: {self.restart_reason}" if self.restart_reason else ""
+        return [f"trials restarted: {self.restarted} (each from its last checkpoint{why})"]
 
 
-def summarize(results, job: TuneJob, interrupted: bool) -> TuneSummary:
+def _best_checkpoint(best) -> str | None:
+    """Where the best trial's checkpoint is: a folder, or a URI on an object store (Ray names it
+    by its filesystem's path, which leaves the scheme out). A trial that ran a Ray Train run
+    reports where that run keeps its checkpoints."""
+    if best is None:
+        return None
+    if best.checkpoint is None:
+        return (best.metrics or {}).get("checkpoint_path")
+    scheme = {"S3FileSystem": "s3", "GcsFileSystem": "gs"}.get(
+        type(best.checkpoint.filesystem).__name__
+    )
+    path = best.checkpoint.path
+    return f"{scheme}://{path}" if scheme else path
+
+
+def summarize(
+    results, job: TuneJob, interrupted: bool, restarts: tuple[int, str | None] = (0, None)
+) -> TuneSummary:
     from rayflow.errors import first_error_line
 
     metric, mode, time_attr = job.metric, job.mode, job.time_attr
@@ -392,12 +433,7 @@ def summarize(results, job: TuneJob, interrupted: bool) -> TuneSummary:
     return TuneSummary(
         best_config=dict(best.config) if best else {},
         best_metrics=numbers,
-        # a trial that ran a Ray Train run reports where that run keeps its checkpoints
-        best_checkpoint=(
-            best.checkpoint.path if best.checkpoint else (best.metrics or {}).get("checkpoint_path")
-        )
-        if best
-        else None,
+        best_checkpoint=_best_checkpoint(best),
         trials=len(results),
         errored=results.num_errors,
         interrupted=interrupted,
@@ -414,4 +450,6 @@ def summarize(results, job: TuneJob, interrupted: bool) -> TuneSummary:
         shown_metrics=job.shown_metrics,
         scheduler_label=job.scheduler_label,
         unit="epoch" if time_attr == "epoch" else "iteration",
+        restarted=restarts[0],
+        restart_reason=restarts[1],
     )

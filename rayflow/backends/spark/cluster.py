@@ -55,6 +55,14 @@ HOOK = "rayflow.backends.spark.hook.RayflowStartHook"
 
 
 class SparkCluster(ClusterBackend):
+    # The contract's class attribute, a property here: Spark's local and local-cluster masters
+    # (a Databricks single-node cluster among them) run every worker on one machine.
+    @property
+    def single_machine(self) -> bool:  # type: ignore[override]
+        active = active_session()
+        master = str(active.sparkContext.master if active else self.section.master)
+        return master.startswith("local")
+
     def spark_conf(self) -> dict[str, str]:
         """spark_conf with dotted keys: on the command line Hydra nests `spark.task.cpus` as
         dicts."""

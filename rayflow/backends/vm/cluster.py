@@ -143,6 +143,10 @@ class VMCluster(ClusterBackend):
         return self.provider == "fake_multinode"
 
     @property
+    def single_machine(self) -> bool:  # type: ignore[override]
+        return self.provider == "fake_multinode"
+
+    @property
     def keeps_cluster(self) -> bool:
         return bool(self.section.keep_cluster)
 
