@@ -333,9 +333,13 @@ BAD_INPUT = [
     (["backend=attach", "backend.connect_timeout_s=1e300"], "backend.connect_timeout_s"),
     (["experiment_name=" + "e" * 300], "experiment_name"),
     (["storage_path=/tmp/" + "s" * 300], "storage_path"),
-    # object storage: a URI would otherwise become a local folder named "s3:"
-    (["storage_path=s3://bucket/runs"], "storage_path"),
-    (["backend=vm", "storage_path=gs://bucket/runs"], "storage_path"),
+    # issue 33: object stores rayflow writes to, in their form (reaching one: tests/test_storage.py);
+    # a folder of one machine where the nodes are separate machines
+    (["storage_path=ftp://bucket/runs"], "storage_path"),
+    (["storage_path=s3://"], "storage_path"),
+    (["data.root=s3://bucket/data"], "data.root"),
+    (["backend=kuberay", "tracking=none"], "storage_path"),
+    (["backend=vm", "backend.provider=aws", "tracking=none"], "storage_path"),
     (["data.synthetic_train_size=1000000000000"], "data.synthetic_train_size"),
     (["backend.dashboard_port=70000"], "backend.dashboard_port"),
     (["+workload.num_sample=5"], "workload.num_sample"),

@@ -126,6 +126,9 @@ def kuberay(emulator: KubeEmulator, *more: str) -> list[str]:
         "backend.job_pip=[]",
         "backend.start_timeout_s=60",
         "backend.delete_timeout_s=20",
+        # The emulator's pods are one Ray head on this machine: its disk is every "pod's" (what
+        # a volume every pod mounts is to a real cluster).
+        "storage_shared=true",
         *more,
     ]
 
