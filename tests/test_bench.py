@@ -103,6 +103,17 @@ def test_ppo(rayflow):
     assert positive(result["env_steps"], result["plain_env_steps"]) and result["reached"] is False
 
 
+def test_object_storage(rayflow):
+    result = run_bench(
+        rayflow,
+        "object-storage",
+        keys=("ratio", "local_wall_s", "store_wall_s", "trials", "epochs", "store"),
+        timeout=240,
+    )
+    assert positive(result["ratio"], result["local_wall_s"], result["store_wall_s"])
+    assert result["store"] == "moto on loopback" and result["trials"] == 2
+
+
 def test_hydra_launcher(rayflow):
     result = run_bench(
         rayflow,
