@@ -1,19 +1,26 @@
 """backend=vm provider=local for real: Ray's cluster launcher (`ray up` through Ray's SDK) over
-SSH to two hosts that are network namespaces on this machine (tests/ssh_hosts.py), the run
-submitted to the head as a Ray Job through an SSH tunnel to the head's loopback-only dashboard,
-tracking into a real `mlflow server` on the bridge address, token auth on (the token private on
-every node), a second run of the same cluster name refused while the first holds it. The head runs no trials (0 CPUs): they must land on the worker host. Afterwards
-no Ray process is alive in any host; SshHosts then removes every namespace, link and process.
-The same hosts (made once for the module) then take a cluster YAML written by hand, as a user
-writes one for `ray up`, through backend.cluster_yaml.
+SSH to two hosts that are network namespaces on this machine (tests/ssh_hosts.py), each with its
+own /tmp, home, Ray sessions and results folders: separate machines that share only the installed
+software. The run is submitted to the head as a Ray Job through an SSH tunnel to the head's
+loopback-only dashboard, tracks into a real `mlflow server` and keeps its experiment in an
+S3-compatible store (moto, tests/harness/s3_server.py), both on the bridge address; token auth on
+(the token private on every node); a second run of the same cluster name refused while the first
+holds it; interrupted, torn down, resumed on a new cluster as printed, a node lost meanwhile.
+Afterwards no Ray process is alive in any host; SshHosts then removes every namespace, link and
+process. The same hosts (made once for the module) then take a cluster YAML written by hand, as a
+user writes one for `ray up`, through backend.cluster_yaml, with a folder every host sees (an NFS
+mount, declared with storage_shared=true).
 
-Slow: ~2 minutes per run (ray up, a worker joining, the job, ray down, ray stop on the worker).
+Slow: ~2 minutes per cluster (ray up, a worker joining, the job, ray down, ray stop on the worker).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +33,7 @@ import yaml
 
 from rayflow.testing.processes import wait_until
 from tests.harness.mlflow_server import mlflow_server as served_mlflow
+from tests.harness.s3_server import S3Server
 from tests.harness.ssh_hosts import SshHosts, unavailable_reason
 
 pytestmark = pytest.mark.slow
@@ -39,11 +47,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def made_hosts():
-    """Two hosts for the module's runs (each run brings its cluster up and down on them)."""
+    """Three hosts for the module's runs (each run brings its cluster up and down on them): a
+    head and two workers, so a trial whose worker is lost has another to go on."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    with SshHosts(2) as made:
+    with SshHosts(3) as made:
         yield made
     assert not made.leftovers()  # no namespace, link, process or folder of the hosts
 
@@ -54,7 +63,7 @@ def hosts(made_hosts):
     # Ray's processes (the hosts' sshd sessions of user `rayhost` are not Ray)
     left = {
         pid: cmd
-        for i in range(2)
+        for i in range(made_hosts.n)
         for pid, cmd in made_hosts.pids_in_host(i).items()
         if any(
             mark in cmd
@@ -80,106 +89,239 @@ def mlflow_server(hosts, tmp_path):
         yield url
 
 
-def test_ray_up_over_ssh_runs_the_job_on_the_worker_host(
-    hosts, shared_dir, mlflow_server, tmp_path
-):
-    head, worker = hosts.ips
-    env = hosts.launcher_env()  # its own HOME: a token made for this cluster, not the machine's
-    env.pop("MLFLOW_TRACKING_URI", None)
-    started = time.monotonic()
-    cluster = [
+@pytest.fixture
+def s3(hosts):
+    """An S3-compatible store (moto) on the bridge address: the hosts and this machine reach it."""
+    with S3Server(host=hosts.bridge_ip, bucket="rayflow-runs") as server:
+        yield server
+
+
+def _cluster(hosts) -> list[str]:
+    head, *workers = hosts.ips
+    return [
         sys.executable,
         "-m",
         "rayflow",
         "backend=vm",
         "backend.provider=local",
         f"backend.head_ip={head}",
-        f"backend.worker_ips=[{worker}]",
+        f"backend.worker_ips=[{','.join(workers)}]",
         f"backend.ssh_user={hosts.user}",
         f"backend.ssh_private_key={hosts.key_path}",
-        "backend.min_worker_nodes=1",
-        "backend.max_worker_nodes=1",
-        "backend.worker.cpu.num_cpus=1",
+        "backend.min_worker_nodes=2",
+        "backend.max_worker_nodes=2",
+        "backend.worker.cpu.num_cpus=1",  # the head has none: one trial per worker host
         "backend.cluster_name=rayflow-ssh-test",
         "ray_auth_mode=token",
     ]
-    logs = tmp_path / "run.out", tmp_path / "run.err"
+
+
+# Two trials of 6 epochs, each checkpointing every epoch; ASHA stops none (grace = max_epochs).
+CIFAR = [
+    "data.synthetic=true",
+    "data.synthetic_train_size=2000",
+    "data.synthetic_test_size=100",
+    "workload.num_samples=2",
+    "workload.max_epochs=6",
+    "workload.scheduler.grace_period=6",
+]
+
+
+def _start(argv: list[str], env: dict, cwd: Path, name: str):
+    logs = cwd / f"{name}.out", cwd / f"{name}.err"
     proc = subprocess.Popen(
-        [
-            *cluster,
-            f"tracking.uri={mlflow_server}",
-            f"storage_path={shared_dir / 'ray_results'}",
-            f"data.root={shared_dir / 'data'}",
-            "data.synthetic=true",
-            "data.synthetic_train_size=1000",
-            "data.synthetic_test_size=100",
-            "workload.num_samples=2",
-            "workload.max_epochs=1",
-        ],
+        argv, cwd=cwd, env=env, stdout=open(logs[0], "w"), stderr=open(logs[1], "w"), text=True
+    )
+    return proc, logs
+
+
+def _ended(proc, logs, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=300)
+    return subprocess.CompletedProcess(
+        proc.args, proc.returncode, logs[0].read_text(), logs[1].read_text()
+    )
+
+
+def _checkpoints(s3, prefix: str) -> set[str]:
+    """The trial checkpoint folders in the bucket under `prefix` (`trial/checkpoint_00000N`)."""
+    return {
+        "/".join(key.split("/")[-3:-1])
+        for key in s3.objects(prefix)
+        if key.split("/")[-2].startswith("checkpoint_")
+    }
+
+
+def _refused_while_held(cluster: list[str], env: dict, tmp_path: Path) -> None:
+    """Clusters have owners: while a run holds the cluster, a second run of the same name is
+    refused before it runs anything: by this user's record (the same HOME), and without one
+    (another HOME, as another user or machine) because the provider sees a live head of the
+    name."""
+    for home, why in (
+        (env["HOME"], "in use by another run of yours"),
+        (str(tmp_path / "another-home"), "running (local) that no run of yours kept"),
+    ):
+        second = subprocess.run(
+            [*cluster, "tracking=none", "storage_shared=true", "data.synthetic=true"],
+            cwd=tmp_path,
+            env={**env, "HOME": home},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        last = second.stderr.strip().splitlines()[-1:]
+        assert second.returncode == 2 and last[0].startswith(
+            f"rayflow: error: backend.cluster_name: a cluster named 'rayflow-ssh-test' is {why}"
+        ), second.stdout[-2000:] + second.stderr[-2000:]
+        assert "creating cluster" not in second.stdout + second.stderr
+
+
+def _a_trial(cmdline: str) -> bool:
+    """A trial's process: a Ray worker running Tune's actor of a function trainable (its title
+    `ray::ImplicitFunc.train`)."""
+    return cmdline.startswith("ray::ImplicitFunc")
+
+
+def _nothing_kept_on_the_hosts(hosts) -> None:
+    """The hosts are separate machines: no experiment folder in their results folders, and no
+    checkpoint file anywhere on their own disks (their homes, their /tmp with Ray's sessions)."""
+    for ip in hosts.ips:
+        found = hosts.ssh(
+            ip,
+            "ls -A ~/ray_results 2>/dev/null; find ~ /tmp -path '*checkpoint_0*' -type f "
+            "2>/dev/null | head -5",
+            timeout=30,
+        )
+        assert found.stdout.strip() == "", (ip, found.stdout)
+
+
+def test_separate_machines_keep_the_experiment_in_a_bucket_it_outlives_the_cluster_and_a_lost_node(
+    hosts, s3, mlflow_server, tmp_path
+):
+    """Three SSH hosts that share nothing but the installed software (each its own /tmp, home,
+    Ray sessions and results folders): a folder for storage_path is refused up front; with s3://
+    the cifar run (a trial on each worker host) keeps every checkpoint and Tune's state in the
+    bucket, is interrupted, the cluster goes, and `resume=` as printed continues it on a new
+    cluster from the bucket; meanwhile the raylet of a worker host running a trial is killed, and
+    its trial restarts from its last checkpoint."""
+    head, *workers = hosts.ips
+    env = {**hosts.launcher_env(), **s3.env()}  # its own HOME: a token made for this cluster
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cluster = _cluster(hosts)
+    started = time.monotonic()
+
+    # 1. a folder of one machine: refused before anything starts
+    local = subprocess.run(
+        [*cluster, "tracking=none", *CIFAR],
         cwd=tmp_path,
         env=env,
-        stdout=open(logs[0], "w"),
-        stderr=open(logs[1], "w"),
+        capture_output=True,
         text=True,
+        timeout=120,
+    )
+    assert local.returncode == 2, local.stderr[-2000:]
+    last = local.stderr.strip().splitlines()[-1]
+    assert last.startswith("rayflow: error: storage_path: ") and "separate machines" in last
+    assert "s3://" in last and "creating cluster" not in local.stdout + local.stderr
+
+    # 2. on S3: interrupted once a trial has a checkpoint there and Tune's state is saved
+    proc, logs = _start(
+        [*cluster, f"tracking.uri={mlflow_server}", f"storage_path={s3.uri('runs')}", *CIFAR],
+        env,
+        tmp_path,
+        "first",
     )
     try:
         assert wait_until(
             lambda: "submitted job" in logs[0].read_text() or proc.poll() is not None, timeout=600
         ), logs[1].read_text()[-3000:]
-        # Clusters have owners: while this run holds the cluster, a second run of the same name is
-        # refused before it runs anything: by this user's record (the same HOME), and without one
-        # (another HOME, as another user or machine) because the provider sees a live head of the name
-        for home, why in (
-            (env["HOME"], "in use by another run of yours"),
-            (str(tmp_path / "another-home"), "running (local) that no run of yours kept"),
-        ):
-            second = subprocess.run(
-                [*cluster, "tracking=none", "data.synthetic=true"],
-                cwd=tmp_path,
-                env={**env, "HOME": home},
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            last = second.stderr.strip().splitlines()[-1:]
-            assert second.returncode == 2 and last[0].startswith(
-                f"rayflow: error: backend.cluster_name: a cluster named 'rayflow-ssh-test' is {why}"
-            ), second.stdout[-2000:] + second.stderr[-2000:]
-            assert "creating cluster" not in second.stdout + second.stderr
-        proc.wait(timeout=900)
+        _refused_while_held(cluster, env, tmp_path)
+        assert wait_until(
+            lambda: (
+                proc.poll() is not None
+                or (
+                    bool(_checkpoints(s3, "runs/"))
+                    and any("experiment_state" in k for k in s3.objects("runs/"))
+                )
+            ),
+            timeout=600,
+            interval=1,
+        ), logs[1].read_text()[-3000:]
+        proc.send_signal(signal.SIGINT)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=300)
-    out = subprocess.CompletedProcess(
-        proc.args, proc.returncode, logs[0].read_text(), logs[1].read_text()
-    )
-    print(f"\nray up -> job -> ray down over SSH: {time.monotonic() - started:.1f} s")
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
+        first = _ended(proc, logs, timeout=600)
+    assert first.returncode == 130, first.stdout[-3000:] + first.stderr[-3000:]
+    command = first.stderr.split("Continue it on a new cluster with: ")[-1].splitlines()[0]
+    assert command.startswith(f"python -m rayflow resume={s3.uri('runs/cifar-')}"), first.stderr
+    kept = _checkpoints(s3, "runs/")
+    assert kept and not [k for k in s3.objects("runs/") if k.endswith(".rayflow.lock")]
+    _nothing_kept_on_the_hosts(hosts)
 
-    # every trial ran on the worker host (the head has 0 CPUs)
-    results = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
-    assert len(results) == 2
-    ips = {
-        json.loads(line)["node_ip"]
-        for path in results
-        for line in path.read_text().splitlines()
+    # 3. resume= as printed, on a new cluster; a worker host's raylet killed mid-run
+    proc, logs = _start(
+        [*cluster[:3], *command.split()[3:], f"tracking.uri={mlflow_server}"],
+        env,
+        tmp_path,
+        "resumed",
+    )
+    try:
+        # a trial running on each worker host again, then the second host's node lost
+        assert wait_until(
+            lambda: (
+                proc.poll() is not None
+                or all(any(map(_a_trial, hosts.pids_in_host(i).values())) for i in (1, 2))
+            ),
+            timeout=600,
+            interval=0.5,
+        ), logs[1].read_text()[-3000:]
+        raylets = [p for p, cmd in hosts.pids_in_host(2).items() if "raylet" in cmd.split()[0]]
+        assert raylets and proc.poll() is None, hosts.pids_in_host(2)
+        for pid in raylets:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        out = _ended(proc, logs, timeout=900)
+    print(
+        f"\nray up -> interrupt -> ray down -> resume -> node lost over SSH: {time.monotonic() - started:.1f} s"
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "== rayflow results ==" in out.stdout
+    # the trial on the lost node failed, and was restarted (from its last checkpoint)
+    assert re.search(r"^trials restarted: 1 \(each from its last checkpoint", out.stdout, re.M)
+    assert f"experiment: {command.split('resume=')[1]}" in out.stdout
+
+    # the restored trials went on from their checkpoints: their first epoch after a restore is
+    # past 1, and the experiment's results are in the bucket only
+    rows = [
+        json.loads(line)
+        for key in s3.objects("runs/")
+        if key.endswith("/result.json")
+        for line in s3.read(key).decode().splitlines()
         if line.strip()
-    }
-    assert ips == {worker}
+    ]
+    restored = [r for r in rows if r.get("iterations_since_restore") == 1 and r["epoch"] > 1]
+    assert restored and {r["epoch"] for r in rows} >= {1, 6}, rows
+    assert {r["node_ip"] for r in rows} == set(workers)  # the head has no CPU for trials
+    _nothing_kept_on_the_hosts(hosts)
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_server)
     runs = client.search_runs([client.get_experiment_by_name("cifar").experiment_id])
-    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # one, resumed
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"
-    assert parent.data.metrics["cluster_nodes_peak"] == 2
-    assert len(runs) == 3
+    assert parent.data.tags["experiment_dir"].startswith(s3.uri("runs/cifar-"))
+    assert parent.data.tags["best_checkpoint"].startswith(s3.uri("runs/cifar-"))
+    assert parent.data.metrics["trial_restarts"] == 1
+    assert len(runs) == 3  # the parent and one nested run per trial, continued on resume
     token = (Path(env["HOME"]) / ".ray" / "auth_token").read_text().strip()
-    # the token travelled by file, never printed
-    assert token and token not in out.stdout + out.stderr
+    secret = s3.secret_key
+    for text in (first.stdout + first.stderr, out.stdout + out.stderr):
+        # the token travelled by file, the store's secret by the job's environment: never printed
+        assert token and token not in text and secret not in text
     for ip in hosts.ips:  # and is private on every node (rsync made ~/.ray 0755; Ray writes 0644)
         modes = hosts.ssh(ip, "stat -c %a ~/.ray ~/.ray/auth_token", timeout=20)
         assert modes.stdout.split() == ["700", "600"], (ip, modes.stdout, modes.stderr)
@@ -210,7 +352,7 @@ worker_start_ray_commands:
 
 
 def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shared_dir, tmp_path):
-    head, worker = hosts.ips
+    head, worker = hosts.ips[:2]
     cluster_yaml = tmp_path / "my-hosts.yaml"
     cluster_yaml.write_text(
         USER_WRITTEN.format(head=head, worker=worker, user=hosts.user, key=hosts.key_path)
@@ -251,6 +393,7 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shar
             python_call,
             *common[3:],
             f"storage_path={shared_dir / 'ray_results'}",
+            "storage_shared=true",  # every host sees /var/tmp's folder: an NFS mount to them
             f"data.root={shared_dir / 'data'}",
             "data.synthetic=true",
             "data.synthetic_train_size=1000",

@@ -23,7 +23,12 @@ from rayflow.orchestrator.cluster import SharedCluster
 from rayflow.orchestrator.preflight import Plan
 from rayflow.orchestrator.report import report
 from rayflow.orchestrator.resume import group_choices, resumed_keys
-from rayflow.orchestrator.submission import SUBMITTED_BY, SUBMITTED_METRICS, SUBMITTED_SPEC
+from rayflow.orchestrator.submission import (
+    SUBMITTED_BY,
+    SUBMITTED_FROM,
+    SUBMITTED_METRICS,
+    SUBMITTED_SPEC,
+)
 from rayflow.results.experiment import Experiment, read_state, write_state
 from rayflow.results.run_result import RunResult, result_line
 from rayflow.runtime.environment import scoped_env
@@ -129,11 +134,12 @@ def _start_tracking(
         tracker.log_metrics(handle.metrics)
     # what a resume composes again (rayflow.orchestrator.resume): the choices and the keys, masked
     config = to_container(cfg)
-    saved = {
-        "mlflow_run_id": tracker.run_id,
-        "choices": group_choices(list(plan.overrides)),
-        "config": {k: config[k] for k in resumed_keys(cfg) if k in config},
-    }
+    choices = group_choices(list(plan.overrides))
+    kept = {k: config[k] for k in resumed_keys(cfg) if k in config}
+    if os.environ.get(SUBMITTED_FROM):  # a submitted run: resumed as the side that submitted it
+        origin = json.loads(os.environ[SUBMITTED_FROM])
+        choices["backend"], kept["backend"] = origin["choice"], origin["backend"]
+    saved = {"mlflow_run_id": tracker.run_id, "choices": choices, "config": kept}
     write_state(experiment, {**state, **redact(saved)})  # keeps what the workload saved (resume)
 
 

@@ -13,6 +13,7 @@ the cluster may preload for it).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config, config_errors, sweep_points, validate
 from rayflow.orchestrator.job_files import check_upload
 from rayflow.orchestrator.resume import resumed
+from rayflow.orchestrator.submission import SUBMITTED_BY
 from rayflow.results.experiment import locate, read_state
 from rayflow.runtime.placement import Bundle, check_fits, copies_at_once
 from rayflow.tracking.tracker import check_uri, missing_run
@@ -122,6 +124,8 @@ def storage_refusal(cfg: DictConfig, backend: ClusterBackend) -> str | None:
 
     where = where_kept(cfg)
     if "://" in where or backend.single_machine or cfg.storage_shared:
+        return None
+    if os.environ.get(SUBMITTED_BY):  # a job on a head: the side that submitted it checked this
         return None
     if where.startswith(SHARED_PREFIXES):
         return None

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -22,9 +23,11 @@ from rayflow.orchestrator.cluster import SharedCluster
 from rayflow.orchestrator.job_files import job_files
 from rayflow.orchestrator.job_logs import print_last_lines
 from rayflow.orchestrator.preflight import Plan
+from rayflow.orchestrator.resume import group_choices
 from rayflow.orchestrator.submission import (
     FORWARDED_ENV,
     SUBMITTED_BY,
+    SUBMITTED_FROM,
     SUBMITTED_METRICS,
     SUBMITTED_SPEC,
     Submitted,
@@ -105,9 +108,18 @@ def _env(plan: Plan, cluster: SharedCluster, started: bool) -> dict[str, str]:
         SUBMITTED_BY: cluster.backend.name,
         SUBMITTED_SPEC: cluster.spec,
         SUBMITTED_METRICS: json.dumps(handle.metrics if started else {}),
+        SUBMITTED_FROM: json.dumps(_submitted_from(plan)),
         **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)},
         **(GRACEFUL_STOP if on_object_store(plan.cfg) else {}),
     }
+
+
+def _submitted_from(plan: Plan) -> dict[str, Any]:
+    """This side's backend, as the experiment's state keeps it for a resume: a resume, here or
+    anywhere, starts a cluster as this run did, not the job's `backend=attach` to a head that
+    will be gone."""
+    choice = group_choices(list(plan.overrides)).get("backend") or str(plan.cfg.backend.name)
+    return {"choice": choice, "backend": redact(to_container(plan.cfg.backend), ("backend",))}
 
 
 def run_submitted(plan: Plan, cluster: SharedCluster) -> RunResult:

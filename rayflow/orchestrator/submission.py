@@ -58,6 +58,9 @@ SUBMITTED_BY, SUBMITTED_SPEC, SUBMITTED_METRICS = (
     "RAYFLOW_CLUSTER_SPEC",
     "RAYFLOW_CLUSTER_METRICS",
 )
+# And the backend it was submitted from, as a resume composes it again (its group choice and its
+# section, masked): the experiment's state records that one, not the job's own `attach`.
+SUBMITTED_FROM = "RAYFLOW_SUBMITTED_FROM"
 RAY_UPLOAD_LIMIT = 100 * 2**20  # Ray refuses a runtime_env package larger than this
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 UNREACHABLE_S = 30.0  # a head busy enough to drop connections answers again well within this

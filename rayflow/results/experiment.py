@@ -226,13 +226,13 @@ def claimed_experiment(cfg) -> Iterator[Experiment]:
     """The experiment of this run, held while the block runs: a new one (two runs started in the
     same second get two folders, the second with a suffix), or the one `resume` names. A new
     folder the run left empty (it failed before it began) goes again."""
-    if storage.is_uri(_storage(cfg)):
+    if on_object_store(cfg):
         with _leased(cfg) as experiment:
             yield experiment
         return
     from filelock import FileLock, Timeout
 
-    path = _new_folder(cfg) if cfg.resume is False else locate(cfg).dir
+    path = _new_folder(cfg) if cfg.resume is False else Path(locate(cfg).location)
     lock = FileLock(str(path / LOCK_FILE))
     try:
         lock.acquire(timeout=0)

@@ -169,8 +169,9 @@ def trial_restarts(experiment_dir: Path) -> tuple[int, str | None]:
         lines = [line.strip() for line in error.read_text(errors="replace").splitlines()]
         # "Failure # 1 (occurred at ...)", then the error's text
         said = [line for line in lines[1:] if line and not line.startswith("Failure #")]
-        if said:
-            return restarts, said[0][:200]
+        if said:  # its first sentence (Ray's go on about what may or may not have run)
+            first = said[0].split(". ")[0]
+            return restarts, first if len(first) <= 160 else first[:159] + "…"
     return restarts, None
 
 

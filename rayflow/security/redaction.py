@@ -457,11 +457,13 @@ def mask_text(text: str) -> str:
 
 # --- structures -------------------------------------------------------------------------------
 def names_a_file(path: tuple[str, ...]) -> bool:
-    """Keys of Ray's cluster YAML whose values are paths of files on this machine, not the
-    files' contents: `file_mounts: {~/.ray/auth_token: PATH}` and `auth.ssh_private_key`. Kept
-    as they are, so a printed `ray up` YAML still points `ray up` at them."""
+    """Keys whose values are paths of files on this machine, not the files' contents: Ray's
+    cluster YAML's `file_mounts: {~/.ray/auth_token: PATH}` and `auth.ssh_private_key`, and
+    rayflow's `backend.ssh_private_key` that renders it. Kept as they are, so a printed `ray up`
+    YAML still points `ray up` at them, and a resume starts the same cluster."""
     return len(path) >= 2 and (
-        path[-2] == "file_mounts" or path[-2:] == ("auth", "ssh_private_key")
+        path[-2] == "file_mounts"
+        or path[-2:] in (("auth", "ssh_private_key"), ("backend", "ssh_private_key"))
     )
 
 

@@ -206,8 +206,8 @@ def _tune_env(job: TuneJob) -> dict[str, str]:
 
 def note_restarts(path: str) -> None:
     """One line, on resume, for the unfinished trials that saved no checkpoint (a trainable that
-    checkpoints nothing): Tune runs them again from their first iteration, not from where they
-    stopped."""
+    checkpoints nothing, or a trial stopped before its first): Tune runs them again from their
+    first iteration, not from where they stopped."""
     from ray.tune import ExperimentAnalysis
 
     trials = ExperimentAnalysis(path).trials  # the state Tuner.restore continues
@@ -215,7 +215,8 @@ def note_restarts(path: str) -> None:
     if fresh:
         print(
             f"[rayflow] resume: {len(fresh)} unfinished trial(s) saved no checkpoint (the "
-            "trainable saves none): they restart from the start",
+            "trainable saves none, or they stopped before their first): they restart from the "
+            "start",
             flush=True,
         )
 
