@@ -6,6 +6,7 @@ Slow: a head takes ~12 s and each scale-up ~14 s on 2 cores.
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -17,6 +18,7 @@ from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.hydra_app import KeptCluster, sweep_comes_home
+from tests.harness.node_loss import NodeKiller
 
 pytestmark = pytest.mark.slow
 
@@ -44,11 +46,30 @@ class TestVM(LifecycleSuite, JobSubmissionSuite):
         return FAKE
 
 
+# The cifar job's trials: 4 epochs of 4000 images, about 0.5 s an epoch after a first of about
+# 3 s (the trial's process starting) on 2 cores, a checkpoint every epoch. A node is killed under
+# a trial that has checkpointed and has epochs to go (NodeKiller).
+CIFAR_EPOCHS = 4
+
+
 @pytest.fixture(scope="module")
 def vm_jobs(tmp_path_factory, data_root):
-    """A cifar, a ddp and a user's Tune job submitted in turn from one process (session.run_jobs):
+    """A ddp, a user's Tune and a cifar job submitted in turn from one process (session.run_jobs):
     they share one fake_multinode cluster started from a cluster YAML file (a dry run's output fed
-    back as backend.cluster_yaml), which scales 0 -> 2 workers for them and is torn down after."""
+    back as backend.cluster_yaml), which scales 0 -> 2 workers for them and is torn down after.
+
+    Issue "node loss", on the same cluster (a cluster of its own would cost a minute more): while
+    the cifar job runs, the worker node under one of its trials dies once that trial has
+    checkpointed; the run must still succeed. What was killed is `runner.node_loss`
+    (`runner.node_loss_error` says why nothing was).
+
+    The cifar job comes last because the fake provider never replaces a dead node while a job
+    asks for its resources: Ray's autoscaler leaves the node in the provider's list (its
+    unhealthy-node check skips the fake provider's nodes, tagged `uninitialized` for good), so it
+    is removed only once idle for autoscale_idle_timeout_minutes, and Ray Train's
+    request_resources (the ddp job) counts it as one of the two CPUs asked for: killed before
+    the ddp job, the node was never removed nor replaced and ddp waited for its second worker
+    forever."""
     before = ray_daemon_pids()
     runner = Rayflow(tmp_path_factory.mktemp("vm-jobs"), data_root)
     copy_example("tune-pbt", runner.workdir)  # the user's own project
@@ -57,22 +78,33 @@ def vm_jobs(tmp_path_factory, data_root):
     assert dry.returncode == 0, dry.stderr
     (runner.workdir / "cluster.yaml").write_text(dry.stdout)
     cluster = ["backend=vm", f"backend.cluster_yaml={runner.workdir / 'cluster.yaml'}"]
-    out = runner.run_jobs(
-        [
-            *cluster,
-            "workload.num_samples=4",
-            "workload.max_epochs=3",
-            "workload.scheduler.grace_period=3",
-            "workload.reuse_actors=false",
-            "data.synthetic_train_size=2000",
-        ],
-        [*cluster, "workload=ddp", "workload.epochs=2"],
-        [*cluster, *USER_TUNE],
-        timeout=900,
-    )
+    # run_jobs blocks; the killer watches the cifar trials' folders meanwhile (the cifar preset's
+    # trainable is train_cifar; fake nodes write to this machine's storage path).
+    killer = NodeKiller(runner.storage, "*/train_cifar_*", last=CIFAR_EPOCHS)
+    killer.start()
+    try:
+        out = runner.run_jobs(
+            [*cluster, "workload=ddp", "workload.epochs=2"],
+            [*cluster, *USER_TUNE],
+            [
+                *cluster,
+                "workload.num_samples=4",
+                f"workload.max_epochs={CIFAR_EPOCHS}",
+                f"workload.scheduler.grace_period={CIFAR_EPOCHS}",  # ASHA stops no trial
+                "workload.reuse_actors=false",
+                "data.synthetic_train_size=4000",
+                # the preset's workload.max_failures=2: a failed trial restarts from its checkpoint
+            ],
+            timeout=900,
+        )
+    finally:
+        killer.cancel()
+        killer.join(timeout=60)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     runner.dry_run = dry.stdout
+    runner.node_loss, runner.node_loss_error = killer.loss, killer.error
     yield runner, out
+    # the killed node's processes included: none may outlive the cluster's teardown
     assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), (
         "the shared fake cluster was left running"
     )
@@ -109,7 +141,8 @@ def test_cifar_as_a_job_scales_out_and_lands_in_mlflow(vm_jobs):
     client, parents, children = runner.mlflow("cifar")
     parent = parents[0]
     assert parent.info.status == "FINISHED" and parent.data.tags["backend"] == "vm"
-    assert parent.data.metrics["cluster_nodes_peak"] >= 3  # the head and 2 autoscaled workers
+    # the head and 2 autoscaled workers (scaled out for the ddp job before it)
+    assert parent.data.metrics["cluster_nodes_peak"] >= 3
     assert parent.data.metrics["cluster_node_seconds"] > 0
     assert len(children[parent.info.run_id]) == 4
     # the cluster file as applied: the dry run's document, rendered the same when handed back
@@ -124,7 +157,7 @@ def test_each_submitted_job_returns_its_run_result(vm_jobs):
     """run_jobs (rayflow.run's path) returns for a job on the head the RunResult a local run
     returns: the numbers, the trials and the MLflow parent run the job wrote."""
     runner, out = vm_jobs
-    cifar, ddp, tune = runner.run_results(out)
+    ddp, tune, cifar = runner.run_results(out)
     for result, experiment in ((cifar, "cifar"), (ddp, "ddp"), (tune, "tune")):
         _, parents, _ = runner.mlflow(experiment)
         assert result["type"] == "RunResult" and result["mlflow_run_id"] == parents[0].info.run_id
@@ -149,6 +182,52 @@ def test_ddp_as_a_job_puts_two_train_workers_on_two_autoscaled_nodes(vm_jobs):
     client, parents, children = runner.mlflow("ddp")
     assert parents[0].info.status == "FINISHED" and parents[0].data.tags["backend"] == "vm"
     assert parents[0].data.metrics["cluster_nodes_peak"] >= 3
+
+
+def test_a_worker_node_lost_mid_trial_restarts_its_trial_from_its_checkpoint(vm_jobs):
+    """Issue "node loss": a worker node dies (its processes SIGKILLed) while its trial runs, once
+    the trial has checkpointed. Tune retries the trial (workload.max_failures) on another node
+    from its last checkpoint, and the job ends as if nothing happened: every trial finished."""
+    runner, out = vm_jobs
+    loss = runner.node_loss
+    assert loss is not None, runner.node_loss_error
+    # the whole node went: its raylet, its agents, its log monitor, the trial's process
+    killed = " ".join(loss.killed.values())
+    assert {loss.raylet_pid, loss.trial_pid} <= set(loss.killed), loss
+    assert all(
+        name in killed for name in ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "log_monitor.py")
+    ), loss
+    assert loss.checkpoints and len(loss.checkpoints) < CIFAR_EPOCHS, loss
+
+    # What Tune printed for the failure, the trial named by its id (result.json's rows carry it).
+    rows = [json.loads(line) for line in (loss.trial_dir / "result.json").read_text().splitlines()]
+    trial_id = rows[0]["trial_id"]
+    assert f"Trial task failed for trial train_cifar_{trial_id}" in out.stdout, out.stdout[-5000:]
+
+    # The trial's rows: those of the killed process, then those of the restarted one, which
+    # began after the epoch of the checkpoint it was restored from, not at epoch 1 again.
+    before = [row for row in rows if row["pid"] == loss.trial_pid]
+    after = rows[len(before) :]
+    assert before and after and loss.trial_pid not in {row["pid"] for row in after}, rows
+    restored = before[-1]["checkpoint_dir_name"]  # the last checkpoint Tune had registered
+    assert restored in loss.checkpoints, (restored, loss.checkpoints)
+    assert after[0]["iterations_since_restore"] == 1  # Tune counts it as a restore
+    assert after[0]["epoch"] == before[-1]["epoch"] + 1 > 1, rows
+    # each epoch once, to the last: none trained twice, none skipped
+    assert [row["epoch"] for row in rows] == list(range(1, CIFAR_EPOCHS + 1)), rows
+
+    # In MLflow, as for the others: the trial's run FINISHED, each epoch's val_loss logged once.
+    client, parents, children = runner.mlflow("cifar")
+    [parent] = parents
+    assert parent.info.status == "FINISHED"
+    trials = children[parent.info.run_id]
+    assert len(trials) == 4 and all(t.info.status == "FINISHED" for t in trials), trials
+    [run] = [t for t in trials if t.data.tags.get("trial_id") == trial_id]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
+    assert sorted(steps) == list(range(1, CIFAR_EPOCHS + 1)), steps
+
+    # Last: the results table counts the restart (that line is new in rayflow's report).
+    assert "trials restarted: 1" in out.stdout, out.stdout[-3000:]
 
 
 def test_sigterm_during_the_job_stops_it_and_tears_down(rayflow):
