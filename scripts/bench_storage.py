@@ -53,7 +53,13 @@ def _moto(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
             start_new_session=True,
         )
     try:
-        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            region_name=env["AWS_REGION"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        )
 
         def made() -> bool:
             try:
