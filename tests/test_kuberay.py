@@ -694,7 +694,11 @@ def test_a_finalizer_that_holds_the_cluster_is_reported_by_name(rayflow, emulato
 
 def test_no_kubeconfig_is_one_line(rayflow, tmp_path):
     out = rayflow.run(
-        "backend=kuberay", f"backend.kubeconfig={tmp_path / 'nope'}", "tracking=none", timeout=120
+        "backend=kuberay",
+        f"backend.kubeconfig={tmp_path / 'nope'}",
+        "tracking=none",
+        "storage_shared=true",
+        timeout=120,
     )
     assert out.returncode == 1
     assert (
