@@ -73,8 +73,8 @@ def dry_run(plan: Plan, spec: str) -> None:
             "the cluster's nodes do not share this machine's files"
         )
     refusal = storage_refusal(plan.cfg, plan.backend)
-    if refusal:
-        notes.append(f"storage_path: a real run refuses it: {refusal}")
+    if refusal:  # first: the backend's own summary stays the last line
+        notes.insert(0, f"storage_path: a real run refuses it: {refusal}")
     for note in notes:
         print(note if note.startswith("rayflow:") else f"rayflow: {note}", file=sys.stderr)
 
