@@ -118,7 +118,7 @@ def object_storage(args) -> dict:
                 log(f"local folder {local[-1]:.1f} s, object store {remote[-1]:.1f} s")
     local_s, remote_s = statistics.median(local), statistics.median(remote)
     return {
-        "benchmark": "object-storage",
+        "name": "object-storage",
         "store": "moto on loopback" if not args.store else "given",
         "trials": args.trials,
         "epochs": args.epochs,

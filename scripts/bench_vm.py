@@ -179,7 +179,12 @@ def vm_run(workdir: Path, handle, rep: int, run: list[str]) -> float:
     """Wall seconds of the same run submitted as a Ray Job to a cluster already at full size, as
     a run on backend=vm submits it (rayflow.orchestrator.remote_run): `python -m rayflow.job_entry`
     with the overrides as its request, through the handle's Submission."""
-    from rayflow.orchestrator.submission import job_entrypoint, job_overrides, submit
+    from rayflow.orchestrator.submission import (
+        SUBMITTED_BY,
+        job_entrypoint,
+        job_overrides,
+        submit,
+    )
     from rayflow.results.run_result import RESULT_MARKER
 
     overrides = job_overrides(
@@ -195,7 +200,8 @@ def vm_run(workdir: Path, handle, rep: int, run: list[str]) -> float:
     done = submit(
         handle,
         job_entrypoint(handle.submission.python),
-        {"PYTHONUNBUFFERED": "1"},
+        # as remote_run says it: the job's folder check is the submitting side's (fake nodes)
+        {"PYTHONUNBUFFERED": "1", SUBMITTED_BY: "vm"},
         RESULT_MARKER,
         request={"overrides": overrides},
     )

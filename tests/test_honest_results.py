@@ -182,6 +182,7 @@ def only_trial_errored(root: Path) -> Path:
 
 def test_no_blank_plots_are_written_or_announced(tmp_path, capsys):
     from rayflow.orchestrator import report as session
+    from rayflow.results.experiment import Experiment
     from rayflow.workloads import workload_for
 
     class Tracker:
@@ -199,7 +200,7 @@ def test_no_blank_plots_are_written_or_announced(tmp_path, capsys):
         "workload.mode=min",
     )
     tracker = Tracker()
-    session.plots(cfg, tracker, root, workload_for(cfg.workload))
+    session.plots(cfg, tracker, Experiment(str(root)), workload_for(cfg.workload))
     out, err = capsys.readouterr()
     assert "plots" not in out and err == ""
     assert not (root / "plots").exists() and tracker.logged == []

@@ -245,6 +245,7 @@ def test_a_failing_plot_warns_once_and_the_others_are_still_made(tmp_path, monke
 
 def test_the_session_hook_never_fails_the_run(tmp_path, monkeypatch, capsys):
     from rayflow.orchestrator import report as session
+    from rayflow.results.experiment import Experiment
 
     class Tracker:
         run_id = "r1"
@@ -255,7 +256,12 @@ def test_the_session_hook_never_fails_the_run(tmp_path, monkeypatch, capsys):
 
     root = cifar_experiment(tmp_path / "cifar-1")
     # no exception
-    session.plots(compose_config("workload.max_epochs=4"), Tracker(), root, workload_for("cifar"))
+    session.plots(
+        compose_config("workload.max_epochs=4"),
+        Tracker(),
+        Experiment(str(root)),
+        workload_for("cifar"),
+    )
     out, err = capsys.readouterr()
     assert err.strip() == "rayflow: warning: plots: OSError: the store is gone"
     assert "plots:" not in out
@@ -263,6 +269,7 @@ def test_the_session_hook_never_fails_the_run(tmp_path, monkeypatch, capsys):
 
 def test_the_session_hook_prints_where_the_plots_are(tmp_path, capsys):
     from rayflow.orchestrator import report as session
+    from rayflow.results.experiment import Experiment
 
     class Tracker:
         run_id = "r1"
@@ -273,7 +280,12 @@ def test_the_session_hook_prints_where_the_plots_are(tmp_path, capsys):
 
     root = cifar_experiment(tmp_path / "cifar-1")
     tracker = Tracker()
-    session.plots(compose_config("workload.max_epochs=4"), tracker, root, workload_for("cifar"))
+    session.plots(
+        compose_config("workload.max_epochs=4"),
+        tracker,
+        Experiment(str(root)),
+        workload_for("cifar"),
+    )
     assert tracker.logged == [(str(root / "plots"), "plots")]
     out = capsys.readouterr().out
     assert (

@@ -46,10 +46,10 @@ class TestVM(LifecycleSuite, JobSubmissionSuite):
         return FAKE
 
 
-# The cifar job's trials: 4 epochs of 4000 images, about 0.5 s an epoch after a first of about
+# The cifar job's trials: 5 epochs of 4000 images, about 0.5 s an epoch after a first of about
 # 3 s (the trial's process starting) on 2 cores, a checkpoint every epoch. A node is killed under
 # a trial that has checkpointed and has epochs to go (NodeKiller).
-CIFAR_EPOCHS = 4
+CIFAR_EPOCHS = 5
 
 
 @pytest.fixture(scope="module")

@@ -127,7 +127,7 @@ def kill_node(raylet: psutil.Process) -> dict[int, str]:
 
 class NodeKiller(threading.Thread):
     """Kills the worker node of a running trial of the folders `trials` (a glob under `storage`)
-    once it has checkpointed, and once another live worker node has trained a trial (has written
+    once it has checkpointed twice, and once another live worker node has trained a trial (has written
     a checkpoint): waits for that at most `timeout` s. A trial with `last` checkpoints has
     reported its last epoch: killing it then would restart nothing.
 
@@ -169,7 +169,11 @@ class NodeKiller(threading.Thread):
             except GONE:  # the trial ended meanwhile
                 continue
             self._trained[node_id] = raylet
-            if checkpoints < self.last:
+            # Two checkpoints at least: Tune has registered the first by then (a function
+            # trainable's report returns only once the driver has taken the result before it),
+            # while the newest may still be on its way and unknown to Tune: killed after only
+            # one, a trial restarted from the start (seen under load).
+            if 2 <= checkpoints < self.last:
                 running.append((trial_dir, proc, raylet, node_id))
         for trial_dir, proc, raylet, node_id in running:
             if any(other != node_id and live.is_running() for other, live in self._trained.items()):
