@@ -6,7 +6,8 @@ that it ends well with one JSON line holding what a reader of the benchmark reli
 The GPU benchmarks run on the CPU here (`--device cpu`, `--compute cpu`). spark-cluster and
 vm-cluster have their smoke runs in tests/test_spark.py and tests/test_vm.py, inside those modules'
 machine-wide turn (tests/conftest.py, TAKE_TURNS): a Spark or fake_multinode cluster started beside
-theirs interferes.
+theirs interferes. object-storage's runs in tests/test_storage.py, against that module's store: its
+run on the store is the one whose experiment that test checks.
 """
 
 from __future__ import annotations
@@ -101,17 +102,6 @@ def test_ppo(rayflow):
     assert positive(result["ratio"], result["wall_s"], result["plain_wall_s"])
     # one iteration a side, stopped by the env-step limit: no training to the goal
     assert positive(result["env_steps"], result["plain_env_steps"]) and result["reached"] is False
-
-
-def test_object_storage(rayflow):
-    result = run_bench(
-        rayflow,
-        "object-storage",
-        keys=("ratio", "local_wall_s", "store_wall_s", "trials", "epochs", "store"),
-        timeout=240,
-    )
-    assert positive(result["ratio"], result["local_wall_s"], result["store_wall_s"])
-    assert result["store"] == "moto on loopback" and result["trials"] == 2
 
 
 def test_hydra_launcher(rayflow):

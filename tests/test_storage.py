@@ -3,16 +3,21 @@
 only: nothing inside rayflow, pyarrow or Ray is patched.
 
 A store that cannot be used is one line naming storage_path before anything starts, with no
-secret in it; a local run keeps its whole experiment there (Tune's state, every checkpoint,
-rayflow's state and plots) and nothing in a local folder; `resume=true` finds the latest
-experiment there. Separate machines, a resume on a new cluster and a lost node:
-tests/test_vm_ssh.py.
+secret in it; a local run (the one scripts/bench.py object-storage makes on the store) keeps its
+whole experiment there: Tune's state, every checkpoint, rayflow's state and plots; `resume=true`
+finds the latest experiment there. Separate machines, a resume on a new cluster, the MLflow tags
+naming the store and a lost node: tests/test_vm_ssh.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,46 +67,57 @@ def test_a_store_that_cannot_be_used_is_one_line_before_anything_starts(
     assert not s3.objects("runs/")  # the probe's marker went again
 
 
-@pytest.mark.no_dashboard
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+
+
+@pytest.mark.no_store
 def test_a_run_keeps_its_whole_experiment_in_the_bucket_and_resume_finds_it_there(rayflow, s3):
-    rayflow.env = {**rayflow.env, **s3.env()}
-    store = s3.uri("local-run")
-    args = (
-        f"storage_path={store}",
-        "workload.num_samples=2",
-        "workload.max_epochs=2",
-        "workload.scheduler.grace_period=2",
+    """scripts/bench.py object-storage in its smoke form (so it does not rot), against this
+    store: its two cifar runs, one with a folder, one on s3://, as a user runs them; the second's
+    experiment is all in the bucket, and nothing of it in a folder."""
+    env = {**rayflow.env, **s3.env()}
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "object-storage", "--smoke", f"--store={s3.uri('bench')}"],
+        cwd=rayflow.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    out = rayflow.run(*args)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    # (pyarrow marks each folder with an empty object named after it: `local-run/`, ...)
-    [experiment] = {k.split("/")[1] for k in s3.objects("local-run/")} - {""}
-    where = f"{store}/{experiment}"
-    assert f"experiment: {where}   (continue it with resume={where})" in out.stdout
-    keys = [k for k in s3.objects(f"local-run/{experiment}/") if not k.endswith("/")]
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["name"] == "object-storage" and result["smoke"] is True
+    assert result["store"] == "given" and result["ratio"] > 0 and result["trials"] == 2, result
+
+    # (pyarrow marks each folder with an empty object named after it: `bench/`, ...)
+    [experiment] = {k.split("/")[1] for k in s3.objects("bench/")} - {""}
+    where = s3.uri(f"bench/{experiment}")
+    assert f"experiment: {where}   (continue it with resume={where})" in out.stderr
+    keys = [k for k in s3.objects(f"bench/{experiment}/") if not k.endswith("/")]
     names = {k.split("/", 2)[2] for k in keys}
-    # Tune's state, rayflow's, the plots, and each trial's two checkpoints and results
+    # Tune's state, rayflow's, the plots, and each trial's checkpoint and results
     assert {"rayflow.json", "tuner.pkl", "plots/learning_curves.png"} <= names, names
     assert any(n.startswith("experiment_state-") for n in names)
     checkpoints = {k.rsplit("/", 1)[0] for k in keys if "/checkpoint_00000" in k}
-    assert len(checkpoints) == 4, checkpoints
+    assert len(checkpoints) == 2, checkpoints  # 2 trials x 1 epoch
     assert sum(k.endswith("/result.json") for k in keys) == 2
     assert not any(k.endswith(".rayflow.lock") for k in keys)  # its lease went with its run
-    assert not rayflow.storage.exists()  # nothing in the local default's place
 
-    from mlflow.tracking import MlflowClient
+    # resume=true looks for the latest experiment of the workload in the bucket: this one
+    from rayflow.orchestrator.compose import compose_config
+    from rayflow.results.experiment import locate
 
-    client = MlflowClient(f"sqlite:///{rayflow.db}")
-    runs = client.search_runs([client.get_experiment_by_name("cifar").experiment_id])
-    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    assert parent.data.tags["experiment_dir"] == where
-    assert parent.data.tags["best_checkpoint"].startswith(f"{where}/train_cifar_")
-    state = json.loads(s3.read(f"local-run/{experiment}/rayflow.json"))
-    assert state["mlflow_run_id"] == parent.info.run_id
+    with _environ(s3.env()):
+        found = locate(compose_config(f"storage_path={s3.uri('bench')}", "resume=true"))
+    assert found.location == where and found.remote
 
-    # resume=true looks for the latest experiment of the workload in the bucket: this one,
-    # finished, so nothing is run again and the same parent run goes on
-    again = rayflow.run(*args[:1], "resume=true")
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"experiment: {where}" in again.stdout
-    assert set(s3.objects(f"local-run/{experiment}/")) >= set(keys)
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
