@@ -21,6 +21,10 @@ from pathlib import Path
 PRELOAD = ["rayflow.cli", "rayflow.orchestrator.preflight", "torch", "ray", "mlflow", "hydra"]
 
 _context = multiprocessing.get_context("forkserver")
+# What multiprocessing reports when the fork server could not send a child's exit status back
+# (popen_forkserver: "perhaps the forkserver process itself got killed"; seen once in a full
+# run, with the command's refusal already printed). rayflow itself never exits 255.
+LOST = 255
 _context.set_forkserver_preload(PRELOAD)
 
 
@@ -54,4 +58,8 @@ def run_forked(
         process.kill()
         process.join()
         raise subprocess.TimeoutExpired(argv, timeout)
+    if process.exitcode == LOST:  # not the command's status: run it again in a new interpreter
+        return subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
     return subprocess.CompletedProcess(argv, process.exitcode, out.read_text(), err.read_text())
