@@ -49,6 +49,13 @@ def scheme(uri: str) -> str:
     return uri.split("://", 1)[0].lower()
 
 
+def checkpoint_uri(checkpoint: Any) -> str:
+    """Where a Ray Checkpoint is: its folder, or a URI on an object store (Ray names it by its
+    filesystem's path, which leaves the scheme out)."""
+    scheme = {"S3FileSystem": "s3", "GcsFileSystem": "gs"}.get(type(checkpoint.filesystem).__name__)
+    return f"{scheme}://{checkpoint.path}" if scheme else str(checkpoint.path)
+
+
 def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
 

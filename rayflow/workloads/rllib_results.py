@@ -146,6 +146,7 @@ def summarize(
     algorithm: str = "RLlib",
 ) -> RLlibSummary:
     from rayflow.errors import first_error_line
+    from rayflow.results.storage import checkpoint_uri
 
     best_return, steps, best = None, None, None
     for result in results:
@@ -155,7 +156,7 @@ def summarize(
         row = frame.loc[frame[RETURN].idxmax()]
         if best_return is None or row[RETURN] > best_return:
             best_return, steps, best = float(row[RETURN]), int(row[STEPS]), result
-    checkpoint = best.checkpoint.path if best is not None and best.checkpoint else None
+    checkpoint = checkpoint_uri(best.checkpoint) if best is not None and best.checkpoint else None
     return RLlibSummary(
         best_config={k: best.config.get(k) for k in keys} if best is not None else {},
         best_return=best_return,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ray.train import UserCallback
 
+from rayflow.results.storage import checkpoint_uri
 from rayflow.tracking.mlflow_runs import log_step
 
 
@@ -160,9 +161,9 @@ def summarize_result(
     done = int(final.get("epoch", 0))
     return TrainSummary(
         final=final,
-        best_checkpoint=top[0].path
+        best_checkpoint=checkpoint_uri(top[0])
         if top
-        else (result.checkpoint.path if result and result.checkpoint else None),
+        else (checkpoint_uri(result.checkpoint) if result and result.checkpoint else None),
         epochs=job.epochs,
         score_attribute=score,
         best_score=top[1].get(score) if top and score else None,

@@ -394,18 +394,13 @@ class TuneSummary:
 
 
 def _best_checkpoint(best) -> str | None:
-    """Where the best trial's checkpoint is: a folder, or a URI on an object store (Ray names it
-    by its filesystem's path, which leaves the scheme out). A trial that ran a Ray Train run
-    reports where that run keeps its checkpoints."""
+    """Where the best trial's checkpoint is: a folder, or a URI on an object store. A trial that
+    ran a Ray Train run reports where that run keeps its checkpoints."""
     if best is None:
         return None
     if best.checkpoint is None:
         return (best.metrics or {}).get("checkpoint_path")
-    scheme = {"S3FileSystem": "s3", "GcsFileSystem": "gs"}.get(
-        type(best.checkpoint.filesystem).__name__
-    )
-    path = best.checkpoint.path
-    return f"{scheme}://{path}" if scheme else path
+    return storage.checkpoint_uri(best.checkpoint)
 
 
 def summarize(
