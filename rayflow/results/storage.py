@@ -131,12 +131,16 @@ def walk(uri: str) -> Iterator[tuple[str, bool]]:
 
 def pull(uri: str, local: Path, skip: Callable[[str], bool]) -> None:
     """Copy what is below `uri` into `local`, but the files `skip` names (by relative path);
-    folders are made whatever they hold, so their names are there to read."""
+    folders are made whatever they hold, so their names are there to read. A bucket is a shared
+    place: a key that would land outside `local` (`..`, an absolute part) is passed by."""
     from pyarrow import fs as pafs
 
     filesystem, root = _fs(uri)
+    inside = local.resolve()
     for relative, is_file in walk(uri):
         target = local / relative
+        if inside not in (target.resolve(), *target.resolve().parents):
+            continue
         if not is_file:
             target.mkdir(parents=True, exist_ok=True)
         elif not skip(relative):
