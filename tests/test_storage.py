@@ -11,9 +11,7 @@ naming the store and a lost node: tests/test_vm_ssh.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -106,18 +104,8 @@ def test_a_run_keeps_its_whole_experiment_in_the_bucket_and_resume_finds_it_ther
     # resume=true looks for the latest experiment of the workload in the bucket: this one
     from rayflow.orchestrator.compose import compose_config
     from rayflow.results.experiment import locate
+    from rayflow.runtime.environment import scoped_env
 
-    with _environ(s3.env()):
+    with scoped_env(s3.env()):
         found = locate(compose_config(f"storage_path={s3.uri('bench')}", "resume=true"))
     assert found.location == where and found.remote
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    saved = dict(os.environ)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
