@@ -118,9 +118,11 @@ def _fails_then_resumes(rayflow, args: list[str]) -> tuple[subprocess.CompletedP
     marker.unlink()  # the user fixed their code
     out = _run_verbatim(rayflow, command)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "Traceback" not in out.stderr and "Continue with" not in out.stderr + out.stdout, (
-        out.stderr[-3000:]
-    )
+    # A traceback of rayflow's or the user's own starts a line; one a Ray actor logs about its
+    # own retries (a TrainController's timed-out resource request under load) is prefixed with
+    # "(ActorName pid=N)" and is Ray's to print.
+    ours = [line for line in out.stderr.splitlines() if line.startswith("Traceback")]
+    assert not ours and "Continue with" not in out.stderr + out.stdout, out.stderr[-3000:]
     return out, command
 
 
