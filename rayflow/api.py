@@ -82,6 +82,35 @@ def run(
     return done if multirun else done[0]
 
 
+def clusters() -> list[Any]:
+    """The clusters rayflow kept for this user (`rayflow status`), each asked as it is now: a list
+    of rayflow.orchestrator.clusters.ClusterStatus (`.as_dict()` for plain data). A cluster found
+    gone is listed once, as gone, and then forgotten."""
+    from rayflow.orchestrator import clusters as kept
+
+    with _masked_errors():
+        return list(kept.clusters())
+
+
+def down(name: str | None = None, force: bool = False) -> list[str]:
+    """Tear down the kept cluster `name` (`NAME` or `BACKEND/NAME`; None: every one), what its
+    run started and only that (`rayflow down`). ConfigError for a name rayflow did not keep, or a
+    cluster a job is using unless `force`. The names torn down."""
+    from rayflow.orchestrator import clusters as kept
+
+    with _masked_errors():
+        return kept.down(name, force=force)
+
+
+def logs(name: str, job: str | None = None, follow: bool = False) -> str:
+    """A kept cluster's job log (`rayflow logs`): `job`, else the last one; from MLflow once the
+    cluster is gone. With `follow` it is printed as it grows, until the job ends."""
+    from rayflow.orchestrator import clusters as kept
+
+    with _masked_errors():
+        return kept.logs(name, job, follow)
+
+
 @contextlib.contextmanager
 def _masked_errors():
     """A ConfigError quotes the input (Hydra's parse error holds the whole override): its message

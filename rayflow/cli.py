@@ -139,6 +139,14 @@ def masked_traceback(kind, value, tb) -> None:
 def _main() -> None:
     from hydra._internal.utils import get_args_parser
 
+    from rayflow.commands import COMMANDS
+
+    if sys.argv[1:2] and sys.argv[1] in COMMANDS:  # a word, never an override (key=value)
+        from rayflow.commands import main as command
+
+        command(sys.argv[1:])
+        return
+
     with masked("stdout"):  # argparse's usage error quotes the arguments
         args = get_args_parser().parse_args(sys.argv[1:])
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:

@@ -11,7 +11,6 @@ cluster, which `ray down` leaves running). The cluster's record in this user's s
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -21,11 +20,10 @@ def main(argv: list[str]) -> int:
         print("usage: python -m rayflow.teardown CLUSTER_TEMP_DIR_OR_YAML", file=sys.stderr)
         return 2
     path = Path(argv[0])
+    from rayflow.backends.vm import kept_ops
     from rayflow.backends.vm.state import forget
 
     if path.is_dir():
-        from rayflow.runtime.processes import stop_processes_mentioning
-
         # only what rayflow made: its processes are stopped and the folder removed
         if not (
             path.name.startswith("rf-vm-")
@@ -38,25 +36,24 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return 2
+        kept_ops.stop_fake(str(path))
+    elif path.is_file():
+        kept_ops.stop_sdk(str(path))
+    else:
+        print(f"rayflow.teardown: {path} does not exist (already torn down?)", file=sys.stderr)
+        return 1
+    forget(argv[0])
+    _forget_kept(argv[0])
+    return 0
 
-        stop_processes_mentioning(str(path))
-        shutil.rmtree(path, ignore_errors=True)
-        forget(argv[0])
-        return 0
-    if path.is_file():
-        import yaml
-        from ray.autoscaler import sdk
 
-        from rayflow.backends.vm.cluster import stop_local_workers
+def _forget_kept(path: str) -> None:
+    """The kept-cluster record (`rayflow status`) of the cluster PATH was."""
+    from rayflow.backends import kept
 
-        config = yaml.safe_load(path.read_text())
-        sdk.teardown_cluster(str(path))
-        if config.get("provider", {}).get("type") == "local":
-            stop_local_workers(config)
-        forget(argv[0])
-        return 0
-    print(f"rayflow.teardown: {path} does not exist (already torn down?)", file=sys.stderr)
-    return 1
+    for record in kept.records():
+        if path in (record.where.get("temp_dir"), record.where.get("config_file")):
+            kept.forget(record)
 
 
 if __name__ == "__main__":

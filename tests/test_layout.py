@@ -82,6 +82,7 @@ def test_one_package_per_engine_and_no_prefixed_modules():
         "attach.py",
         "base.py",
         "handle.py",
+        "kept.py",
         "keys.py",
         "local.py",
     ]

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
+from rayflow.backends.kept import KeptCluster
 from rayflow.errors import ConfigError
 
 
@@ -73,6 +74,16 @@ def backend_for(cfg: DictConfig) -> ClusterBackend:
     return backend
 
 
+def backend_of(kept: KeptCluster) -> ClusterBackend:
+    """The backend of a kept cluster, rebuilt from the section its run started it with (to reach
+    it, or tear it down, once that run is gone)."""
+    from omegaconf import OmegaConf
+
+    cls = _load(kept.backend, _entry(kept.backend).backend)
+    backend: ClusterBackend = cls(OmegaConf.create(kept.section), kept.auth_mode)
+    return backend
+
+
 __all__ = [
     "REGISTRY",
     "ClusterBackend",
@@ -82,5 +93,6 @@ __all__ = [
     "Submission",
     "WorkerPreload",
     "backend_for",
+    "backend_of",
     "backend_keys",
 ]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from rayflow.backends.handle import ClusterHandle
+from rayflow.backends.kept import KeptCluster
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class ClusterBackend(abc.ABC):
     # node's, so Tune's checkpoints may go to one; else storage_path must be an object store or a
     # folder every node mounts (rayflow.orchestrator.preflight.check_storage).
     single_machine: bool = False
+    # It can leave its cluster running for later runs (backend.keep_cluster) and act on it again
+    # from its record alone (`reach`, `down`: rayflow status, down and logs).
+    keeps_clusters: bool = False
 
     def __init__(self, section: DictConfig, auth_mode: str = "token") -> None:
         self.section = section  # the `backend:` config section
@@ -90,6 +94,17 @@ class ClusterBackend(abc.ABC):
     @abc.abstractmethod
     def start(self, preload: WorkerPreload | None = None) -> ClusterHandle:
         """Start (or join) the cluster; this process left connected to it unless `submits_jobs`."""
+
+    def reach(self, kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
+        """A handle on the kept cluster of `kept` for its Jobs API (`headers`: what its requests
+        carry; its undo steps close what reaching it opened), or None when the cluster is gone.
+        Starts and changes nothing. Only where `keeps_clusters`."""
+        raise NotImplementedError(f"backend {self.name} keeps no cluster")
+
+    def down(self, kept: KeptCluster) -> None:
+        """Tear down the kept cluster of `kept`: what the run that kept it started, and only
+        that. Idempotent. Only where `keeps_clusters`."""
+        raise NotImplementedError(f"backend {self.name} keeps no cluster")
 
     def stop(self, handle: ClusterHandle) -> None:
         """Stop what `start()` left of the cluster behind `handle`, and only that. Idempotent."""

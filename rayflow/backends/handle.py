@@ -54,6 +54,13 @@ class ClusterHandle:
     teardown_command: str | None = None
     # left running when the run ends (backend.keep_cluster), for a later run to join
     kept: bool = False
+    joined: bool = False  # kept by an earlier run, and joined by this one
+    # what a later command needs to reach and stop it (a kept cluster's record,
+    # rayflow.backends.kept): paths and object names, never a secret
+    where: dict[str, str] = field(default_factory=dict)
+    # how the watcher that runs on the cluster stops it once idle (rayflow.autostop); None
+    # where this backend's clusters cannot stop themselves
+    autostop: dict[str, str] | None = None
     # when start() began (seconds since the epoch)
     started_at: float = field(default_factory=time.time)
     start_seconds: float | None = None  # how long start() took
@@ -110,4 +117,5 @@ class ClusterHandle:
             "kept": self.kept,
             "started_at": self.started_at,
             "teardown_command": self.teardown_command,
+            "where": dict(self.where),
         }

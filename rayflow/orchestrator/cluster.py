@@ -56,6 +56,11 @@ def running(
         handle = backend.start(preload)  # a start that fails stops what it had started, then raises
         handle.start_seconds = time.monotonic() - started
         handle.metrics.setdefault("cluster_start_s", handle.start_seconds)
+        if backend.submits_jobs:  # its autostop armed, a kept one recorded
+            from rayflow.orchestrator.clusters import kept_started
+
+            with handle.unwound_on_error():
+                kept_started(backend, handle)
         # ray.init installs a C++ SIGTERM handler that aborts the driver without clean-up: take
         # the signal back
         terminations.catch()

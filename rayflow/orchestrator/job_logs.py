@@ -16,6 +16,8 @@ from rayflow.security.redaction import mask_text
 
 LAST_LINES = 25  # of a failed job's log, printed after it
 
+JOB_LOG = "job/driver.log"  # in the parent MLflow run: a submitted job's whole driver log
+
 
 def print_last_lines(log: str, job_id: str, where: str | None = None) -> None:
     """The last lines of a failed job's log on stderr (with where the whole log is, when kept),

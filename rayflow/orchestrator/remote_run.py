@@ -20,8 +20,9 @@ from omegaconf import DictConfig
 
 from rayflow.errors import RunFailed, Terminated
 from rayflow.orchestrator.cluster import SharedCluster
+from rayflow.orchestrator.clusters import job_ran
 from rayflow.orchestrator.job_files import job_files
-from rayflow.orchestrator.job_logs import print_last_lines
+from rayflow.orchestrator.job_logs import JOB_LOG, print_last_lines
 from rayflow.orchestrator.preflight import Plan
 from rayflow.orchestrator.resume import group_choices
 from rayflow.orchestrator.submission import (
@@ -48,8 +49,6 @@ from rayflow.runtime.signals import termination_exit_code
 from rayflow.schema.values import to_container
 from rayflow.security.redaction import mask_text, redact
 from rayflow.tracking.tracker import Tracker
-
-JOB_LOG = "job/driver.log"  # in the parent MLflow run: a submitted job's whole driver log
 
 
 def _request(plan: Plan, tracker: Tracker) -> dict[str, list[str]]:
@@ -205,6 +204,8 @@ def _returned(plan: Plan, cluster: SharedCluster, tracker: Tracker, done: Submit
         )
     log = done.log()
     where = keep_driver_log(cfg, cluster.spec, tracker, result, log, outcome.job_id)
+    if cluster.handle is not None and where:  # `rayflow logs` finds it once the cluster is gone
+        job_ran(cluster.handle, outcome.job_id, tracker.absolute_uri, result.mlflow_run_id)
     if not done.succeeded:
         print_last_lines(log, outcome.job_id, where)
         raise RunFailed(

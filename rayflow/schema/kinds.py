@@ -242,6 +242,10 @@ def Seconds(at_most: float = SECONDS_MAX, optional: bool = False) -> Any:
     return kind(f"seconds in (0, {at_most:g}]", _number(False, at_most), optional)
 
 
+# How long a kept cluster may sit idle before its watcher tears it down: a week at most; 0 never.
+IdleMinutes = kind("minutes in [0, 10080] (0: never)", _number(True, 7 * 24 * 60), optional=True)
+
+
 def Bytes(minimum: int = 1, optional: bool = False) -> Any:
     """Memory in bytes, up to BYTES_MAX (1 PiB)."""
     return kind(f"bytes in [{minimum}, 2**50]", _integer(minimum, BYTES_MAX), optional)

@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from rayflow.schema.kinds import (
     BYTES_MAX,
     Boolean,
+    IdleMinutes,
     Integer,
     KeyedError,
     Number,
@@ -279,6 +280,11 @@ class Kuberay(Section):
     context: OptionalText = Field(description="the kubeconfig context; null: the current one")
     keep_cluster: Boolean = Field(
         description="leave the RayCluster running at the end (a later run reuses it)"
+    )
+    autostop_idle_minutes: IdleMinutes = Field(
+        description="tear the cluster down after this many minutes with no job, no connected "
+        "driver and no waiting demand, by a watcher that runs on the cluster itself (no client "
+        "needed); null: 60 for a kept cluster (`keep_cluster=true`), else never; 0: never"
     )
     compute_device: DeviceKind = Field(
         default="cpu",

@@ -37,7 +37,8 @@ import yaml
 
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
-from rayflow.backends.vm import state, tunnel, user_file
+from rayflow.backends.kept import KeptCluster
+from rayflow.backends.vm import kept_ops, state, tunnel, user_file
 from rayflow.backends.vm.checks import (
     check,
     check_cluster_name,
@@ -49,6 +50,7 @@ from rayflow.backends.vm.checks import (
 from rayflow.backends.vm.commands import dashboard_port, head_args, launch_note, launcher_env
 from rayflow.backends.vm.config import render
 from rayflow.backends.vm.defaults import with_defaults
+from rayflow.backends.vm.kept_ops import stop_local_workers
 from rayflow.backends.vm.user_additions import render_file
 from rayflow.errors import ClusterError
 from rayflow.runtime.environment import scoped_env
@@ -123,6 +125,7 @@ class _Start:
 
 class VMCluster(ClusterBackend):
     submits_jobs = True
+    keeps_clusters = True
 
     @property
     def cluster_yaml(self) -> str | None:
@@ -252,10 +255,19 @@ class VMCluster(ClusterBackend):
     def _kept_note(self, run: _Start) -> None:
         print(
             f"[rayflow] vm: cluster {run.name} is kept running (backend.keep_cluster=true); "
-            "a later run that names it joins it; stop it with: "
-            f"python -m rayflow.teardown {mask_text(run.stop_path(self.provider))}",
+            "a later run that names it joins it; see it with `rayflow status`, stop it with "
+            f"`rayflow down {run.name}`",
             flush=True,
         )
+
+    # --- a kept cluster, from its record alone (rayflow status, down, logs) ------------------
+
+    def reach(self, kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
+        return kept_ops.reach(kept, headers)
+
+    def down(self, kept: KeptCluster) -> None:
+        provider = kept.where.get("provider", "fake_multinode")
+        kept_ops.down(kept, launcher_env(self.section, self.auth_mode, _token_file(), provider))
 
     # --- fake_multinode: the head on this machine, worker nodes started by its autoscaler ----
 
@@ -263,7 +275,9 @@ class VMCluster(ClusterBackend):
         """The dashboard URL of the kept fake cluster this run now holds (it never stops it)."""
         run.temp_dir, url = kept["temp_dir"], kept.get("url")
         self._teardown_is(run)
-        run.handle.kept = True
+        run.handle.kept = run.handle.joined = True
+        run.handle.owner_run = kept.get("owner_run") or run.handle.owner_run
+        run.handle.where = kept_ops.where_fake(run.temp_dir, str(url or ""))
         try:
             if not url:  # the run that kept it died before its head answered
                 raise ClusterError("no dashboard recorded")
@@ -318,6 +332,8 @@ class VMCluster(ClusterBackend):
         self._teardown_is(run)
         self._register_fake_teardown(run)
         url = self._fake_head(run)
+        run.handle.where = kept_ops.where_fake(run.temp_dir, url)
+        run.handle.autostop = kept_ops.autostop_fake(run.temp_dir, url)
         if self.keeps_cluster:
             state.update(run.name, run.run_id, temp_dir=run.temp_dir, url=url, stop=run.temp_dir)
             self._kept_note(run)
@@ -395,8 +411,12 @@ class VMCluster(ClusterBackend):
         run.handle.on_stop("let go of the cluster's name", state.release, run.name, run.run_id)
         self._config_file(run, config, kept)
         self._ray_up(run, bool(kept))
+        run.handle.where = kept_ops.where_sdk(self.provider, run.config_file)
+        run.handle.autostop = kept_ops.autostop_sdk(self.provider, dashboard_port(config))
         if kept or self.keeps_cluster:
-            run.handle.kept = True
+            run.handle.kept, run.handle.joined = True, bool(kept)
+            if kept:
+                run.handle.owner_run = kept.get("owner_run") or run.handle.owner_run
             self._kept_note(run)
         return self._tunnel(run.handle, config, sdk.get_head_node_ip(run.config_file))
 
@@ -491,35 +511,6 @@ def _head_running(config: dict) -> bool:
 
     provider = _get_node_provider(config["provider"], config["cluster_name"])
     return bool(provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
-
-
-def stop_local_workers(config: dict) -> None:
-    """`ray stop` on each worker host of a local-provider cluster over SSH, as Ray runs its
-    commands."""
-    auth = config.get("auth") or {}
-    # else the ssh agent's
-    key = ["-i", os.path.expanduser(auth["ssh_private_key"])] if auth.get("ssh_private_key") else []
-    user = f"{auth['ssh_user']}@" if auth.get("ssh_user") else ""
-    for ip in config["provider"].get("worker_ips") or []:
-        subprocess.run(
-            [
-                "ssh",
-                *key,
-                "-o",
-                "StrictHostKeyChecking=no",
-                "-o",
-                "UserKnownHostsFile=/dev/null",
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "ConnectTimeout=10",
-                f"{user}{ip}",
-                "bash --login -c -i 'ray stop'",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=120,
-        )
 
 
 __all__ = ["VMCluster"]

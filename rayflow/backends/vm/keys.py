@@ -23,6 +23,7 @@ from rayflow.schema.kinds import (
     BYTES_MAX,
     RAY_MIN_OBJECT_STORE,
     Boolean,
+    IdleMinutes,
     KeyedError,
     Number,
     OneOf,
@@ -329,6 +330,11 @@ class Vm(Section):
     )
     keep_cluster: Boolean = Field(
         description="leave the cluster running at the end (a later run reuses it)"
+    )
+    autostop_idle_minutes: IdleMinutes = Field(
+        description="tear the cluster down after this many minutes with no job, no connected "
+        "driver and no waiting demand, by a watcher that runs on the cluster itself (no client "
+        "needed); null: 60 for a kept cluster (`keep_cluster=true`), else never; 0: never"
     )
     compute_device: DeviceKind = Field(
         default="cpu", description="set by `compute=...`: with `cuda` the GPU node type is rendered"

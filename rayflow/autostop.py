@@ -1,0 +1,133 @@
+"""`python -m rayflow.autostop`: the watcher that tears an idle cluster down, running on the
+cluster itself, so a kept cluster stops when the laptop that kept it is closed.
+
+rayflow submits it as a Ray Job of the cluster it watches (rayflow.orchestrator.autostop: its
+submission id starts with `rayflow-autostop-`, it asks for no CPU, and it counts as no activity).
+Every POLL_S it asks the head's own dashboard on loopback whether the cluster is in use
+(rayflow.runtime.activity: a job pending or running, a driver connected, demand waiting); after
+`idle_minutes` of none it starts the teardown its spec names, in a process of its own session
+(Ray kills a job's process group when its supervisor dies, which the teardown makes happen):
+
+- `processes` (vm fake_multinode): every process naming the cluster's temp dir, then the folder;
+- `ssh_hosts` (vm SSH hosts): `ray stop` on each worker host over SSH, then on the head, from the
+  config and key Ray's launcher left on the head;
+- `node_provider` (vm aws/gcp): the cluster's nodes terminated through Ray's node provider, with
+  the head's own instance role or service account.
+
+The spec comes in the environment (RAYFLOW_AUTOSTOP, JSON), never on the command line, which names
+only the cluster (so `rayflow down` of a fake cluster finds the watcher among its processes).
+A dashboard that stops answering for UNREACHABLE_S means the cluster went another way: it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+SPEC_ENV = "RAYFLOW_AUTOSTOP"
+POLL_S = 10.0
+UNREACHABLE_S = 120.0
+
+
+def _headers() -> dict[str, str]:
+    from rayflow.security.auth import auth_token
+
+    token = auth_token() if os.environ.get("RAY_AUTH_MODE", "token") == "token" else None
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def watch(spec: dict[str, Any]) -> bool:
+    """Until the cluster has been idle for spec["idle_minutes"]: True; False when its dashboard
+    stopped answering (the cluster is going or gone)."""
+    from rayflow.runtime.activity import activity
+
+    url, idle_s = spec["dashboard"], float(spec["idle_minutes"]) * 60
+    idle_since = seen = time.time()
+    said = ""
+    while True:
+        now = time.time()
+        try:
+            found = activity(url, _headers())
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            if now - seen > UNREACHABLE_S:
+                print(f"[autostop] the dashboard at {url} is gone ({err}): nothing to stop")
+                return False
+            time.sleep(POLL_S)
+            continue
+        seen = now
+        if found.busy:
+            idle_since = now
+        elif found.last_active:
+            idle_since = max(idle_since, found.last_active)
+        line = "; ".join(found.busy) or "idle"
+        if line != said:  # each change once: the job's log stays short
+            print(f"[autostop] {line}", flush=True)
+            said = line
+        if not found.busy and now - idle_since >= idle_s:
+            print(f"[autostop] idle for {idle_s / 60:g} min: tearing the cluster down", flush=True)
+            return True
+        time.sleep(POLL_S)
+
+
+def _stop_processes(spec: dict[str, Any]) -> None:
+    from rayflow.backends.vm.kept_ops import stop_fake
+
+    stop_fake(spec["temp_dir"])
+
+
+def _stop_ssh_hosts(spec: dict[str, Any]) -> None:
+    import yaml
+
+    from rayflow.backends.vm.kept_ops import stop_local_workers
+
+    config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
+    stop_local_workers(config)  # its auth names the key the launcher copied to the head
+    subprocess.run(["ray", "stop"], timeout=300, check=False)
+
+
+def _stop_node_provider(spec: dict[str, Any]) -> None:
+    import yaml
+    from ray.autoscaler._private.providers import _get_node_provider
+    from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
+
+    config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
+    provider = _get_node_provider(config["provider"], config["cluster_name"])
+    nodes = provider.non_terminated_nodes({})
+    heads = set(provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
+    workers = [node for node in nodes if node not in heads]
+    if workers:
+        provider.terminate_nodes(workers)
+    if heads:  # itself last
+        provider.terminate_nodes(sorted(heads))
+
+
+TEARDOWNS = {
+    "processes": _stop_processes,
+    "ssh_hosts": _stop_ssh_hosts,
+    "node_provider": _stop_node_provider,
+}
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(os.environ[SPEC_ENV])
+    if argv[:1] == ["--now"]:  # the teardown, in a session of its own
+        TEARDOWNS[spec["kind"]](spec)
+        return 0
+    if not watch(spec):
+        return 0
+    subprocess.Popen(
+        [sys.executable, "-m", "rayflow.autostop", "--now", *argv],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

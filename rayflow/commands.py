@@ -1,0 +1,98 @@
+"""`rayflow status`, `rayflow down NAME|--all` and `rayflow logs NAME [JOB] [--follow]`: the kept
+clusters, seen and stopped from the command line (rayflow.orchestrator.clusters does the work; the
+same calls are `rayflow.clusters()`, `rayflow.down()` and `rayflow.logs()`).
+
+Exit codes as a run's: 0 done, 1 a cluster failed to answer or to go, 2 bad input (an unknown
+name, a cluster in use without --force), one line naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+COMMANDS = ("status", "down", "logs")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rayflow", description="the clusters rayflow kept")
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="a table of the kept clusters, asked as they are now")
+    status.add_argument("--json", action="store_true", help="one JSON list, for scripts")
+    down = sub.add_parser("down", help="tear down a kept cluster (what its run started)")
+    which = down.add_mutually_exclusive_group(required=True)
+    which.add_argument("name", nargs="?", help="NAME or BACKEND/NAME, as `status` shows it")
+    which.add_argument("--all", action="store_true", help="every kept cluster")
+    down.add_argument("--force", action="store_true", help="even while a job is using it")
+    logs = sub.add_parser("logs", help="a kept cluster's job log (its last job's by default)")
+    logs.add_argument("name", help="NAME or BACKEND/NAME")
+    logs.add_argument("job", nargs="?", help="the job's submission id")
+    logs.add_argument("--follow", action="store_true", help="stream it until the job ends")
+    return parser
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _autostop(row) -> str:
+    if not row.autostop_idle_minutes:
+        return "off"
+    when = f"in {_duration(row.autostop_in_s)}" if row.autostop_in_s is not None else row.state
+    return f"{row.autostop_idle_minutes:g} min ({when})"
+
+
+def table(rows) -> str:
+    """`rayflow status` as a user reads it."""
+    if not rows:
+        return "no kept clusters"
+    head = ("BACKEND", "NAME", "STATE", "NODES", "UP", "IDLE", "AUTOSTOP", "NODE-SECONDS", "JOBS")
+    lines = [head]
+    for r in rows:
+        nodes = f"{r.nodes}/{r.peak_nodes}" if r.nodes is not None else "-"
+        used = f"{r.node_seconds:.0f}" if r.node_seconds is not None else "-"
+        jobs = str(r.jobs) if r.jobs is not None else "-"
+        up = _duration(r.up_s)
+        lines.append(
+            (r.backend, r.name, r.state, nodes, up, _duration(r.idle_s), _autostop(r), used, jobs)
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    ]
+    notes = [f"  {r.name}: {r.detail}" for r in rows if r.detail]
+    return "\n".join(out + notes)
+
+
+def _fail(err: Exception, code: int) -> None:
+    from rayflow.security.redaction import masked_message
+
+    print(f"rayflow: error: {masked_message(err)}", file=sys.stderr)
+    sys.exit(code)
+
+
+def main(argv: list[str]) -> None:
+    from rayflow.errors import ClusterError, ConfigError, JobError
+    from rayflow.orchestrator import clusters
+
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "status":
+            rows = clusters.clusters()
+            print(json.dumps([r.as_dict() for r in rows]) if args.json else table(rows))
+        elif args.command == "down":
+            for name in clusters.down(None if args.all else args.name, force=args.force):
+                print(f"[rayflow] {name}: torn down")
+        else:
+            text = clusters.logs(args.name, args.job, args.follow)
+            sys.stdout.write(text)
+    except ConfigError as err:
+        _fail(err, 2)
+    except (ClusterError, JobError) as err:
+        _fail(err, 1)

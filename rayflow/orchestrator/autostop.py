@@ -1,0 +1,73 @@
+"""Arming a cluster's autostop: the watcher (rayflow.autostop) submitted to the cluster as a Ray Job
+of its own, right after the cluster started, so it runs there whether or not this process lives.
+
+`backend.autostop_idle_minutes`: null means 60 for a kept cluster and never for one the run tears
+down itself (its watcher then only matters should this process die first, which the user asked
+for by setting it); 0 means never. A joined cluster keeps the watcher its first run armed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rayflow.backends import ClusterHandle
+from rayflow.errors import JobError
+from rayflow.orchestrator.submission import _client, _submitted, stage_package, submission
+from rayflow.runtime.activity import WATCHER_PREFIX
+
+KEPT_DEFAULT_MINUTES = 60.0
+
+
+def idle_minutes(section: DictConfig, kept: bool) -> float | None:
+    """The autostop a cluster of this section gets: minutes, or None (never)."""
+    minutes = section.get("autostop_idle_minutes")
+    if minutes is None:
+        return KEPT_DEFAULT_MINUTES if kept else None
+    return float(minutes) or None
+
+
+def arm(handle: ClusterHandle, minutes: float) -> str:
+    """Submit the watcher of the cluster behind `handle` (its job id). The watcher's spec, its
+    teardown included, goes in its environment; its command line names only the cluster."""
+    assert handle.autostop is not None and handle.submission is not None
+    job_id = f"{WATCHER_PREFIX}{handle.owner_run}"
+    spec = {**handle.autostop, "idle_minutes": minutes}
+    names = handle.autostop.get("temp_dir") or handle.name or ""
+    client = _client(handle.address, handle.submission.headers)
+    with tempfile.TemporaryDirectory(prefix="rayflow-job-") as tmp:
+        arguments = submission(
+            [handle.submission.python, "-m", "rayflow.autostop", names],
+            {"RAYFLOW_AUTOSTOP": json.dumps(spec)},
+            stage_package(Path(tmp)),
+            None,
+        )
+        arguments.update(submission_id=job_id, entrypoint_num_cpus=0)
+        _submitted(client, arguments, handle.address, 120)
+    return job_id
+
+
+def arm_or_warn(handle: ClusterHandle, minutes: float | None) -> None:
+    """Arm the watcher where this cluster can stop itself and the run asked for it; a watcher
+    that could not be submitted is one warning line (the cluster runs on; `rayflow down`)."""
+    if minutes is None or handle.autostop is None or handle.joined:
+        return
+    try:
+        job_id = arm(handle, minutes)
+    except JobError as err:
+        print(
+            f"rayflow: warning: autostop not armed ({err}); stop the cluster yourself: "
+            f"rayflow down {handle.name}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    print(
+        f"[rayflow] autostop: {handle.name} stops itself after {minutes:g} idle minutes "
+        f"(its watcher is job {job_id})",
+        flush=True,
+    )

@@ -1,0 +1,79 @@
+"""`rayflow logs NAME [JOB] [--follow]`: a kept cluster's job log, from its Jobs API while it runs,
+from MLflow (the parent run's `job/driver.log`, kept by rayflow.orchestrator.remote_run) once it
+is gone. Masked as every log rayflow shows."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from rayflow.backends import ClusterHandle
+from rayflow.backends.kept import KeptCluster
+from rayflow.errors import ConfigError
+from rayflow.orchestrator.job_logs import JOB_LOG, LogStream, whole_log
+from rayflow.orchestrator.submission import _client, _wait
+from rayflow.results.run_result import RESULT_MARKER
+from rayflow.runtime.activity import user_jobs
+from rayflow.security.redaction import mask_text
+
+KEY = "rayflow logs"  # a bad job or name is reported under the command
+
+
+def _job_id(handle: ClusterHandle, kept: KeptCluster, job: str | None) -> str:
+    assert handle.submission is not None
+    jobs = user_jobs(handle.address, handle.submission.headers)
+    ids = [str(j.get("submission_id")) for j in jobs]
+    if job is None:
+        if not ids:
+            raise ConfigError(KEY, f"no job has run on {kept.name} yet")
+        return ids[-1]
+    if job not in ids:
+        raise ConfigError(
+            KEY, f"no job {job!r} on {kept.name}; its jobs: {', '.join(ids[-10:]) or 'none'}"
+        )
+    return job
+
+
+def job_log(handle: ClusterHandle, kept: KeptCluster, job: str | None, follow: bool) -> str:
+    """The job's whole log (masked); with `follow`, streamed to stdout until the job ends ("")."""
+    assert handle.submission is not None
+    job_id = _job_id(handle, kept, job)
+    client = _client(handle.address, handle.submission.headers)
+    if not follow:  # the job's signed result line is for the run that submitted it
+        log = whole_log(client, job_id, [])
+        return "".join(
+            mask_text(line) for line in log.splitlines(True) if not line.startswith(RESULT_MARKER)
+        )
+    stream = LogStream(client, job_id, RESULT_MARKER, verbose=True)
+    stream.start()
+    try:
+        _wait(client, job_id)
+    finally:
+        stream.join(timeout=10)
+    return ""
+
+
+def mlflow_log(kept: KeptCluster, job: str | None) -> str:
+    """The last job's log as its MLflow run kept it: all that is left of a cluster that is gone."""
+    last = kept.last_job
+    if not last.get("run_id"):
+        raise ConfigError(
+            KEY,
+            f"{kept.name} is gone and no job of it left a log in MLflow (tracking=none, or no "
+            "job ran)",
+        )
+    if job is not None and job != last.get("job_id"):
+        raise ConfigError(
+            KEY,
+            f"{kept.name} is gone: only its last job's log ({last.get('job_id')}) was kept, in "
+            "MLflow",
+        )
+    from mlflow.tracking import MlflowClient
+
+    uri = last.get("tracking_uri", "")
+    if "***" in uri:  # stored masked: its credentials come from the environment, as for a run
+        uri = os.environ.get("MLFLOW_TRACKING_URI", uri)
+    with tempfile.TemporaryDirectory(prefix="rayflow-logs-") as tmp:
+        path = MlflowClient(uri).download_artifacts(last["run_id"], JOB_LOG, tmp)
+        return mask_text(Path(path).read_text())
