@@ -7,12 +7,16 @@ Slow: a head takes ~12 s and each scale-up ~14 s on 2 cores.
 from __future__ import annotations
 
 import json
+import re
 import signal
+import subprocess
+import sys
 
 import pytest
 import yaml
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 
+from rayflow.runtime.processes import pids_mentioning
 from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
@@ -31,6 +35,87 @@ FAKE = [
     "backend.max_worker_nodes=2",
     "backend.autoscale_idle_timeout_minutes=1",
 ]
+
+
+# A Tune run as small as a run gets: one trial of the user's own function, one result.
+ONE_TRIAL = [
+    "workload=tune",
+    "workload.trainable=objective:objective",
+    "workload.metric=loss",
+    "workload.mode=min",
+    "tracking.uri=sqlite:///mlflow.db",
+]
+
+
+def _cli(runner: Rayflow, *args: str) -> subprocess.CompletedProcess:
+    """`rayflow status|down|logs ...` in the runner's folder and environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "rayflow", *args],
+        cwd=runner.workdir,
+        env=runner.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def _status(runner: Rayflow) -> dict[str, dict]:
+    out = _cli(runner, "status", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    return {row["name"]: row for row in json.loads(out.stdout)}
+
+
+@pytest.fixture(scope="module")
+def idle_cluster(tmp_path_factory, data_root):
+    """A cluster kept with a one-minute autostop by a run that has ended, in a registry of the
+    module's own ($XDG_CACHE_HOME). The first test uses it; the module's other tests run while it
+    idles; the last finds it stopped by its own watcher, with no client of it alive."""
+    runner = Rayflow(tmp_path_factory.mktemp("kept"), data_root)
+    runner.env["XDG_CACHE_HOME"] = str(runner.workdir / "cache")
+    (runner.workdir / "objective.py").write_text(
+        "def objective(config):\n    return {'loss': 0.5}\n"
+    )
+    name = ["backend.cluster_name=rf-idle"]
+    first = runner.run(
+        *FAKE, *name, "backend.keep_cluster=true", "backend.autostop_idle_minutes=1", *ONE_TRIAL
+    )
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    runner.kept = {"first": first, "name": name, "temp_dir": None}
+    yield runner
+    if runner.kept["temp_dir"] and pids_mentioning(runner.kept["temp_dir"]):
+        _cli(runner, "down", "rf-idle", "--force")  # never left running, whatever failed
+        pytest.fail("the idle kept cluster did not stop itself")
+
+
+def test_a_kept_cluster_is_listed_joined_by_name_and_its_job_log_read(idle_cluster):
+    """Kept: `status` lists it idle with its autostop counting down; a second run that names it
+    joins it; `logs` prints that run's job log (its results table, not rayflow's signed line)."""
+    runner = idle_cluster
+    assert "autostop: rf-idle stops itself after 1 idle minutes" in runner.kept["first"].stdout
+    row = _status(runner)["rf-idle"]
+    assert row["backend"] == "vm" and row["state"] == "idle" and row["autostop_idle_minutes"] == 1
+    assert 0 < row["autostop_in_s"] <= 60 and row["nodes"] >= 1 and row["jobs"] == 1
+    second = runner.run(*FAKE, *runner.kept["name"], *ONE_TRIAL)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    joined = re.search(r"joining the kept cluster rf-idle \((/\S+)\)", second.stdout)
+    assert joined and "starting a fake_multinode head" not in second.stdout
+    runner.kept["temp_dir"] = joined.group(1)
+    assert _status(runner)["rf-idle"]["jobs"] == 2
+    log = _cli(runner, "logs", "rf-idle")
+    assert log.returncode == 0 and "== rayflow results ==" in log.stdout, log.stderr[-2000:]
+    assert "[rayflow-result]" not in log.stdout
+    table = _cli(runner, "status").stdout.splitlines()
+    assert table[0].split() == [
+        "BACKEND",
+        "NAME",
+        "STATE",
+        "NODES",
+        "UP",
+        "IDLE",
+        "AUTOSTOP",
+        "NODE-SECONDS",
+        "JOBS",
+    ]
 
 
 class TestVM(LifecycleSuite, JobSubmissionSuite):
@@ -409,3 +494,18 @@ def test_the_vm_cluster_benchmark_runs_in_its_smoke_form(rayflow):
     assert positive(result["local_run_s"])
     # a smoke run waits for no autoscaling: those figures are left unmeasured, and say so
     assert result["scale_up_s"] is None and result["scale_down_after_idle_s"] is None, result
+
+
+def test_the_idle_kept_cluster_stopped_itself_with_no_client_alive(idle_cluster):
+    """Last in the module: a minute after its last job the watcher on the cluster tore it down;
+    no rayflow process of the test was alive meanwhile. `status` says it is gone, then forgets
+    it; its last job's log is still there, from MLflow."""
+    runner = idle_cluster
+    temp_dir = runner.kept["temp_dir"]
+    assert temp_dir, "the first test did not get as far as the join"
+    assert wait_until(lambda: not pids_mentioning(temp_dir), timeout=180)
+    rows = _status(runner)
+    assert rows["rf-idle"]["state"] == "gone", rows
+    assert "rf-idle" not in _status(runner)
+    log = _cli(runner, "logs", "rf-idle")
+    assert log.returncode == 0 and "== rayflow results ==" in log.stdout, log.stderr[-2000:]

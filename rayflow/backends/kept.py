@@ -1,12 +1,13 @@
 """The clusters rayflow started and kept (`backend.keep_cluster=true`): this user's registry.
 
-A kept cluster outlives the run that started it, so what a later command (`rayflow status`,
-`down`, `logs`, a run that names it) needs of it is written down when it is kept: a `KeptCluster`,
-plain fields built from the run's `ClusterHandle.record()`, one JSON file per cluster in this
-user's own folder (`~/.cache/rayflow/clusters`, 0700, refused when it is not this user's). Every
-read-modify-write holds the folder's lock (filelock, a bounded wait). A record says what was kept,
-not that it still runs: `rayflow status` asks the cluster (rayflow.orchestrator.clusters), and a
-cluster found gone is moved to `gone/`, where `rayflow logs` still finds its last job's log.
+A kept cluster outlives the run that started it, so what a later command (`rayflow status`, `down`,
+`logs`, a run that names it) needs of it is written down when it is kept: a `KeptCluster`, plain
+fields built from the run's `ClusterHandle.record()`, one JSON file per cluster in this user's own
+folder (`~/.cache/rayflow/clusters`, $XDG_CACHE_HOME's where set; 0700, refused when it is not this
+user's). Every read-modify-write holds the folder's lock (filelock, a bounded wait). A record says
+what was kept, not that it still runs: `rayflow status` asks the cluster
+(rayflow.orchestrator.clusters), and a cluster found gone is moved to `gone/`, where `rayflow logs`
+still finds its last job's log.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rayflow.errors import ClusterError
-from rayflow.security.auth import private_folder
+from rayflow.security.auth import cache_dir, private_folder
 from rayflow.security.redaction import redact
 
 LOCK_TIMEOUT_S = 30.0  # a registry write is a read and a write: another command holds it briefly
@@ -69,7 +70,7 @@ class KeptCluster:
 
 
 def folder() -> Path:
-    return private_folder(Path.home() / ".cache" / "rayflow" / "clusters")
+    return private_folder(cache_dir() / "clusters")
 
 
 def _path(key: str, gone: bool = False) -> Path:

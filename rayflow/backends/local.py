@@ -18,6 +18,7 @@ from rayflow.errors import ClusterError
 from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.progress import phase, shutdown_ray
 from rayflow.security.auth import (
+    cache_dir,
     is_loopback,
     private_folder,
     private_token_folder,
@@ -44,14 +45,14 @@ def free_dashboard_port(host: str, first: int = DASHBOARD_PORT, tries: int = 100
 
 def lock_dir() -> Path:
     """A folder for this user's locks that no one else can plant files in: $XDG_RUNTIME_DIR/rayflow,
-    else ~/.cache/rayflow/locks, else (a home that cannot be written) `rayflow-UID` in the temp
-    dir; each made 0700 and refused if it is a symlink or another user's. A fixed name in a shared
-    /tmp is anyone's: another user's file there crashed the run (PermissionError), or was
-    followed."""
+    else ~/.cache/rayflow/locks ($XDG_CACHE_HOME's where set), else (a home that cannot be written)
+    `rayflow-UID` in the temp dir; each made 0700 and refused if it is a symlink or another user's.
+    A fixed name in a shared /tmp is anyone's: another user's file there crashed the run
+    (PermissionError), or was followed."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     candidates = [Path(runtime) / "rayflow"] if runtime else []
     candidates += [
-        Path.home() / ".cache" / "rayflow" / "locks",
+        cache_dir() / "locks",
         Path(tempfile.gettempdir()) / f"rayflow-{os.getuid()}",
     ]
     for candidate in candidates[:-1]:

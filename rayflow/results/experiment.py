@@ -28,6 +28,7 @@ from pathlib import Path
 
 from rayflow.errors import ConfigError
 from rayflow.results import storage
+from rayflow.security.auth import cache_dir
 
 STATE_FILE = "rayflow.json"  # next to Tune's own state: the MLflow parent run, for resume
 # Held (flock) by the run that uses the experiment folder, for as long as it runs: a resume of it
@@ -37,7 +38,6 @@ STATE_FILE = "rayflow.json"  # next to Tune's own state: the MLflow parent run, 
 LOCK_FILE = ".rayflow.lock"
 LEASE_S, LEASE_RENEW_S = 90.0, 20.0
 SUFFIXES_MAX = 1000  # `-1` ... `-999` after an experiment_name whose folder exists
-MIRRORS = "~/.cache/rayflow/mirror"  # object-store experiments' local mirrors, this user's only
 
 
 def _is_checkpoint_file(relative: str) -> bool:
@@ -65,7 +65,8 @@ class Experiment:
         if not self.remote:
             return Path(self.location)
         digest = hashlib.sha256(self.location.encode()).hexdigest()[:16]
-        return Path(MIRRORS).expanduser() / digest / self.name
+        # object-store experiments' local mirrors, this user's only
+        return cache_dir() / "mirror" / digest / self.name
 
     def __str__(self) -> str:
         return self.location

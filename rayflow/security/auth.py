@@ -86,6 +86,14 @@ def ensure_token() -> None:
     secure_token_file()
 
 
+def cache_dir() -> Path:
+    """This user's cache of rayflow's (kept clusters, vm cluster names, experiment mirrors,
+    locks): $XDG_CACHE_HOME/rayflow, else ~/.cache/rayflow. Each folder in it is made private by
+    `private_folder` where it is used."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base and os.path.isabs(base) else Path.home() / ".cache") / "rayflow"
+
+
 def private_folder(path: Path) -> Path:
     """`path` as a folder only this user can enter: made 0700 if missing, tightened if this
     user's and open, refused (ClusterError) if it is a symlink, not a folder, or another user's,

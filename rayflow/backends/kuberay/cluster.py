@@ -26,6 +26,7 @@ import yaml
 
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
+from rayflow.backends.kept import KeptCluster
 from rayflow.backends.kuberay import checks as kuberay_checks
 from rayflow.backends.kuberay import manifest as kuberay_manifest
 from rayflow.backends.kuberay import resources as kuberay_resources
@@ -39,6 +40,7 @@ DASHBOARD_PORT = 8265  # the head container's port named `dashboard`
 MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "rayflow.io/run"  # the run that created the object: the only one that deletes it
 KEPT_LABEL = "rayflow.io/keep"  # "true": created with backend.keep_cluster=true, open to later runs
+REACH_TIMEOUT_S = 30.0  # a status or logs call waits this long for a kept cluster's head
 
 
 @dataclass
@@ -94,6 +96,7 @@ class _Applied:
 
 class KubeRayCluster(ClusterBackend):
     submits_jobs = True
+    keeps_clusters = True
 
     @property
     def keeps_cluster(self) -> bool:
@@ -217,6 +220,7 @@ class KubeRayCluster(ClusterBackend):
             kept=self.keeps_cluster,
             teardown_command=self.teardown_command(manifest),
         )
+        handle.where = _where(manifest)
         with handle.unwound_on_error():
             kube = Kube(manifest["metadata"]["namespace"], s.kubeconfig, s.context)
             handle.on_stop("close the Kubernetes client", kube.close)
@@ -229,6 +233,46 @@ class KubeRayCluster(ClusterBackend):
                 on_submitted=self._job_submitted(applied),
             )
         return handle
+
+    # --- a kept cluster, from its record alone (rayflow status, down, logs) ------------------
+
+    def _kept_object(self, kept: KeptCluster) -> tuple[_Applied, dict[str, Any] | None]:
+        """The kept object as it is now (None: gone, being deleted, or another run's since), with
+        a client whose closing is the handle's first undo step."""
+        from rayflow.backends.kuberay.kube import Kube
+
+        where = kept.where
+        handle = ClusterHandle(self.name, name=kept.name, owner_run=kept.owner_run, kept=True)
+        kube = Kube(where["namespace"], self.section.kubeconfig, self.section.context)
+        handle.on_stop("close the Kubernetes client", kube.close)
+        metadata = {"name": where["object"], "namespace": where["namespace"]}
+        manifest: dict[str, Any] = {"kind": where["kind"], "metadata": metadata}
+        run = _Applied(handle, kept.owner_run, manifest, kube, joined=True)
+        with handle.unwound_on_error():
+            current = kube.get(where["kind"], where["object"])
+        meta = (current or {}).get("metadata") or {}
+        mine = (meta.get("labels") or {}).get(RUN_LABEL) == kept.owner_run
+        return run, current if mine and not meta.get("deletionTimestamp") else None
+
+    def reach(self, kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
+        run, current = self._kept_object(kept)
+        if current is None:
+            run.handle.unwind()
+            return None
+        run.manifest = current
+        with run.handle.unwound_on_error():
+            run.handle.address = self._reach(run, timeout_s=REACH_TIMEOUT_S)
+            run.handle.submission = Submission(headers=run.headers())
+        return run.handle
+
+    def down(self, kept: KeptCluster) -> None:
+        run, current = self._kept_object(kept)
+        try:
+            if current is not None:
+                run.manifest = current
+                self._delete(run)
+        finally:
+            run.handle.unwind()
 
     def _apply_or_join(self, run: _Applied) -> None:
         existing = run.kube.get(run.kind, run.object_name)
@@ -258,17 +302,18 @@ class KubeRayCluster(ClusterBackend):
         if existing is not None:
             self._join(run, existing)
 
-    def _reach(self, run: _Applied) -> str:
-        """Wait for the head, read its Ray token, and reach its dashboard through the relay: its
-        URL."""
+    def _reach(self, run: _Applied, timeout_s: float | None = None) -> str:
+        """Wait for the head (up to backend.start_timeout_s, or `timeout_s`), read its Ray token,
+        and reach its dashboard through the relay: its URL."""
         s = self.section
-        deadline = time.monotonic() + float(s.start_timeout_s)
+        timeout = float(timeout_s if timeout_s is not None else s.start_timeout_s)
+        deadline = time.monotonic() + timeout
         with phase(f"waiting for the head pod of {run.where} (HeadPodReady)", "kuberay") as step:
             head = wait_for_head(
                 run.kube,
                 run.cluster_name,
-                float(s.start_timeout_s),
-                float(s.schedule_grace_s),
+                timeout,
+                min(timeout, float(s.schedule_grace_s)),
                 step=step,
             )
             step.done(f"head pod {head['metadata']['name']} ready")
@@ -288,6 +333,7 @@ class KubeRayCluster(ClusterBackend):
             step.done(f"dashboard of {cluster} reachable through {self._access()}")
         return str(url)
 
+    @staticmethod
     @staticmethod
     def _job_submitted(run: _Applied) -> Callable[[str], None] | None:
         """A RayJob in InteractiveMode learns its job from spec.jobId and tracks it from then on."""
@@ -326,19 +372,20 @@ class KubeRayCluster(ClusterBackend):
                 f"({RUN_LABEL}={labels.get(RUN_LABEL, '?')}), which deletes it when it ends: "
                 f"choose another backend.cluster_name (if that run is gone: {delete})",
             )
-        if not self.section.keep_cluster:
-            why = (
-                "was kept by an earlier rayflow run"
-                if rayflows
-                else "exists and rayflow did not make it"
-            )
+        # a cluster a rayflow run kept is joined by naming it; one rayflow did not make only
+        # when the run says it leaves it running
+        if not rayflows and not self.section.keep_cluster:
             raise ConfigError(
                 "backend.keep_cluster",
-                f"{run.where} {why}: to run on it as it is, set backend.keep_cluster=true "
-                f"(rayflow then leaves it running); else choose another backend.cluster_name",
+                f"{run.where} exists and rayflow did not make it: to run on it as it is, set "
+                "backend.keep_cluster=true (rayflow then leaves it running); else choose another "
+                "backend.cluster_name",
             )
         run.manifest, run.joined = existing, True  # its auth decides how the dashboard is reached
-        run.handle.kept, run.handle.teardown_command = True, None
+        run.handle.kept = run.handle.joined = True
+        run.handle.teardown_command = None
+        if rayflows:  # its record (rayflow status) is the run's that kept it
+            run.handle.owner_run = labels.get(RUN_LABEL) or run.handle.owner_run
         print(
             f"[rayflow] kuberay: reusing the existing {run.where} as it is (delete it to apply a "
             "changed spec); "
@@ -471,6 +518,13 @@ class KubeRayCluster(ClusterBackend):
                     + ", ".join(p["metadata"]["name"] for p in pods[:5])
                 )
             time.sleep(1.0)
+
+
+def _where(manifest: dict[str, Any]) -> dict[str, str]:
+    """What a kept cluster's record holds of it: the object, never a credential (the kubeconfig
+    and context are in the backend section it is rebuilt from)."""
+    meta = manifest["metadata"]
+    return {"kind": manifest["kind"], "namespace": meta["namespace"], "object": meta["name"]}
 
 
 def _token_secret(run: _Applied, cluster: str) -> tuple[str, str] | None:

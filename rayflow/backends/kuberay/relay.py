@@ -60,7 +60,8 @@ HTTP_SILENCE_S = 60  # an upstream that says nothing this long on an HTTP reques
 
 # What Ray 2.60's JobSubmissionClient calls (ray/dashboard/modules/job/sdk.py and
 # dashboard_sdk.py), by method: the version check, submit/list, one job's info, stop, delete,
-# logs and the logs' WebSocket tail, and the runtime_env package upload. Nothing else is relayed.
+# logs and the logs' WebSocket tail, and the runtime_env package upload; and three reads of the
+# cluster's activity. Nothing else is relayed.
 _NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
 JOBS_API = (
     ({"GET"}, re.compile(r"/api/version")),
@@ -69,6 +70,10 @@ JOBS_API = (
     ({"POST"}, re.compile(rf"/api/jobs/{_NAME}/stop")),
     ({"GET"}, re.compile(rf"/api/jobs/{_NAME}/logs(/tail)?")),
     ({"GET", "PUT"}, re.compile(rf"/api/packages/[a-z0-9]+/{_NAME}")),
+    # and what `rayflow status` reads of a kept cluster (rayflow.runtime.activity), read-only
+    ({"GET"}, re.compile(r"/api/component_activities")),
+    ({"GET"}, re.compile(r"/api/cluster_status")),
+    ({"GET"}, re.compile(r"/api/v0/nodes")),
 )
 
 

@@ -2,13 +2,14 @@
 hold.
 
 A cluster is found again by its name only through this user's own state folder
-(`~/.cache/rayflow/vm`, 0700, checked to be this user's, never a shared /tmp path): `NAME.json`
-records the run that started the cluster (`owner_run`), whether it was kept (`keep_cluster=true`),
-the run that holds it now (`holder`: run id, pid and the process's start time, so a reused pid
-is not mistaken for it) and how to reach and stop it. Claims go through `NAME.lock` (filelock,
-a bounded wait): a run either claims the name for a cluster it starts, joins a kept cluster that
-no live run holds, or is refused in one line naming backend.cluster_name. A run tears down only
-a cluster it started and did not keep; at its end it lets go of the name (`release`).
+(`~/.cache/rayflow/vm`, or under $XDG_CACHE_HOME; 0700, checked to be this user's, never a shared
+/tmp path): `NAME.json` records the run that started the cluster (`owner_run`), whether it was kept
+(`keep_cluster=true`), the run that holds it now (`holder`: run id, pid and the process's start
+time, so a reused pid is not mistaken for it) and how to reach and stop it. Claims go through
+`NAME.lock` (filelock, a bounded wait): a run either claims the name for a cluster it starts, joins
+a kept cluster that no live run holds, or is refused in one line naming backend.cluster_name. A run
+tears down only a cluster it started and did not keep; at its end it lets go of the name
+(`release`).
 
 Names are validated (rayflow.backends.vm.keys.cluster_name_problem) before they name a file here.
 """
@@ -27,6 +28,7 @@ import psutil
 
 from rayflow.backends.vm.keys import cluster_name_problem
 from rayflow.errors import ClusterError, ConfigError
+from rayflow.security.auth import cache_dir
 from rayflow.security.redaction import redact
 
 KEY = "backend.cluster_name"
@@ -35,7 +37,7 @@ LOCK_TIMEOUT_S = 30.0  # a claim is a read and a write: another run holds the lo
 
 def state_dir() -> Path:
     """This user's own folder for cluster state, 0700; refused when it is not this user's."""
-    root = Path.home() / ".cache" / "rayflow" / "vm"
+    root = cache_dir() / "vm"
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     for folder in (root.parent, root):
         info = folder.lstat()
@@ -190,7 +192,7 @@ def release(name: str, run_id: str) -> None:
 
 def forget(stop_path: str) -> None:
     """`python -m rayflow.teardown PATH` stopped a cluster: drop the records that name PATH."""
-    folder = Path.home() / ".cache" / "rayflow" / "vm"
+    folder = cache_dir() / "vm"
     for path in folder.glob("*.json") if folder.is_dir() else []:
         try:
             state = json.loads(path.read_text())
