@@ -9,6 +9,7 @@ name, a cluster in use without --force), one line naming what was wrong.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -82,15 +83,22 @@ def main(argv: list[str]) -> None:
     from rayflow.orchestrator import clusters
 
     args = _parser().parse_args(argv)
+    # What Ray's launcher prints while a cluster is reached (its SSH settings bootstrapped) goes
+    # to stderr: stdout is the answer alone (`status --json` feeds scripts).
+    quiet = contextlib.redirect_stdout(sys.stderr)
     try:
         if args.command == "status":
-            rows = clusters.clusters()
+            with quiet:
+                rows = clusters.clusters()
             print(json.dumps([r.as_dict() for r in rows]) if args.json else table(rows))
         elif args.command == "down":
-            for name in clusters.down(None if args.all else args.name, force=args.force):
+            with quiet:
+                done = clusters.down(None if args.all else args.name, force=args.force)
+            for name in done:
                 print(f"[rayflow] {name}: torn down")
         else:
-            text = clusters.logs(args.name, args.job, args.follow)
+            with contextlib.nullcontext() if args.follow else quiet:
+                text = clusters.logs(args.name, args.job, args.follow)
             sys.stdout.write(text)
     except ConfigError as err:
         _fail(err, 2)

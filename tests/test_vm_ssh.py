@@ -45,31 +45,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Hosts 0-2 for the runs that bring their cluster up and down (a head and two workers, so a trial
+# whose worker is lost has another to go on); hosts 3-4 for the cluster kept meanwhile.
+RUN_HOSTS, KEPT_HOSTS = (0, 1, 2), (3, 4)
+
+
 @pytest.fixture(scope="module")
 def made_hosts():
-    """Three hosts for the module's runs (each run brings its cluster up and down on them): a
-    head and two workers, so a trial whose worker is lost has another to go on."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    with SshHosts(3) as made:
+    with SshHosts(5) as made:
         yield made
     assert not made.leftovers()  # no namespace, link, process or folder of the hosts
+
+
+def _ray_in(made_hosts, hosts: tuple[int, ...]) -> dict[int, str]:
+    """Ray's processes in those hosts (the hosts' sshd sessions of user `rayhost` are not Ray)."""
+    marks = ("raylet", "gcs_server", "site-packages/ray/", "ray::", "ray start")
+    return {
+        pid: cmd
+        for i in hosts
+        for pid, cmd in made_hosts.pids_in_host(i).items()
+        if any(mark in cmd for mark in marks)
+    }
 
 
 @pytest.fixture
 def hosts(made_hosts):
     yield made_hosts
-    # Ray's processes (the hosts' sshd sessions of user `rayhost` are not Ray)
-    left = {
-        pid: cmd
-        for i in range(made_hosts.n)
-        for pid, cmd in made_hosts.pids_in_host(i).items()
-        if any(
-            mark in cmd
-            for mark in ("raylet", "gcs_server", "site-packages/ray/", "ray::", "ray start")
-        )
-    }
+    left = _ray_in(made_hosts, RUN_HOSTS)
     assert not left, f"Ray left in a host: {left}"
 
 
@@ -97,7 +102,7 @@ def s3(hosts):
 
 
 def _cluster(hosts) -> list[str]:
-    head, *workers = hosts.ips
+    head, *workers = [hosts.ips[i] for i in RUN_HOSTS]
     return [
         sys.executable,
         "-m",
@@ -189,7 +194,7 @@ def _a_trial(cmdline: str) -> bool:
 def _nothing_kept_on_the_hosts(hosts) -> None:
     """The hosts are separate machines: no experiment folder in their results folders, and no
     checkpoint file anywhere on their own disks (their homes, their /tmp with Ray's sessions)."""
-    for ip in hosts.ips:
+    for ip in [hosts.ips[i] for i in RUN_HOSTS]:
         found = hosts.ssh(
             ip,
             "ls -A ~/ray_results 2>/dev/null; find ~ /tmp -path '*checkpoint_0*' -type f "
@@ -197,6 +202,84 @@ def _nothing_kept_on_the_hosts(hosts) -> None:
             timeout=30,
         )
         assert found.stdout.strip() == "", (ip, found.stdout)
+
+
+def _clusters_cli(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rayflow", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def kept_ssh(made_hosts, tmp_path_factory):
+    """A cluster on hosts 3-4 kept with a one-minute autostop by a run that has ended (the
+    launcher's HOME holds its record). The first test looks at it; the module's other tests run
+    on hosts 0-2 while it idles; the last finds it stopped by the watcher on its head."""
+    work = tmp_path_factory.mktemp("kept-ssh")
+    shared = Path(tempfile.mkdtemp(prefix="rf-kept-", dir="/var/tmp"))
+    shared.chmod(0o777)  # every host sees /var/tmp's folder: an NFS mount to them
+    (work / "objective.py").write_text("def objective(config):\n    return {'loss': 0.5}\n")
+    head, worker = (made_hosts.ips[i] for i in KEPT_HOSTS)
+    env = made_hosts.launcher_env()
+    run = [
+        sys.executable,
+        "-m",
+        "rayflow",
+        "backend=vm",
+        "backend.provider=local",
+        f"backend.head_ip={head}",
+        f"backend.worker_ips=[{worker}]",
+        f"backend.ssh_user={made_hosts.user}",
+        f"backend.ssh_private_key={made_hosts.key_path}",
+        "backend.min_worker_nodes=1",
+        "backend.max_worker_nodes=1",
+        "backend.worker.cpu.num_cpus=1",
+        "backend.cluster_name=rf-ssh-kept",
+        "ray_auth_mode=token",
+        "workload=tune",
+        "workload.trainable=objective:objective",
+        "workload.metric=loss",
+        "workload.mode=min",
+        "tracking=none",
+        f"storage_path={shared}",
+        "storage_shared=true",
+    ]
+    first = subprocess.run(
+        [*run, "backend.keep_cluster=true", "backend.autostop_idle_minutes=1"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    try:
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        yield {"env": env, "work": work, "run": run, "first": first}
+    finally:
+        if _ray_in(made_hosts, KEPT_HOSTS):  # never left running, whatever failed
+            _clusters_cli(env, work, "down", "rf-ssh-kept", "--force")
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_kept_cluster_on_ssh_hosts_is_listed_joined_by_name_and_logged(kept_ssh):
+    env, work = kept_ssh["env"], kept_ssh["work"]
+    assert "autostop: rf-ssh-kept stops itself after 1 idle minutes" in kept_ssh["first"].stdout
+    second = subprocess.run(
+        kept_ssh["run"], cwd=work, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "joining the kept cluster rf-ssh-kept" in second.stdout + second.stderr
+    out = _clusters_cli(env, work, "status", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    [row] = [r for r in json.loads(out.stdout) if r["name"] == "rf-ssh-kept"]
+    assert row["state"] == "idle" and row["jobs"] == 2 and row["nodes"] == 2, row
+    log = _clusters_cli(env, work, "logs", "rf-ssh-kept")
+    assert log.returncode == 0 and "== rayflow results ==" in log.stdout, log.stderr[-2000:]
 
 
 def test_separate_machines_keep_the_experiment_in_a_bucket_it_outlives_the_cluster_and_a_lost_node(
@@ -208,7 +291,7 @@ def test_separate_machines_keep_the_experiment_in_a_bucket_it_outlives_the_clust
     bucket, is interrupted, the cluster goes, and `resume=` as printed continues it on a new
     cluster from the bucket; meanwhile the raylet of a worker host running a trial is killed, and
     its trial restarts from its last checkpoint."""
-    head, *workers = hosts.ips
+    head, *workers = [hosts.ips[i] for i in RUN_HOSTS]
     env = {**hosts.launcher_env(), **s3.env()}  # its own HOME: a token made for this cluster
     env.pop("MLFLOW_TRACKING_URI", None)
     cluster = _cluster(hosts)
@@ -427,3 +510,16 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shar
     [result] = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
     ips = {json.loads(line)["node_ip"] for line in result.read_text().splitlines() if line.strip()}
     assert ips == {worker}  # the head has 0 CPUs: the trial ran on the worker host
+
+
+def test_the_kept_cluster_on_ssh_hosts_stopped_itself(kept_ssh, made_hosts):
+    """Last in the module: its head's watcher ran `ray stop` on the worker host over SSH and
+    then on itself, with no rayflow process of the test alive; `status` says it is gone."""
+    assert wait_until(lambda: not _ray_in(made_hosts, KEPT_HOSTS), timeout=240), _ray_in(
+        made_hosts, KEPT_HOSTS
+    )
+    out = _clusters_cli(kept_ssh["env"], kept_ssh["work"], "status", "--json")
+    assert [(r["name"], r["state"]) for r in json.loads(out.stdout)] == [("rf-ssh-kept", "gone")]
+    assert _clusters_cli(kept_ssh["env"], kept_ssh["work"], "status").stdout.strip() == (
+        "no kept clusters"
+    )
