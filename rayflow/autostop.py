@@ -12,7 +12,9 @@ Every POLL_S it asks the head's own dashboard on loopback whether the cluster is
 - `ssh_hosts` (vm SSH hosts): `ray stop` on each worker host over SSH, then on the head, from the
   config and key Ray's launcher left on the head;
 - `node_provider` (vm aws/gcp): the cluster's nodes terminated through Ray's node provider, with
-  the head's own instance role or service account.
+  the head's own instance role or service account;
+- `raycluster` (kuberay): the RayCluster deleted through the Kubernetes API as the head pod's
+  service account, whose Role allows that one object (rayflow.backends.kuberay.autostop).
 
 The spec comes in the environment (RAYFLOW_AUTOSTOP, JSON), never on the command line, which names
 only the cluster (so `rayflow down` of a fake cluster finds the watcher among its processes).
@@ -107,10 +109,46 @@ def _stop_node_provider(spec: dict[str, Any]) -> None:
         provider.terminate_nodes(sorted(heads))
 
 
+# Where Kubernetes mounts a pod's service account (its token, the API server's CA)
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def _delete_raycluster(spec: dict[str, Any]) -> None:
+    """DELETE this RayCluster (by uid) as the head pod's service account, the way in-cluster
+    clients reach the API server; its Role allows exactly that."""
+    import ssl
+    import urllib.request
+
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+    host = f"[{host}]" if ":" in host else host
+    url = (
+        f"https://{host}:{port}/apis/ray.io/v1/namespaces/{spec['namespace']}"
+        f"/rayclusters/{spec['name']}"
+    )
+    options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+    options.update(propagationPolicy="Background", preconditions={"uid": spec["uid"]})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(options).encode(),
+        method="DELETE",
+        headers={
+            "Authorization": f"Bearer {(SERVICE_ACCOUNT / 'token').read_text().strip()}",
+            "Content-Type": "application/json",
+        },
+    )
+    context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+            print(f"[autostop] deleted RayCluster {spec['name']} ({answer.status})", flush=True)
+    except urllib.error.HTTPError as err:  # 404: gone already; 409: another of the name
+        print(f"[autostop] the API server answered {err.code}: {err.read()[:300]!r}", flush=True)
+
+
 TEARDOWNS = {
     "processes": _stop_processes,
     "ssh_hosts": _stop_ssh_hosts,
     "node_provider": _stop_node_provider,
+    "raycluster": _delete_raycluster,
 }
 
 

@@ -27,6 +27,7 @@ from rayflow.errors import ClusterError
 from rayflow.security.auth import cache_dir, private_folder
 from rayflow.security.redaction import redact
 
+KEPT_DEFAULT_MINUTES = 60.0  # a kept cluster's autostop unless the run says otherwise
 LOCK_TIMEOUT_S = 30.0  # a registry write is a read and a write: another command holds it briefly
 # a record's file name is built from these only (a kept cluster's names are validated by its
 # backend; this keeps a hand-edited record from naming a path)
@@ -67,6 +68,17 @@ class KeptCluster:
         data = json.loads(text)
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def autostop_minutes(section: Any, kept: bool) -> float | None:
+    """The autostop a cluster of this `backend:` section gets (backend.autostop_idle_minutes):
+    minutes, or None (never). Null means KEPT_DEFAULT_MINUTES for a kept cluster and never for
+    one its run tears down itself (a watcher there only matters should the run's process die
+    first, which setting it asks for); 0 means never."""
+    minutes = section.get("autostop_idle_minutes")
+    if minutes is None:
+        return KEPT_DEFAULT_MINUTES if kept else None
+    return float(minutes) or None
 
 
 def folder() -> Path:

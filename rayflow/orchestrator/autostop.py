@@ -1,9 +1,9 @@
 """Arming a cluster's autostop: the watcher (rayflow.autostop) submitted to the cluster as a Ray Job
 of its own, right after the cluster started, so it runs there whether or not this process lives.
 
-`backend.autostop_idle_minutes`: null means 60 for a kept cluster and never for one the run tears
-down itself (its watcher then only matters should this process die first, which the user asked
-for by setting it); 0 means never. A joined cluster keeps the watcher its first run armed.
+How many minutes: rayflow.backends.kept.autostop_minutes (backend.autostop_idle_minutes). How the
+cluster stops itself: its handle's `autostop` (the backend's say; None where it cannot). A joined
+cluster keeps the watcher its first run armed.
 """
 
 from __future__ import annotations
@@ -13,22 +13,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from rayflow.backends import ClusterHandle
 from rayflow.errors import JobError
 from rayflow.orchestrator.submission import _client, _submitted, stage_package, submission
 from rayflow.runtime.activity import WATCHER_PREFIX
-
-KEPT_DEFAULT_MINUTES = 60.0
-
-
-def idle_minutes(section: DictConfig, kept: bool) -> float | None:
-    """The autostop a cluster of this section gets: minutes, or None (never)."""
-    minutes = section.get("autostop_idle_minutes")
-    if minutes is None:
-        return KEPT_DEFAULT_MINUTES if kept else None
-    return float(minutes) or None
 
 
 def arm(handle: ClusterHandle, minutes: float) -> str:

@@ -36,12 +36,13 @@ def cluster_key(cfg: DictConfig) -> str:
 
 
 def spec_text(backend: ClusterBackend, preload: WorkerPreload | None = None) -> str:
-    """The cluster spec the backend starts or joins, as YAML, secrets masked (printed, logged)."""
+    """The cluster spec the backend starts or joins, as YAML, secrets masked (printed, logged):
+    one document, or several where the backend applies more than one object (a RayCluster and
+    what lets it stop itself)."""
     import yaml
 
-    return yaml.safe_dump(
-        redact(yaml.safe_load(backend.render(preload).text) or {}), sort_keys=False
-    )
+    documents = [redact(d or {}) for d in yaml.safe_load_all(backend.render(preload).text)]
+    return yaml.safe_dump_all(documents or [{}], sort_keys=False)
 
 
 @contextlib.contextmanager
@@ -56,11 +57,12 @@ def running(
         handle = backend.start(preload)  # a start that fails stops what it had started, then raises
         handle.start_seconds = time.monotonic() - started
         handle.metrics.setdefault("cluster_start_s", handle.start_seconds)
-        if backend.submits_jobs:  # its autostop armed, a kept one recorded
-            from rayflow.orchestrator.clusters import kept_started
+        # its autostop armed, a kept one recorded (nothing for a cluster neither kept nor
+        # autostopped; a cluster kept in this process, spark's, has its idle timer there)
+        from rayflow.orchestrator.clusters import kept_started
 
-            with handle.unwound_on_error():
-                kept_started(backend, handle)
+        with handle.unwound_on_error():
+            kept_started(backend, handle)
         # ray.init installs a C++ SIGTERM handler that aborts the driver without clean-up: take
         # the signal back
         terminations.catch()

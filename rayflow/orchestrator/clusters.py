@@ -20,7 +20,7 @@ from rayflow.backends import ClusterBackend, ClusterHandle, backend_of
 from rayflow.backends import kept as registry
 from rayflow.backends.kept import KeptCluster
 from rayflow.errors import ClusterError, ConfigError
-from rayflow.orchestrator.autostop import arm_or_warn, idle_minutes
+from rayflow.orchestrator.autostop import arm_or_warn
 from rayflow.runtime.activity import Activity, activity
 from rayflow.schema.values import to_container
 from rayflow.security.auth import auth_token
@@ -52,7 +52,7 @@ class ClusterStatus:
 def kept_started(backend: ClusterBackend, handle: ClusterHandle) -> None:
     """A cluster a run started or joined: its autostop armed (a new one only) and, when it is
     kept, its record written, so it can be seen and stopped once the run is gone."""
-    minutes = idle_minutes(backend.section, handle.kept)
+    minutes = registry.autostop_minutes(backend.section, handle.kept)
     arm_or_warn(handle, minutes)
     if not (handle.kept and backend.keeps_clusters and handle.name and handle.owner_run):
         return

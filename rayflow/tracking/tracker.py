@@ -274,9 +274,9 @@ class Tracker:
         self.run_id = client.create_run(self.experiment_id, tags=redact(all_tags)).info.run_id
         self.log_params(to_container(cfg))
         client.log_text(self.run_id, safe_yaml(cfg), "config.yaml")
-        spec = yaml.safe_load(spec_yaml) if spec_yaml.strip() else {}
+        specs = [redact(d or {}) for d in yaml.safe_load_all(spec_yaml)] or [{}]
         client.log_text(
-            self.run_id, yaml.safe_dump(redact(spec), sort_keys=False), "cluster/spec.yaml"
+            self.run_id, yaml.safe_dump_all(specs, sort_keys=False), "cluster/spec.yaml"
         )
 
     def log_params(self, config: dict) -> None:

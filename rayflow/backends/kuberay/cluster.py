@@ -26,7 +26,8 @@ import yaml
 
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
-from rayflow.backends.kept import KeptCluster
+from rayflow.backends.kept import KeptCluster, autostop_minutes
+from rayflow.backends.kuberay import autostop as kuberay_autostop
 from rayflow.backends.kuberay import checks as kuberay_checks
 from rayflow.backends.kuberay import manifest as kuberay_manifest
 from rayflow.backends.kuberay import resources as kuberay_resources
@@ -123,19 +124,31 @@ class KubeRayCluster(ClusterBackend):
         )
 
     def manifest(self, labels: dict[str, str] | None = None) -> dict[str, Any]:
-        """The one object rayflow applies (RayCluster or RayJob)."""
+        """The one object rayflow applies (RayCluster or RayJob); a RayCluster that stops itself
+        runs its head as the account its autostop deletes it with."""
         import ray
 
         if self.user_manifest():
-            return self._user_render(labels or {})[0]
-        return kuberay_manifest.render(
-            self.section,
-            self.gpu(),
-            self.auth_mode,
-            ray.__version__,
-            f"{sys.version_info.major}.{sys.version_info.minor}",
-            labels or {},
-        )
+            manifest = self._user_render(labels or {})[0]
+        else:
+            manifest = kuberay_manifest.render(
+                self.section,
+                self.gpu(),
+                self.auth_mode,
+                ray.__version__,
+                f"{sys.version_info.major}.{sys.version_info.minor}",
+                labels or {},
+            )
+        return self._autostop_account(manifest)[0]
+
+    def _autostop_account(self, manifest: dict[str, Any]) -> tuple[dict[str, Any], list[dict]]:
+        """The manifest as it is applied, and the RBAC objects that let its cluster delete
+        itself once idle (none where it does not: a RayJob, autostop off)."""
+        minutes = autostop_minutes(self.section, self.keeps_cluster)
+        if manifest["kind"] != "RayCluster" or minutes is None:
+            return manifest, []
+        manifest, account, make = kuberay_autostop.with_service_account(manifest)
+        return manifest, kuberay_autostop.rbac(manifest, account, make)
 
     def check(self) -> None:
         import ray
@@ -163,9 +176,11 @@ class KubeRayCluster(ClusterBackend):
     def render(self, preload: WorkerPreload | None = None) -> Rendered:
         """Exactly the object applied, so `dry_run=true | kubectl apply -f -` takes it (no token in
         it)."""
-        # its notes name each literal secret with the Kubernetes Secret that should hold it
+        # its notes name each literal secret with the Kubernetes Secret that should hold it;
+        # the RBAC of its autostop follows it, as the documents `kubectl apply -f -` takes
+        manifest, rbac = self._autostop_account(self.manifest())
         return Rendered(
-            yaml.safe_dump(self.manifest(), sort_keys=False), self.notes, secrets_noted=True
+            yaml.safe_dump_all([manifest, *rbac], sort_keys=False), self.notes, secrets_noted=True
         )
 
     def teardown_command(self, manifest: dict[str, Any] | None = None) -> str | None:
@@ -292,6 +307,8 @@ class KubeRayCluster(ClusterBackend):
                     if created is not None
                     else f"{run.where} was made by someone else meanwhile"
                 )
+            if created is not None:
+                self._allow_autostop(run, created)
             if created is None:
                 existing = run.kube.get(run.kind, run.object_name)
                 if existing is None:
@@ -301,6 +318,18 @@ class KubeRayCluster(ClusterBackend):
                     )
         if existing is not None:
             self._join(run, existing)
+
+    def _allow_autostop(self, run: _Applied, created: dict[str, Any]) -> None:
+        """The RBAC that lets the RayCluster just created delete itself, owned by it; its
+        watcher's spec on the handle (rayflow.orchestrator.autostop arms it)."""
+        rbac = self._autostop_account(run.manifest)[1]
+        if not rbac:
+            return
+        with phase(f"letting {run.where} delete itself once idle (RBAC)", "kuberay") as step:
+            for obj in kuberay_autostop.owned_by(rbac, created):
+                run.kube.create_object(obj)
+            step.done(f"{run.where} may delete itself: Role {rbac[-1]['metadata']['name']}")
+        run.handle.autostop = kuberay_autostop.watcher_spec(created)
 
     def _reach(self, run: _Applied, timeout_s: float | None = None) -> str:
         """Wait for the head (up to backend.start_timeout_s, or `timeout_s`), read its Ray token,

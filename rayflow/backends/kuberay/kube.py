@@ -180,6 +180,27 @@ class Kube:
 
     # --- core objects -------------------------------------------------------------------------
 
+    def create_object(self, obj: dict) -> bool:
+        """Create a ServiceAccount, Role or RoleBinding; False when one of the name exists (it
+        is left as it is)."""
+        from kubernetes import client
+
+        rbac = client.RbacAuthorizationV1Api(self.api_client)
+        create = {
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Role": rbac.create_namespaced_role,
+            "RoleBinding": rbac.create_namespaced_role_binding,
+        }[obj["kind"]]
+        made = self._call(
+            f"create {obj['kind']} {self.namespace}/{obj['metadata']['name']}",
+            create,
+            self.namespace,
+            obj,
+            field_manager=FIELD_MANAGER,
+            conflict_ok=True,
+        )
+        return made is not None
+
     def pods(self, label_selector: str) -> list[dict]:
         listed = self._call(
             "list pods",
