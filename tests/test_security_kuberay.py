@@ -206,6 +206,16 @@ def kube_world():
             yield emulator, upstream
 
 
+# Kept, without autostop: these tests are about who owns what (autostop: tests/test_kuberay.py)
+KEEP = ("backend.keep_cluster=true", "backend.autostop_idle_minutes=0")
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """The kept clusters' registry of the test's own ($XDG_CACHE_HOME)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 def running(backend):
     from rayflow.orchestrator.cluster import running as cluster_running
 
@@ -285,28 +295,29 @@ def test_a_run_that_loses_the_race_to_create_refuses_and_deletes_nothing(
     assert emulator.get("rayclusters", "default", "rayflow") is None
 
 
-def test_a_kept_cluster_is_joined_only_with_keep_cluster_and_never_deleted_by_the_joiner(
-    kube_world,
-):
-    from rayflow.errors import ConfigError
+def test_a_kept_cluster_is_joined_by_name_and_never_deleted_by_the_joiner(kube_world):
+    """A run that names a cluster a rayflow run kept joins it (it need not keep it itself) and
+    leaves it running; the kept cluster's record stays its first run's."""
+    from rayflow.backends import kept
 
     emulator, _ = kube_world
-    with running(backend(emulator, "backend.keep_cluster=true")) as keeper:
+    with running(backend(emulator, *KEEP)) as keeper:
         pass
     assert (
         labels_of(emulator)["rayflow.io/keep"] == "true"
         and labels_of(emulator)["rayflow.io/run"] == keeper.owner_run
     )
-    with pytest.raises(ConfigError) as refused:
-        running(backend(emulator)).__enter__()
-    assert (
-        refused.value.key == "backend.keep_cluster"
-        and "was kept by an earlier rayflow run" in str(refused.value)
-    )
-    with running(backend(emulator, "backend.keep_cluster=true")) as joiner:
-        assert joiner.address.startswith("http://127.0.0.1:")
+    with running(backend(emulator)) as joiner:
+        assert joiner.address.startswith("http://127.0.0.1:") and joiner.joined
+        assert joiner.owner_run == keeper.owner_run
     # joined as it was, left running
     assert labels_of(emulator)["rayflow.io/run"] == keeper.owner_run
+    [record] = kept.records()
+    assert (record.backend, record.name, record.owner_run) == (
+        "kuberay",
+        "rayflow",
+        keeper.owner_run,
+    )
     emulator.delete("rayclusters", "default", "rayflow")
 
 
@@ -324,7 +335,7 @@ def test_a_raycluster_rayflow_did_not_make_is_joined_only_with_keep_cluster_and_
         match="exists and rayflow did not make it: to run on it as it is, set backend.keep_cluster=true",
     ):
         running(backend(emulator)).__enter__()
-    with running(backend(emulator, "backend.keep_cluster=true")):
+    with running(backend(emulator, *KEEP)):
         pass
     assert labels_of(emulator) == {"team": "ml"}
     emulator.delete("rayclusters", "default", "rayflow")

@@ -354,7 +354,7 @@ def test_sigterm_while_the_head_starts_leaves_nothing(rayflow):
 
 
 def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_token_is_one_line(
-    tmp_path,
+    tmp_path, monkeypatch
 ):
     """Clusters have owners, on one real cluster: while a run holds its (kept) cluster, a second
     run of the same name is refused in one line before it starts anything; once the first ended,
@@ -366,11 +366,13 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_toke
     import sys
 
     from rayflow.backends import backend_for
+    from rayflow.backends.kept import records as kept_records
     from rayflow.backends.vm import state
     from rayflow.backends.vm.cluster import wait_for_dashboard
     from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # its clusters' records
     before = ray_daemon_pids()
     client = (
         "import sys\nfrom rayflow.orchestrator.submission import JobError, run_as_job\n"
@@ -438,6 +440,7 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_toke
     assert (
         wait_until(lambda: not (ray_daemon_pids() - before), timeout=60)
         and state.read("rf-owned") is None
+        and kept_records() == []  # rayflow status lists it no more
     )
 
 
