@@ -8,6 +8,7 @@ with the KubeRay operator runs the same cycle in test_kuberay_cluster.py (marker
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -282,12 +283,14 @@ def test_ctrl_c_during_the_job_stops_it_and_deletes_the_cluster(ray_head, rayflo
 
 
 @pytest.mark.slow
-def test_keep_cluster_leaves_it_and_the_next_run_reuses_it(ray_head, rayflow, emulator):
-    """A kept cluster is joined by a run that names it and keeps it too; the joiner, which did not
-    start it, leaves it running (tests/test_security_kuberay.py: the refusals, without Ray)."""
+def test_a_kept_cluster_is_listed_joined_by_name_logged_and_downed(ray_head, rayflow, emulator):
+    """A kept RayCluster is listed by `rayflow status`, joined by a run that only names it (which
+    leaves it running), its last job's log read by `rayflow logs`, and deleted by `rayflow down`
+    (tests/test_security_kuberay.py: the refusals, without Ray). Autostop has a test of its own."""
+    rayflow.env["XDG_CACHE_HOME"] = str(rayflow.workdir / "cache")  # its own registry
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
         first = rayflow.run(
-            *kuberay(emulator, "backend.keep_cluster=true"),
+            *kuberay(emulator, "backend.keep_cluster=true", "backend.autostop_idle_minutes=0"),
             *SMALL_CIFAR,
             "tracking=none",
             timeout=400,
@@ -295,20 +298,41 @@ def test_keep_cluster_leaves_it_and_the_next_run_reuses_it(ray_head, rayflow, em
         assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
         kept = emulator.get("rayclusters", "default", "rayflow")
         assert kept is not None and kept["metadata"]["labels"]["rayflow.io/keep"] == "true"
-        second = rayflow.run(
-            *kuberay(emulator, "backend.keep_cluster=true"),
-            *SMALL_CIFAR,
-            "tracking=none",
-            timeout=400,
-        )
+        [row] = json.loads(_clusters(rayflow, "status", "--json").stdout)
+        assert (row["backend"], row["name"], row["state"], row["autostop_idle_minutes"]) == (
+            "kuberay",
+            "rayflow",
+            "idle",
+            None,
+        ), row
+        second = rayflow.run(*kuberay(emulator), *SMALL_CIFAR, "tracking=none", timeout=400)
         assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
         assert "reusing the existing RayCluster default/rayflow" in second.stdout
         assert (
             emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"]
             == kept["metadata"]["uid"]
         )
-        emulator.delete("rayclusters", "default", "rayflow")
+        log = _clusters(rayflow, "logs", "rayflow")
+        assert "== rayflow results ==" in log.stdout and "[rayflow-result]" not in log.stdout
+        down = _clusters(rayflow, "down", "rayflow")
+        assert down.stdout.strip().endswith("rayflow: torn down"), down.stdout + down.stderr
+        assert emulator.get("rayclusters", "default", "rayflow") is None
+        assert _clusters(rayflow, "status").stdout.strip() == "no kept clusters"
     assert wait_until(lambda: _gone(emulator), timeout=10)
+
+
+def _clusters(rayflow, *args: str) -> subprocess.CompletedProcess:
+    """`rayflow status|logs|down ...` as the user runs them, in the runner's environment."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rayflow", *args],
+        cwd=rayflow.workdir,
+        env=rayflow.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out
 
 
 @pytest.mark.slow
