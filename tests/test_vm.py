@@ -65,6 +65,21 @@ def _status(runner: Rayflow) -> dict[str, dict]:
     return {row["name"]: row for row in json.loads(out.stdout)}
 
 
+def _submit(dashboard: str, entrypoint: str) -> str:
+    """A Ray Job submitted as any Ray user does, with this user's token."""
+    import urllib.request
+
+    from rayflow.security.auth import auth_token
+
+    request = urllib.request.Request(
+        f"{dashboard}/api/jobs/",
+        data=json.dumps({"entrypoint": entrypoint}).encode(),
+        headers={"Authorization": f"Bearer {auth_token()}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())["submission_id"]
+
+
 @pytest.fixture(scope="module")
 def idle_cluster(tmp_path_factory, data_root):
     """A cluster kept with a one-minute autostop by a run that has ended, in a registry of the
@@ -104,6 +119,16 @@ def test_a_kept_cluster_is_listed_joined_by_name_and_its_job_log_read(idle_clust
     log = _cli(runner, "logs", "rf-idle")
     assert log.returncode == 0 and "== rayflow results ==" in log.stdout, log.stderr[-2000:]
     assert "[rayflow-result]" not in log.stdout
+    # a job of the user's own, straight through the Jobs API: the cluster is in use meanwhile
+    job = _submit(_status(runner)["rf-idle"]["address"], "echo from-the-job; sleep 8")
+    refused = _cli(runner, "down", "rf-idle")
+    assert refused.returncode == 2 and re.fullmatch(
+        f"rayflow: error: rayflow down: rf-idle is in use \\(job {job} (pending|running)\\): "
+        "wait for it, or tear it down anyway with --force",
+        refused.stderr.strip(),
+    ), refused.stderr
+    followed = _cli(runner, "logs", "rf-idle", job, "--follow")  # returns once the job ends
+    assert followed.returncode == 0 and "from-the-job" in followed.stdout, followed.stderr
     table = _cli(runner, "status").stdout.splitlines()
     assert table[0].split() == [
         "BACKEND",

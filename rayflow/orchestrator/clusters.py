@@ -50,20 +50,22 @@ class ClusterStatus:
 
 
 def kept_started(backend: ClusterBackend, handle: ClusterHandle) -> None:
-    """A cluster a run started or joined: its autostop armed (a new one only) and, when it is
-    kept, its record written, so it can be seen and stopped once the run is gone."""
+    """A cluster a run started or joined: its autostop armed and, when it is kept, its record
+    written (a cluster this run started only), so it can be seen and stopped once the run is
+    gone."""
     minutes = registry.autostop_minutes(backend.section, handle.kept)
     arm_or_warn(handle, minutes)
-    if not (handle.kept and backend.keeps_clusters and handle.name and handle.owner_run):
+    # Only the run that started a kept cluster records it: a joined one's record is its first
+    # run's (when it started, its autostop, how to stop it), and a cluster rayflow did not make
+    # (kuberay) is not rayflow's to list or stop.
+    if handle.joined or not (handle.kept and backend.keeps_clusters and handle.name):
         return
-    if handle.joined and registry.named(f"{backend.name}/{handle.name}"):
-        return  # its record is its first run's: when it started, its autostop, how to stop it
     record = handle.record()
     registry.keep(
         KeptCluster(
             backend=backend.name,
             name=handle.name,
-            owner_run=handle.owner_run,
+            owner_run=handle.owner_run or "",
             section=dict(to_container(backend.section)),
             auth_mode=backend.auth_mode,
             address=record["address"],
