@@ -9,6 +9,14 @@ collection, status subresources, watches, bearer-token auth and the services pro
 websockets bridged: tests/kube_proxy.py). The KubeRay operator's part is played by
 tests/kube_operator.py.
 
+Identities: the kubeconfig's token is an admin's, allowed everything; `service_account_token`
+makes tokens of ServiceAccounts, whose requests RBAC authorizes on the namespace's Roles and
+RoleBindings (tests/harness/kube_rbac.py: 403 Forbidden worded as the server's). `tls=True` also
+serves the API over HTTPS with a throwaway CA (tests/harness/tls.py), as a pod's in-cluster
+client reaches it; tests/harness/kube_head.py runs a Ray head in a mount namespace with the
+service account's files where a pod has them. Deletes honour DeleteOptions' preconditions
+(uid, resourceVersion: 409 Conflict).
+
 Admission, as the API server runs it on every write that comes in over HTTP: RayClusters and
 RayJobs are held to KubeRay's CRD (the structural schema, read as rayflow's validator reads the
 v1.7.0 CRD, whose positive control is KubeRay's own samples; and the CEL rule on spec.managedBy,
@@ -27,8 +35,10 @@ import asyncio
 import copy
 import datetime
 import json
+import os
 import re
 import secrets
+import socket
 import tempfile
 import threading
 import uuid
@@ -44,6 +54,16 @@ import yaml
 from kmock import KubernetesError
 
 from tests.harness.kube_proxy import PROXY_PATH, ServicesProxy
+from tests.harness.kube_rbac import (
+    ServiceAccountUser,
+    authorize,
+    forbidden,
+    invalid,
+    request_attributes,
+    unauthorized,
+)
+from tests.harness.kube_rbac import validation_errors as rbac_validation_errors
+from tests.harness.tls import Pki, server_context, throwaway_pki
 
 # plural -> (group, version, kind, namespaced, has a status subresource)
 RESOURCES: dict[str, tuple[str, str, str, bool, bool]] = {
@@ -54,7 +74,16 @@ RESOURCES: dict[str, tuple[str, str, str, bool, bool]] = {
     "namespaces": ("", "v1", "Namespace", False, True),
     "rayclusters": ("ray.io", "v1", "RayCluster", True, True),
     "rayjobs": ("ray.io", "v1", "RayJob", True, True),
+    "serviceaccounts": ("", "v1", "ServiceAccount", True, False),
+    "roles": ("rbac.authorization.k8s.io", "v1", "Role", True, False),
+    "rolebindings": ("rbac.authorization.k8s.io", "v1", "RoleBinding", True, False),
 }
+# What a DELETE of an object that went at once answers with: a Success Status for these (their
+# registries' default), the deleted object for the rest (pods, namespaces and serviceaccounts set
+# ReturnDeletedObject; custom resources always return it).
+STATUS_ON_DELETE = {"services", "secrets", "events", "roles", "rolebindings"}
+CRD_GROUPS = {"ray.io"}  # custom resources: no strategic merge patch
+ADMIN = "admin"  # the user of the kubeconfig's token, allowed everything
 # RayCluster spec.managedBy's CEL rule
 MANAGED_BY_VALUES = ("ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue")
 # The field selectors the API server accepts beyond metadata.name/namespace; anything else is a 400.
@@ -89,6 +118,8 @@ class SeenRequest(NamedTuple):
     path: str
     query: dict[str, str]
     content_type: str | None
+    # ADMIN, a service account's `system:serviceaccount:NS:NAME`, or None (refused, 401)
+    user: str | None = None
 
 
 def now_iso() -> str:
@@ -223,6 +254,8 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
 
     token: str
     gc_delay_s: float = 0.0
+    # bearer token -> the service account it authenticates (KubeEmulator.service_account_token)
+    sa_tokens: dict[str, ServiceAccountUser] = attrs.field(factory=dict)
     store: dict[tuple[str, str | None, str], dict[str, Any]] = attrs.field(factory=dict)
     seen: list[SeenRequest] = attrs.field(factory=list)
     upstreams: dict[tuple[str, str, str | None], str] = attrs.field(factory=dict)
@@ -255,28 +288,66 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
 
     # -- HTTP entry: auth, the request log and the proxy come before kmock buffers the body --------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        user = self._authenticate(raw)
         self.seen.append(
-            SeenRequest(raw.method, raw.path, dict(raw.query), raw.headers.get("Content-Type"))
-        )
-        if raw.headers.get("Authorization") != f"Bearer {self.token}":
-            return aiohttp.web.json_response(
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "metadata": {},
-                    "status": "Failure",
-                    "message": "Unauthorized",
-                    "reason": "Unauthorized",
-                    "code": 401,
-                },
-                status=401,
+            SeenRequest(
+                raw.method,
+                raw.path,
+                dict(raw.query),
+                raw.headers.get("Content-Type"),
+                None if user is None else user if user == ADMIN else user.username,
             )
+        )
+        if user is None:
+            return aiohttp.web.json_response(unauthorized(), status=401)
         if m := PROXY_PATH.match(raw.path):
             try:
+                self._authorize(
+                    user, raw.method, "", "services", m[1], m[2], "proxy", dict(raw.query)
+                )
                 return await self._proxy(raw, m[1], m[2], m[3] or "/")
             except KubernetesError as e:
                 return await self._render_error(e)
         return await super().__call__(raw)
+
+    def _authenticate(self, raw: aiohttp.web.BaseRequest) -> ServiceAccountUser | str | None:
+        """ADMIN for the kubeconfig's token; a service account for one of its tokens while the
+        ServiceAccount exists (the server looks the account up); None: 401."""
+        # apiserver's bearertoken authenticator: the scheme in any case (in-cluster clients send
+        # "bearer"), then the token up to the next space
+        parts = raw.headers.get("Authorization", "").strip().split(" ", 2)
+        if len(parts) < 2 or parts[0].lower() != "bearer" or not parts[1]:
+            return None
+        if parts[1] == self.token:
+            return ADMIN
+        account = self.sa_tokens.get(parts[1])
+        if account is not None and ("serviceaccounts", *account) in self.store:
+            return account
+        return None
+
+    def _authorize(
+        self,
+        user: ServiceAccountUser | str,
+        method: str,
+        group: str,
+        plural: str,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
+    ) -> None:
+        """RBAC on a resource request (tests/harness/kube_rbac.py); the admin may do anything."""
+        if user == ADMIN:
+            return
+        attrs = request_attributes(method, group, plural, ns, name, sub, query)
+        allowed, reason = authorize(
+            user,
+            attrs,
+            self.list("rolebindings", attrs.namespace) if attrs.namespace else [],
+            lambda role: self.store.get(("roles", attrs.namespace, role)),
+        )
+        if not allowed:
+            raise forbidden(user, attrs, reason)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
@@ -284,6 +355,8 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         if res is None or res.plural is None:
             return await kmock.RawHandler._handle(self, request)
         plural, ns, name, sub = res.plural, request.namespace, request.name, request.subresource
+        user = self._authenticate(request._raw_request)
+        self._authorize(user, request.method, res.group, plural, ns, name, sub, request.params)
         if plural not in RESOURCES or RESOURCES[plural][:2] != (res.group, res.version):
             raise api_error(404, "NotFound", "the server could not find the requested resource")
         q, method = request.params, request.method
@@ -352,14 +425,21 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
             body = _body(request) if request.body else {}
             return aiohttp.web.json_response(
                 self.delete(
-                    plural, ns, name, q.get("propagationPolicy") or body.get("propagationPolicy")
+                    plural,
+                    ns,
+                    name,
+                    q.get("propagationPolicy") or body.get("propagationPolicy"),
+                    body.get("preconditions"),
                 )
             )
         raise api_error(405, "MethodNotAllowed", f"{method} is not allowed")
 
     # -- admission -------------------------------------------------------------------------------
-    def _admit(self, plural: str, obj: dict[str, Any]) -> None:
+    def _admit(self, plural: str, obj: dict[str, Any], old: dict[str, Any] | None = None) -> None:
         """The CRD's validation of a Ray object, then the test's hooks; refusals as the server words them."""
+        if errors := rbac_validation_errors(plural, obj, old):
+            kind, group = RESOURCES[plural][2], RESOURCES[plural][0]
+            raise invalid(kind, group, obj["metadata"].get("name"), errors)
         if RESOURCES[plural][0] == "ray.io":
             from rayflow.backends.kuberay.crd import schema_errors
 
@@ -477,7 +557,8 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
                 self._applied[key, manager, sub] = copy.deepcopy(body)
             new = merge_patch(pruned, body)
         elif content_type == "application/merge-patch+json" or (
-            content_type == "application/strategic-merge-patch+json" and RESOURCES[plural][0] == ""
+            content_type == "application/strategic-merge-patch+json"
+            and RESOURCES[plural][0] not in CRD_GROUPS
         ):
             # Strategic merge is approximated as a merge patch (no list merge keys); CRDs reject it.
             old = self.read(plural, ns, name)
@@ -496,9 +577,28 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         return self.replace(plural, ns, name, new, sub), False
 
     def delete(
-        self, plural: str, ns: str | None, name: str, propagation: str | None = None
+        self,
+        plural: str,
+        ns: str | None,
+        name: str,
+        propagation: str | None = None,
+        preconditions: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         old = self.read(plural, ns, name)
+        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            wanted = (preconditions or {}).get(field)
+            if wanted is not None and wanted != old["metadata"].get(field):
+                group = RESOURCES[plural][0]
+                raise api_error(
+                    409,
+                    "Conflict",
+                    f"Operation cannot be fulfilled on {plural}{'.' + group if group else ''} "
+                    f'"{name}": Precondition failed: {label} in precondition: {wanted}, '
+                    f"{label} in object meta: {old['metadata'].get(field)}",
+                    name=name,
+                    group=group,
+                    kind=plural,
+                )
         if self._dry_run:  # what would be deleted, still there
             return old
         meta = old["metadata"]
@@ -523,7 +623,7 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         gone = self._commit(plural, ns, name, old, None)
         if propagation != "Orphan":
             asyncio.get_running_loop().create_task(self._collect(meta["uid"]))
-        if RESOURCES[plural][0] == "" and plural not in ("pods", "namespaces"):
+        if plural in STATUS_ON_DELETE:
             return {
                 "kind": "Status",
                 "apiVersion": "v1",
@@ -580,7 +680,7 @@ class EmulatorHandler(ServicesProxy, kmock.KubernetesEmulator):
         """
         key = (plural, ns, name)
         if self._admitting and new is not None and not deleting:
-            self._admit(plural, new)
+            self._admit(plural, new, old)
         if self._dry_run:  # validated and admitted: answered as stored, nothing kept or announced
             result = copy.deepcopy(new if new is not None else old)
             result["metadata"].setdefault(
@@ -727,14 +827,33 @@ class KubeEmulator:
 
     Tests read `kubeconfig_path` into the real client; the accessors below run on the emulator
     loop (thread-safe) and emit watch events like any API write.
+
+    `tls=True` also serves the same API over HTTPS on another loopback port (`https_url`,
+    `https_port`), with a certificate for 127.0.0.1 signed by a throwaway CA (`ca_path`): what an
+    in-cluster client reaches at KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT
+    (`in_cluster_env()`). The kubeconfig stays plain HTTP; `write_kubeconfig` makes others.
+    `service_account_token(ns, name)` gives a token that authenticates as that ServiceAccount
+    (while it exists) and is authorized by the namespace's Roles and RoleBindings
+    (tests/harness/kube_rbac.py); the kubeconfig's token stays allowed everything.
     """
 
-    def __init__(self, *, namespaces: tuple[str, ...] = ("default",), gc_delay_s: float = 0.0):
+    def __init__(
+        self,
+        *,
+        namespaces: tuple[str, ...] = ("default",),
+        gc_delay_s: float = 0.0,
+        tls: bool = False,
+    ):
         self.token = secrets.token_urlsafe(24)
         self.handler = EmulatorHandler(token=self.token, gc_delay_s=gc_delay_s)
         self._namespaces = namespaces
         self._tmp = tempfile.TemporaryDirectory(prefix="kube-emulator-")
         self.kubeconfig_path = str(Path(self._tmp.name) / "kubeconfig")
+        self.tls = tls
+        self._pki: Pki | None = None
+        self.ca_path = ""  # the CA that signed the HTTPS certificate (tls=True)
+        self.https_url = ""
+        self.https_port = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.url = ""
         self._thread: threading.Thread | None = None
@@ -744,6 +863,9 @@ class KubeEmulator:
         self._bugs: list[Exception] = []
 
     def __enter__(self) -> KubeEmulator:
+        if self.tls:
+            self._pki = throwaway_pki(self._tmp.name)
+            self.ca_path = self._pki.ca_path
         self._thread = threading.Thread(target=self._serve, name="kube-emulator", daemon=True)
         self._thread.start()
         self._started.wait(30)
@@ -751,28 +873,68 @@ class KubeEmulator:
             raise self._failure
         for ns in self._namespaces:
             self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        Path(self.kubeconfig_path).write_text(
+        self.write_kubeconfig(self.kubeconfig_path)
+        return self
+
+    def write_kubeconfig(
+        self,
+        path: str | os.PathLike,
+        *,
+        token: str | None = None,
+        https: bool = False,
+        namespace: str | None = None,
+    ) -> str:
+        """A kubeconfig for this emulator: the admin's token (or `token`, e.g. a service
+        account's), plain HTTP or HTTPS with `ca_path` as its certificate authority."""
+        if https and not self.https_url:
+            raise RuntimeError("KubeEmulator(tls=True) serves HTTPS; this one does not")
+        cluster = (
+            {"server": self.https_url, "certificate-authority": self.ca_path}
+            if https
+            else {"server": self.url}
+        )
+        Path(path).write_text(
             yaml.safe_dump(
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
                     "current-context": "emulator",
-                    "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-                    "users": [{"name": "tester", "user": {"token": self.token}}],
+                    "clusters": [{"name": "emulator", "cluster": cluster}],
+                    "users": [{"name": "tester", "user": {"token": token or self.token}}],
                     "contexts": [
                         {
                             "name": "emulator",
                             "context": {
                                 "cluster": "emulator",
                                 "user": "tester",
-                                "namespace": self._namespaces[0],
+                                "namespace": namespace or self._namespaces[0],
                             },
                         }
                     ],
                 }
             )
         )
-        return self
+        return str(path)
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bearer token for `system:serviceaccount:NAMESPACE:NAME`: authenticated while that
+        ServiceAccount exists (401 before it is created and after it is deleted, as the server's
+        account lookup answers), then authorized by RBAC on the namespace's Roles and
+        RoleBindings. A fresh token on each call; earlier ones stay valid."""
+        token = secrets.token_urlsafe(32)
+        self.call(self.handler.sa_tokens.__setitem__, token, ServiceAccountUser(namespace, name))
+        return token
+
+    def in_cluster_env(self) -> dict[str, str]:
+        """The environment variables a pod's client finds the API server by (tls=True)."""
+        if not self.https_port:
+            raise RuntimeError("KubeEmulator(tls=True) serves HTTPS; this one does not")
+        return {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.https_port),
+            "KUBERNETES_SERVICE_PORT_HTTPS": str(self.https_port),
+            "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.https_port}",
+        }
 
     def __exit__(self, *exc_info: Any) -> None:
         self.loop.call_soon_threadsafe(self._stop.set)
@@ -788,8 +950,11 @@ class KubeEmulator:
             try:
                 async with self.handler, kmock.Server(self.handler) as server:
                     self.url = f"http://127.0.0.1:{server.port}"
+                    tls_runner = await self._serve_tls() if self._pki is not None else None
                     self._started.set()
                     await self._stop.wait()
+                    if tls_runner is not None:
+                        await tls_runner.cleanup()
                     self._bugs = [
                         e for e in self.handler.errors if not isinstance(e, KubernetesError)
                     ]
@@ -801,6 +966,22 @@ class KubeEmulator:
                 raise
 
         asyncio.run(main())
+
+    async def _serve_tls(self) -> aiohttp.web.ServerRunner:
+        """The same handler behind an HTTPS listener on loopback (aiohttp's own server: kmock's
+        test server takes no ssl context)."""
+        runner = aiohttp.web.ServerRunner(
+            aiohttp.web.Server(self.handler, handler_cancellation=True), shutdown_timeout=1.0
+        )
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        site = aiohttp.web.SockSite(runner, sock, ssl_context=server_context(self._pki))
+        await site.start()
+        self.https_port = sock.getsockname()[1]
+        self.https_url = f"https://127.0.0.1:{self.https_port}"
+        return runner
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the emulator loop and return its result (or raise its error)."""
