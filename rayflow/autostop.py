@@ -3,8 +3,9 @@ cluster itself, so a kept cluster stops when the laptop that kept it is closed.
 
 rayflow submits it as a Ray Job of the cluster it watches (rayflow.orchestrator.autostop: its
 submission id starts with `rayflow-autostop-`, it asks for no CPU, and it counts as no activity).
-Every POLL_S it asks the head's own dashboard on loopback whether the cluster is in use
-(rayflow.runtime.activity: a job pending or running, a driver connected, demand waiting); after
+Every POLL_S it asks the head's own dashboard (found through the GCS: `dashboard_url`) whether
+the cluster is in use (rayflow.runtime.activity: a job pending or running, a driver connected,
+demand waiting); after
 `idle_minutes` of none it starts the teardown its spec names, in a process of its own session
 (Ray kills a job's process group when its supervisor dies, which the teardown makes happen):
 
@@ -44,12 +45,37 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def dashboard_url(spec: dict[str, Any]) -> str:
+    """The dashboard of the cluster this job runs on, as its GCS records it (the head's own port,
+    whatever a user's manifest or cluster YAML made it), else the spec's guess. A GCS client is
+    not a driver: asking counts as no activity."""
+    from ray._private import ray_constants
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # a Cython class
+
+    address = os.environ.get(ray_constants.RAY_ADDRESS_ENVIRONMENT_VARIABLE)
+    if not address or "://" in address:
+        return str(spec["dashboard"])
+    found = GcsClient(address=address).internal_kv_get(
+        ray_constants.DASHBOARD_ADDRESS.encode(),
+        namespace=ray_constants.KV_NAMESPACE_DASHBOARD,
+        timeout=30,
+    )
+    if not found:
+        return str(spec["dashboard"])
+    host, _, port = found.decode().rpartition(":")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]", "") else host  # all interfaces: ours
+    return f"http://{host}:{port}"
+
+
 def watch(spec: dict[str, Any]) -> bool:
     """Until the cluster has been idle for spec["idle_minutes"]: True; False when its dashboard
     stopped answering (the cluster is going or gone)."""
     from rayflow.runtime.activity import activity
 
-    url, idle_s = spec["dashboard"], float(spec["idle_minutes"]) * 60
+    url, idle_s = dashboard_url(spec), float(spec["idle_minutes"]) * 60
+    print(
+        f"[autostop] watching {url}: idle {idle_s / 60:g} min tears this cluster down", flush=True
+    )
     idle_since = seen = time.time()
     said = ""
     while True:

@@ -25,6 +25,7 @@ import yaml
 from rayflow.runtime.processes import stop_processes_mentioning
 from rayflow.testing.backends import JobSubmissionSuite
 from rayflow.testing.processes import wait_until
+from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.kube_emulator import KubeEmulator
 from tests.harness.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
@@ -147,6 +148,76 @@ def _gone(emulator: KubeEmulator) -> bool:
         and not emulator.objects("pods")
         and not emulator.objects("rayjobs")
     )
+
+
+# --- a kept cluster that stops itself ---------------------------------------------------------------
+
+AUTOSTOPPED = "rf-autostop"
+
+
+@pytest.fixture(scope="module")
+def autostopping(tmp_path_factory, data_root):
+    """A RayCluster kept with a one-minute autostop by a run that has ended. Its head is a Ray head
+    in a pod's mount namespace, with the service account rayflow renders for it mounted as the
+    kubelet mounts it, reaching the emulator over TLS as in-cluster clients do. The first test
+    looks at it; the module's other tests (on their own emulator and head) run while it idles;
+    the last finds that its head deleted it."""
+    from tests.harness import kube_head
+
+    reason = kube_head.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with KubeEmulator(tls=True) as emu:
+        head = kube_head.PodRayHead.for_emulator(emu, "default", f"{AUTOSTOPPED}-autostop")
+        head.start()
+        try:
+            with FakeKubeRayOperator(emu, head.dashboard_url, head.token):
+                runner = Rayflow(tmp_path_factory.mktemp("kept-kuberay"), data_root)
+                runner.env["XDG_CACHE_HOME"] = str(runner.workdir / "cache")  # its own registry
+                (runner.workdir / "objective.py").write_text(
+                    "def objective(config):\n    return {'loss': 0.5}\n"
+                )
+                first = runner.run(
+                    *kuberay(emu, f"backend.cluster_name={AUTOSTOPPED}"),
+                    "backend.keep_cluster=true",
+                    "backend.autostop_idle_minutes=1",
+                    "workload=tune",
+                    "workload.trainable=objective:objective",
+                    "workload.metric=loss",
+                    "workload.mode=min",
+                    "tracking=none",
+                    timeout=400,
+                )
+                runner.head = head
+                yield emu, runner, first
+        finally:
+            head.stop()
+
+
+def test_a_kept_raycluster_runs_its_head_as_an_account_that_may_delete_only_it(autostopping):
+    emu, runner, first = autostopping
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    assert f"autostop: {AUTOSTOPPED} stops itself after 1 idle minutes" in first.stdout
+    cluster = emu.get("rayclusters", "default", AUTOSTOPPED)
+    head_pod = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    assert head_pod["serviceAccountName"] == f"{AUTOSTOPPED}-autostop"
+    [role] = emu.objects("roles")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["ray.io"],
+            "resources": ["rayclusters"],
+            "resourceNames": [AUTOSTOPPED],
+            "verbs": ["get", "delete"],
+        }
+    ]
+    # owned by the RayCluster: Kubernetes removes them with it
+    for plural in ("serviceaccounts", "roles", "rolebindings"):
+        [obj] = emu.objects(plural)
+        assert [o["uid"] for o in obj["metadata"]["ownerReferences"]] == [
+            cluster["metadata"]["uid"]
+        ]
+    [row] = json.loads(_clusters(runner, "status", "--json").stdout)
+    assert (row["name"], row["state"], row["autostop_idle_minutes"]) == (AUTOSTOPPED, "idle", 1)
 
 
 # --- the happy path ---------------------------------------------------------------------------------
@@ -738,3 +809,35 @@ def test_dry_run_prints_the_manifest_without_a_token(rayflow, emulator):
     assert "kind: RayCluster" in out.stdout and "mode: token" in out.stdout
     assert "auth_token" not in out.stdout and "RAY_AUTH_TOKEN" not in out.stdout
     assert not emulator.objects("rayclusters"), "a dry run applies nothing"
+
+
+def test_the_kept_raycluster_was_deleted_by_its_own_head(autostopping):
+    """Last in the module: a minute after its job the watcher on the head deleted the RayCluster
+    through the API server as its service account (no rayflow client alive); its RBAC went with
+    it; `rayflow status` says it is gone."""
+    emu, runner, _ = autostopping
+    assert wait_until(
+        lambda: emu.get("rayclusters", "default", AUTOSTOPPED) is None, timeout=180
+    ), _watcher_log(runner.head)
+    deletes = [r for r in emu.requests if r.method == "DELETE" and AUTOSTOPPED in r.path]
+    assert [r.user for r in deletes] == [f"system:serviceaccount:default:{AUTOSTOPPED}-autostop"]
+    assert wait_until(lambda: not emu.objects("roles") and not emu.objects("pods"), timeout=30)
+    [row] = json.loads(_clusters(runner, "status", "--json").stdout)
+    assert (row["name"], row["state"]) == (AUTOSTOPPED, "gone")
+
+
+def _watcher_log(head) -> str:
+    """What the autostop watcher on `head` printed (for a failure's message)."""
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {head.token}"}
+    with urllib.request.urlopen(
+        urllib.request.Request(f"{head.dashboard_url}/api/jobs/", headers=headers), timeout=30
+    ) as answer:
+        jobs = [j["submission_id"] for j in json.loads(answer.read()) if j.get("submission_id")]
+    logs = []
+    for job in jobs:
+        url = f"{head.dashboard_url}/api/jobs/{job}/logs"
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as a:
+            logs.append(f"--- {job}\n" + json.loads(a.read())["logs"][-3000:])
+    return "\n".join(logs)
