@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from rayflow.backends import ClusterHandle
+from rayflow.backends import ClusterHandle, backend_of
 from rayflow.backends.kept import KeptCluster
 from rayflow.errors import ConfigError
 from rayflow.orchestrator.job_logs import JOB_LOG, LogStream, whole_log
@@ -20,10 +20,23 @@ from rayflow.security.redaction import mask_text
 KEY = "rayflow logs"  # a bad job or name is reported under the command
 
 
+def _drives_ray(kept: KeptCluster) -> None:
+    """A backend whose runs are drivers in the process that started them (spark) submits no Ray
+    Job: their output is that process's (a notebook's cells), not a log to show here."""
+    if not backend_of(kept).submits_jobs:
+        raise ConfigError(
+            KEY,
+            f"{kept.name} runs no Ray Jobs: a {kept.backend} run drives Ray from the process "
+            "that started it, and its output is that process's (a notebook's cells)",
+        )
+
+
 def _job_id(handle: ClusterHandle, kept: KeptCluster, job: str | None) -> str:
     assert handle.submission is not None
     jobs = user_jobs(handle.address, handle.submission.headers)
     ids = [str(j.get("submission_id")) for j in jobs]
+    if not ids:
+        _drives_ray(kept)
     if job is None:
         if not ids:
             raise ConfigError(KEY, f"no job has run on {kept.name} yet")
@@ -58,6 +71,7 @@ def mlflow_log(kept: KeptCluster, job: str | None) -> str:
     """The last job's log as its MLflow run kept it: all that is left of a cluster that is gone."""
     last = kept.last_job
     if not last.get("run_id"):
+        _drives_ray(kept)
         raise ConfigError(
             KEY,
             f"{kept.name} is gone and no job of it left a log in MLflow (tracking=none, or no "

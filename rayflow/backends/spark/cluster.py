@@ -4,11 +4,19 @@ The Ray head runs beside the Spark driver, Ray worker nodes run inside Spark tas
 the autoscaler asks Spark for more tasks when Ray has pending demand. rayflow uses the
 active SparkSession when there is one (Databricks, spark-submit) and never stops it;
 otherwise it builds one from `backend.master` and stops it, and its JVMs, at the end.
+
+With `backend.keep_cluster=true` the run's end disconnects its driver and leaves the cluster (and
+the SparkSession rayflow built for it) running in this process, a notebook kernel: the next run
+here with the same backend section joins it. Ray on Spark's head is a child of this process and
+dies with it, so a kept cluster lives at most as long as the kernel; within it an idle timer (a
+thread, `_watch`) shuts it down after `backend.autostop_idle_minutes` with no run, no driver and
+no waiting demand. `rayflow status` and `down` reach it from its record (`reach`, `down`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -17,18 +25,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
+import psutil
 import yaml
 from omegaconf import OmegaConf
 
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
+from rayflow.backends.kept import KeptCluster, autostop_minutes
+from rayflow.backends.spark import kept as kept_holder
 from rayflow.backends.spark.plan import active_session, sizing_plan
 from rayflow.errors import ConfigError
 from rayflow.runtime.progress import phase, shutdown_ray
 from rayflow.schema.values import flatten, renamed_key_error
-from rayflow.security.auth import ensure_token, refuse_auth_off, secure_token_file
+from rayflow.security.auth import auth_token, ensure_token, refuse_auth_off, secure_token_file
 from rayflow.security.redaction import mask_text, redact
 
 SETUP_KEYS = (
@@ -55,6 +67,10 @@ HOOK = "rayflow.backends.spark.hook.RayflowStartHook"
 
 
 class SparkCluster(ClusterBackend):
+    # backend.keep_cluster=true: the cluster stays in this process (a notebook kernel) for its next
+    # run, under an idle timer; `rayflow status` and `down` reach it by its record.
+    keeps_clusters = True
+
     # The contract's class attribute, a property here: Spark's local and local-cluster masters
     # (a Databricks single-node cluster among them) run every worker on one machine.
     @property
@@ -98,11 +114,41 @@ class SparkCluster(ClusterBackend):
         )
         if b.hybrid:
             self._check_hybrid()
+        self._check_kept()
         active = active_session()
         if active is None:
             self._check_master()
             self._check_worker_size()
         self._check_local_mode(str(active.sparkContext.master if active else self.section.master))
+
+    def _check_kept(self) -> None:
+        """A kept cluster is watched and reached through its head's dashboard; and Ray on Spark
+        runs one cluster a process, so a run here either joins the one this process keeps or
+        waits until it is gone."""
+        options = self.section.get("head_node_options") or {}
+        if self.section.get("keep_cluster") and options.get("include_dashboard") is False:
+            raise ConfigError(
+                "backend.keep_cluster",
+                "a kept cluster needs its head's dashboard (its idle timer and `rayflow status` "
+                "ask it): leave backend.head_node_options.include_dashboard unset",
+            )
+        held = kept_holder.alive_held()
+        if held is not None and held.key != self.cluster_key():
+            raise ConfigError(
+                "backend",
+                f"this process keeps the Ray-on-Spark cluster {held.name}, started with another "
+                "backend section, and Ray on Spark runs one cluster a process: run with that "
+                f"section to join it, or tear it down first (rayflow.down({held.name!r}))",
+            )
+
+    def cluster_key(self) -> str:
+        """What a kept cluster is joined by: the backend section it was started with (but whether
+        to keep it, and for how long) and the auth mode."""
+        section = OmegaConf.to_container(self.section, resolve=True)
+        assert isinstance(section, dict)  # the container of a DictConfig
+        for key in ("keep_cluster", "autostop_idle_minutes"):
+            section.pop(key, None)
+        return json.dumps([section, self.auth_mode], sort_keys=True, default=str)
 
     def _check_local_mode(self, master: str) -> None:
         """Spark's local mode (`local[...]`, a Databricks single-node cluster) has no stage
@@ -202,6 +248,14 @@ class SparkCluster(ClusterBackend):
 
     def _notes(self) -> list[str]:
         b = self.section
+        held = kept_holder.alive_held()
+        if held is not None and held.key == self.cluster_key():
+            # (no sizing plan: its task would wait for Spark slots the kept cluster's nodes hold)
+            return [
+                f"spark: joins the Ray-on-Spark cluster {held.name} this process keeps "
+                f"(head {mask_text(held.address)})",
+                f"auth mode: {os.environ.get('RAY_AUTH_MODE', self.auth_mode)}",
+            ]
         if active_session() is not None:
             lines = ["spark: the active SparkSession (used and left running)"]
         else:
@@ -246,8 +300,9 @@ class SparkCluster(ClusterBackend):
         os.environ[key] = value
         handle.on_stop(f"restore ${key}", _restore_env, key, old)
 
-    def _environment(self, handle: ClusterHandle) -> None:
-        """What Ray-on-Spark's launchers need from the driver's environment."""
+    def _environment(self, handle: ClusterHandle, steps: ClusterHandle) -> None:
+        """What Ray-on-Spark's launchers need from the driver's environment (the scratch folder
+        is the cluster's: `steps` removes it)."""
         bin_dir = str(Path(sys.executable).parent)
         # they run `which ray`
         self._set_env(handle, "PATH", bin_dir + os.pathsep + os.environ.get("PATH", ""))
@@ -256,7 +311,7 @@ class SparkCluster(ClusterBackend):
         if "SPARK_WORKER_DIR" not in os.environ:
             # local-cluster scratch space, not site-packages/pyspark/work
             worker_dir = tempfile.mkdtemp(prefix="rayflow-spark-")
-            handle.on_stop(
+            steps.on_stop(
                 "remove the Spark worker scratch folder",
                 shutil.rmtree,
                 worker_dir,
@@ -270,17 +325,29 @@ class SparkCluster(ClusterBackend):
     def start(self, preload: WorkerPreload | None = None) -> ClusterHandle:
         handle = ClusterHandle(self.name)
         with handle.unwound_on_error():
-            self._environment(handle)
+            if self._join(handle):
+                return handle
+            keep = bool(self.section.get("keep_cluster"))
+            # The cluster's own undo steps (Ray on Spark, the session rayflow built): this run's,
+            # or, kept, handed to this process's holder once started (until then a failed start
+            # unwinds them too).
+            steps = ClusterHandle(self.name) if keep else handle
+            if keep:
+                handle.on_stop("stop the Ray-on-Spark cluster", kept_holder.stop_unless_kept, steps)
+            self._environment(handle, steps)
             started = time.monotonic()
-            self._session(handle)
+            self._session(handle, steps)
             handle.metrics["spark_ready_s"] = time.monotonic() - started
-            handle.address = self._ray_on_spark(handle)
+            handle.address = self._ray_on_spark(steps)
             handle.metrics["ray_ready_s"] = time.monotonic() - started
             self._connect(handle)
+            if keep:
+                self._keep(handle, steps)
         return handle
 
-    def _session(self, handle: ClusterHandle) -> None:
-        """The SparkSession: the active one (a notebook's, never stopped), else one built here."""
+    def _session(self, handle: ClusterHandle, steps: ClusterHandle) -> None:
+        """The SparkSession: the active one (a notebook's, never stopped), else one built here
+        (`steps` stops it)."""
         from pyspark.sql import SparkSession
 
         # Hydra's INFO root logger makes it chatty
@@ -295,8 +362,8 @@ class SparkCluster(ClusterBackend):
                 for key, value in self.spark_conf().items():
                     builder = builder.config(key, value)
                 spark = builder.getOrCreate()
-            handle.on_stop("shut down Spark's py4j gateway JVM", shutdown_gateway_jvm)
-            handle.on_stop("stop the SparkSession rayflow built", spark.stop)
+            steps.on_stop("shut down Spark's py4j gateway JVM", shutdown_gateway_jvm)
+            steps.on_stop("stop the SparkSession rayflow built", spark.stop)
         else:
             print(
                 "[rayflow] spark: using the active SparkSession "
@@ -304,9 +371,9 @@ class SparkCluster(ClusterBackend):
                 flush=True,
             )
 
-    def _ray_on_spark(self, handle: ClusterHandle) -> str:
+    def _ray_on_spark(self, steps: ClusterHandle) -> str:
         """The Ray cluster inside Spark (setup_ray_cluster): its head here, its workers in Spark
-        tasks."""
+        tasks (`steps` shuts it down)."""
         from ray.util.spark import cluster_init, setup_ray_cluster, shutdown_ray_cluster
 
         args = self.setup_args()
@@ -335,12 +402,12 @@ class SparkCluster(ClusterBackend):
             finally:  # a setup that failed halfway may still have left its head node running
                 cluster = cluster_init._active_ray_cluster
                 if cluster is not None:
-                    handle.on_stop(
+                    steps.on_stop(
                         "terminate what is left of the Ray-on-Spark head node",
                         _terminate,
                         cluster.head_proc,
                     )
-                    handle.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
+                    steps.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
         return str(address)
 
     @staticmethod
@@ -350,6 +417,76 @@ class SparkCluster(ClusterBackend):
         with phase(f"connecting this driver to {handle.address}", "spark"):
             ray.init(address=handle.address, log_to_driver=True)
         handle.on_stop("ray.shutdown() of this driver", shutdown_ray)
+
+    # --- a kept cluster: kept in this process, joined by its next run here --------------------
+
+    def _keep(self, handle: ClusterHandle, steps: ClusterHandle) -> None:
+        """Hand the cluster just started to this process's holder, under its idle timer; the
+        run's handle then only disconnects its driver."""
+        from ray.util.spark import cluster_init
+
+        ray_cluster = cluster_init._active_ray_cluster
+        host = handle.address.rsplit(":", 1)[0]
+        me = psutil.Process()
+        where = {
+            "pid": str(me.pid),
+            "pid_started": repr(me.create_time()),
+            "url": f"http://{host}:{ray_cluster.ray_dashboard_port}",
+        }
+        if ray_cluster.temp_dir:
+            where["temp_dir"] = str(ray_cluster.temp_dir)
+        token = auth_token() if self.auth_mode == "token" else None
+        kept = kept_holder.Kept(
+            key=self.cluster_key(),
+            name=f"spark-{me.pid}",
+            owner_run=uuid.uuid4().hex,
+            address=handle.address,
+            where=where,
+            tags=dict(handle.tags),
+            steps=steps,
+            head=ray_cluster.head_proc,
+            headers={"Authorization": f"Bearer {token}"} if token else {},
+            minutes=autostop_minutes(self.section, kept=True),
+        )
+        steps.kept = True  # the run's teardown now leaves it (kept_holder.stop_unless_kept)
+        kept_holder.hold(kept)
+        self._as_kept(handle, kept)
+        kept_holder.kept_note(kept)
+
+    @staticmethod
+    def _as_kept(handle: ClusterHandle, kept: kept_holder.Kept) -> None:
+        """The run's handle on the kept cluster: what its record says, and, when the run ends,
+        its idle timer starting again."""
+        handle.kept, handle.name, handle.owner_run = True, kept.name, kept.owner_run
+        handle.where = dict(kept.where)
+        handle.on_stop("let go of the kept Ray-on-Spark cluster", kept_holder.done_with, kept)
+
+    def _join(self, handle: ClusterHandle) -> bool:
+        """Join the cluster this process keeps, if it was started with this backend section (a
+        driver connected, no second setup_ray_cluster); False when there is none to join."""
+        held = kept_holder.alive_held()
+        with kept_holder.lock:
+            if held is None or held.done.is_set() or held.key != self.cluster_key():
+                return False  # (a cluster of another section: refused by check())
+            held.users += 1  # the idle timer leaves it alone from now on
+        handle.address, handle.joined = held.address, True
+        handle.tags.update(held.tags)
+        self._as_kept(handle, held)
+        print(
+            f"[rayflow] spark: joining the Ray-on-Spark cluster {held.name} this process keeps "
+            f"(head {mask_text(held.address)}); it keeps running after this run",
+            flush=True,
+        )
+        self._connect(handle)
+        return True
+
+    # --- a kept cluster, from its record alone (rayflow status, down, logs) ------------------
+
+    def reach(self, kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
+        return kept_holder.reach(kept, headers)
+
+    def down(self, kept: KeptCluster) -> None:
+        kept_holder.down(kept)
 
 
 def _restore_env(key: str, value: str | None) -> None:

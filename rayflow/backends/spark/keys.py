@@ -8,6 +8,7 @@ from rayflow.schema.kinds import (
     SECONDS_MAX,
     Boolean,
     Bytes,
+    IdleMinutes,
     Integer,
     KeyedError,
     Mapping,
@@ -32,6 +33,15 @@ class Spark(Section):
     hybrid: Boolean = Field(
         description="Spark jobs run beside Ray; enforces the Databricks rules "
         "(head resources unset, fewer Ray worker nodes than Spark workers)"
+    )
+    keep_cluster: Boolean = Field(
+        description="leave the Ray-on-Spark cluster running in this process (a notebook kernel) "
+        "when the run ends; the next run in it joins it"
+    )
+    autostop_idle_minutes: IdleMinutes = Field(
+        description="tear a kept cluster down after this many minutes with no run, no connected "
+        "driver and no waiting demand, by a timer in the process that keeps it (it goes with "
+        "that process anyway); null: 60 for a kept cluster (`keep_cluster=true`); 0: never"
     )
     min_worker_nodes: Integer(0) = Field(
         description="Ray worker nodes kept up; autoscaling when min < max"
