@@ -5,8 +5,10 @@ Slow: each cluster takes ~10 s for Spark and ~30 s for Ray on 2 cores.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,11 +18,13 @@ from rayflow.backends import backend_for
 from rayflow.errors import ConfigError
 from rayflow.orchestrator.cluster import running
 from rayflow.orchestrator.compose import compose_config
+from rayflow.runtime.processes import pids_mentioning
 from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.hydra_app import KeptCluster, sweep_comes_home
+from tests.harness.notebook_kernel import Kernel, rayflow_command, status
 from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
 
 pytest.importorskip("pyspark")
@@ -37,6 +41,69 @@ LOCAL_MODE = [
     "backend.num_cpus_worker_node=null",
     "backend.num_gpus_worker_node=null",
 ]
+
+
+# --- a cluster kept in a notebook kernel ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kept_kernel(tmp_path_factory):
+    """A notebook kernel (tests/harness/notebook_kernel.py: a process of its own, its HOME and
+    kept-cluster registry the test's) whose first run kept its Ray-on-Spark cluster with a
+    one-minute autostop. The first test looks at it and runs the kernel's second run on it; the
+    module's other tests run while it idles; the last finds it shut down by the kernel's idle
+    timer, the kernel alive, and stops a new one with `rayflow down` from another process."""
+    tmp = tmp_path_factory.mktemp("kept-spark")
+    work = tmp / "notebook"  # the user's folder, outside the package
+    work.mkdir()
+    env = dict(
+        os.environ,
+        HOME=str(tmp / "home"),
+        XDG_CACHE_HOME=str(tmp / "cache"),
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("RAY_AUTH_MODE", None)  # rayflow makes driver and cluster agree by itself
+    env.pop("MLFLOW_TRACKING_URI", None)
+    kernel = Kernel(work, env)
+    kernel.env, kernel.cache = env, tmp / "cache"
+    try:
+        assert "done" in kernel.says("KERNEL first", timeout=300), kernel.output()[-4000:]
+        kernel.says("KERNEL ready", timeout=30)
+        yield kernel
+    finally:
+        kernel.close()
+
+
+def test_a_cluster_kept_in_a_kernel_is_seen_and_joined_by_the_kernels_next_run(kept_kernel):
+    kernel, env = kept_kernel, kept_kernel.env
+    name = f"spark-{kernel.proc.pid}"
+    [record] = (kernel.cache / "rayflow" / "clusters").glob("spark.*.json")
+    where = json.loads(record.read_text())["where"]
+    assert where["pid"] == str(kernel.proc.pid) and Path(where["temp_dir"]).is_dir()
+    assert pids_mentioning(where["temp_dir"]), "the kept cluster's Ray nodes run"
+    # `rayflow status` (another process, the same HOME) sees it idle, with its autostop
+    rows = wait_until(lambda: [r for r in status(env) if r["state"] == "idle"], timeout=60)
+    assert [(r["backend"], r["name"], r["autostop_idle_minutes"]) for r in rows] == [
+        ("spark", name, 1)
+    ], status(env)
+    assert rows[0]["nodes"] == 2 and rows[0]["autostop_in_s"] <= 60
+    # and so does rayflow.clusters() in the kernel itself
+    kernel.send("status")
+    [row] = json.loads(kernel.says("KERNEL status", timeout=60).split(" ", 2)[2])
+    assert (row["name"], row["state"]) == (name, "idle")
+    # `rayflow logs`: a Ray-on-Spark run is a driver in the kernel, no Ray Job: one line
+    logs = rayflow_command(env, "logs", name)
+    assert logs.returncode == 2 and "runs no Ray Jobs" in logs.stderr, logs.stderr
+    assert len(logs.stderr.strip().splitlines()) == 1
+    kernel.send(f"logs {name}")
+    assert "ConfigError rayflow logs: " in kernel.says("KERNEL logs", timeout=60)
+    # the kernel's next run joins it: no second setup_ray_cluster
+    kernel.send("run second")
+    assert "done" in kernel.says("KERNEL second", timeout=240), kernel.output()[-4000:]
+    out = kernel.output()
+    assert f"joining the Ray-on-Spark cluster {name} this process keeps" in out
+    assert out.count("starting Ray on Spark") == 1, out[-4000:]
+    kernel.temp_dir = where["temp_dir"]
 
 
 class TestSpark(LifecycleSuite, DriverConnectionSuite):
@@ -396,3 +463,32 @@ def test_the_spark_cluster_benchmark_runs_in_its_smoke_form(rayflow):
     # a smoke run waits for no scaling: those figures are left unmeasured, and say so
     scaling = ("scale_up_s", "plain_scale_up_s", "scale_down_s", "plain_scale_down_s")
     assert all(result[k] is None for k in scaling), result
+
+
+def test_the_kept_cluster_stopped_itself_in_the_living_kernel_and_down_stops_the_next(
+    kept_kernel,
+):
+    """Last in the module: with no further run, the kernel's idle timer shut its cluster down (its
+    Ray nodes gone, the kernel alive); `status` says gone, then nothing. A new kept cluster is
+    torn down by `rayflow down` from another process: its Ray nodes at once, the rest (the
+    SparkSession rayflow built) by the kernel's timer."""
+    kernel, env = kept_kernel, kept_kernel.env
+    name, temp_dir = f"spark-{kernel.proc.pid}", getattr(kernel, "temp_dir", None)
+    assert temp_dir, "the first test did not get as far as the second run"
+    kernel.says("[rayflow] spark: shutting down the kept cluster", timeout=150)
+    assert wait_until(lambda: not pids_mentioning(temp_dir), timeout=60), pids_mentioning(temp_dir)
+    assert kernel.proc.poll() is None and "idle for 1 min" in kernel.output()
+    assert [(r["name"], r["state"]) for r in status(env)] == [(name, "gone")]
+    done = rayflow_command(env, "status")
+    assert done.returncode == 0 and done.stdout.strip() == "no kept clusters"
+
+    kernel.send("run third")
+    assert "done" in kernel.says("KERNEL third", timeout=300), kernel.output()[-4000:]
+    [record] = (kernel.cache / "rayflow" / "clusters").glob("spark.*.json")
+    where = json.loads(record.read_text())["where"]
+    assert pids_mentioning(where["temp_dir"])
+    down = rayflow_command(env, "down", name)
+    assert down.returncode == 0 and f"{name}: torn down" in down.stdout, down.stderr
+    assert not pids_mentioning(where["temp_dir"])
+    kernel.says(f"[rayflow] spark: shutting down the kept cluster {name} (its head", 30)
+    assert kernel.proc.poll() is None and status(env) == []
