@@ -2,7 +2,7 @@
 of a name rayflow did not keep, and of a kept cluster that went away behind rayflow's back (shown
 gone once, then forgotten; its last job's log still read from MLflow). The commands on live
 clusters are tested where each backend's cluster is: test_vm.py (fake_multinode), test_vm_ssh.py
-(SSH hosts), test_kuberay.py (the emulator), test_spark_kept.py (a notebook kernel)."""
+(SSH hosts), test_kuberay.py (the emulator), test_spark.py (a notebook kernel)."""
 
 from __future__ import annotations
 
