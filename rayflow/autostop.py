@@ -104,8 +104,12 @@ def watch(spec: dict[str, Any]) -> bool:
 
 
 def _stop_processes(spec: dict[str, Any]) -> None:
-    from rayflow.backends.vm.kept_ops import stop_fake
+    from rayflow.backends.vm.kept_ops import not_rayflows, stop_fake
 
+    problem = not_rayflows(spec["temp_dir"], fake=True)
+    if problem:  # never stop processes by a path that is not a fake cluster's
+        print(f"[autostop] {problem}", flush=True)
+        return
     stop_fake(spec["temp_dir"])
 
 

@@ -1,16 +1,15 @@
 """`python -m rayflow.teardown PATH`: stop a cluster rayflow started, after its client died.
 
-rayflow prints this command on every error path of a backend=vm run, and for a cluster kept
-running (`backend.keep_cluster=true`). PATH is what that run left: the temp dir of a
-fake_multinode cluster (every process naming it is stopped), or the cluster YAML of a
-local/aws/gcp cluster (Ray's teardown_cluster, and `ray stop` on the worker hosts of a local
-cluster, which `ray down` leaves running). The cluster's record in this user's state folder
-(rayflow.backends.vm.state) goes with it.
+rayflow prints this command on every error path of a backend=vm run (a kept cluster is stopped
+with `rayflow down NAME`, which reads its record; this needs none). PATH is what that run left:
+the temp dir of a fake_multinode cluster (every process naming it is stopped), or the cluster
+YAML of a local/aws/gcp cluster (Ray's teardown_cluster, and `ray stop` on the worker hosts of a
+local cluster, which `ray down` leaves running). The cluster's records in this user's state
+folders (rayflow.backends.vm.state, rayflow.backends.kept) go with it.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -25,11 +24,7 @@ def main(argv: list[str]) -> int:
 
     if path.is_dir():
         # only what rayflow made: its processes are stopped and the folder removed
-        if not (
-            path.name.startswith("rf-vm-")
-            and (path / "autoscaling.yaml").is_file()
-            and path.stat().st_uid == os.getuid()
-        ):
+        if kept_ops.not_rayflows(str(path), fake=True):
             print(
                 f"rayflow.teardown: {path} is not a fake_multinode cluster's temp dir of yours "
                 "(rf-vm-*, with its autoscaling.yaml): nothing stopped",

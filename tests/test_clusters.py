@@ -93,3 +93,25 @@ def test_a_cluster_gone_behind_rayflows_back_is_shown_gone_once_and_its_last_log
     assert "the job ran" in out.stdout and "hunter2-PLANTED" not in out.stdout
     out = command("logs", "rf-gone", "raysubmit_0")
     assert out.returncode == 2 and "only its last job's log (raysubmit_1) was kept" in out.stderr
+
+
+def test_down_stops_nothing_by_a_record_that_names_what_rayflow_did_not_make(cache, tmp_path):
+    """A record is this user's own file; what it names is checked all the same before anything
+    is stopped by it: a folder that is not a fake cluster's temp dir stops no process."""
+    theirs = tmp_path / "important"
+    theirs.mkdir()
+    kept.keep(
+        kept.KeptCluster(
+            backend="vm",
+            name="rf-edited",
+            owner_run="0123abcd",
+            section={"name": "vm", "provider": "fake_multinode"},
+            where={"provider": "fake_multinode", "temp_dir": str(theirs)},
+        )
+    )
+    out = command("down", "rf-edited")
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        f"rayflow: error: vm cluster rf-edited: {theirs} is not a fake_multinode cluster's temp "
+        "dir of yours (rf-vm-*): nothing stopped"
+    ], out.stderr
+    assert theirs.is_dir()

@@ -61,7 +61,7 @@ def client_for(monkeypatch):
 def test_a_gateway_that_cannot_reach_the_head_ends_the_wait_in_one_line(client_for, status):
     client = client_for(status)
     with pytest.raises(ClusterError) as raised:
-        submission._wait(client, "raysubmit_x")
+        submission.wait_for_end(client, "raysubmit_x")
     message = str(raised.value)
     assert "stopped answering for 1 s while job raysubmit_x ran" in message
     assert f"status code {status}" in message and "\n" not in message
@@ -78,7 +78,7 @@ def test_stopping_a_job_behind_a_gateway_that_cannot_reach_the_head_warns(client
 
 def test_an_error_of_the_jobs_api_itself_is_not_taken_for_an_unreachable_head(client_for):
     with pytest.raises(RuntimeError, match="status code 500"):
-        submission._wait(client_for(500), "raysubmit_x")
+        submission.wait_for_end(client_for(500), "raysubmit_x")
 
 
 def test_the_kuberay_relay_answers_502_for_an_api_server_that_says_nothing(monkeypatch):

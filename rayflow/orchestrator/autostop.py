@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rayflow.backends import ClusterHandle
 from rayflow.errors import JobError
-from rayflow.orchestrator.submission import _client, _submitted, stage_package, submission
+from rayflow.orchestrator.submission import jobs_client, stage_package, submission, submitted_id
 from rayflow.runtime.activity import WATCHER_PREFIX
 
 
@@ -26,7 +26,7 @@ def arm(handle: ClusterHandle, minutes: float) -> str:
     job_id = f"{WATCHER_PREFIX}{handle.owner_run}"
     spec = {**handle.autostop, "idle_minutes": minutes}
     names = handle.autostop.get("temp_dir") or handle.name or ""
-    client = _client(handle.address, handle.submission.headers)
+    client = jobs_client(handle.address, handle.submission.headers)
     with tempfile.TemporaryDirectory(prefix="rayflow-job-") as tmp:
         arguments = submission(
             [handle.submission.python, "-m", "rayflow.autostop", names],
@@ -35,7 +35,7 @@ def arm(handle: ClusterHandle, minutes: float) -> str:
             None,
         )
         arguments.update(submission_id=job_id, entrypoint_num_cpus=0)
-        _submitted(client, arguments, handle.address, 120)
+        submitted_id(client, arguments, handle.address, 120)
     return job_id
 
 

@@ -12,7 +12,7 @@ from rayflow.backends import ClusterHandle, backend_of
 from rayflow.backends.kept import KeptCluster
 from rayflow.errors import ConfigError
 from rayflow.orchestrator.job_logs import JOB_LOG, LogStream, whole_log
-from rayflow.orchestrator.submission import _client, _wait
+from rayflow.orchestrator.submission import jobs_client, wait_for_end
 from rayflow.results.run_result import RESULT_MARKER
 from rayflow.runtime.activity import user_jobs
 from rayflow.security.redaction import mask_text
@@ -52,7 +52,7 @@ def job_log(handle: ClusterHandle, kept: KeptCluster, job: str | None, follow: b
     """The job's whole log (masked); with `follow`, streamed to stdout until the job ends ("")."""
     assert handle.submission is not None
     job_id = _job_id(handle, kept, job)
-    client = _client(handle.address, handle.submission.headers)
+    client = jobs_client(handle.address, handle.submission.headers)
     if not follow:  # the job's signed result line is for the run that submitted it
         log = whole_log(client, job_id, [])
         return "".join(
@@ -61,7 +61,7 @@ def job_log(handle: ClusterHandle, kept: KeptCluster, job: str | None, follow: b
     stream = LogStream(client, job_id, RESULT_MARKER, verbose=True)
     stream.start()
     try:
-        _wait(client, job_id)
+        wait_for_end(client, job_id)
     finally:
         stream.join(timeout=10)
     return ""

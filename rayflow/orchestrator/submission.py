@@ -207,12 +207,12 @@ def run_as_job(
     the job's, `request` goes with the job as a file (stage_request: never on its command line),
     `on_submitted(job_id)` is called once the job exists (a RayJob tracks it), and `verbose` (the
     root key) says whether the autoscaler's lines are streamed as they are or summarised."""
-    client = _client(dashboard_url, headers)
+    client = jobs_client(dashboard_url, headers)
     with tempfile.TemporaryDirectory(prefix="rayflow-job-") as tmp:
         package = stage_package(Path(tmp))
         staged = stage_request(Path(tmp), request) if request is not None else None
         arguments = submission(entrypoint, env, package, runtime_env, staged)
-        job_id = _submitted(client, arguments, mask_text(dashboard_url), agent_timeout_s)
+        job_id = submitted_id(client, arguments, mask_text(dashboard_url), agent_timeout_s)
     print(
         f"[rayflow] submitted job {job_id}; dashboard: {mask_text(dashboard_url)}/#/jobs/{job_id}",
         flush=True,
@@ -226,7 +226,7 @@ def run_as_job(
     stream = LogStream(client, job_id, hidden, verbose)
     stream.start()
     try:
-        status = _wait(client, job_id)
+        status = wait_for_end(client, job_id)
     except BaseException:  # Ctrl-C, SIGTERM: stop the job before the cluster goes
         print(f"[rayflow] stopping job {job_id}", file=sys.stderr, flush=True)
         _stop(client, job_id, deadline=time.monotonic() + stop_timeout_s)
@@ -236,7 +236,7 @@ def run_as_job(
     return _outcome(client, job_id, status, stream.lines)
 
 
-def _client(dashboard_url: str, headers: dict[str, str] | None) -> Any:
+def jobs_client(dashboard_url: str, headers: dict[str, str] | None) -> Any:
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
@@ -248,7 +248,7 @@ def _client(dashboard_url: str, headers: dict[str, str] | None) -> Any:
         ) from None
 
 
-def _submitted(client: Any, arguments: dict[str, Any], shown: str, agent_timeout_s: float) -> str:
+def submitted_id(client: Any, arguments: dict[str, Any], shown: str, agent_timeout_s: float) -> str:
     """The job's id, once the Jobs API took it: a head whose dashboard answers before its job agent
     registers is asked again until `agent_timeout_s`."""
     from ray.exceptions import AuthenticationError
@@ -308,7 +308,7 @@ def _stop(client: Any, job_id: str, deadline: float) -> None:
     )
 
 
-def _wait(client: Any, job_id: str, deadline: float | None = None) -> str:
+def wait_for_end(client: Any, job_id: str, deadline: float | None = None) -> str:
     """Poll the job until it ends (or `deadline`). A head that stops answering for
     UNREACHABLE_S fails the run in one line naming it, not with the HTTP client's traceback."""
     unreachable_since: float | None = None

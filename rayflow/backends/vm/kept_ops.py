@@ -100,22 +100,41 @@ def _reach_through_ssh(
     return handle
 
 
+def not_rayflows(path: str, fake: bool) -> str | None:
+    """Why `path` is not what a run of this user's made for a vm cluster (a fake cluster's temp
+    dir `rf-vm-*` with its autoscaling.yaml; a cluster YAML in such a folder), or None. A record
+    is this user's own file, yet what it names is checked before anything is stopped by it."""
+    folder = Path(path) if fake else Path(path).parent
+    made = folder / "autoscaling.yaml" if fake else Path(path)
+    try:
+        mine = folder.stat().st_uid == os.getuid() and made.is_file()
+    except OSError:
+        mine = False
+    if folder.name.startswith("rf-vm-") and mine:
+        return None
+    what = "a fake_multinode cluster's temp dir" if fake else "a cluster YAML rayflow wrote"
+    return f"{path} is not {what} of yours (rf-vm-*): nothing stopped"
+
+
 def down(kept: KeptCluster, launcher_env: dict[str, str]) -> None:
     """Tear down what the run that kept it started: the fake cluster's processes and temp dir, or
     the SDK's `teardown_cluster` of its cluster YAML (and `ray stop` on SSH worker hosts, which
-    Ray's teardown leaves running). Idempotent; the name's vm record goes with it."""
+    Ray's teardown leaves running). Idempotent; the name's vm record goes with it. A path that
+    is gone is a cluster gone; one that is not rayflow's is refused."""
     from rayflow.backends.vm import state
 
-    where = kept.where
-    if where.get("provider") == "fake_multinode":
-        stop_fake(where["temp_dir"])
-        state.forget(where["temp_dir"])
-        return
-    config_file = where.get("config_file", "")
-    if Path(config_file).is_file():
-        with scoped_env(launcher_env):
-            stop_sdk(config_file)
-    state.forget(config_file)
+    fake = kept.where.get("provider") == "fake_multinode"
+    path = kept.where.get("temp_dir" if fake else "config_file", "")
+    if Path(path).exists():
+        problem = not_rayflows(path, fake)
+        if problem:
+            raise ClusterError(f"vm cluster {kept.name}: {problem}")
+        if fake:
+            stop_fake(path)
+        else:
+            with scoped_env(launcher_env):
+                stop_sdk(path)
+    state.forget(path)
 
 
 def stop_fake(temp_dir: str) -> None:
