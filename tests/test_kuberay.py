@@ -811,6 +811,32 @@ def test_dry_run_prints_the_manifest_without_a_token(rayflow, emulator):
     assert not emulator.objects("rayclusters"), "a dry run applies nothing"
 
 
+def test_a_kept_clusters_dry_run_prints_the_rbac_of_its_autostop(rayflow, emulator):
+    """`dry_run=true ... | kubectl apply -f -` applies what a run would: with keep_cluster, the
+    RayCluster whose head runs as its autostop account, then that account, its Role (get and
+    delete on that RayCluster only) and the RoleBinding."""
+    out = rayflow.run(
+        *kuberay(emulator, "backend.keep_cluster=true"), "dry_run=true", "tracking=none"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    cluster, account, role, binding = yaml.safe_load_all(out.stdout)
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    assert head["serviceAccountName"] == account["metadata"]["name"] == "rayflow-autostop"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["ray.io"],
+            "resources": ["rayclusters"],
+            "resourceNames": ["rayflow"],
+            "verbs": ["get", "delete"],
+        }
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rayflow-autostop", "namespace": "default"}
+    ]
+    assert not emulator.objects("rayclusters"), "a dry run applies nothing"
+
+
 def test_the_kept_raycluster_was_deleted_by_its_own_head(autostopping):
     """Last in the module: a minute after its job the watcher on the head deleted the RayCluster
     through the API server as its service account (no rayflow client alive); its RBAC went with
