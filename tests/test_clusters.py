@@ -115,3 +115,20 @@ def test_down_stops_nothing_by_a_record_that_names_what_rayflow_did_not_make(cac
         "dir of yours (rf-vm-*): nothing stopped"
     ], out.stderr
     assert theirs.is_dir()
+
+
+def test_down_all_takes_every_record_and_leaves_none(cache, tmp_path):
+    for name in ("rf-one", "rf-two"):
+        kept.keep(
+            kept.KeptCluster(
+                backend="vm",
+                name=name,
+                owner_run=f"{name}-run",
+                section={"name": "vm", "provider": "fake_multinode"},
+                where={"provider": "fake_multinode", "temp_dir": str(tmp_path / f"rf-vm-{name}")},
+            )
+        )
+    out = command("down", "--all")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[rayflow] rf-one: torn down", "[rayflow] rf-two: torn down"]
+    assert command("status").stdout.strip() == "no kept clusters"
