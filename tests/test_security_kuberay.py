@@ -318,7 +318,12 @@ def test_a_kept_cluster_is_joined_by_name_and_never_deleted_by_the_joiner(kube_w
         "rayflow",
         keeper.owner_run,
     )
+    # deleted behind rayflow's back (kubectl delete): `rayflow status` says gone, then nothing
     emulator.delete("rayclusters", "default", "rayflow")
+    import rayflow
+
+    assert [(r.name, r.state) for r in rayflow.clusters()] == [("rayflow", "gone")]
+    assert rayflow.clusters() == []
 
 
 def test_a_raycluster_rayflow_did_not_make_is_joined_only_with_keep_cluster_and_never_deleted(

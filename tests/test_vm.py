@@ -383,7 +383,7 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_toke
 ):
     """Clusters have owners, on one real cluster: while a run holds its (kept) cluster, a second
     run of the same name is refused in one line before it starts anything; once the first ended,
-    a later run that names it joins it and leaves it running; `python -m rayflow.teardown` stops it.
+    a later run that names it joins it and leaves it running; `rayflow down` stops it.
     The head asks for the token too: a client holding another one gets one line, not a traceback
     (a process of its own: Ray caches the token a process read first)."""
     import os
@@ -456,11 +456,19 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_toke
             assert joined.address == first.address
         wait_for_dashboard(first.address, 5, "the joined cluster")
         assert state.read("rf-owned")["kept"] and state.read("rf-owned")["holder"] is None
-    finally:
+        # `rayflow down` tears it down by its record, as the run that kept it would have
+        down = subprocess.run(
+            [sys.executable, "-m", "rayflow", "down", "rf-owned"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert down.returncode == 0 and down.stdout.strip() == "[rayflow] rf-owned: torn down", (
+            down.stdout + down.stderr
+        )
+    finally:  # whatever failed above: the command every error path prints
         subprocess.run(
-            [sys.executable, "-m", "rayflow.teardown", kept.rsplit(" ", 1)[-1]],
-            check=True,
-            timeout=120,
+            [sys.executable, "-m", "rayflow.teardown", kept.rsplit(" ", 1)[-1]], timeout=120
         )
     assert (
         wait_until(lambda: not (ray_daemon_pids() - before), timeout=60)
