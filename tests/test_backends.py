@@ -107,7 +107,9 @@ class TestAttach(LifecycleSuite, DriverConnectionSuite):
 def test_the_backend_contract_is_small():
     """What every backend answers (render, check, capacity, start -> handle, stop), the one choice
     that shapes a run (submits_jobs), whether its nodes see this machine's files and whether they
-    are one machine's (a folder for storage_path); the rest is its config. A cluster's run state is the handle's, not the backend's."""
+    are one machine's (a folder for storage_path), and whether it keeps a cluster for later runs
+    (keeps_clusters: reach and down, from the kept cluster's record); the rest is its config. A
+    cluster's run state is the handle's, not the backend's."""
     from rayflow.backends import ClusterBackend, ClusterHandle
 
     members = {name for name in dir(ClusterBackend) if not name.startswith("_")}
@@ -120,6 +122,9 @@ def test_the_backend_contract_is_small():
         "submits_jobs",
         "shares_filesystem",
         "single_machine",
+        "keeps_clusters",
+        "reach",
+        "down",
         "name",
     }
     backend = backend_for(compose_config())

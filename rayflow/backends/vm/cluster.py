@@ -19,6 +19,7 @@ did not start, and join a kept one with `no_restart=True`.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import shutil
 import socket
@@ -98,7 +99,8 @@ def wait_for_dashboard(url: str, timeout_s: float, what: str) -> None:
                 return
         except urllib.error.HTTPError:
             return
-        except (urllib.error.URLError, OSError):
+        # not (yet) the dashboard: nothing there, or another server on the port (HTTP/2 bytes)
+        except (urllib.error.URLError, http.client.HTTPException, OSError):
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s "
