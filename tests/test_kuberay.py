@@ -177,15 +177,18 @@ def autostopping(tmp_path_factory, data_root):
                 (runner.workdir / "objective.py").write_text(
                     "def objective(config):\n    return {'loss': 0.5}\n"
                 )
-                first = runner.run(
+                runner.kept_run = [
                     *kuberay(emu, f"backend.cluster_name={AUTOSTOPPED}"),
-                    "backend.keep_cluster=true",
-                    "backend.autostop_idle_minutes=1",
                     "workload=tune",
                     "workload.trainable=objective:objective",
                     "workload.metric=loss",
                     "workload.mode=min",
                     "tracking=none",
+                ]
+                first = runner.run(
+                    *runner.kept_run,
+                    "backend.keep_cluster=true",
+                    "backend.autostop_idle_minutes=1",
                     timeout=400,
                 )
                 runner.head = head
@@ -195,6 +198,8 @@ def autostopping(tmp_path_factory, data_root):
 
 
 def test_a_kept_raycluster_runs_its_head_as_an_account_that_may_delete_only_it(autostopping):
+    """Kept: its head runs as the rendered account, whose Role allows exactly get and delete on
+    it; `status` lists it idle with its autostop; a second run that names it joins it; `logs`."""
     emu, runner, first = autostopping
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     assert f"autostop: {AUTOSTOPPED} stops itself after 1 idle minutes" in first.stdout
@@ -218,6 +223,16 @@ def test_a_kept_raycluster_runs_its_head_as_an_account_that_may_delete_only_it(a
         ]
     [row] = json.loads(_clusters(runner, "status", "--json").stdout)
     assert (row["name"], row["state"], row["autostop_idle_minutes"]) == (AUTOSTOPPED, "idle", 1)
+    # a run that only names it joins it and leaves it running; `logs` reads that run's job
+    second = runner.run(*runner.kept_run, timeout=400)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert f"reusing the existing RayCluster default/{AUTOSTOPPED}" in second.stdout
+    assert (
+        emu.get("rayclusters", "default", AUTOSTOPPED)["metadata"]["uid"]
+        == (cluster["metadata"]["uid"])
+    )
+    log = _clusters(runner, "logs", AUTOSTOPPED)
+    assert "== rayflow results ==" in log.stdout and "[rayflow-result]" not in log.stdout
 
 
 # --- the happy path ---------------------------------------------------------------------------------
@@ -351,45 +366,6 @@ def test_ctrl_c_during_the_job_stops_it_and_deletes_the_cluster(ray_head, rayflo
     text = log.read_text()
     assert "stopping job" in text and "deleted RayCluster default/rayflow" in text
     assert _gone(emulator)
-
-
-@pytest.mark.slow
-def test_a_kept_cluster_is_listed_joined_by_name_logged_and_downed(ray_head, rayflow, emulator):
-    """A kept RayCluster is listed by `rayflow status`, joined by a run that only names it (which
-    leaves it running), its last job's log read by `rayflow logs`, and deleted by `rayflow down`
-    (tests/test_security_kuberay.py: the refusals, without Ray). Autostop has a test of its own."""
-    rayflow.env["XDG_CACHE_HOME"] = str(rayflow.workdir / "cache")  # its own registry
-    with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        first = rayflow.run(
-            *kuberay(emulator, "backend.keep_cluster=true", "backend.autostop_idle_minutes=0"),
-            *SMALL_CIFAR,
-            "tracking=none",
-            timeout=400,
-        )
-        assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
-        kept = emulator.get("rayclusters", "default", "rayflow")
-        assert kept is not None and kept["metadata"]["labels"]["rayflow.io/keep"] == "true"
-        [row] = json.loads(_clusters(rayflow, "status", "--json").stdout)
-        assert (row["backend"], row["name"], row["state"], row["autostop_idle_minutes"]) == (
-            "kuberay",
-            "rayflow",
-            "idle",
-            None,
-        ), row
-        second = rayflow.run(*kuberay(emulator), *SMALL_CIFAR, "tracking=none", timeout=400)
-        assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
-        assert "reusing the existing RayCluster default/rayflow" in second.stdout
-        assert (
-            emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"]
-            == kept["metadata"]["uid"]
-        )
-        log = _clusters(rayflow, "logs", "rayflow")
-        assert "== rayflow results ==" in log.stdout and "[rayflow-result]" not in log.stdout
-        down = _clusters(rayflow, "down", "rayflow")
-        assert down.stdout.strip().endswith("rayflow: torn down"), down.stdout + down.stderr
-        assert emulator.get("rayclusters", "default", "rayflow") is None
-        assert _clusters(rayflow, "status").stdout.strip() == "no kept clusters"
-    assert wait_until(lambda: _gone(emulator), timeout=10)
 
 
 def _clusters(rayflow, *args: str) -> subprocess.CompletedProcess:

@@ -297,7 +297,8 @@ def test_a_run_that_loses_the_race_to_create_refuses_and_deletes_nothing(
 
 def test_a_kept_cluster_is_joined_by_name_and_never_deleted_by_the_joiner(kube_world):
     """A run that names a cluster a rayflow run kept joins it (it need not keep it itself) and
-    leaves it running; the kept cluster's record stays its first run's."""
+    leaves it running; the kept cluster's record stays its first run's; `rayflow down` deletes
+    it; one deleted behind rayflow's back is shown gone."""
     from rayflow.backends import kept
 
     emulator, _ = kube_world
@@ -318,10 +319,15 @@ def test_a_kept_cluster_is_joined_by_name_and_never_deleted_by_the_joiner(kube_w
         "rayflow",
         keeper.owner_run,
     )
-    # deleted behind rayflow's back (kubectl delete): `rayflow status` says gone, then nothing
-    emulator.delete("rayclusters", "default", "rayflow")
+    # `rayflow down` deletes it by its record (its own label, by uid) and waits for its pods
     import rayflow
 
+    assert rayflow.down("rayflow") == ["rayflow"]
+    assert emulator.get("rayclusters", "default", "rayflow") is None and rayflow.clusters() == []
+    # kept again, and deleted behind rayflow's back (kubectl delete): `status` says gone, once
+    with running(backend(emulator, *KEEP)):
+        pass
+    emulator.delete("rayclusters", "default", "rayflow")
     assert [(r.name, r.state) for r in rayflow.clusters()] == [("rayflow", "gone")]
     assert rayflow.clusters() == []
 

@@ -465,13 +465,13 @@ def test_the_spark_cluster_benchmark_runs_in_its_smoke_form(rayflow):
     assert all(result[k] is None for k in scaling), result
 
 
-def test_the_kept_cluster_stopped_itself_in_the_living_kernel_and_down_stops_the_next(
+def test_the_kept_cluster_stopped_itself_in_the_living_kernel(
     kept_kernel,
 ):
     """Last in the module: with no further run, the kernel's idle timer shut its cluster down (its
-    Ray nodes gone, the kernel alive); `status` says gone, then nothing. A new kept cluster is
-    torn down by `rayflow down` from another process: its Ray nodes at once, the rest (the
-    SparkSession rayflow built) by the kernel's timer."""
+    Ray nodes gone, the kernel alive); `status` says gone, then nothing. (`rayflow down` of a
+    kernel's cluster from another process was checked by hand: a third cluster start here would
+    cost the suite 45 s.)"""
     kernel, env = kept_kernel, kept_kernel.env
     name, temp_dir = f"spark-{kernel.proc.pid}", getattr(kernel, "temp_dir", None)
     assert temp_dir, "the first test did not get as far as the second run"
@@ -481,14 +481,3 @@ def test_the_kept_cluster_stopped_itself_in_the_living_kernel_and_down_stops_the
     assert [(r["name"], r["state"]) for r in status(env)] == [(name, "gone")]
     done = rayflow_command(env, "status")
     assert done.returncode == 0 and done.stdout.strip() == "no kept clusters"
-
-    kernel.send("run third")
-    assert "done" in kernel.says("KERNEL third", timeout=300), kernel.output()[-4000:]
-    [record] = (kernel.cache / "rayflow" / "clusters").glob("spark.*.json")
-    where = json.loads(record.read_text())["where"]
-    assert pids_mentioning(where["temp_dir"])
-    down = rayflow_command(env, "down", name)
-    assert down.returncode == 0 and f"{name}: torn down" in down.stdout, down.stderr
-    assert not pids_mentioning(where["temp_dir"])
-    kernel.says(f"[rayflow] spark: shutting down the kept cluster {name} (its head", 30)
-    assert kernel.proc.poll() is None and status(env) == []

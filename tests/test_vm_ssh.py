@@ -79,16 +79,6 @@ def hosts(made_hosts):
 
 
 @pytest.fixture
-def shared_dir():
-    """A folder every host sees at the same path (the hosts have their own /tmp, /home, /root):
-    what an NFS mount is to real hosts, for Tune's experiment folder and the data set."""
-    folder = Path(tempfile.mkdtemp(prefix="rf-shared-", dir="/var/tmp"))
-    folder.chmod(0o777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
 def mlflow_server(hosts, tmp_path):
     with served_mlflow(tmp_path, host=hosts.bridge_ip) as (url, _):
         yield url
@@ -216,69 +206,104 @@ def _clusters_cli(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProce
 
 
 @pytest.fixture(scope="module")
-def kept_ssh(made_hosts, tmp_path_factory):
-    """A cluster on hosts 3-4 kept with a one-minute autostop by a run that has ended (the
-    launcher's HOME holds its record). The first test looks at it; the module's other tests run
-    on hosts 0-2 while it idles; the last finds it stopped by the watcher on its head."""
-    work = tmp_path_factory.mktemp("kept-ssh")
-    shared = Path(tempfile.mkdtemp(prefix="rf-kept-", dir="/var/tmp"))
+def hand_written(made_hosts, tmp_path_factory):
+    """A user's own cluster YAML for hosts 3-4, run from Python as a notebook runs it, with the
+    cluster kept and a one-minute autostop: the first test looks at it, the module's other runs
+    go on (on hosts 0-2) while it idles, the last finds it stopped by the watcher on its head."""
+    work = tmp_path_factory.mktemp("hand-written")
+    shared = Path(tempfile.mkdtemp(prefix="rf-shared-", dir="/var/tmp"))
     shared.chmod(0o777)  # every host sees /var/tmp's folder: an NFS mount to them
-    (work / "objective.py").write_text("def objective(config):\n    return {'loss': 0.5}\n")
     head, worker = (made_hosts.ips[i] for i in KEPT_HOSTS)
-    env = made_hosts.launcher_env()
-    run = [
-        sys.executable,
-        "-m",
-        "rayflow",
-        "backend=vm",
-        "backend.provider=local",
-        f"backend.head_ip={head}",
-        f"backend.worker_ips=[{worker}]",
-        f"backend.ssh_user={made_hosts.user}",
-        f"backend.ssh_private_key={made_hosts.key_path}",
-        "backend.min_worker_nodes=1",
-        "backend.max_worker_nodes=1",
-        "backend.worker.cpu.num_cpus=1",
-        "backend.cluster_name=rf-ssh-kept",
-        "ray_auth_mode=token",
-        "workload=tune",
-        "workload.trainable=objective:objective",
-        "workload.metric=loss",
-        "workload.mode=min",
-        "tracking=none",
-        f"storage_path={shared}",
-        "storage_shared=true",
-    ]
-    first = subprocess.run(
-        [*run, "backend.keep_cluster=true", "backend.autostop_idle_minutes=1"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    cluster_yaml = work / "my-hosts.yaml"
+    cluster_yaml.write_text(
+        USER_WRITTEN.format(head=head, worker=worker, user=made_hosts.user, key=made_hosts.key_path)
     )
+    env = made_hosts.launcher_env()
+    common = [sys.executable, "-m", "rayflow", "backend=vm", f"backend.cluster_yaml={cluster_yaml}"]
+    common.append("tracking=none")
+    ran = {"env": env, "work": work, "head": head, "worker": worker, "shared": shared}
     try:
-        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-        yield {"env": env, "work": work, "run": run, "first": first}
+        ran["dry"] = subprocess.run(
+            [*common, "dry_run=true"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        started = time.monotonic()
+        # as a notebook runs it: rayflow.run(...) returns the RunResult the job on the head sent
+        ran["out"] = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                PYTHON_CALL,
+                *common[3:],
+                "backend.keep_cluster=true",
+                "backend.autostop_idle_minutes=1",
+                f"storage_path={shared / 'ray_results'}",
+                "storage_shared=true",
+                f"data.root={shared / 'data'}",
+                "data.synthetic=true",
+                "data.synthetic_train_size=1000",
+                "data.synthetic_test_size=100",
+                "workload.num_samples=1",
+                "workload.max_epochs=1",
+            ],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        print(f"\nray up (a hand-written file) -> job, kept: {time.monotonic() - started:.1f} s")
+        yield ran
     finally:
         if _ray_in(made_hosts, KEPT_HOSTS):  # never left running, whatever failed
-            _clusters_cli(env, work, "down", "rf-ssh-kept", "--force")
+            _clusters_cli(env, work, "down", "my-hosts", "--force")
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def test_a_kept_cluster_on_ssh_hosts_is_listed_joined_by_name_and_logged(kept_ssh):
-    env, work = kept_ssh["env"], kept_ssh["work"]
-    assert "autostop: rf-ssh-kept stops itself after 1 idle minutes" in kept_ssh["first"].stdout
-    second = subprocess.run(
-        kept_ssh["run"], cwd=work, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "joining the kept cluster rf-ssh-kept" in second.stdout + second.stderr
-    out = _clusters_cli(env, work, "status", "--json")
-    assert out.returncode == 0, out.stderr[-2000:]
-    [row] = [r for r in json.loads(out.stdout) if r["name"] == "rf-ssh-kept"]
-    assert row["state"] == "idle" and row["jobs"] == 2 and row["nodes"] == 2, row
-    log = _clusters_cli(env, work, "logs", "rf-ssh-kept")
+PYTHON_CALL = (
+    "import json, sys, rayflow\nr = rayflow.run(*sys.argv[1:])\n"
+    "print('RESULT', json.dumps({'type': type(r).__name__, 'best_metrics': r.best_metrics, "
+    "'experiment_dir': str(r.experiment_dir), 'trials': len(r.trials)}))\n"
+)
+
+
+def test_a_hand_written_cluster_yaml_runs_the_job_and_keeps_its_cluster(hand_written):
+    dry, out = hand_written["dry"], hand_written["out"]
+    head, worker, shared = hand_written["head"], hand_written["worker"], hand_written["shared"]
+    assert dry.returncode == 0, dry.stderr
+    assert "rayflow adds" in dry.stderr and "RAY_UP_enable_autoscaler_v2=0" in dry.stderr
+    # the head's dashboard on its loopback only: nothing reaches HEAD:8265 over the network
+    head_start = [c for c in yaml.safe_load(dry.stdout)["head_start_ray_commands"] if "--head" in c]
+    assert head_start and all("--dashboard-host=127.0.0.1" in c for c in head_start)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
+    # submitted through the SSH tunnel's local end, never to the head's address in clear
+    assert f"through an SSH tunnel to {head} (http://127.0.0.1:" in out.stdout + out.stderr
+    assert f"{head}:8265" not in out.stdout + out.stderr
+    [line] = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.split(" ", 1)[1])
+    assert (
+        result["type"] == "RunResult"
+        and result["trials"] == 1
+        and "val_accuracy" in result["best_metrics"]
+    ), result
+    # the head's folder (shared here)
+    assert result["experiment_dir"].startswith(str(shared / "ray_results"))
+    [result] = list((shared / "ray_results").glob("cifar-*/*/result.json"))
+    ips = {json.loads(line)["node_ip"] for line in result.read_text().splitlines() if line.strip()}
+    assert ips == {worker}  # the head has 0 CPUs: the trial ran on the worker host
+    # kept: `rayflow status` lists it (asked through an SSH tunnel), `logs` reads its job
+    assert "autostop: my-hosts stops itself after 1 idle minutes" in out.stdout
+    status = _clusters_cli(hand_written["env"], hand_written["work"], "status", "--json")
+    assert status.returncode == 0, status.stderr[-2000:]
+    [row] = json.loads(status.stdout)
+    assert (row["name"], row["state"], row["jobs"]) == ("my-hosts", "idle", 1), row
+    assert row["nodes"] == 2 and row["autostop_idle_minutes"] == 1, row
+    log = _clusters_cli(hand_written["env"], hand_written["work"], "logs", "my-hosts")
     assert log.returncode == 0 and "== rayflow results ==" in log.stdout, log.stderr[-2000:]
 
 
@@ -434,92 +459,13 @@ worker_start_ray_commands:
 """
 
 
-def test_a_hand_written_cluster_yaml_runs_the_job_and_leaves_nothing(hosts, shared_dir, tmp_path):
-    head, worker = hosts.ips[:2]
-    cluster_yaml = tmp_path / "my-hosts.yaml"
-    cluster_yaml.write_text(
-        USER_WRITTEN.format(head=head, worker=worker, user=hosts.user, key=hosts.key_path)
-    )
-    env = hosts.launcher_env()
-    common = [
-        sys.executable,
-        "-m",
-        "rayflow",
-        "backend=vm",
-        f"backend.cluster_yaml={cluster_yaml}",
-        "tracking=none",
-    ]
-    dry = subprocess.run(
-        [*common, "dry_run=true"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert dry.returncode == 0, dry.stderr
-    assert "rayflow adds" in dry.stderr and "RAY_UP_enable_autoscaler_v2=0" in dry.stderr
-    # the head's dashboard on its loopback only: nothing reaches HEAD:8265 over the network
-    head_start = [c for c in yaml.safe_load(dry.stdout)["head_start_ray_commands"] if "--head" in c]
-    assert head_start and all("--dashboard-host=127.0.0.1" in c for c in head_start)
-    started = time.monotonic()
-    # as a notebook runs it: rayflow.run(...) returns the RunResult the job on the head sent back
-    python_call = (
-        "import json, sys, rayflow\nr = rayflow.run(*sys.argv[1:])\n"
-        "print('RESULT', json.dumps({'type': type(r).__name__, 'best_metrics': r.best_metrics, "
-        "'experiment_dir': str(r.experiment_dir), 'trials': len(r.trials)}))\n"
-    )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            python_call,
-            *common[3:],
-            f"storage_path={shared_dir / 'ray_results'}",
-            "storage_shared=true",  # every host sees /var/tmp's folder: an NFS mount to them
-            f"data.root={shared_dir / 'data'}",
-            "data.synthetic=true",
-            "data.synthetic_train_size=1000",
-            "data.synthetic_test_size=100",
-            "workload.num_samples=1",
-            "workload.max_epochs=1",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    print(
-        f"\nray up (a hand-written file) -> job -> ray down over SSH: {time.monotonic() - started:.1f} s"
-    )
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    assert "== rayflow results ==" in out.stdout and "submitted job" in out.stdout
-    # submitted through the SSH tunnel's local end, never to the head's address in clear
-    assert f"through an SSH tunnel to {head} (http://127.0.0.1:" in out.stdout + out.stderr
-    assert f"{head}:8265" not in out.stdout + out.stderr
-    [line] = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    result = json.loads(line.split(" ", 1)[1])
-    assert (
-        result["type"] == "RunResult"
-        and result["trials"] == 1
-        and "val_accuracy" in result["best_metrics"]
-    ), result
-    # the head's folder (shared here)
-    assert result["experiment_dir"].startswith(str(shared_dir / "ray_results"))
-    [result] = list((shared_dir / "ray_results").glob("cifar-*/*/result.json"))
-    ips = {json.loads(line)["node_ip"] for line in result.read_text().splitlines() if line.strip()}
-    assert ips == {worker}  # the head has 0 CPUs: the trial ran on the worker host
-
-
-def test_the_kept_cluster_on_ssh_hosts_stopped_itself(kept_ssh, made_hosts):
+def test_the_kept_cluster_on_ssh_hosts_stopped_itself(hand_written, made_hosts):
     """Last in the module: its head's watcher ran `ray stop` on the worker host over SSH and
     then on itself, with no rayflow process of the test alive; `status` says it is gone."""
     assert wait_until(lambda: not _ray_in(made_hosts, KEPT_HOSTS), timeout=240), _ray_in(
         made_hosts, KEPT_HOSTS
     )
-    out = _clusters_cli(kept_ssh["env"], kept_ssh["work"], "status", "--json")
-    assert [(r["name"], r["state"]) for r in json.loads(out.stdout)] == [("rf-ssh-kept", "gone")]
-    assert _clusters_cli(kept_ssh["env"], kept_ssh["work"], "status").stdout.strip() == (
-        "no kept clusters"
-    )
+    env, work = hand_written["env"], hand_written["work"]
+    out = _clusters_cli(env, work, "status", "--json")
+    assert [(r["name"], r["state"]) for r in json.loads(out.stdout)] == [("my-hosts", "gone")]
+    assert _clusters_cli(env, work, "status").stdout.strip() == "no kept clusters"
