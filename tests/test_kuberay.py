@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from rayflow.testing.processes import wait_until
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.kube_emulator import KubeEmulator
+from tests.harness.kube_head import free_ports
 from tests.harness.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
 from tests.harness.mlflow_server import mlflow_server as served_mlflow
 
@@ -35,19 +35,7 @@ pytest.importorskip("kmock")
 
 
 def _free_port() -> int:
-    return _free_ports(1)[0]
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct ports, held open together while chosen (one closed at once may come back)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    return free_ports(1)[0]
 
 
 class RayHead:
@@ -70,7 +58,7 @@ class RayHead:
             PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         )
         env.pop("MLFLOW_TRACKING_URI", None)
-        port, agent, client, metrics, runtime_env = _free_ports(5)
+        port, agent, client, metrics, runtime_env = free_ports(5)
         subprocess.run(
             [
                 str(bin_dir / "ray"),

@@ -99,7 +99,7 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct ports, held open together while chosen (one closed at once may come back)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
@@ -205,7 +205,7 @@ class PodRayHead:
         self.num_cpus = num_cpus
         # short: Ray's socket paths stay < 108 chars
         self.temp_dir = tempfile.mkdtemp(prefix="rf-kp-")
-        self.dashboard_url = f"http://127.0.0.1:{_free_ports(1)[0]}"
+        self.dashboard_url = f"http://127.0.0.1:{free_ports(1)[0]}"
         self.pod = PodNamespace(token=sa_token, ca_path=ca_path, namespace=namespace)
 
     @classmethod
@@ -238,7 +238,7 @@ class PodRayHead:
         )
         for name in ("MLFLOW_TRACKING_URI", "KUBECONFIG"):  # a pod has neither
             env.pop(name, None)
-        port, agent, client, metrics, runtime_env = _free_ports(5)
+        port, agent, client, metrics, runtime_env = free_ports(5)
         command = [
             str(bin_dir / "ray"),
             "start",
