@@ -98,7 +98,7 @@ def test_a_run_an_interrupted_one_resumed_a_refusal_and_another_run_in_one_proce
             os.kill(os.getpid(), signal.SIGINT)
         threading.Thread(target=interrupt, daemon=True).start()
         try:
-            rayflow.run(*BASE, "workload.num_samples=1", "workload.max_epochs=20", "backend.num_cpus=2")
+            rayflow.run(*BASE, "workload.num_samples=1", "workload.max_epochs=8", "backend.num_cpus=2")
             report("interrupt", raised=None)
         except KeyboardInterrupt as err:
             report("interrupt", raised=type(err).__name__, connected=ray_connected(),
@@ -139,7 +139,7 @@ def test_a_run_an_interrupted_one_resumed_a_refusal_and_another_run_in_one_proce
         stopped["raised"] == "RunInterrupted" and not stopped["connected"] and stopped["resumable"]
     )
     assert stopped["env_same"] and stopped["sigint_same"]
-    assert seen["resumed"]["folder"] == stopped["folder"] and seen["resumed"]["epochs"] == [20]
+    assert seen["resumed"]["folder"] == stopped["folder"] and seen["resumed"]["epochs"] == [8]
     assert not seen["resumed"]["connected"]
     # a failed preflight, then a run that works (checked with the first above)
     assert seen["refused"]["key"] == "workload.num_samples"

@@ -104,7 +104,7 @@ def test_a_train_loop_runs_from_the_users_folder(rayflow):
         "workload=train",
         "workload.train_loop=loop:train_loop",
         "workload.num_workers=2",
-        "workload.train_loop_config={epochs: 2, lr: 0.01}",
+        "workload.train_loop_config={epochs: 2, lr: 0.01, batch_size: 512}",  # few all-reduces
         "backend.num_cpus=2",
         timeout=400,
     )
