@@ -71,11 +71,12 @@ def _node_config(b: dict, kind: str) -> dict:
         b.get("head_instance_type") if kind == "head" else t.get("instance_type")
     ) or DEFAULT_INSTANCE.get(provider, {}).get(kind)
     if provider == "aws":
-        config = {"InstanceType": instance}
+        config: dict[str, Any] = {"InstanceType": instance}
         if b.get("ami"):
-            config["ImageId"] = b[
-                "ami"
-            ]  # else Ray's Deep Learning AMI for the region (NVIDIA drivers included)
+            # else Ray's Deep Learning AMI for the region (NVIDIA drivers included)
+            config["ImageId"] = b["ami"]
+        if t.get("spot"):  # EC2 reclaims it with two minutes' notice
+            config["InstanceMarketOptions"] = {"MarketType": "spot"}
         return config
     if provider == "gcp":
         image = b.get("source_image") or GCP_IMAGE["gpu" if kind == "gpu" else "cpu"]
@@ -90,6 +91,11 @@ def _node_config(b: dict, kind: str) -> dict:
                 }
             ],
         }
+        if t.get("spot"):  # Spot VMs: deleted when reclaimed, never left stopped (billing disks)
+            config["scheduling"] = {
+                "provisioningModel": "SPOT",
+                "instanceTerminationAction": "DELETE",
+            }
         if kind == "gpu":
             config["guestAccelerators"] = [
                 {
@@ -97,7 +103,8 @@ def _node_config(b: dict, kind: str) -> dict:
                     "acceleratorCount": int(t["num_gpus"]),
                 }
             ]
-            config["scheduling"] = {"onHostMaintenance": "TERMINATE"}  # GPU VMs cannot live-migrate
+            # GPU VMs cannot live-migrate
+            config.setdefault("scheduling", {})["onHostMaintenance"] = "TERMINATE"
             config["metadata"] = {"items": [{"key": "install-nvidia-driver", "value": "True"}]}
         return config
     return {}

@@ -119,6 +119,7 @@ RENDERING_KEYS = (
 TYPE_ONLY_FOR = {
     "instance_type": CLOUDS,
     "accelerator_type": ("gcp",),
+    "spot": CLOUDS,
     "min_workers": ("fake_multinode", "aws", "gcp"),
     "max_workers": ("fake_multinode", "aws", "gcp"),
 }
@@ -270,6 +271,11 @@ class CpuNodeType(Part):
     )
     instance_type: OptionalText = Field(
         description="aws/gcp; null: m5.large (aws), n1-standard-2 (gcp)"
+    )
+    spot: Boolean = Field(
+        description="aws/gcp: spot (preemptible) VMs for this worker type, the head staying "
+        "on-demand; a trial on a reclaimed VM restarts from its last checkpoint "
+        "(workload.max_failures)"
     )
 
     @classmethod
@@ -546,7 +552,7 @@ def _node_type_rules(b: dict, kind_: str, gpu: bool) -> None:
             "nothing to detect)",
         )
     for key, providers in TYPE_ONLY_FOR.items():
-        if t.get(key) is not None and provider not in providers:
+        if t.get(key) not in (None, False) and provider not in providers:
             hint = (
                 "; the hosts are the node type: use backend.min_worker_nodes / max_worker_nodes"
                 if provider == "local" and "workers" in key
