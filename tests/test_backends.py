@@ -115,6 +115,7 @@ def test_the_backend_contract_is_small():
     members = {name for name in dir(ClusterBackend) if not name.startswith("_")}
     assert members == {
         "check",
+        "probe",
         "render",
         "capacity",
         "start",

@@ -179,6 +179,32 @@ def test_gcp_gpu_type_has_a_t4_and_an_overridable_machine_type():
     vm_config.validate(config)
 
 
+def test_a_spot_worker_type_asks_each_cloud_for_spot_capacity_and_the_head_stays_on_demand():
+    config = vm_config.render(
+        section("backend.provider=aws", "backend.worker.cpu.spot=true"), True, "token"
+    )
+    types = config["available_node_types"]
+    assert types["rayflow_worker_cpu"]["node_config"]["InstanceMarketOptions"] == {
+        "MarketType": "spot"
+    }
+    assert "InstanceMarketOptions" not in types["rayflow_worker_gpu"]["node_config"]
+    assert "InstanceMarketOptions" not in types["rayflow_head"]["node_config"]
+    vm_config.validate(config)
+    config = vm_config.render(
+        section("backend.provider=gcp", "backend.project_id=p-1", "backend.worker.gpu.spot=true"),
+        True,
+        "token",
+    )
+    gpu = config["available_node_types"]["rayflow_worker_gpu"]["node_config"]
+    assert gpu["scheduling"] == {
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "DELETE",
+        "onHostMaintenance": "TERMINATE",  # a GPU VM cannot live-migrate, spot or not
+    }
+    assert "scheduling" not in config["available_node_types"]["rayflow_head"]["node_config"]
+    vm_config.validate(config)
+
+
 def test_gcp_zone_outside_the_default_region_is_a_placeholder():
     b = section("backend.provider=gcp", "backend.project_id=p-1", "backend.region=europe-west4")
     assert checks.placeholders(b) == ["backend.availability_zone"]
@@ -570,6 +596,8 @@ def test_unknown_keys_point_to_overrides():
             False,
             "backend.worker.cpu.max_workers",
         ),
+        (["backend.worker.cpu.spot=true"], False, "backend.worker.cpu.spot"),
+        (["backend.provider=aws", "backend.region=us-weast-2"], False, "backend.region"),
     ],
 )
 def test_bad_values_name_their_key(overrides, gpu, key, ssh_tools):

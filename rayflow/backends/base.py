@@ -81,6 +81,11 @@ class ClusterBackend(abc.ABC):
     def check(self) -> None:  # noqa: B027
         """Preflight: raise ConfigError for bad `backend.*` keys; must start and change nothing."""
 
+    # Likewise: most backends have nothing only the network can tell.
+    def probe(self) -> None:  # noqa: B027
+        """Preflight, after check() and never in a dry run: what only an API can tell and would
+        fail the start (a cloud account); raise ConfigError naming the key. Starts nothing."""
+
     @abc.abstractmethod
     def render(self, preload: WorkerPreload | None = None) -> Rendered:
         """What `start(preload)` would start or join (Rendered); starts nothing."""

@@ -84,6 +84,8 @@ def plan_job(cfg: DictConfig, overrides: list[str]) -> Plan:
     # A dry run only notes it (a provider's defaults alone still render).
     check_uri(cfg, local_files_ok=local_files_ok(backend) or bool(cfg.dry_run))
     check_storage(cfg, backend)  # may wait storage.PROBE_TIMEOUT_S for an object store
+    if not cfg.dry_run:
+        backend.probe()  # a cloud account, within a bounded wait
     if cfg.resume is not False and cfg.tracking.enabled:
         _check_resumed_run(cfg)
     slots = _slots(bundles, nodes)

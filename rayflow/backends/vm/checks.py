@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from omegaconf import DictConfig
 
 from rayflow.backends.vm.defaults import gcp_zone, plain_section, with_defaults
-from rayflow.backends.vm.keys import Vm, cluster_name_problem
+from rayflow.backends.vm.keys import Vm, cloud_region, cluster_name_problem
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
 from rayflow.security.auth import is_loopback, refuse_auth_off, warn_auth_off
@@ -55,6 +55,12 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
     # a file's provider: check_tools
     if b["provider"] != "fake_multinode" and b.get("cluster_yaml") is None:
         check_tools(b["provider"])
+    if b["provider"] == "aws" and b.get("cluster_yaml") is None:
+        from rayflow.backends.vm import aws
+
+        problem = aws.check_region(cloud_region(b))
+        if problem:
+            raise ConfigError("backend.region", problem)
 
 
 def check_tools(provider: str, key: str = "backend.provider") -> None:

@@ -252,6 +252,28 @@ def _added(
     return added
 
 
+def _fill_resources(doc: dict, kind: str, path: str) -> str | None:
+    """aws: node types without `resources` filled from the EC2 API, as `ray up` fills them
+    (rayflow.backends.vm.aws); where it does not answer, the note a dry run prints: `ray up`
+    fills them at start, and the start's probe checks first that it can."""
+    if kind != "aws":
+        return None
+    from rayflow.backends.vm import aws
+
+    region = str((doc.get("provider") or {}).get("region") or "")
+    problem = aws.check_region(region)
+    if problem:
+        raise user_file.refuse(path, "provider.region", problem)
+    why = aws.fill_resources(doc, region)
+    if why is None:
+        return None
+    return (
+        f"rayflow: backend.cluster_yaml: `ray up` fills the resources of "
+        f"{', '.join(aws.unfilled(doc))} from EC2's instance types at start (not asked now: "
+        f"{why})"
+    )
+
+
 def render_file(
     section: DictConfig | Mapping,
     gpu: bool,
@@ -275,6 +297,7 @@ def render_file(
     env = launcher_env(b, auth_mode, token_file, provider=kind)
     _add_metadata(doc, kind, (ray_version, python_version), env, chosen)
     doc = private_token_setup(merge_overrides(doc, b.get("overrides") or {}))
+    fill_note = _fill_resources(doc, kind, path)
     user_file.check_final(doc, path, kind)
 
     added = _added(b, raw, kind, auth_mode, token_file, ray_version)
@@ -290,6 +313,8 @@ def render_file(
     ]
     if setup_note:
         notes.append(setup_note)
+    if fill_note:
+        notes.append(fill_note)
     if gpu and "gpu" in chosen:
         notes.append(f"rayflow: compute=gpu: the run uses the file's node type {chosen['gpu']!r}")
     return doc, notes
