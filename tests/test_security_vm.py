@@ -430,3 +430,34 @@ def test_teardown_stops_only_a_folder_rayflow_made(tmp_path):
         out.stderr.strip()
         == f"rayflow.teardown: {folder} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its autoscaling.yaml): nothing stopped"
     )
+
+
+def test_a_job_on_aws_vms_gets_no_keys_of_this_machine(monkeypatch):
+    """The nodes of an aws cluster have the instance profile of Ray's role: a job there is handed
+    the store's endpoint and region, never this machine's keys; elsewhere it gets them (the
+    nodes have no identity of their own)."""
+    from types import SimpleNamespace
+
+    from rayflow.backends import ClusterHandle
+    from rayflow.backends.handle import Submission
+    from rayflow.backends.vm.kept_ops import NODE_IDENTITY
+    from rayflow.orchestrator import remote_run
+
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "AKIAPLANTED",
+        "AWS_SECRET_ACCESS_KEY": "planted-secret",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_REGION": "us-west-2",
+    }.items():
+        monkeypatch.setenv(name, value)
+    cfg = compose_config("backend=vm", "storage_path=s3://bucket/runs")
+    plan = SimpleNamespace(overrides=["backend=vm"], cfg=cfg)
+    for provider, keys in (("aws", False), ("local", True)):
+        handle = ClusterHandle("vm")
+        handle.submission = Submission(withheld=NODE_IDENTITY.get(provider, ()))
+        cluster = SimpleNamespace(handle=handle, backend=SimpleNamespace(name="vm"), spec="")
+        env = remote_run._env(plan, cluster, started=False)
+        assert (
+            env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000" and env["AWS_REGION"] == "us-west-2"
+        )
+        assert ("AWS_SECRET_ACCESS_KEY" in env) is keys and ("AWS_ACCESS_KEY_ID" in env) is keys

@@ -35,6 +35,9 @@ class Submission:
     in_place: bool = False
     # the interpreter that runs the job there (this one, where the nodes are this machine)
     python: str = "python"
+    # environment variables of this side the job is not handed: its nodes have an identity of
+    # their own (aws: the instance profile of Ray's bootstrap role), so no keys are copied there
+    withheld: tuple[str, ...] = ()
 
 
 @dataclass

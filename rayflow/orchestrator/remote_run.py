@@ -102,13 +102,14 @@ GRACEFUL_STOP = {"RAY_JOB_STOP_SIGNAL": "SIGINT", "RAY_JOB_STOP_WAIT_TIME_S": "3
 def _env(plan: Plan, cluster: SharedCluster, started: bool) -> dict[str, str]:
     handle = cluster.handle
     assert handle is not None
+    withheld = handle.submission.withheld if handle.submission else ()
     return {
         "PYTHONUNBUFFERED": "1",
         SUBMITTED_BY: cluster.backend.name,
         SUBMITTED_SPEC: cluster.spec,
         SUBMITTED_METRICS: json.dumps(handle.metrics if started else {}),
         SUBMITTED_FROM: json.dumps(_submitted_from(plan)),
-        **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)},
+        **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k) and k not in withheld},
         **(GRACEFUL_STOP if on_object_store(plan.cfg) else {}),
     }
 

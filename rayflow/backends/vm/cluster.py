@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ import yaml
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
-from rayflow.backends.vm import kept_ops, state, tunnel, user_file
+from rayflow.backends.vm import cloud_up, kept_ops, state, tunnel, user_file
 from rayflow.backends.vm.checks import (
     check,
     check_cluster_name,
@@ -52,8 +53,9 @@ from rayflow.backends.vm.commands import dashboard_port, head_args, launch_note,
 from rayflow.backends.vm.config import render
 from rayflow.backends.vm.defaults import with_defaults
 from rayflow.backends.vm.kept_ops import stop_local_workers
+from rayflow.backends.vm.keys import CLOUDS
 from rayflow.backends.vm.user_additions import render_file
-from rayflow.errors import ClusterError
+from rayflow.errors import ClusterError, ConfigError
 from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.processes import (
     kill_processes_mentioning,
@@ -170,6 +172,20 @@ class VMCluster(ClusterBackend):
         if self.cluster_yaml and self.provider != "fake_multinode":
             check_tools(self.provider, "backend.cluster_yaml")
 
+    def probe(self) -> None:
+        """aws: the account can start this cluster: credentials EC2 takes, an endpoint that
+        answers, the instance types offered in the region (rayflow.backends.vm.aws)."""
+        if self.provider != "aws":
+            return
+        from rayflow.backends.vm import aws
+
+        config = self.cluster_config()
+        try:
+            aws.probe(str(config["provider"]["region"]), aws.instance_types(config))
+        except aws.AwsError as err:
+            key = "backend.cluster_yaml" if self.cluster_yaml else "backend.provider"
+            raise ConfigError(key, f"aws: {err}") from None
+
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
         """The head and max_worker_nodes workers of the type the run uses, where sizes are set."""
         b = self.section
@@ -245,7 +261,9 @@ class VMCluster(ClusterBackend):
             in_place = self.provider == "fake_multinode"
             handle.address = self._start_fake(run) if in_place else self._start_with_sdk(run)
             handle.submission = Submission(
-                in_place=in_place, python=sys.executable if in_place else "python"
+                in_place=in_place,
+                python=sys.executable if in_place else "python",
+                withheld=kept_ops.NODE_IDENTITY.get(self.provider, ()),
             )
         return handle
 
@@ -472,17 +490,47 @@ class VMCluster(ClusterBackend):
             if kept
             else f"creating cluster {run.name} (provider {self.provider}, as `ray up`)"
         )
+
+        def up() -> None:
+            sdk.create_or_update_cluster(
+                run.config_file, no_restart=kept, restart_only=False, no_config_cache=True
+            )
+
         with scoped_env(env), phase(what, "vm"):
             try:
-                sdk.create_or_update_cluster(
-                    run.config_file, no_restart=kept, restart_only=False, no_config_cache=True
-                )
+                if self.provider in CLOUDS and not kept:  # VMs: an end, and a search by tags
+                    self._launch_vms(run, up)
+                else:
+                    up()
             # Ray's launcher aborts with one (a host it cannot reach, a setup command that failed)
             except click.ClickException as err:
                 raise ClusterError(
                     f"backend=vm provider={self.provider}: `ray up` failed: "
                     f"{mask_text(err.format_message() or 'see its output above')}"
                 ) from None
+
+    def _launch_vms(self, run: _Start, up: Callable[[], None]) -> None:
+        """`ray up` of a cloud cluster, in a thread waited for at most start_timeout_s; the undo
+        that terminates every VM of the cluster (by its tags) is registered first, and a kept
+        one's applies only where the start did not finish (rayflow.backends.vm.cloud_up)."""
+        handed = cloud_up.Launch(run.name)
+        config = yaml.safe_load(Path(run.config_file).read_text())
+        if self.keeps_cluster:
+            run.handle.on_stop(
+                f"terminate the VMs of cluster {run.name} if its start did not finish",
+                cloud_up.terminate_unless_up,
+                config,
+                handed,
+            )
+        else:
+            run.handle.on_stop(
+                f"terminate every VM of cluster {run.name} (found by its tags)",
+                cloud_up.terminate_all,
+                config,
+                handed,
+            )
+        timeout = float(self.section.start_timeout_s)
+        cloud_up.launch(up, run.name, timeout, handed, f"backend=vm provider={self.provider}")
 
     def _tunnel(self, handle: ClusterHandle, config: dict[str, Any], head_ip: str) -> str:
         """The head's dashboard through an SSH tunnel to its loopback (vm.tunnel), stopped with the

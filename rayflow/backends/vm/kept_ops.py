@@ -31,6 +31,10 @@ from rayflow.runtime.processes import (
 
 REACH_TIMEOUT_S = 20.0  # a status or logs call waits this long for a kept head's dashboard
 
+# The keys of this side a job on the provider's VMs is not handed: the nodes have their own
+# identity (aws: the instance profile of Ray's bootstrap role, which may use EC2 and S3).
+NODE_IDENTITY = {"aws": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+
 
 def where_fake(temp_dir: str, url: str) -> dict[str, str]:
     return {"provider": "fake_multinode", "temp_dir": temp_dir, "url": url}
@@ -96,7 +100,8 @@ def _reach_through_ssh(
                 handle.unwind()
                 return None  # the host answers SSH, its Ray does not: it was stopped
             time.sleep(0.5)
-    handle.address, handle.submission = url, Submission(headers=headers)
+    withheld = NODE_IDENTITY.get(str(config["provider"]["type"]), ())
+    handle.address, handle.submission = url, Submission(headers=headers, withheld=withheld)
     return handle
 
 
