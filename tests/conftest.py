@@ -116,6 +116,7 @@ LONGEST_FIRST = [
     "test_api",
     "test_ssh_hosts",  # with test_vm_ssh: about 180 s
     "test_vm_ssh",
+    "test_vm_aws",  # about 150 s, mostly Ray's launcher against the EC2 API
     "test_launcher",
     "test_user_workloads",
     "test_bench",
