@@ -119,9 +119,10 @@ def _progress(trial_dir: Path) -> list[dict]:
 
 def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayflow):
     # Trials take both CPUs, so they run one after the other: one finished, one cut mid-way, one
-    # not started when Ctrl-C lands. Epochs of about 0.7 s leave the test a window of two epochs
-    # to see the second trial mid-way (at 4000 images, 0.36 s epochs, a loaded CI machine missed
-    # it); four epochs a trial, not eight, halve the test's time (about 6 minutes under CI's load).
+    # not started when Ctrl-C lands. Epochs of about 0.5 s (6000 images) leave the test a window
+    # of two epochs to see the second trial mid-way (at 4000 images and eight epochs, 0.36 s
+    # epochs, a loaded CI machine once missed it); four epochs a trial, not eight at 8000 images,
+    # took the test from about 6 minutes under CI's load to about 3.5.
     epochs = 4
     args = [
         "workload.num_samples=3",
@@ -129,7 +130,7 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
         f"workload.scheduler.grace_period={epochs}",
         "workload.resources_per_trial.cpu=2",
         "backend.num_cpus=2",
-        "data.synthetic_train_size=8000",
+        "data.synthetic_train_size=6000",
         "workload.search_space.batch_size=[32]",
     ]
     proc, log = rayflow.start(*args)

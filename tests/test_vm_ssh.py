@@ -115,7 +115,7 @@ def _cluster(hosts) -> list[str]:
 EPOCHS = 7
 CIFAR = [
     "data.synthetic=true",
-    "data.synthetic_train_size=2000",
+    "data.synthetic_train_size=1000",
     "data.synthetic_test_size=100",
     "workload.num_samples=2",
     f"workload.max_epochs={EPOCHS}",
