@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -127,18 +129,41 @@ def fill_resources(doc: dict, region: str) -> str | None:
     names = unfilled(doc)
     if not names:
         return None
+    types = json.dumps(doc["available_node_types"], sort_keys=True, default=str)
     try:
-        probe(region, instance_types(doc))
+        # a run renders its config several times (check, probe, start): EC2 is asked once
+        provider = json.dumps(doc.get("provider") or {}, sort_keys=True, default=str)
+        filled = _filled(types, str(doc.get("head_node_type")), provider, region, _account())
     except AwsError as err:
         return str(err)
+    for name in names:
+        resources = filled[name].get("resources")
+        if resources is not None:
+            doc["available_node_types"][name]["resources"] = copy.deepcopy(resources)
+    return None
+
+
+def _account() -> tuple[str | None, ...]:
+    """What decides which account and endpoint the SDK asks (a notebook may change them)."""
+    import os
+
+    names = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_DEFAULT_REGION")
+    return tuple(os.environ.get(name) for name in names)
+
+
+@functools.lru_cache(maxsize=16)
+def _filled(types: str, head: str, provider: str, region: str, account: tuple) -> dict[str, Any]:
+    """The node types with Ray's fill; an AwsError (not cached) where the API cannot be asked."""
+    doc = {
+        "available_node_types": json.loads(types),
+        "head_node_type": head,
+        "provider": {**json.loads(provider), "region": region},
+    }
+    probe(region, instance_types(doc))
     from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
 
     # Ray's launcher says what it does on stdout ("Creating AWS resource ec2"): a dry run's
     # stdout is the cluster YAML alone
     with contextlib.redirect_stdout(io.StringIO()):
-        filled = AWSNodeProvider.fillout_available_node_types_resources(copy.deepcopy(doc))
-    for name in names:
-        resources = filled["available_node_types"][name].get("resources")
-        if resources is not None:
-            doc["available_node_types"][name]["resources"] = resources
-    return None
+        filled = AWSNodeProvider.fillout_available_node_types_resources(doc)
+    return copy.deepcopy(filled["available_node_types"])
