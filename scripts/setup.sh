@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.10+) with rayflow, choosing the torch build first: pip resolves an open
 # torch range to the newest release plus several GB of CUDA packages, so torch==$TORCH_VERSION is
-# installed on its own before rayflow (whose torch>=2.1 it satisfies).
+# installed on its own before rayflow (whose torch>=2.6 it satisfies).
 #   bash scripts/setup.sh          what running jobs needs: rayflow with the extras the README's
 #                                  tour uses (spark, rllib, kuberay) and Java 17 for backend=spark
 #   bash scripts/setup.sh --test   that, plus the test tools (the `test` extra) and the system

@@ -47,7 +47,7 @@ def train_loop(config):
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:  # every worker loads the same state
         with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"))
+            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["epoch"]

@@ -52,7 +52,7 @@ def objective(config):
     checkpoint = tune.get_checkpoint()
     if checkpoint:  # a restart, or PBT handing this trial another trial's weights
         with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"))
+            state = torch.load(os.path.join(d, "state.pt"), weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["epoch"]

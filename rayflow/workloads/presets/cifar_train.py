@@ -18,6 +18,7 @@ rayflow.workloads.presets.cifar.train_cifar, imports it when it runs.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -35,9 +36,23 @@ def save_checkpoint(folder: str, net: nn.Module, optimizer, epoch: int) -> None:
     torch.save(state, os.path.join(folder, "checkpoint.pt"))
 
 
+def read_checkpoint(path: str, device: str | torch.device = "cpu") -> dict:
+    """A checkpoint as the presets save it (state dicts and an int epoch), read by torch's safe
+    loader (weights_only=True): a checkpoint is read from storage others may write (a shared
+    bucket, a resumed experiment), and one whose unpickling would run code is refused unrun."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:
+        said = str(err).strip().splitlines()
+        raise pickle.UnpicklingError(
+            f"{path}: refused by torch's safe loader (weights_only=True), not a checkpoint of "
+            f"tensors and numbers: {said[0] if said else type(err).__name__}"
+        ) from None
+
+
 def load_checkpoint(folder: str, net: nn.Module, optimizer, device: str = "cpu") -> int:
     """Restore model and optimizer state in place; returns the epoch the checkpoint ended."""
-    state = torch.load(os.path.join(folder, "checkpoint.pt"), map_location=device)
+    state = read_checkpoint(os.path.join(folder, "checkpoint.pt"), device)
     net.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return int(state["epoch"])

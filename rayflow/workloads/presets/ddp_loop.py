@@ -24,6 +24,7 @@ from torch.utils.data import DistributedSampler
 
 from rayflow.tracking.mlflow_runs import log_step
 from rayflow.workloads.presets.cifar_data import iterate, load_split
+from rayflow.workloads.presets.cifar_train import read_checkpoint
 from rayflow.workloads.presets.models import build_model
 
 # What an epoch reports (to Ray Train, Tune and MLflow).
@@ -82,7 +83,7 @@ def _restore(model, optimizer, scheduler, scaler, device) -> int:
     if checkpoint is None:
         return 0
     with checkpoint.as_directory() as folder:
-        state = torch.load(os.path.join(folder, "checkpoint.pt"), map_location=device)
+        state = read_checkpoint(os.path.join(folder, "checkpoint.pt"), device)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
