@@ -88,10 +88,40 @@ def replacing_mappings(overrides: list[str]) -> list[str]:
     return out
 
 
+# An override's key as the grammar writes it: `+a.b`, `~a`, `++a/b@pkg`
+_OVERRIDE_KEY = re.compile(r"[+~]{0,2}(?P<key>[\w.\-/@:\[\]]+)(?==|$)")
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"
+
+
+def unparsable(override: str, hydra_says: str) -> ConfigError:
+    """An override Hydra's grammar refused, naming its key. Hydra's message quotes the value from
+    where parsing failed to its end: where the key names a secret (`+workload.hf_token=[secret`),
+    no part of the value is shown, only what is open in it."""
+    from rayflow.security.redaction import is_secret_name, secret_word
+
+    found = _OVERRIDE_KEY.match(override)
+    key = found.group("key") if found else "config"
+    value = override.partition("=")[2]
+    hint = "quote a value with brackets, braces, quotes or spaces whole: key='...'"
+    # a secret's key, or a secret's name inside the value (`+workload.env={HF_TOKEN: [x`)
+    names = [key, *re.findall(r"[A-Za-z_][\w\-]*", value)] if found else []
+    if secret_word(tuple(key.split("."))) is not None or any(map(is_secret_name, names[1:])):
+        open_ = [f"a {c}" for c, d in ("[]", "{}") if value.count(c) > value.count(d)]
+        open_ += [f"a {q}" for q in "\"'" if value.count(q) % 2]
+        what = f" ({' and '.join(open_)} left open)" if open_ else ""
+        return ConfigError(
+            key, f"cannot parse its value{what}; not shown, it holds a secret; {hint} ({GRAMMAR})"
+        )
+    said = hydra_says.strip().splitlines()[0] if hydra_says.strip() else "not the grammar's"
+    return ConfigError(key, f"cannot parse its value: {said}; {hint} ({GRAMMAR})")
+
+
 def one_line(err: Exception) -> ConfigError:
     """Hydra's multi-line composition errors as one ConfigError that names the key."""
-    from hydra.errors import MissingConfigException
+    from hydra.errors import MissingConfigException, OverrideParseException
 
+    if isinstance(err, OverrideParseException):
+        return unparsable(err.override, err.message)
     text = str(err)
     if isinstance(err, MissingConfigException) and err.options is not None:
         group = (err.missing_cfg_file or "").split("/")[0]
