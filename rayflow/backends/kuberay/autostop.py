@@ -1,12 +1,17 @@
 """backend=kuberay: what lets a kept RayCluster delete itself once idle (rayflow.autostop on its
-head), with no copied credential: the head pod runs as a ServiceAccount whose Role allows `get`
-and `delete` on exactly that RayCluster and nothing else.
+head), with no copied credential: the head pod runs as a ServiceAccount of rayflow's own,
+`<cluster>-rayflow-autostop`, whose Role allows `get` and `delete` on exactly that RayCluster and
+nothing else.
 
-`rbac(...)` renders the ServiceAccount, Role and RoleBinding (a dry run prints them after the
-RayCluster); `with_service_account(...)` puts the account in the head's pod template (a user's
-own `serviceAccountName` is kept, and bound instead). They are created right after the RayCluster,
-owned by it (ownerReferences), so Kubernetes removes them with it. A RayJob's cluster ends with its
-job: it gets none.
+The right to delete is bound to that account only, never to one other pods may run as: not to
+`default` (every pod of the namespace that names no account runs as it), not to an account the
+user's manifest names for the head (its workers, or other workloads, may share it). So a manifest
+that sets the head's own `serviceAccountName` keeps it, and autostop is off, in one line saying
+why (`plan`). An existing ServiceAccount, Role or RoleBinding of that name that this run did not
+make is never reused or changed: the run looks before it creates the RayCluster (then the head
+does not run as that account) and a create answered 409 AlreadyExists turns autostop off too,
+in one line (kuberay.cluster). What it creates is owned by the RayCluster (ownerReferences), so
+Kubernetes removes it with it. A RayJob's cluster ends with its job: it gets none.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import copy
 from typing import Any
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
-SUFFIX = "-autostop"
+SUFFIX = "-rayflow-autostop"
 # The head's dashboard on its own loopback, where the watcher asks whether the cluster is in use
 HEAD_DASHBOARD = "http://127.0.0.1:8265"
 
@@ -26,30 +31,52 @@ def head_account(manifest: dict[str, Any]) -> str | None:
     return head.get("serviceAccountName")
 
 
-def with_service_account(manifest: dict[str, Any]) -> tuple[dict[str, Any], str, bool]:
-    """The RayCluster with its head running as the autostop account: (manifest, the account,
-    whether rayflow makes it). An account the manifest names already is used as it is."""
-    own, account = head_account(manifest), f"{manifest['metadata']['name']}{SUFFIX}"
-    if own:  # the user's, or rayflow's put there already
-        return manifest, own, own == account
+def account_name(manifest: dict[str, Any]) -> str:
+    """The ServiceAccount (and Role, RoleBinding) rayflow makes for this RayCluster's autostop."""
+    return f"{manifest['metadata']['name']}{SUFFIX}"
+
+
+def plan(manifest: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], str | None]:
+    """(the RayCluster as applied, the RBAC objects to create after it, why autostop is off or
+    None). The head runs as rayflow's own account; a manifest that names another one for the head
+    keeps it, and gets no rights."""
+    meta, account = manifest["metadata"], account_name(manifest)
+    own = head_account(manifest)
+    if own and own != account:  # its name is rayflow's own when a dry run's output comes back
+        return (
+            manifest,
+            [],
+            f"autostop is off: the manifest runs the head of RayCluster {meta.get('namespace')}/"
+            f"{meta['name']} as ServiceAccount {own!r}, and rayflow gives the right to delete it "
+            f"only to an account of its own ({account}), never to one other pods may share; "
+            f"stop it with `rayflow down {meta['name']}`",
+        )
     changed = copy.deepcopy(manifest)
     changed["spec"]["headGroupSpec"]["template"].setdefault("spec", {})["serviceAccountName"] = (
         account
     )
-    return changed, account, True
+    return changed, rbac(changed, account), None
 
 
-def rbac(manifest: dict[str, Any], account: str, make_account: bool) -> list[dict[str, Any]]:
-    """The objects that let `account` read and delete this RayCluster, and only it."""
+def existing_off(name: str, where: str, kind: str) -> str:
+    """The line that says autostop is off because an object of its name is not this run's."""
+    return (
+        f"autostop is off: {kind} {where} already exists and this run did not make it (rayflow "
+        "never reuses or changes an object it did not make, so nothing is bound to it); stop the "
+        f"cluster with `rayflow down {name}`"
+    )
+
+
+def rbac(manifest: dict[str, Any], account: str) -> list[dict[str, Any]]:
+    """The objects that let `account`, rayflow's own, read and delete this RayCluster, and only
+    it: the account first, then the Role, then the binding (created in that order)."""
     meta = manifest["metadata"]
     name, namespace = str(meta["name"]), str(meta["namespace"])
     common = {"namespace": namespace, "labels": dict(meta.get("labels") or {})}
     role = f"{name}{SUFFIX}"
-    objects: list[dict[str, Any]] = []
-    if make_account:
-        objects.append(
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, **common}}
-        )
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, **common}}
+    ]
     rule = {
         "apiGroups": ["ray.io"],
         "resources": ["rayclusters"],

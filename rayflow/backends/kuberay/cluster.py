@@ -14,12 +14,11 @@ inside the methods.
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -30,18 +29,19 @@ from rayflow.backends.kept import KeptCluster, autostop_minutes
 from rayflow.backends.kuberay import autostop as kuberay_autostop
 from rayflow.backends.kuberay import checks as kuberay_checks
 from rayflow.backends.kuberay import manifest as kuberay_manifest
+from rayflow.backends.kuberay import ownership, user_layers, user_manifest
 from rayflow.backends.kuberay import resources as kuberay_resources
-from rayflow.backends.kuberay import user_layers, user_manifest
 from rayflow.backends.kuberay.wait import wait_for_head
 from rayflow.errors import ClusterError, ConfigError
 from rayflow.runtime.progress import phase
 from rayflow.security.redaction import mask_text
 
 DASHBOARD_PORT = 8265  # the head container's port named `dashboard`
-MANAGED_BY = "app.kubernetes.io/managed-by"
-RUN_LABEL = "rayflow.io/run"  # the run that created the object: the only one that deletes it
-KEPT_LABEL = "rayflow.io/keep"  # "true": created with backend.keep_cluster=true, open to later runs
+MANAGED_BY = ownership.MANAGED_BY
+RUN_LABEL = ownership.RUN_LABEL  # the run that created the object (informational: not a proof)
+KEPT_LABEL = ownership.KEPT_LABEL  # "true": created with backend.keep_cluster=true
 REACH_TIMEOUT_S = 30.0  # a status or logs call waits this long for a kept cluster's head
+K8S_AUTH_NEEDS_PROXY = kuberay_checks.K8S_AUTH_NEEDS_PROXY
 
 
 @dataclass
@@ -55,6 +55,12 @@ class _Applied:
     joined: bool = False
     relay: Any = None
     ray_token: str | None = None
+    # the object this run created or joined, once known: the only one it deletes or reaches
+    uid: str | None = None
+    # the RBAC its autostop needs (created after the RayCluster), and the manifest without
+    # autostop's account (applied instead when that RBAC cannot be rayflow's own)
+    rbac: list[dict[str, Any]] = field(default_factory=list)
+    base: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -126,29 +132,33 @@ class KubeRayCluster(ClusterBackend):
     def manifest(self, labels: dict[str, str] | None = None) -> dict[str, Any]:
         """The one object rayflow applies (RayCluster or RayJob); a RayCluster that stops itself
         runs its head as the account its autostop deletes it with."""
+        return self._autostop_plan(self._base_manifest(labels or {}))[0]
+
+    def _base_manifest(self, labels: dict[str, str]) -> dict[str, Any]:
+        """The object as rendered (or the user's, with rayflow's layers), before autostop."""
         import ray
 
         if self.user_manifest():
-            manifest = self._user_render(labels or {})[0]
-        else:
-            manifest = kuberay_manifest.render(
-                self.section,
-                self.gpu(),
-                self.auth_mode,
-                ray.__version__,
-                f"{sys.version_info.major}.{sys.version_info.minor}",
-                labels or {},
-            )
-        return self._autostop_account(manifest)[0]
+            return self._user_render(labels)[0]
+        return kuberay_manifest.render(
+            self.section,
+            self.gpu(),
+            self.auth_mode,
+            ray.__version__,
+            f"{sys.version_info.major}.{sys.version_info.minor}",
+            labels,
+        )
 
-    def _autostop_account(self, manifest: dict[str, Any]) -> tuple[dict[str, Any], list[dict]]:
-        """The manifest as it is applied, and the RBAC objects that let its cluster delete
-        itself once idle (none where it does not: a RayJob, autostop off)."""
+    def _autostop_plan(
+        self, manifest: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[dict], str | None]:
+        """The manifest as it is applied, the RBAC objects that let its cluster delete itself
+        once idle (none where it does not: a RayJob, autostop not asked for), and why autostop
+        is off where it was asked for and cannot be had (kuberay.autostop)."""
         minutes = autostop_minutes(self.section, self.keeps_cluster)
         if manifest["kind"] != "RayCluster" or minutes is None:
-            return manifest, []
-        manifest, account, make = kuberay_autostop.with_service_account(manifest)
-        return manifest, kuberay_autostop.rbac(manifest, account, make)
+            return manifest, [], None
+        return kuberay_autostop.plan(manifest)
 
     def check(self) -> None:
         import ray
@@ -178,7 +188,7 @@ class KubeRayCluster(ClusterBackend):
         it)."""
         # its notes name each literal secret with the Kubernetes Secret that should hold it;
         # the RBAC of its autostop follows it, as the documents `kubectl apply -f -` takes
-        manifest, rbac = self._autostop_account(self.manifest())
+        manifest, rbac, _ = self._autostop_plan(self._base_manifest({}))
         return Rendered(
             yaml.safe_dump_all([manifest, *rbac], sort_keys=False), self.notes, secrets_noted=True
         )
@@ -200,7 +210,12 @@ class KubeRayCluster(ClusterBackend):
         warning for each literal secret the manifest holds (with the Secret alternative). Masked:
         a note may quote a value."""
         notes = self._user_render({})[1] if self.user_manifest() else []
-        return [mask_text(note) for note in notes] + kuberay_manifest.secret_notes(self.manifest())
+        off = self._autostop_plan(self._base_manifest({}))[2]
+        return (
+            [mask_text(note) for note in notes]
+            + ([off] if off else [])
+            + kuberay_manifest.secret_notes(self.manifest())
+        )
 
     def job_runtime_env(self) -> dict[str, Any]:
         """rayproject/ray images lack rayflow's dependencies unless built with them
@@ -227,7 +242,8 @@ class KubeRayCluster(ClusterBackend):
             print(f"[rayflow] kuberay: {note}", file=sys.stderr, flush=True)
         run_id = uuid.uuid4().hex[:12]
         labels = {RUN_LABEL: run_id, **({KEPT_LABEL: "true"} if s.keep_cluster else {})}
-        manifest = self.manifest(labels)
+        base = self._base_manifest(labels)
+        manifest, rbac, _ = self._autostop_plan(base)
         handle = ClusterHandle(
             self.name,
             name=manifest["metadata"]["name"],
@@ -239,7 +255,7 @@ class KubeRayCluster(ClusterBackend):
         with handle.unwound_on_error():
             kube = Kube(manifest["metadata"]["namespace"], s.kubeconfig, s.context)
             handle.on_stop("close the Kubernetes client", kube.close)
-            applied = _Applied(handle, run_id, manifest, kube)
+            applied = _Applied(handle, run_id, manifest, kube, rbac=rbac, base=base)
             self._apply_or_join(applied)
             handle.address = self._reach(applied)
             handle.submission = Submission(
@@ -251,9 +267,10 @@ class KubeRayCluster(ClusterBackend):
 
     # --- a kept cluster, from its record alone (rayflow status, down, logs) ------------------
 
-    def _kept_object(self, kept: KeptCluster) -> tuple[_Applied, dict[str, Any] | None]:
-        """The kept object as it is now (None: gone, being deleted, or another run's since), with
-        a client whose closing is the handle's first undo step."""
+    def _kept_object(self, kept: KeptCluster) -> tuple[_Applied, dict[str, Any] | None, str]:
+        """The kept object as it is now and what it is to the record (kuberay.ownership.state:
+        mine, gone, replaced, unproven, unrecorded), with a client whose closing is the handle's
+        first undo step."""
         from rayflow.backends.kuberay.kube import Kube
 
         where = kept.where
@@ -262,28 +279,42 @@ class KubeRayCluster(ClusterBackend):
         handle.on_stop("close the Kubernetes client", kube.close)
         metadata = {"name": where["object"], "namespace": where["namespace"]}
         manifest: dict[str, Any] = {"kind": where["kind"], "metadata": metadata}
-        run = _Applied(handle, kept.owner_run, manifest, kube, joined=True)
+        run = _Applied(handle, kept.owner_run, manifest, kube, joined=True, uid=where.get("uid"))
         with handle.unwound_on_error():
             current = kube.get(where["kind"], where["object"])
-        meta = (current or {}).get("metadata") or {}
-        mine = (meta.get("labels") or {}).get(RUN_LABEL) == kept.owner_run
-        return run, current if mine and not meta.get("deletionTimestamp") else None
+        return run, current, ownership.state(current, where)
+
+    def _not_reached(self, run: _Applied, verdict: str) -> str:
+        delete = f"kubectl delete {run.kind.lower()} {run.object_name} -n {run.namespace}"
+        return ownership.not_reached(run.where, verdict, delete)
 
     def reach(self, kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
-        run, current = self._kept_object(kept)
-        if current is None:
+        """The kept cluster, reached only when it is provably the one its run made (its uid and
+        the proof on it); None when it is gone (or another object holds its name now)."""
+        run, current, verdict = self._kept_object(kept)
+        if verdict in ("gone", "replaced"):
+            if verdict == "replaced":
+                print(f"[rayflow] kuberay: {self._not_reached(run, verdict)}", file=sys.stderr)
             run.handle.unwind()
             return None
-        run.manifest = current
         with run.handle.unwound_on_error():
+            if verdict != "mine":
+                raise ClusterError(self._not_reached(run, verdict))
+            assert current is not None
+            run.manifest = current
             run.handle.address = self._reach(run, timeout_s=REACH_TIMEOUT_S)
             run.handle.submission = Submission(headers=run.headers())
         return run.handle
 
     def down(self, kept: KeptCluster) -> None:
-        run, current = self._kept_object(kept)
+        """Delete the kept cluster, only when it is provably the one its run made; anything else
+        under its name is left alone, in one line that says how to finish by hand."""
+        run, current, verdict = self._kept_object(kept)
         try:
-            if current is not None:
+            if verdict not in ("mine", "gone"):
+                raise ClusterError(self._not_reached(run, verdict))
+            if verdict == "mine":
+                assert current is not None
                 run.manifest = current
                 self._delete(run)
         finally:
@@ -291,7 +322,14 @@ class KubeRayCluster(ClusterBackend):
 
     def _apply_or_join(self, run: _Applied) -> None:
         existing = run.kube.get(run.kind, run.object_name)
+        if existing is None and self.section.get("join_uid"):
+            raise ConfigError(
+                "backend.join_uid",
+                f"there is no {run.where} to join (its uid was {self.section.join_uid}): drop "
+                "backend.join_uid to have this run create one",
+            )
         if existing is None:
+            self._settle_autostop(run)
             with phase(f"server-side dry run of {run.where}", "kuberay") as step:
                 # the API server's admission speaks before anything exists
                 run.kube.create(run.manifest, dry_run=True)
@@ -308,27 +346,61 @@ class KubeRayCluster(ClusterBackend):
                     else f"{run.where} was made by someone else meanwhile"
                 )
             if created is not None:
-                self._allow_autostop(run, created)
-            if created is None:
-                existing = run.kube.get(run.kind, run.object_name)
-                if existing is None:
-                    raise ClusterError(
-                        f"{run.where} was made and deleted by someone else while this run created "
-                        "it: run again"
-                    )
-        if existing is not None:
-            self._join(run, existing)
+                self._created(run, created)
+                return
+            existing = run.kube.get(run.kind, run.object_name)
+            if existing is None:
+                raise ClusterError(
+                    f"{run.where} was made and deleted by someone else while this run created "
+                    "it: run again"
+                )
+        self._join(run, existing)
+
+    def _created(self, run: _Applied, created: dict[str, Any]) -> None:
+        """This run made the object: its uid is what it deletes and records; a kept one gets the
+        proof that this user's run made it (kuberay.ownership), then its autostop's RBAC."""
+        run.uid = str(created["metadata"]["uid"])
+        run.handle.where["uid"] = run.uid
+        if self.keeps_cluster:
+            run.kube.merge_patch(run.kind, run.object_name, ownership.proof_patch(created))
+        self._allow_autostop(run, created)
+
+    def _settle_autostop(self, run: _Applied) -> None:
+        """Before the RayCluster is made: an object of the autostop RBAC's names that exists is
+        not this run's, so the head does not run as that account and autostop is off (one line)."""
+        for obj in run.rbac:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            if run.kube.read_object(kind, name) is not None:
+                where = f"{run.namespace}/{name}"
+                warn = kuberay_autostop.existing_off(run.object_name, where, kind)
+                print(f"rayflow: warning: {warn}", file=sys.stderr, flush=True)
+                assert run.base is not None  # set by start() with the RBAC
+                run.manifest, run.rbac = run.base, []
+                return
 
     def _allow_autostop(self, run: _Applied, created: dict[str, Any]) -> None:
-        """The RBAC that lets the RayCluster just created delete itself, owned by it; its
+        """The RBAC that lets the RayCluster just created delete itself, owned by it, each object
+        created by this run (a 409 is someone else's: autostop off, nothing more created); its
         watcher's spec on the handle (rayflow.orchestrator.autostop arms it)."""
-        rbac = self._autostop_account(run.manifest)[1]
-        if not rbac:
+        if not run.rbac:
             return
+        blocked: dict[str, Any] | None = None
         with phase(f"letting {run.where} delete itself once idle (RBAC)", "kuberay") as step:
-            for obj in kuberay_autostop.owned_by(rbac, created):
-                run.kube.create_object(obj)
-            step.done(f"{run.where} may delete itself: Role {rbac[-1]['metadata']['name']}")
+            for obj in kuberay_autostop.owned_by(run.rbac, created):
+                if not run.kube.create_object(obj):
+                    blocked = obj
+                    break
+            role = run.rbac[-1]["metadata"]["name"]
+            step.done(
+                f"{run.where} may delete itself: Role {role}"
+                if blocked is None
+                else f"{blocked['kind']} {blocked['metadata']['name']} is not this run's"
+            )
+        if blocked is not None:
+            where = f"{run.namespace}/{blocked['metadata']['name']}"
+            warn = kuberay_autostop.existing_off(run.object_name, where, blocked["kind"])
+            print(f"rayflow: warning: {warn}", file=sys.stderr, flush=True)
+            return
         run.handle.autostop = kuberay_autostop.watcher_spec(created)
 
     def _reach(self, run: _Applied, timeout_s: float | None = None) -> str:
@@ -348,21 +420,19 @@ class KubeRayCluster(ClusterBackend):
             step.done(f"head pod {head['metadata']['name']} ready")
         cluster = run.cluster_name()
         assert cluster is not None  # the head is ready: its cluster has a name
+        access = self._access(run)  # refused before anything is sent
         if _token_secret(run, cluster) is not None:
             with phase(f"reading the Ray token from its Secret ({cluster})", "kuberay"):
                 run.ray_token = self._read_token(run, cluster, deadline)
-        with phase(
-            f"waiting for the dashboard of {cluster} through {self._access()}", "kuberay"
-        ) as step:
+        with phase(f"waiting for the dashboard of {cluster} through {access}", "kuberay") as step:
             relay = self._relay(run, cluster)
             url = relay.start()
             run.relay = relay
             run.handle.on_stop("stop the dashboard relay", relay.stop)
             self._wait_for_jobs_api(run, url, deadline, step)
-            step.done(f"dashboard of {cluster} reachable through {self._access()}")
+            step.done(f"dashboard of {cluster} reachable through {access}")
         return str(url)
 
-    @staticmethod
     @staticmethod
     def _job_submitted(run: _Applied) -> Callable[[str], None] | None:
         """A RayJob in InteractiveMode learns its job from spec.jobId and tracks it from then on."""
@@ -373,86 +443,76 @@ class KubeRayCluster(ClusterBackend):
         )
 
     def _join(self, run: _Applied, existing: dict[str, Any]) -> None:
-        """Run on an object that already exists, or refuse in one line. Joined only: a RayCluster,
-        with backend.keep_cluster=true (so this run leaves it running), that a rayflow run kept or
-        rayflow did not make. A RayCluster another rayflow run is using (and deletes at its end) and
-        any existing RayJob are refused; neither is touched."""
+        """Run on an object that already exists, or refuse in one line (kuberay.ownership). Joined
+        only with backend.keep_cluster=true (so this run leaves it running): a RayCluster this
+        user's own run kept (its uid in this user's registry, and the proof on it), or the one
+        whose uid backend.join_uid names. Anything else, an existing RayJob included, is refused
+        and never touched."""
         meta = existing["metadata"]
-        labels = meta.get("labels") or {}
-        delete = f"kubectl delete {run.kind.lower()} {run.object_name} -n {run.namespace}"
         if meta.get("deletionTimestamp"):
             raise ClusterError(f"{run.where} is being deleted: run again once it is gone")
-        rayflows = labels.get(MANAGED_BY) == "rayflow"
-        owner = (
-            f"made by rayflow run {labels.get(RUN_LABEL, '?')}"
-            if rayflows
-            else "rayflow did not make it"
-        )
         if run.kind == "RayJob":
+            delete = f"kubectl delete {run.kind.lower()} {run.object_name} -n {run.namespace}"
+            labels = meta.get("labels") or {}
+            owner = (
+                f"made by rayflow run {labels.get(RUN_LABEL, '?')}"
+                if labels.get(MANAGED_BY) == "rayflow"
+                else "rayflow did not make it"
+            )
             raise ConfigError(
                 "backend.cluster_name",
                 f"{run.where} already exists ({owner}) and a RayJob runs one job: "
                 f"choose another backend.cluster_name, or delete it ({delete})",
             )
-        if rayflows and labels.get(KEPT_LABEL) != "true":
-            raise ConfigError(
-                "backend.cluster_name",
-                f"{run.where} belongs to another rayflow run "
-                f"({RUN_LABEL}={labels.get(RUN_LABEL, '?')}), which deletes it when it ends: "
-                f"choose another backend.cluster_name (if that run is gone: {delete})",
-            )
-        # a cluster a rayflow run kept is joined by naming it; one rayflow did not make only
-        # when the run says it leaves it running
-        if not rayflows and not self.section.keep_cluster:
-            raise ConfigError(
-                "backend.keep_cluster",
-                f"{run.where} exists and rayflow did not make it: to run on it as it is, set "
-                "backend.keep_cluster=true (rayflow then leaves it running); else choose another "
-                "backend.cluster_name",
-            )
+        refused = ownership.refusal(self.section, self.name, existing, run.where)
+        if refused:
+            raise ConfigError("backend.cluster_name", refused)
+        record = ownership.kept_record(self.name, existing)
         run.manifest, run.joined = existing, True  # its auth decides how the dashboard is reached
+        run.uid = str(meta["uid"])
         run.handle.kept = run.handle.joined = True
         run.handle.teardown_command = None
-        if rayflows:  # its record (rayflow status) is the run's that kept it
-            run.handle.owner_run = labels.get(RUN_LABEL) or run.handle.owner_run
+        if record is not None:  # its record (rayflow status) is the run's that kept it
+            run.handle.owner_run = record.owner_run
         print(
             f"[rayflow] kuberay: reusing the existing {run.where} as it is (delete it to apply a "
             "changed spec); "
             + (
-                "it was kept by an earlier run and stays running"
-                if rayflows
-                else "rayflow did not make it and leaves it running"
+                "it was kept by an earlier run of yours and stays running"
+                if record is not None
+                else "you trust it by its uid (backend.join_uid); rayflow leaves it running"
+                + (
+                    ", and its head sees your Kubernetes token (Kubernetes token auth)"
+                    if _k8s_auth(run)
+                    else ""
+                )
             ),
             flush=True,
         )
 
-    def _access(self) -> str:
+    def _access(self, run: _Applied) -> str:
+        """How the dashboard is reached: `proxy` (the API server's service proxy) or `service`.
+        With Kubernetes token auth only the proxy: the token goes to the API server it came
+        from, never straight to a dashboard (backend.dashboard_access=service is refused)."""
         from rayflow.backends.kuberay.kube import in_cluster
 
         access = str(self.section.dashboard_access)
+        if _k8s_auth(run):
+            if access == "service":
+                raise ConfigError("backend.dashboard_access", K8S_AUTH_NEEDS_PROXY)
+            return "proxy"
         return access if access != "auto" else ("service" if in_cluster() else "proxy")
 
     def _relay(self, run: _Applied, cluster: str) -> Any:
-        from rayflow.backends.kuberay.relay import DashboardRelay, ssl_context
+        from rayflow.backends.kuberay.relay import through_api_server, to_service
 
         service = f"{cluster}-head-svc"  # KubeRay's name for the head service
-        ray_credentials: Callable[[], dict[str, str]] | None = None
-        if _k8s_auth(run):
-            _k8s_credentials(run)  # no bearer token: refused before the relay starts
-            # fetched per request: exec plugins refresh it
-            ray_credentials = functools.partial(_k8s_credentials, run)
-        if self._access() == "service":
-            return DashboardRelay(
-                f"http://{service}.{run.namespace}.svc:{DASHBOARD_PORT}",
-                dict,
-                ray_credentials=ray_credentials,
-            )
-        return DashboardRelay(
-            run.kube.service_proxy_url(service, "dashboard"),
-            run.kube.auth_headers,
-            ssl_context(run.kube.configuration),
-            ray_credentials=ray_credentials,
-        )
+        k8s = _k8s_auth(run)
+        if k8s:
+            _need_bearer(run)  # no bearer token: refused before the relay starts
+        if self._access(run) == "service":
+            return to_service(f"http://{service}.{run.namespace}.svc:{DASHBOARD_PORT}")
+        return through_api_server(run.kube, service, "dashboard", k8s_token_auth=k8s)
 
     def _read_token(self, run: _Applied, cluster: str, deadline: float) -> str:
         found = _token_secret(run, cluster)
@@ -484,9 +544,14 @@ class KubeRayCluster(ClusterBackend):
                     return
             except urllib.error.HTTPError as err:
                 if err.code in (401, 403):
+                    token = (
+                        "your Kubernetes token (Kubernetes token auth: RBAC verb ray:write on "
+                        "rayclusters)"
+                        if _k8s_auth(run)
+                        else "the token from its Secret"
+                    )
                     raise ClusterError(
-                        f"the dashboard of {run.cluster_name()} refused the token from its Secret "
-                        f"({err.code})"
+                        f"the dashboard of {run.cluster_name()} refused {token} ({err.code})"
                     ) from None
                 status = f"HTTP {err.code}"
             except (urllib.error.URLError, OSError) as err:
@@ -496,7 +561,7 @@ class KubeRayCluster(ClusterBackend):
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"the dashboard of {run.cluster_name()} did not answer through "
-                    f"{self._access()} within backend.start_timeout_s "
+                    f"{self._access(run)} within backend.start_timeout_s "
                     f"({self.section.start_timeout_s} s): {status}"
                 )
             time.sleep(1.0)
@@ -505,12 +570,15 @@ class KubeRayCluster(ClusterBackend):
         """Delete the RayCluster (or RayJob; its cluster goes with it) and wait until its pods are
         gone. A finalizer that holds it past backend.delete_timeout_s is reported by name."""
         current = run.kube.get(run.kind, run.object_name)
-        owner = ((current or {}).get("metadata", {}).get("labels") or {}).get(RUN_LABEL)
-        # another run's (it made one first, or since)
-        if current is not None and owner != run.run_id:
+        meta = (current or {}).get("metadata") or {}
+        owner = (meta.get("labels") or {}).get(RUN_LABEL)
+        # By the uid this run created (or a kept record holds); by the run's label only when the
+        # create's answer never came back. Another run's object (made first, or since) is left.
+        mine = meta.get("uid") == run.uid if run.uid else owner == run.run_id
+        if current is not None and not mine:
             print(
                 f"[rayflow] kuberay: {run.where} is not this run's "
-                f"({RUN_LABEL}={owner or 'none'}): left alone",
+                f"({RUN_LABEL}={owner or 'none'}, uid {meta.get('uid')}): left alone",
                 flush=True,
             )
             return
@@ -574,9 +642,9 @@ def _k8s_auth(run: _Applied) -> bool:
     return auth is not None and auth["mode"] == "token" and bool(auth["k8s"])
 
 
-def _k8s_credentials(run: _Applied) -> dict[str, str]:
-    """This client's Kubernetes bearer token as Ray's header, fetched per request (exec plugins
-    refresh it). Without one (a client certificate) the dashboard cannot be reached: one line."""
+def _need_bearer(run: _Applied) -> None:
+    """Kubernetes token auth needs a bearer token in this client's Kubernetes credentials (the
+    relay passes it on as Ray's); a client certificate cannot be: one line."""
     token = {k.lower(): v for k, v in run.kube.auth_headers().items()}.get("authorization")
     if not token:
         raise ClusterError(
@@ -585,7 +653,6 @@ def _k8s_credentials(run: _Applied) -> dict[str, str]:
             "on to Ray's dashboard): use a kubeconfig user with a token or an exec plugin "
             "(backend.kubeconfig, backend.context)"
         )
-    return {"X-Ray-Authorization": token}
 
 
 def _last_cluster_name(run: _Applied) -> str | None:

@@ -134,6 +134,19 @@ def _ray_version(value: Any) -> str:
     return str(value)
 
 
+# metadata.uid: the API server gives each object an RFC 4122 UUID, lowercase
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _uid(value: Any) -> str:
+    if not isinstance(value, str) or not _UID.fullmatch(value):
+        raise ValueError(
+            "must be the RayCluster's metadata.uid as `kubectl get raycluster NAME -n NAMESPACE "
+            f"-o jsonpath='{{.metadata.uid}}'` prints it (8-4-4-4-12 hex), or null; got {value!r}"
+        )
+    return value
+
+
 def _node_selector(value: Any) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"must be a mapping of node label to value; got {value!r}")
@@ -281,6 +294,12 @@ class Kuberay(Section):
     keep_cluster: Boolean = Field(
         description="leave the RayCluster running at the end (a later run reuses it)"
     )
+    join_uid: kind("a Kubernetes uid", _uid, optional=True) = Field(
+        description="run on the existing RayCluster `cluster_name` that has this metadata.uid, "
+        "one rayflow did not make (or another user's): your statement that you trust it, since "
+        "the job and its secrets go to its head; with `keep_cluster=true`, which it is left "
+        "running by. null: a run joins only a cluster this user's own run kept"
+    )
     autostop_idle_minutes: IdleMinutes = Field(
         description="tear the cluster down after this many minutes with no job, no connected "
         "driver and no waiting demand, by a watcher that runs on the cluster itself (no client "
@@ -387,6 +406,12 @@ class Kuberay(Section):
                 "ray_version",
                 f"is {self.ray_version} but backend.image runs Ray {tagged} (rayVersion must "
                 "match the image)",
+            )
+        if self.join_uid is not None and (self.mode != "cluster" or not self.keep_cluster):
+            raise KeyedError(
+                "join_uid",
+                "runs on an existing RayCluster, which rayflow then leaves running: it needs "
+                "backend.keep_cluster=true (and backend.mode=cluster)",
             )
         job = self.rayjob
         if (

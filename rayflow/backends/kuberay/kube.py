@@ -180,17 +180,30 @@ class Kube:
 
     # --- core objects -------------------------------------------------------------------------
 
-    def create_object(self, obj: dict) -> bool:
-        """Create a ServiceAccount, Role or RoleBinding; False when one of the name exists (it
-        is left as it is)."""
+    def _core_calls(self, verb: str) -> dict[str, Any]:
         from kubernetes import client
 
         rbac = client.RbacAuthorizationV1Api(self.api_client)
-        create = {
-            "ServiceAccount": self.core.create_namespaced_service_account,
-            "Role": rbac.create_namespaced_role,
-            "RoleBinding": rbac.create_namespaced_role_binding,
-        }[obj["kind"]]
+        return {
+            "ServiceAccount": getattr(self.core, f"{verb}_namespaced_service_account"),
+            "Role": getattr(rbac, f"{verb}_namespaced_role"),
+            "RoleBinding": getattr(rbac, f"{verb}_namespaced_role_binding"),
+        }
+
+    def read_object(self, kind: str, name: str) -> dict | None:
+        """A ServiceAccount, Role or RoleBinding of the namespace; None when there is none."""
+        return self._call(
+            f"read {kind} {self.namespace}/{name}",
+            self._core_calls("read")[kind],
+            name,
+            self.namespace,
+            missing_ok=True,
+        )
+
+    def create_object(self, obj: dict) -> bool:
+        """Create a ServiceAccount, Role or RoleBinding; False when one of the name exists (409
+        AlreadyExists: it is left as it is)."""
+        create = self._core_calls("create")[obj["kind"]]
         made = self._call(
             f"create {obj['kind']} {self.namespace}/{obj['metadata']['name']}",
             create,

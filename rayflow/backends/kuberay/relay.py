@@ -7,7 +7,17 @@ rayflow serves the Jobs API on a loopback port and forwards each request, HTTP a
 credentials (TLS context and bearer token, fetched per request). The API server takes the
 `Authorization` header for itself, so the Ray token the client sends there is forwarded as
 `X-Ray-Authorization`, the header Ray's dashboard reads behind proxies. Inside the cluster the
-relay forwards to the head service directly, with the same header.
+relay may forward to the head service directly (`to_service`), with the same header and no
+Kubernetes credential.
+
+Kubernetes token auth (KubeRay's `enableK8sTokenAuth`, Ray >= 2.55): the dashboard takes a
+Kubernetes bearer token as Ray's and checks it with the API server (TokenReview, then RBAC verb
+`ray:write` on the RayCluster). The relay passes on this client's own, and only ever from the
+credentials it sends upstream, to that same upstream: a relay built with them goes through the API
+server's service proxy (`through_api_server`, the API server of the kubeconfig they came from), and
+one without any (`to_service`) cannot be built for Kubernetes token auth. So the token is never
+sent to a dashboard URL by rayflow; the API server hands `X-Ray-Authorization` on to the head,
+which needs it for its TokenReview (docs/security.md: the residual risk).
 
 The relay holds this user's Kubernetes credentials, and its port is open to every local user, so
 it answers only the process that started it and forwards only Ray's Jobs API: each request must
@@ -113,19 +123,45 @@ def ssl_context(configuration) -> ssl.SSLContext | bool | None:
     return context
 
 
+def through_api_server(kube, service: str, port: str, k8s_token_auth: bool) -> DashboardRelay:
+    """A relay to a service port of `kube`'s namespace through its API server's service proxy,
+    with its credentials (and, for Kubernetes token auth, its bearer token as Ray's)."""
+    return DashboardRelay(
+        kube.service_proxy_url(service, port),
+        kube.auth_headers,
+        ssl_context(kube.configuration),
+        k8s_token_auth=k8s_token_auth,
+    )
+
+
+def to_service(url: str) -> DashboardRelay:
+    """A relay straight to a head service's URL (rayflow runs in the cluster): no Kubernetes
+    credential goes with it, so a cluster with Kubernetes token auth is not reached this way."""
+    return DashboardRelay(url)
+
+
 class DashboardRelay:
     def __init__(
         self,
         upstream: str,
-        upstream_headers: Callable[[], dict[str, str]],
+        upstream_headers: Callable[[], dict[str, str]] | None = None,
         tls=None,
-        ray_credentials: Callable[[], dict[str, str]] | None = None,
+        *,
+        k8s_token_auth: bool = False,
     ):
         self.upstream = upstream.rstrip("/")
-        self.upstream_headers = upstream_headers  # the API server's credentials, per request
-        # Kubernetes token auth: the dashboard's credential is this client's Kubernetes token
-        # (X-Ray-Authorization), per request; it replaces whatever the Jobs client sent.
-        self.ray_credentials = ray_credentials
+        # the API server's credentials, per request (exec plugins refresh them); none for a head
+        # service reached directly
+        self.upstream_headers = upstream_headers
+        # Kubernetes token auth: the dashboard's credential is the bearer token of
+        # upstream_headers, the one the upstream (the API server) gets anyway; it replaces
+        # whatever the Jobs client sent. Nothing else brings a Kubernetes token in.
+        if k8s_token_auth and upstream_headers is None:
+            raise ValueError(
+                "Kubernetes token auth passes on the API server's own credentials: the relay "
+                "must go through the API server"
+            )
+        self.k8s_token_auth = k8s_token_auth
         self.tls = tls
         # what only the process that started the relay holds
         self.secret = secrets.token_urlsafe(32)
@@ -185,10 +221,13 @@ class DashboardRelay:
         ray_auth = headers.pop("Authorization", None) or headers.pop("authorization", None)
         if ray_auth:  # the Ray token: the API server would consume Authorization
             headers["X-Ray-Authorization"] = ray_auth
-        if self.ray_credentials is not None:
+        upstream = self.upstream_headers() if self.upstream_headers is not None else {}
+        if self.k8s_token_auth:
             headers = {k: v for k, v in headers.items() if k.lower() != "x-ray-authorization"}
-            headers.update(self.ray_credentials())
-        headers.update(self.upstream_headers())
+            bearer = {k.lower(): v for k, v in upstream.items()}.get("authorization")
+            if bearer:  # none: the dashboard answers 401, which the caller reports
+                headers["X-Ray-Authorization"] = bearer
+        headers.update(upstream)
         return headers
 
     async def _forward(self, request):
