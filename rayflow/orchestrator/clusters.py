@@ -69,7 +69,8 @@ def kept_started(backend: ClusterBackend, handle: ClusterHandle) -> None:
             section=dict(to_container(backend.section)),
             auth_mode=backend.auth_mode,
             address=record["address"],
-            autostop_idle_minutes=minutes,
+            # none where the cluster cannot stop itself (kuberay: autostop off, said why)
+            autostop_idle_minutes=minutes if handle.autostop is not None else None,
             where=record["where"],
         )
     )

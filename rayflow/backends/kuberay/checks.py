@@ -27,6 +27,11 @@ TOKEN_AUTH_MIN_RAY = (2, 52, 0)  # ValidateRayClusterSpec: authOptions.mode toke
 # Ray delegates token checks to Kubernetes (TokenReview) from 2.55.0
 K8S_TOKEN_AUTH_MIN_RAY = (2, 55, 0)
 START_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
+K8S_AUTH_NEEDS_PROXY = (
+    "is service, but the cluster uses Kubernetes token auth (enableK8sTokenAuth), where your "
+    "Kubernetes token is Ray's: rayflow sends it only to the API server it came from (the service "
+    "proxy), never straight to a dashboard; set backend.dashboard_access=proxy (or auto)"
+)
 
 
 def _version(text: Any) -> tuple[int, ...] | None:
@@ -105,9 +110,12 @@ def effective_auth(manifest: Mapping) -> str:
     return "token" if auth is not None and auth["mode"] == "token" else "disabled"
 
 
-def refuse_bad_k8s_auth(manifest: Mapping, key: str, ray_version: str | None = None) -> None:
+def refuse_bad_k8s_auth(
+    manifest: Mapping, key: str, ray_version: str | None = None, dashboard_access: Any = "auto"
+) -> None:
     """Kubernetes token auth (authOptions.enableK8sTokenAuth or RAY_ENABLE_K8S_TOKEN_AUTH): Ray's
-    token auth must be on (mode token) and the cluster's Ray >= 2.55.0, else no client gets in."""
+    token auth must be on (mode token) and the cluster's Ray >= 2.55.0, else no client gets in;
+    and the dashboard is reached through the API server (the user's Kubernetes token is Ray's)."""
     auth = user_layers.auth_of(km.cluster_of(manifest))
     if auth is None or not auth["k8s"]:
         return
@@ -124,6 +132,8 @@ def refuse_bad_k8s_auth(manifest: Mapping, key: str, ray_version: str | None = N
             "Kubernetes token auth (enableK8sTokenAuth) needs Ray >= 2.55.0 on the cluster, got "
             f"{version or 'no rayVersion'}",
         )
+    if dashboard_access == "service":
+        raise ConfigError("backend.dashboard_access", K8S_AUTH_NEEDS_PROXY)
 
 
 def refuse_exposed_auth_off(manifest: Mapping, without_overrides: Mapping, own_key) -> None:
@@ -390,7 +400,7 @@ def check(
         rendered,
         lambda path: "backend.service_type" if path.endswith(".serviceType") else "backend",
     )
-    refuse_bad_k8s_auth(manifest, "backend.overrides", ray_version)
+    refuse_bad_k8s_auth(manifest, "backend.overrides", ray_version, b.get("dashboard_access"))
 
 
 def _schema_errors(manifest: Mapping, rendered: Mapping) -> list[tuple[str, str]]:
@@ -458,4 +468,4 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
             else "backend.manifest"
         ),
     )
-    refuse_bad_k8s_auth(manifest, "backend.manifest")
+    refuse_bad_k8s_auth(manifest, "backend.manifest", dashboard_access=b.get("dashboard_access"))
