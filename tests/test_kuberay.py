@@ -156,7 +156,7 @@ def autostopping(tmp_path_factory, data_root):
     if reason:
         pytest.skip(reason)
     with KubeEmulator(tls=True) as emu:
-        head = kube_head.PodRayHead.for_emulator(emu, "default", f"{AUTOSTOPPED}-autostop")
+        head = kube_head.PodRayHead.for_emulator(emu, "default", f"{AUTOSTOPPED}-rayflow-autostop")
         head.start()
         try:
             with FakeKubeRayOperator(emu, head.dashboard_url, head.token):
@@ -193,7 +193,7 @@ def test_a_kept_raycluster_runs_its_head_as_an_account_that_may_delete_only_it(a
     assert f"autostop: {AUTOSTOPPED} stops itself after 1 idle minutes" in first.stdout
     cluster = emu.get("rayclusters", "default", AUTOSTOPPED)
     head_pod = cluster["spec"]["headGroupSpec"]["template"]["spec"]
-    assert head_pod["serviceAccountName"] == f"{AUTOSTOPPED}-autostop"
+    assert head_pod["serviceAccountName"] == f"{AUTOSTOPPED}-rayflow-autostop"
     [role] = emu.objects("roles")
     assert role["rules"] == [
         {
@@ -211,8 +211,9 @@ def test_a_kept_raycluster_runs_its_head_as_an_account_that_may_delete_only_it(a
         ]
     [row] = json.loads(_clusters(runner, "status", "--json").stdout)
     assert (row["name"], row["state"], row["autostop_idle_minutes"]) == (AUTOSTOPPED, "idle", 1)
-    # a run that only names it joins it and leaves it running; `logs` reads that run's job
-    second = runner.run(*runner.kept_run, timeout=400)
+    # a run of this user's that names it and keeps it joins it (by its uid in this user's
+    # registry and the proof on it) and leaves it running; `logs` reads that run's job
+    second = runner.run(*runner.kept_run, "backend.keep_cluster=true", timeout=400)
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert f"reusing the existing RayCluster default/{AUTOSTOPPED}" in second.stdout
     assert (
@@ -595,15 +596,21 @@ def test_the_api_servers_refusal_in_the_server_side_dry_run_is_one_line_and_noth
 def test_an_existing_raycluster_rayflow_did_not_make_is_reused_and_never_deleted(
     ray_head, rayflow, emulator
 ):
+    """Issue 43: joined only when the user trusts it by its uid (backend.join_uid)."""
     # applied by someone else: no managed-by label of rayflow's
     foreign = yaml.safe_load(USER_MANIFEST.split("---")[0])
     foreign["metadata"]["namespace"], foreign["spec"]["authOptions"] = "default", {"mode": "token"}
     path = rayflow.workdir / "team-ray.yaml"
     path.write_text(USER_MANIFEST)
     with FakeKubeRayOperator(emulator, ray_head.dashboard_url, ray_head.token):
-        emulator.put(foreign)
+        uid = emulator.put(foreign)["metadata"]["uid"]
         out = rayflow.run(
-            *kuberay(emulator, f"backend.manifest={path}", "backend.keep_cluster=true"),
+            *kuberay(
+                emulator,
+                f"backend.manifest={path}",
+                "backend.keep_cluster=true",
+                f"backend.join_uid={uid}",
+            ),
             *SMALL_CIFAR,
             "tracking=none",
             timeout=400,
@@ -612,7 +619,7 @@ def test_an_existing_raycluster_rayflow_did_not_make_is_reused_and_never_deleted
         assert "reusing the existing RayCluster default/team-ray as it is" in out.stdout, (
             out.stdout + out.stderr
         )[-3000:]
-        assert "rayflow did not make it and leaves it running" in out.stdout
+        assert "you trust it by its uid (backend.join_uid); rayflow leaves it running" in out.stdout
         assert "deleted RayCluster" not in out.stdout + out.stderr
         assert emulator.get("rayclusters", "default", "team-ray") is not None
         emulator.delete("rayclusters", "default", "team-ray")
@@ -785,7 +792,7 @@ def test_a_kept_clusters_dry_run_prints_the_rbac_of_its_autostop(rayflow, emulat
     assert out.returncode == 0, out.stderr[-2000:]
     cluster, account, role, binding = yaml.safe_load_all(out.stdout)
     head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
-    assert head["serviceAccountName"] == account["metadata"]["name"] == "rayflow-autostop"
+    assert head["serviceAccountName"] == account["metadata"]["name"] == "rayflow-rayflow-autostop"
     assert role["rules"] == [
         {
             "apiGroups": ["ray.io"],
@@ -796,7 +803,7 @@ def test_a_kept_clusters_dry_run_prints_the_rbac_of_its_autostop(rayflow, emulat
     ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "rayflow-autostop", "namespace": "default"}
+        {"kind": "ServiceAccount", "name": "rayflow-rayflow-autostop", "namespace": "default"}
     ]
     assert not emulator.objects("rayclusters"), "a dry run applies nothing"
 
@@ -810,7 +817,9 @@ def test_the_kept_raycluster_was_deleted_by_its_own_head(autostopping):
         lambda: emu.get("rayclusters", "default", AUTOSTOPPED) is None, timeout=180
     ), _watcher_log(runner.head)
     deletes = [r for r in emu.requests if r.method == "DELETE" and AUTOSTOPPED in r.path]
-    assert [r.user for r in deletes] == [f"system:serviceaccount:default:{AUTOSTOPPED}-autostop"]
+    assert [r.user for r in deletes] == [
+        f"system:serviceaccount:default:{AUTOSTOPPED}-rayflow-autostop"
+    ]
     assert wait_until(lambda: not emu.objects("roles") and not emu.objects("pods"), timeout=30)
     [row] = json.loads(_clusters(runner, "status", "--json").stdout)
     assert (row["name"], row["state"]) == (AUTOSTOPPED, "gone")

@@ -296,10 +296,12 @@ def test_a_run_that_loses_the_race_to_create_refuses_and_deletes_nothing(
 
 
 def test_a_kept_cluster_is_joined_by_name_and_never_deleted_by_the_joiner(kube_world):
-    """A run that names a cluster a rayflow run kept joins it (it need not keep it itself) and
-    leaves it running; the kept cluster's record stays its first run's; `rayflow down` deletes
+    """A run of this user's that names a cluster their run kept, and keeps it too, joins it and
+    leaves it running (issue 43: a run with keep_cluster=false, which would delete its cluster,
+    is refused instead); the kept cluster's record stays its first run's; `rayflow down` deletes
     it; one deleted behind rayflow's back is shown gone."""
     from rayflow.backends import kept
+    from rayflow.errors import ConfigError
 
     emulator, _ = kube_world
     with running(backend(emulator, *KEEP)) as keeper:
@@ -308,7 +310,10 @@ def test_a_kept_cluster_is_joined_by_name_and_never_deleted_by_the_joiner(kube_w
         labels_of(emulator)["rayflow.io/keep"] == "true"
         and labels_of(emulator)["rayflow.io/run"] == keeper.owner_run
     )
-    with running(backend(emulator)) as joiner:
+    with pytest.raises(ConfigError, match="is a cluster you kept") as refused:
+        running(backend(emulator)).__enter__()
+    assert refused.value.key == "backend.cluster_name"
+    with running(backend(emulator, *KEEP)) as joiner:
         assert joiner.address.startswith("http://127.0.0.1:") and joiner.joined
         assert joiner.owner_run == keeper.owner_run
     # joined as it was, left running
@@ -332,23 +337,30 @@ def test_a_kept_cluster_is_joined_by_name_and_never_deleted_by_the_joiner(kube_w
     assert rayflow.clusters() == []
 
 
-def test_a_raycluster_rayflow_did_not_make_is_joined_only_with_keep_cluster_and_never_deleted(
+def test_a_raycluster_rayflow_did_not_make_is_joined_only_when_trusted_by_uid_and_never_deleted(
     kube_world,
 ):
+    """Issue 43: joining is by proof, not by name. A RayCluster made outside rayflow is refused
+    with keep_cluster false or true (before, keep_cluster=true joined it); the user who trusts it
+    names its uid (backend.join_uid, with keep_cluster=true), and it is left running."""
     from rayflow.errors import ConfigError
 
-    emulator, _ = kube_world
+    emulator, upstream = kube_world
     theirs = backend(emulator).manifest()
     theirs["metadata"]["labels"] = {"team": "ml"}
-    emulator.put(theirs)
-    with pytest.raises(
-        ConfigError,
-        match="exists and rayflow did not make it: to run on it as it is, set backend.keep_cluster=true",
-    ):
-        running(backend(emulator)).__enter__()
-    with running(backend(emulator, *KEEP)):
-        pass
+    uid = emulator.put(theirs)["metadata"]["uid"]
+    for more in ((), KEEP):
+        with pytest.raises(ConfigError, match="no run of yours made and kept it") as refused:
+            running(backend(emulator, *more)).__enter__()
+        assert refused.value.key == "backend.cluster_name" and "\n" not in str(refused.value)
+        assert "backend.join_uid=<kubectl get raycluster rayflow -n default -o" in str(
+            refused.value
+        )
+    assert upstream.seen == [], "nothing reached its dashboard"
+    with running(backend(emulator, *KEEP, f"backend.join_uid={uid}")) as joined:
+        assert joined.joined and joined.teardown_command is None
     assert labels_of(emulator) == {"team": "ml"}
+    assert emulator.get("rayclusters", "default", "rayflow")["metadata"]["uid"] == uid
     emulator.delete("rayclusters", "default", "rayflow")
 
 
@@ -535,12 +547,16 @@ def test_with_kubernetes_token_auth_the_jobs_client_sends_the_users_kubernetes_c
         applied = emulator.get("rayclusters", "default", "rayflow")
         assert applied["spec"]["authOptions"] == {"mode": "token", "enableK8sTokenAuth": True}
         assert "Authorization" not in b.submission.headers
-        client = JobSubmissionClient(b.address, headers=b.submission.headers)
+        # whatever Ray token the client holds locally (Ray's client adds one where this process
+        # has token auth on) is replaced by the Kubernetes credential
+        local = {"Authorization": "Bearer a-local-ray-token"}
+        client = JobSubmissionClient(b.address, headers={**b.submission.headers, **local})
         assert client.list_jobs() == []
     to_dashboard = [headers for _, path, headers in upstream.seen if "/api/" in path]
     assert to_dashboard and all(
         h.get("X-Ray-Authorization") == f"Bearer {emulator.token}" for h in to_dashboard
     )
+    assert not any("a-local-ray-token" in str(h) for h in to_dashboard)
     assert not [r for r in emulator.requests if "/secrets/" in r.path], (
         "no Ray token is read with Kubernetes token auth"
     )
@@ -562,15 +578,23 @@ def test_kubernetes_token_auth_without_a_bearer_token_is_one_line():
         b._relay(run, "rayflow")
 
 
-def test_the_relay_sends_the_kubernetes_credential_in_place_of_any_ray_token(relayed):
-    relay, upstream = relayed
-    relay.ray_credentials = lambda: {"X-Ray-Authorization": f"Bearer {K8S_TOKEN}"}
-    headers = {
-        **relay.client_headers(),
-        "Authorization": "Bearer ray",
-        "x-ray-authorization": "Bearer forged",
-    }
-    assert raw_request(relay, "GET", "/api/version", headers) == 200
+def test_the_relay_sends_the_kubernetes_credential_in_place_of_any_ray_token():
+    with RecordingUpstream() as upstream:
+        relay = DashboardRelay(
+            f"http://127.0.0.1:{upstream.port}{PROXY}",
+            lambda: {"Authorization": f"Bearer {K8S_TOKEN}"},
+            k8s_token_auth=True,
+        )
+        relay.start()
+        try:
+            headers = {
+                **relay.client_headers(),
+                "Authorization": "Bearer ray",
+                "x-ray-authorization": "Bearer forged",
+            }
+            assert raw_request(relay, "GET", "/api/version", headers) == 200
+        finally:
+            relay.stop()
     [(_, _, seen)] = upstream.seen
     assert [v for k, v in seen.items() if k.lower() == "x-ray-authorization"] == [
         f"Bearer {K8S_TOKEN}"
