@@ -27,6 +27,7 @@ from rayflow.errors import (
     RunInterrupted,
 )
 from rayflow.orchestrator.compose import CONFIG_MODULE, CONFIG_NAME
+from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text, masked_message, redact
 
 # Exit codes (docs: "Exit codes"): 0 done, 1 the run failed, 2 bad input (nothing
@@ -35,7 +36,8 @@ EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
 
 def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> None:
-    print(f"rayflow: error: {masked_message(err)}", file=sys.stderr)
+    # an error may quote what a cluster, a log or a store said: masked, then printable
+    print(f"rayflow: error: {printable(masked_message(err))}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -169,7 +171,7 @@ def _main() -> None:
     except (DataError, RunFailed, JobError, ClusterError) as err:
         fail(err, EXIT_FAILED)
     except RunInterrupted as stop:  # Ctrl-C: torn down, state saved
-        print(f"rayflow: {stop}", file=sys.stderr)
+        print(f"rayflow: {printable(str(stop))}", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
 
 

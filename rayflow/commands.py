@@ -49,7 +49,10 @@ def _autostop(row) -> str:
 
 
 def table(rows) -> str:
-    """`rayflow status` as a user reads it."""
+    """`rayflow status` as a user reads it. Names, states and details come from records and
+    clusters: shown printable (rayflow.security.printable), each cell on its one line."""
+    from rayflow.security.printable import printable_line
+
     if not rows:
         return "no kept clusters"
     head = ("BACKEND", "NAME", "STATE", "NODES", "UP", "IDLE", "AUTOSTOP", "NODE-SECONDS", "JOBS")
@@ -58,27 +61,28 @@ def table(rows) -> str:
         nodes = f"{r.nodes}/{r.peak_nodes}" if r.nodes is not None else "-"
         used = f"{r.node_seconds:.0f}" if r.node_seconds is not None else "-"
         jobs = str(r.jobs) if r.jobs is not None else "-"
-        up = _duration(r.up_s)
-        lines.append(
-            (r.backend, r.name, r.state, nodes, up, _duration(r.idle_s), _autostop(r), used, jobs)
-        )
+        up, idle = _duration(r.up_s), _duration(r.idle_s)
+        cells = (r.backend, r.name, r.state, nodes, up, idle, _autostop(r), used, jobs)
+        lines.append(tuple(printable_line(str(cell)) for cell in cells))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
         for line in lines
     ]
-    notes = [f"  {r.name}: {r.detail}" for r in rows if r.detail]
+    notes = [f"  {printable_line(r.name)}: {printable_line(r.detail)}" for r in rows if r.detail]
     return "\n".join(out + notes)
 
 
 def _fail(err: Exception, code: int) -> None:
     from rayflow.security.redaction import masked_message
 
-    print(f"rayflow: error: {masked_message(err)}", file=sys.stderr)
+    # an error may quote what a cluster answered: masked, then printable
+    print(f"rayflow: error: {printable(masked_message(err))}", file=sys.stderr)
     sys.exit(code)
 
 
 def main(argv: list[str]) -> None:
+    from rayflow.security.printable import printable
     from rayflow.errors import ClusterError, ConfigError, JobError
     from rayflow.orchestrator import clusters
 
@@ -88,6 +92,7 @@ def main(argv: list[str]) -> None:
     quiet = contextlib.redirect_stdout(sys.stderr)
     try:
         if args.command == "status":
+    from rayflow.security.printable import printable, printable_line
             with quiet:
                 rows = clusters.clusters()
             print(json.dumps([r.as_dict() for r in rows]) if args.json else table(rows))
@@ -99,7 +104,7 @@ def main(argv: list[str]) -> None:
         else:
             with contextlib.nullcontext() if args.follow else quiet:
                 text = clusters.logs(args.name, args.job, args.follow)
-            sys.stdout.write(text)
+            sys.stdout.write(printable(text))  # a log is data: masked already, made printable
     except ConfigError as err:
         _fail(err, 2)
     except (ClusterError, JobError) as err:

@@ -26,6 +26,7 @@ from rayflow.launcher.settings import (
     rayflow_config,
     read_settings,
 )
+from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     try:
         return _launch(launcher, job_overrides, initial_job_idx)
     except (ConfigError, ClusterError, DataError, JobError, RunFailed) as err:
-        raise LauncherError(f"rayflow: error: {mask_text(str(err))}") from None
+        raise LauncherError(f"rayflow: error: {printable(mask_text(str(err)))}") from None
 
 
 def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
@@ -145,7 +146,8 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
 
 
 def _say(line: str) -> None:
-    print(mask_text(line), file=sys.stderr, flush=True)  # a job's error may quote a secret
+    # a job's error may quote a secret, and a node's words are data: masked, then printable
+    print(printable(mask_text(line)), file=sys.stderr, flush=True)
 
 
 def _local_output_dir(config: DictConfig, cwd: str) -> str:
@@ -183,7 +185,7 @@ def _job_return(job: HydraJob, done: Finished, local_dir: str, cwd: str):
             task_name=str(config.hydra.job.name),
             status=JobStatus.FAILED,
         )
-        ret.return_value = RuntimeError(f"{job.what}: {done.error}")
+        ret.return_value = RuntimeError(printable(mask_text(f"{job.what}: {done.error}")))
         return ret
     if done.files is None:  # ran in place: its outputs are where Hydra put them
         return ret

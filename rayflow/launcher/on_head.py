@@ -18,6 +18,7 @@ def main(argv: list[str]) -> int:
 
     from rayflow.launcher.jobs import run_batch
     from rayflow.launcher.submit import result_line
+    from rayflow.security.printable import printable
     from rayflow.security.redaction import mask_text
 
     bundle = cloudpickle.loads(Path(argv[0]).read_bytes())  # what the launching process sent
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
         bundle.max_concurrent,
         bundle.on_failure,
         bundle.schedule_timeout_s,
-        say=lambda line: print(mask_text(line), flush=True),
+        say=lambda line: print(printable(mask_text(line)), flush=True),
     )
     emit(result_line(finished))
     return 0

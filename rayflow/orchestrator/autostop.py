@@ -17,6 +17,7 @@ from rayflow.backends import ClusterHandle
 from rayflow.errors import JobError
 from rayflow.orchestrator.submission import jobs_client, stage_package, submission, submitted_id
 from rayflow.runtime.activity import WATCHER_PREFIX
+from rayflow.security.printable import printable
 
 
 def arm(handle: ClusterHandle, minutes: float) -> str:
@@ -48,7 +49,8 @@ def arm_or_warn(handle: ClusterHandle, minutes: float | None) -> None:
         job_id = arm(handle, minutes)
     except JobError as err:
         print(
-            f"rayflow: warning: autostop not armed ({err}); stop the cluster yourself: "
+            f"rayflow: warning: autostop not armed ({printable(str(err))}); stop the cluster "
+            "yourself: "
             f"rayflow down {handle.name}",
             file=sys.stderr,
             flush=True,

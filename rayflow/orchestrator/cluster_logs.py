@@ -1,6 +1,7 @@
 """`rayflow logs NAME [JOB] [--follow]`: a kept cluster's job log, from its Jobs API while it runs,
 from MLflow (the parent run's `job/driver.log`, kept by rayflow.orchestrator.remote_run) once it
-is gone. Masked as every log rayflow shows."""
+is gone. Masked as every log rayflow shows, and read with a size cap (its last
+job_logs.LOG_CAP_BYTES): `rayflow logs` makes it printable where it prints it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 from rayflow.backends import ClusterHandle, backend_of
 from rayflow.backends.kept import KeptCluster
 from rayflow.errors import ConfigError
-from rayflow.orchestrator.job_logs import JOB_LOG, LogStream, whole_log
+from rayflow.orchestrator import job_logs
+from rayflow.orchestrator.job_logs import JOB_LOG, LogStream, bounded_log
 from rayflow.orchestrator.submission import jobs_client, wait_for_end
 from rayflow.results.run_result import RESULT_MARKER
 from rayflow.runtime.activity import user_jobs
@@ -49,12 +51,13 @@ def _job_id(handle: ClusterHandle, kept: KeptCluster, job: str | None) -> str:
 
 
 def job_log(handle: ClusterHandle, kept: KeptCluster, job: str | None, follow: bool) -> str:
-    """The job's whole log (masked); with `follow`, streamed to stdout until the job ends ("")."""
+    """The job's log (masked; its end, LOG_CAP_BYTES at most); with `follow`, streamed to stdout
+    until the job ends ("")."""
     assert handle.submission is not None
     job_id = _job_id(handle, kept, job)
     client = jobs_client(handle.address, handle.submission.headers)
     if not follow:  # the job's signed result line is for the run that submitted it
-        log = whole_log(client, job_id, [])
+        log = bounded_log(client, job_id, [])
         return "".join(
             mask_text(line) for line in log.splitlines(True) if not line.startswith(RESULT_MARKER)
         )
@@ -90,4 +93,21 @@ def mlflow_log(kept: KeptCluster, job: str | None) -> str:
         uri = os.environ.get("MLFLOW_TRACKING_URI", uri)
     with tempfile.TemporaryDirectory(prefix="rayflow-logs-") as tmp:
         path = MlflowClient(uri).download_artifacts(last["run_id"], JOB_LOG, tmp)
-        return mask_text(Path(path).read_text())
+        return mask_text(tail_of_file(Path(path), str(last.get("job_id"))))
+
+
+def tail_of_file(path: Path, job_id: str) -> str:
+    """A log file's last job_logs.LOG_CAP_BYTES from its first whole line, after a line saying
+    what was left out: never the whole of a file whose size the store decides."""
+    cap = job_logs.LOG_CAP_BYTES
+    with path.open("rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        file.seek(max(0, size - cap))
+        data = file.read(cap)
+    if size <= cap:
+        return data.decode(errors="replace")
+    kept = data.partition(b"\n")[2]
+    return (
+        f"[rayflow] the first {(size - len(kept)) / 2**20:.1f} MiB of job {job_id}'s log are left "
+        f"out: rayflow reads the last {cap / 2**20:g} MiB\n" + kept.decode(errors="replace")
+    )

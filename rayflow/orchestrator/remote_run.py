@@ -49,6 +49,7 @@ from rayflow.runtime.signals import termination_exit_code
 from rayflow.schema.values import to_container
 from rayflow.security.redaction import mask_text, redact
 from rayflow.tracking.tracker import Tracker
+from rayflow.security.printable import printable
 
 
 def _request(plan: Plan, tracker: Tracker) -> dict[str, list[str]]:
@@ -250,7 +251,8 @@ def keep_driver_log(
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         print(
             "rayflow: warning: the job's log was not stored in MLflow "
-            f"({mask_text(tracker.absolute_uri)}): {type(err).__name__}: {mask_text(first)}",
+            f"({mask_text(tracker.absolute_uri)}): {type(err).__name__}: "
+            f"{printable(mask_text(first))}",
             file=sys.stderr,
             flush=True,
         )

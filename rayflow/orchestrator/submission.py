@@ -34,7 +34,7 @@ from typing import Any
 
 from rayflow.backends import ClusterHandle
 from rayflow.errors import ClusterError, JobError
-from rayflow.orchestrator.job_logs import LogStream, first_line, whole_log
+from rayflow.orchestrator.job_logs import LogStream, bounded_log, first_line
 from rayflow.results.storage import STORAGE_ENV
 from rayflow.security import result_channel
 from rayflow.security.redaction import mask_text
@@ -201,8 +201,9 @@ def run_as_job(
     verbose: int | bool = 0,
 ) -> JobOutcome:
     """Submit rayflow to the cluster, stream its logs, wait for a terminal status, fetch its
-    whole log. Ctrl-C or SIGTERM stops the job, then re-raises. Lines of the log that start
-    with `hidden` are not streamed to this terminal (they stay in JobOutcome.log).
+    log (its end: job_logs.bounded_log). Ctrl-C or SIGTERM stops the job, then re-raises. Lines
+    of the log that start with `hidden` are not streamed to this terminal (they stay in
+    JobOutcome.log).
     `headers` go with every request (a token the backend holds), `runtime_env` is merged into
     the job's, `request` goes with the job as a file (stage_request: never on its command line),
     `on_submitted(job_id)` is called once the job exists (a RayJob tracks it), and `verbose` (the
@@ -274,7 +275,7 @@ def submitted_id(client: Any, arguments: dict[str, Any], shown: str, agent_timeo
 def _outcome(client: Any, job_id: str, status: str, streamed: list[str]) -> JobOutcome:
     """How the job ended: its error is rayflow's own last error line where it printed one, else
     the last line of what the Jobs API says of it."""
-    log = whole_log(client, job_id, streamed)
+    log = bounded_log(client, job_id, streamed)
     info = client.get_job_info(job_id)
     said = (info.message or "").strip().splitlines()
     errors = [line for line in log.splitlines() if line.startswith("rayflow: error:")]
