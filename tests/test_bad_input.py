@@ -343,17 +343,21 @@ BAD_INPUT = [
     (["data.synthetic_train_size=1000000000000"], "data.synthetic_train_size"),
     (["backend.dashboard_port=70000"], "backend.dashboard_port"),
     (["+workload.num_sample=5"], "workload.num_sample"),
-    # issue 30: one rule for auth off beside a port beyond loopback, on every backend and from
-    # every source (keys, overrides); cluster names validated before they name a file
-    (["backend.dashboard_host=0.0.0.0", "ray_auth_mode=disabled"], "backend.dashboard_host"),
+    # issue 30, 43: one rule for auth off, by exposure: every Ray cluster listens beyond loopback,
+    # so it is refused on every backend and from every source (keys, overrides), naming
+    # ray_auth_mode first; cluster names validated before they name a file
+    (["backend.dashboard_host=0.0.0.0", "ray_auth_mode=disabled"], "ray_auth_mode"),
+    (["backend.dashboard_host=127.0.0.1", "ray_auth_mode=disabled"], "ray_auth_mode"),
+    (["backend=vm", "ray_auth_mode=disabled"], "ray_auth_mode"),
     (["backend=spark", "ray_auth_mode=disabled"], "ray_auth_mode"),
+    (["backend=kuberay", "ray_auth_mode=disabled"], "ray_auth_mode"),
     (
         ["backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=LoadBalancer"],
-        "backend.service_type",
+        "ray_auth_mode",
     ),
     (
         ["backend=kuberay", "ray_auth_mode=disabled", "backend.service_type=NodePort"],
-        "backend.service_type",
+        "ray_auth_mode",
     ),
     (
         [
@@ -361,8 +365,9 @@ BAD_INPUT = [
             "ray_auth_mode=disabled",
             "+backend.overrides.spec.headGroupSpec.enableIngress=true",
         ],
-        "backend.overrides",
+        "ray_auth_mode",
     ),
+    (["backend=kuberay", "+backend.overrides.spec.authOptions.mode=disabled"], "ray_auth_mode"),
     (
         [
             "backend=kuberay",
@@ -371,7 +376,11 @@ BAD_INPUT = [
         ],
         "backend.overrides",
     ),
-    (["backend=vm", "backend.provider=aws", "ray_auth_mode=disabled"], "backend.provider"),
+    (
+        ["backend=attach", "backend.address=127.0.0.1:6379", "ray_auth_mode=disabled"],
+        "ray_auth_mode",
+    ),
+    (["backend=vm", "backend.provider=aws", "ray_auth_mode=disabled"], "ray_auth_mode"),
     (
         [
             "backend=vm",
@@ -379,7 +388,15 @@ BAD_INPUT = [
             "ray_auth_mode=disabled",
             "+backend.overrides={head_start_ray_commands: ['ray start --head --dashboard-host=0.0.0.0']}",
         ],
-        "backend.overrides.head_start_ray_commands",
+        "ray_auth_mode",
+    ),
+    (
+        [
+            "backend=vm",
+            "backend.provider=aws",
+            "+backend.overrides={head_start_ray_commands: ['ray start --head']}",
+        ],
+        "ray_auth_mode",
     ),
     (["backend=vm", "+backend.overrides={cluster_name: ../../x}"], "backend.overrides"),
 ]

@@ -428,20 +428,27 @@ def check(*overrides: str) -> None:
 
 @pytest.mark.parametrize("more,key,what", EXPOSED, ids=[e[0][-1] for e in EXPOSED])
 def test_auth_off_beside_an_exposed_head_is_refused_naming_the_key(more, key, what):
+    """Issue 43: named ray_auth_mode first; what exposes the head (`key`'s) is said in the line."""
     from rayflow.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:
         check("ray_auth_mode=disabled", *more)
     assert (
-        refused.value.key == key
+        refused.value.key == "ray_auth_mode"
         and what in str(refused.value)
         and "CVE-2023-48022" in str(refused.value)
     )
     check("ray_auth_mode=token", *more)  # with token auth the same exposure is the user's choice
 
 
-def test_auth_off_with_a_clusterip_service_stays_allowed():
-    check("ray_auth_mode=disabled", "backend.service_type=ClusterIP")
+def test_auth_off_with_a_clusterip_service_is_refused():
+    """Issue 43 (allowed until now): a ClusterIP head's ports listen on the pod network, which
+    every pod of the Kubernetes cluster reaches."""
+    from rayflow.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        check("ray_auth_mode=disabled", "backend.service_type=ClusterIP")
+    assert refused.value.key == "ray_auth_mode" and "pod network" in str(refused.value)
 
 
 def test_overrides_that_turn_auth_off_beside_an_exposed_service_are_refused():
@@ -453,7 +460,8 @@ def test_overrides_that_turn_auth_off_beside_an_exposed_service_are_refused():
             "backend.service_type=LoadBalancer",
             "+backend.overrides.spec.authOptions.mode=disabled",
         )
-    assert refused.value.key == "backend.service_type"
+    assert refused.value.key == "ray_auth_mode"
+    assert "token auth is off (backend.overrides turns it off)" in str(refused.value)
 
 
 TEAM_CLUSTER = """\
@@ -481,16 +489,23 @@ def test_a_users_manifest_with_an_exposed_head_and_no_auth_is_refused(tmp_path):
 
     path = tmp_path / "team.yaml"
     path.write_text(TEAM_CLUSTER)
-    # the manifest's own RAY_AUTH_MODE=disabled is kept, whatever ray_auth_mode says
+    # the manifest's own RAY_AUTH_MODE=disabled is kept, whatever ray_auth_mode says: refused,
+    # named ray_auth_mode first (issue 43), with the manifest and the exposure in the line
     for mode in ("token", "disabled"):
         with pytest.raises(
             ConfigError,
             match=r"a head service of type LoadBalancer \(spec.headGroupSpec.serviceType\)",
         ) as refused:
             check(f"ray_auth_mode={mode}", f"backend.manifest={path}")
-        assert refused.value.key == "backend.manifest"
+        assert refused.value.key == "ray_auth_mode"
+        if mode == "token":
+            assert f"(backend.manifest {path} turns it off)" in str(refused.value)
+    # a ClusterIP head too (issue 43: allowed until now): the pod network reaches it
     path.write_text(TEAM_CLUSTER.replace("serviceType: LoadBalancer", "serviceType: ClusterIP"))
-    check("ray_auth_mode=disabled", f"backend.manifest={path}")
+    for mode in ("token", "disabled"):
+        with pytest.raises(ConfigError, match="pod network") as refused:
+            check(f"ray_auth_mode={mode}", f"backend.manifest={path}")
+        assert refused.value.key == "ray_auth_mode"
 
 
 def test_the_cli_refuses_auth_off_with_a_loadbalancer_in_one_line_and_starts_nothing(rayflow):
@@ -504,7 +519,8 @@ def test_the_cli_refuses_auth_off_with_a_loadbalancer_in_one_line_and_starts_not
     assert out.returncode == 2, out.stderr[-2000:]
     [line] = [l for l in out.stderr.splitlines() if l.strip()]
     assert (
-        line.startswith("rayflow: error: backend.service_type: a head service of type LoadBalancer")
+        line.startswith("rayflow: error: ray_auth_mode: disabled, but with backend=kuberay ")
+        and "a head service of type LoadBalancer" in line
         and "Traceback" not in out.stderr
     )
 
@@ -523,8 +539,10 @@ def test_kubernetes_token_auth_renders_and_checks():
     with pytest.raises(ConfigError, match=r"needs Ray >= 2.55.0 on the cluster, got 2.53.0") as old:
         check(*K8S_AUTH, "backend.ray_version=2.53.0")
     assert old.value.key == "backend.overrides"
-    with pytest.raises(ConfigError, match="needs Ray's token auth on"):
+    # Ray's token auth off under Kubernetes token auth: auth off first (issue 43)
+    with pytest.raises(ConfigError, match="backend.overrides turns it off") as off:
         check(*K8S_AUTH, "+backend.overrides.spec.authOptions.mode=disabled")
+    assert off.value.key == "ray_auth_mode"
 
 
 def backend_for_check(*overrides: str):

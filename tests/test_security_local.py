@@ -288,27 +288,23 @@ def test_the_test_helpers_do_not_count_another_users_processes(tmp_path, sleeper
     assert testing.process_pids("ray::RayflowFakeActor") == {ours.pid}
 
 
-# --- 4. ray_auth_mode=disabled beside a port beyond loopback -------------------------------------
+# --- 4. ray_auth_mode=disabled: refused, since every Ray node listens beyond loopback ------------
+# (issue 43: auth off was allowed with the dashboard on 127.0.0.1, while the GCS, raylet and agents
+# of that very cluster listened on all interfaces)
 
 
-def test_local_auth_off_with_a_dashboard_on_the_network_is_refused():
-    with pytest.raises(
-        ConfigError,
-        match=r"^backend.dashboard_host: the dashboard on '0.0.0.0' .*ray_auth_mode=disabled",
+def test_local_auth_off_is_refused_whatever_the_dashboard():
+    for where in (
+        ["backend.dashboard_host=0.0.0.0"],
+        ["backend.dashboard_host=127.0.0.1"],
+        ["backend.dashboard_host=0.0.0.0", "backend.include_dashboard=false"],
     ):
-        backend_for(
-            compose_config("backend.dashboard_host=0.0.0.0", "ray_auth_mode=disabled")
-        ).check()
-    for fine in (
-        ["backend.dashboard_host=0.0.0.0", "ray_auth_mode=token"],
-        [
-            "backend.dashboard_host=0.0.0.0",
-            "backend.include_dashboard=false",
-            "ray_auth_mode=disabled",
-        ],
-        ["backend.dashboard_host=127.0.0.1", "ray_auth_mode=disabled"],
-    ):
-        backend_for(compose_config(*fine)).check()
+        with pytest.raises(ConfigError) as err:
+            backend_for(compose_config(*where, "ray_auth_mode=disabled")).check()
+        assert err.value.key == "ray_auth_mode" and "\n" not in str(err.value)
+        assert "backend=local" in str(err.value) and "all interfaces" in str(err.value)
+    for fine in (["backend.dashboard_host=0.0.0.0"], ["backend.dashboard_host=127.0.0.1"]):
+        backend_for(compose_config(*fine, "ray_auth_mode=token")).check()
 
 
 def test_spark_auth_off_is_refused_whatever_its_dashboard():
@@ -317,32 +313,32 @@ def test_spark_auth_off_is_refused_whatever_its_dashboard():
     pytest.importorskip("pyspark")
     for extra in ([], ["+backend.head_node_options.include_dashboard=false"]):
         with pytest.raises(
-            ConfigError, match=r"^ray_auth_mode: Ray on Spark's dashboard \(all interfaces\)"
+            ConfigError,
+            match=r"^ray_auth_mode: disabled, but Ray on Spark's dashboard listens on all interfaces",
         ):
             backend_for(compose_config("backend=spark", "ray_auth_mode=disabled", *extra)).check()
 
 
-def test_attach_auth_off_beyond_loopback_warns(capsys):
-    backend = backend_for(
-        compose_config("backend=attach", "backend.address=127.0.0.1:1", "ray_auth_mode=disabled")
-    )
-    with pytest.raises(ConfigError):
-        backend.check()
-    assert "warning" not in capsys.readouterr().err  # loopback: nothing to say
-    backend = backend_for(
-        compose_config(
-            "backend=attach",
-            "backend.address=ray://192.0.2.1:10001",
-            "backend.connect_timeout_s=0.2",
-            "ray_auth_mode=disabled",
+def test_attach_auth_off_is_refused_on_loopback_too_before_connecting(capsys):
+    """A cluster reached on 127.0.0.1 has its nodes' servers beyond loopback all the same: the
+    job and its secrets would go to a cluster anyone reaching it can use. Refused before any
+    connection (192.0.2.1 is unreachable: a connect would take the whole timeout)."""
+    for address in ("127.0.0.1:1", "ray://192.0.2.1:10001"):
+        backend = backend_for(
+            compose_config(
+                "backend=attach",
+                f"backend.address={address}",
+                "backend.connect_timeout_s=30",
+                "ray_auth_mode=disabled",
+            )
         )
-    )
-    with pytest.raises(ConfigError, match="cannot reach"):
-        backend.check()
-    assert (
-        "rayflow: warning: ray_auth_mode=disabled and backend.address is ray://192.0.2.1:10001"
-        in capsys.readouterr().err
-    )
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as err:
+            backend.check()
+        assert err.value.key == "ray_auth_mode" and "cannot reach" not in str(err.value)
+        assert f"backend=attach joins ({address})" in str(err.value)
+        assert time.monotonic() - started < 5
+    assert "warning" not in capsys.readouterr().err
 
 
 # --- 5. the token at rest: 0600 in a 0700 folder, whoever wrote it -------------------------------

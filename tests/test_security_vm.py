@@ -113,7 +113,7 @@ def test_a_second_run_is_refused_while_another_holds_the_name_and_leaves_it_inta
         stop=temp_dir,
     )
     before = state.read("rayflow")
-    backend = backend_for(compose_config("backend=vm", "ray_auth_mode=disabled"))
+    backend = backend_for(compose_config("backend=vm", "ray_auth_mode=token"))
     temp_dirs = set(Path(tempfile.gettempdir()).glob("rf-vm-*"))
     with pytest.raises(ConfigError) as err:
         running(backend).__enter__()
@@ -139,7 +139,7 @@ def test_a_live_cluster_nobody_kept_is_refused_not_joined(other_run, tmp_path):
     with pytest.raises(
         ConfigError, match=r"no run of yours kept.*python -m rayflow.teardown .*rf-vm-other"
     ):
-        running(backend_for(compose_config("backend=vm", "ray_auth_mode=disabled"))).__enter__()
+        running(backend_for(compose_config("backend=vm", "ray_auth_mode=token"))).__enter__()
     assert other_run.poll() is None
 
 
@@ -179,7 +179,7 @@ def test_sdk_providers_never_run_ray_up_over_a_live_cluster_this_run_did_not_sta
     monkeypatch.setattr(sdk, "create_or_update_cluster", lambda *a, **k: calls.append(("up", k)))
     monkeypatch.setattr(sdk, "teardown_cluster", lambda *a, **k: calls.append(("down", a)))
     cfg = compose_config(
-        *local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=shared")
+        *local_hosts(tmp_path, "ray_auth_mode=token", "backend.cluster_name=shared")
     )
     with pytest.raises(
         ConfigError, match=r"^.*'shared' is running \(local\) that no run of yours kept"
@@ -225,7 +225,7 @@ def test_a_kept_sdk_cluster_joined_without_a_recorded_config_is_never_torn_down(
     with running(
         backend_for(
             compose_config(
-                *local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=kept")
+                *local_hosts(tmp_path, "ray_auth_mode=token", "backend.cluster_name=kept")
             )
         )
     ):
@@ -256,7 +256,7 @@ def test_a_new_sdk_cluster_is_recorded_while_it_starts_and_forgotten_after_its_t
     with running(
         backend_for(
             compose_config(
-                *local_hosts(tmp_path, "ray_auth_mode=disabled", "backend.cluster_name=mine")
+                *local_hosts(tmp_path, "ray_auth_mode=token", "backend.cluster_name=mine")
             )
         )
     ):
@@ -281,7 +281,7 @@ def test_a_cluster_name_from_overrides_is_validated(tmp_path):
 @pytest.mark.parametrize("name", ["../../x", "a/b", "x" * 300, "-lead", ""])
 def test_a_cluster_name_from_the_users_file_is_validated(name, tmp_path):
     doc = yaml.safe_load(
-        backend_for(compose_config("backend=vm", "ray_auth_mode=disabled")).render().text
+        backend_for(compose_config("backend=vm", "ray_auth_mode=token")).render().text
     )  # a dry run's file
     doc["cluster_name"] = name
     path = tmp_path / "cluster.yaml"
@@ -304,13 +304,14 @@ EXPOSED = "{head_start_ray_commands: ['ray stop', 'ray start --head --port=6379 
 
 
 def test_overrides_that_put_the_dashboard_back_on_the_network_with_auth_off_are_refused(tmp_path):
+    """Issue 43: the refusal names ray_auth_mode first, not the overrides."""
     cfg = compose_config(
         *local_hosts(tmp_path, "ray_auth_mode=disabled", f"+backend.overrides={EXPOSED}")
     )
     with pytest.raises(ConfigError) as err:
         backend_for(cfg).check()
-    assert err.value.key == "backend.overrides.head_start_ray_commands"
-    assert "dashboard on 0.0.0.0" in str(err.value) and "ray_auth_mode=disabled" in str(err.value)
+    assert err.value.key == "ray_auth_mode" and "\n" not in str(err.value)
+    assert str(err.value).startswith("ray_auth_mode: disabled, but with provider=local ")
 
 
 def test_overrides_that_drop_the_auth_export_beside_an_exposed_dashboard_are_refused(tmp_path):
@@ -319,40 +320,45 @@ def test_overrides_that_drop_the_auth_export_beside_an_exposed_dashboard_are_ref
     )
     with pytest.raises(ConfigError, match=r"without `export RAY_AUTH_MODE=token;`") as err:
         backend_for(cfg).check()
-    assert err.value.key == "backend.overrides.head_start_ray_commands"
+    assert err.value.key == "ray_auth_mode"
+    assert "token auth is off (backend.overrides.head_start_ray_commands: " in str(err.value)
 
 
-def test_a_dashboard_host_only_the_head_knows_is_a_warning(tmp_path, capsys):
-    hidden = "{head_start_ray_commands: ['ray start --head --dashboard-host=$MY_HOST']}"  # and no RAY_AUTH_MODE export
-    backend_for(
-        compose_config(
-            *local_hosts(tmp_path, "ray_auth_mode=token", f"+backend.overrides={hidden}")
-        )
-    ).check()
-    assert (
-        "rayflow: warning: ray_auth_mode=disabled and the head's --dashboard-host is $MY_HOST"
-        in capsys.readouterr().err
-    )
+def test_a_head_started_without_token_auth_is_refused_whatever_its_dashboard_host(tmp_path):
+    """Issue 43: the head's GCS and Ray Client listen on its node address whatever the dashboard
+    does, so a `ray start --head` without `export RAY_AUTH_MODE=token;` is refused even with the
+    dashboard on loopback or a host only the head knows (until now a warning, or nothing)."""
+    for host in ("$MY_HOST", "127.0.0.1"):
+        bare = f"{{head_start_ray_commands: ['ray start --head --dashboard-host={host}']}}"
+        with pytest.raises(ConfigError) as err:
+            backend_for(
+                compose_config(
+                    *local_hosts(tmp_path, "ray_auth_mode=token", f"+backend.overrides={bare}")
+                )
+            ).check()
+        assert err.value.key == "ray_auth_mode" and "head_start_ray_commands" in str(err.value)
+        exported = bare.replace("'ray start", "'export RAY_AUTH_MODE=token; ray start")
+        backend_for(
+            compose_config(
+                *local_hosts(tmp_path, "ray_auth_mode=token", f"+backend.overrides={exported}")
+            )
+        ).check()
 
 
-@pytest.mark.parametrize("provider", ["local", "aws", "gcp"])
+@pytest.mark.parametrize("provider", ["local", "aws", "gcp", "fake_multinode"])
 def test_auth_off_on_a_head_that_other_machines_reach_is_refused(provider, tmp_path):
-    """Ray Client and the GCS listen on a remote head's node address whatever the dashboard does."""
+    """Ray Client and the GCS listen on a remote head's node address whatever the dashboard does;
+    fake_multinode's nodes on this machine's interfaces (issue 43: allowed until now)."""
     extra = {
         "local": local_hosts(tmp_path),
         "aws": ["backend=vm", "backend.provider=aws"],
         "gcp": ["backend=vm", "backend.provider=gcp", "backend.project_id=p-123456"],
+        "fake_multinode": ["backend=vm"],
     }[provider]
     with pytest.raises(ConfigError) as err:
         backend_for(compose_config(*extra, "ray_auth_mode=disabled")).check()
-    assert (
-        err.value.key == "backend.provider"
-        and f"provider={provider}: the head's Ray Client server" in str(err.value)
-    )
+    assert err.value.key == "ray_auth_mode" and f"with provider={provider} " in str(err.value)
     backend_for(compose_config(*extra, "ray_auth_mode=token")).check()  # token auth: fine
-    backend_for(
-        compose_config("backend=vm", "ray_auth_mode=disabled")
-    ).check()  # fake_multinode: all on loopback
 
 
 def test_auth_off_with_a_users_file_for_hosts_is_refused_naming_the_file(tmp_path):
@@ -363,9 +369,9 @@ def test_auth_off_with_a_users_file_for_hosts_is_refused_naming_the_file(tmp_pat
         f"backend.cluster_yaml={RAY_DEFAULTS.joinpath('aws', 'defaults.yaml')}",
         "ray_auth_mode=disabled",
     )
-    with pytest.raises(ConfigError, match="provider=aws: the head's Ray Client server") as err:
+    with pytest.raises(ConfigError, match="the cluster of backend.cluster_yaml the head's") as err:
         backend_for(cfg).check()
-    assert err.value.key == "backend.cluster_yaml"
+    assert err.value.key == "ray_auth_mode"
 
 
 def test_the_head_dashboard_stays_on_loopback_and_the_token_is_made_private_on_every_node(tmp_path):

@@ -623,7 +623,7 @@ def test_an_exposed_dashboard_without_token_auth_is_refused():
     checks.check(b, gpu=False, auth_mode="token")
     with pytest.raises(ConfigError) as raised:
         checks.check(b, gpu=False, auth_mode="disabled")
-    assert raised.value.key == "backend.dashboard_host"
+    assert raised.value.key == "ray_auth_mode"  # issue 43: auth off is named first, everywhere
 
 
 @pytest.mark.parametrize("provider", ["local", "aws"])

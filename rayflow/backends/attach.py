@@ -14,7 +14,7 @@ from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ConfigError
 from rayflow.runtime.progress import shutdown_ray
-from rayflow.security.auth import is_loopback, owned_privately, warn_auth_off
+from rayflow.security.auth import NODE_SERVERS, is_loopback, owned_privately, refuse_auth_off
 from rayflow.security.redaction import mask_text
 
 
@@ -95,13 +95,18 @@ class AttachedCluster(ClusterBackend):
         return address == "auto" or is_loopback(_host_port(address.removeprefix("ray://"))[0])
 
     def check(self) -> None:
+        # Refused wherever the cluster is, its address on loopback too: rayflow started none of
+        # it, and every Ray cluster's nodes listen beyond loopback; this run's job, and the
+        # secrets it forwards, would go to a cluster anyone who reaches it can run code on.
+        refuse_auth_off(
+            self.auth_mode,
+            f"the cluster backend=attach joins ({mask_text(str(self.section.address))}) is Ray's: "
+            f"its {NODE_SERVERS} listen on all interfaces or their node's address, even where it "
+            "is reached on 127.0.0.1",
+        )
         timeout = float(self.section.connect_timeout_s)  # its kind: rayflow.backends.keys.Attach
         address = self.target()
         host, port = _host_port(address.removeprefix("ray://"))
-        if not is_loopback(host):  # its dashboard's exposure is the cluster's own: unknown here
-            warn_auth_off(
-                self.auth_mode, f"backend.address is {mask_text(address)} (beyond loopback)"
-            )
         try:
             with socket.create_connection((host, port), timeout=timeout):
                 pass

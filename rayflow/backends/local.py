@@ -19,7 +19,8 @@ from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.progress import phase, shutdown_ray
 from rayflow.security.auth import (
     cache_dir,
-    is_loopback,
+    NO_LOOPBACK,
+    NODE_SERVERS,
     private_folder,
     private_token_folder,
     refuse_auth_off,
@@ -78,13 +79,12 @@ class LocalCluster(ClusterBackend):
     single_machine = True
 
     def check(self) -> None:
-        b = self.section
-        if b.include_dashboard and not is_loopback(b.dashboard_host):
-            refuse_auth_off(
-                self.auth_mode,
-                "backend.dashboard_host",
-                f"the dashboard on {b.dashboard_host!r} (beyond loopback)",
-            )
+        # whatever backend.dashboard_host says: the node's own servers listen beyond loopback
+        refuse_auth_off(
+            self.auth_mode,
+            f"with backend=local the {NODE_SERVERS} of Ray on this machine listen on all "
+            f"interfaces or its address, whatever backend.dashboard_host says ({NO_LOOPBACK})",
+        )
 
     def _gpus(self) -> float:
         b = self.section

@@ -148,6 +148,8 @@ def check_backend(cfg: DictConfig):
 
 
 def _launcher_key(key: str) -> str:
+    if key == "ray_auth_mode":  # the launcher's own key of that name (auth off is refused)
+        return f"{PREFIX}.ray_auth_mode"
     return f"{PREFIX}.{key[len('backend.') :]}" if key.startswith("backend.") else key
 
 

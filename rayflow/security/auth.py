@@ -4,9 +4,13 @@ Ray 2.60 turns token auth on when `RAY_AUTH_MODE=token`; driver, head, workers a
 client must all hold the same token. rayflow never prints it or writes it into a spec.
 
 The token file is a credential: 0600 in a 0700 folder, here and on every node (Ray writes it
-0644 in a 0755 `~/.ray`). With `ray_auth_mode=disabled`, Ray's Jobs API runs any code for anyone
-who reaches the dashboard (ShadowRay, CVE-2023-48022), so auth off is allowed only where every
-dashboard and client port stays on loopback: `refuse_auth_off` is that rule, for every backend.
+0644 in a 0755 `~/.ray`). With `ray_auth_mode=disabled`, Ray's Jobs API and Ray Client run any
+code for anyone who reaches them (ShadowRay, CVE-2023-48022), so auth off is refused wherever a
+Ray port listens beyond loopback: `refuse_auth_off` is that rule, and every backend calls it.
+Every cluster Ray 2.60 starts has such ports (measured: even `ray.init(_node_ip_address=
+"127.0.0.1", dashboard_host="127.0.0.1")` leaves the GCS, raylet, dashboard agent, runtime-env
+agent and workers on all interfaces or the host's address, and Ray has no setting to bind them
+all to loopback), so in practice auth off is refused on every backend.
 """
 
 from __future__ import annotations
@@ -135,29 +139,27 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-LOOPBACK_FIX = "keep token auth (ray_auth_mode=token) or keep the dashboard on 127.0.0.1"
+# What every Ray node serves, beyond loopback whatever the dashboard does (the refusal's line).
+NODE_SERVERS = "GCS, raylets, object managers, dashboard agent, runtime-env agent and workers"
+NO_LOOPBACK = "Ray has no setting that keeps them all on loopback"
 
 
 def refuse_auth_off(
-    auth_mode: str | None, key: str, exposure: str, fix: str = LOOPBACK_FIX
+    auth_mode: str | None, listening: str, turned_off_by: str | None = None
 ) -> None:
-    """The one rule for `ray_auth_mode=disabled`: refused in one line naming `key` (the setting
-    that exposes a dashboard or client port beyond loopback, described by `exposure`); `fix`
-    says what the user can do instead."""
-    if str(auth_mode or "token") == "disabled":
-        raise ConfigError(
-            key,
-            f"{exposure} with ray_auth_mode=disabled: anyone who reaches it can run code on the "
-            f"cluster through Ray's Jobs API (CVE-2023-48022); {fix} (docs/security.md)",
-        )
-
-
-def warn_auth_off(auth_mode: str | None, what: str) -> None:
-    """Where exposure cannot be known before start: one warning line on stderr."""
-    if str(auth_mode or "token") == "disabled":
-        print(
-            f"rayflow: warning: ray_auth_mode=disabled and {what}: whoever reaches the dashboard "
-            "can run code on the cluster (docs/security.md)",
-            file=sys.stderr,
-            flush=True,
-        )
+    """The one rule for Ray's token auth, by exposure: off is refused in one line naming
+    `ray_auth_mode`, wherever a Ray port listens beyond loopback. `listening` says what listens
+    where for this backend; `turned_off_by` names the setting that turns auth off when it is not
+    `ray_auth_mode=disabled` itself (backend.overrides, the user's file or manifest)."""
+    if str(auth_mode or "token") != "disabled":
+        return
+    if turned_off_by:
+        cause, fix = f"token auth is off ({turned_off_by})", "keep Ray's token auth on there"
+    else:
+        cause, fix = "disabled", "keep ray_auth_mode=token, the default"
+    raise ConfigError(
+        "ray_auth_mode",
+        f"{cause}, but {listening}, and anyone who reaches them can run code on the cluster "
+        f"through Ray's Jobs API or Ray Client (CVE-2023-48022); {fix} (rayflow makes the token "
+        "and gives it to every node; docs/security.md)",
+    )

@@ -54,7 +54,7 @@ def _check_token_auth(b: dict, auth_mode: str, installed_ray: str) -> None:
         raise ConfigError(
             key,
             f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {version} (use "
-            "Ray >= 2.52.0 or ray_auth_mode=disabled)",
+            "Ray >= 2.52.0: token auth is always on, ray_auth_mode=disabled is refused)",
         )
 
 
@@ -136,20 +136,29 @@ def refuse_bad_k8s_auth(
         raise ConfigError("backend.dashboard_access", K8S_AUTH_NEEDS_PROXY)
 
 
-def refuse_exposed_auth_off(manifest: Mapping, without_overrides: Mapping, own_key) -> None:
-    """ray_auth_mode=disabled (or a manifest that configures no token auth) beside a head reachable
-    from outside the cluster: refused in one line naming the key that exposes it (own_key(path)
-    for what the manifest has without backend.overrides, backend.overrides for the rest).
-    ClusterIP without ingress stays allowed: only what can reach the cluster network reaches it."""
-    mode = effective_auth(manifest)
-    if mode == "token":
+LISTENING = (
+    "with backend=kuberay the head's GCS, dashboard and Ray Client listen on the pod network, "
+    "which every pod of the Kubernetes cluster reaches (through a ClusterIP service too)"
+)
+
+
+def refuse_exposed_auth_off(
+    manifest: Mapping, without_overrides: Mapping, auth_mode: str, source: str
+) -> None:
+    """Ray's token auth off on the cluster, from ray_auth_mode=disabled, backend.overrides or
+    the manifest (`source`, the key of what rayflow renders from: backend or backend.manifest):
+    refused in one line naming ray_auth_mode (rayflow.security.auth.refuse_auth_off), saying
+    what else puts the head beyond the cluster's network. A ClusterIP head is refused too: every
+    pod of the cluster reaches it."""
+    if effective_auth(manifest) == "token":
         return
-    own = {path for path, _ in exposures(without_overrides)}
-    for path, what in exposures(manifest):
-        key = own_key(path) if path in own else "backend.overrides"
-        refuse_auth_off(
-            mode, key, f"{what} ({path}) puts the dashboard (Jobs API) beyond the cluster"
-        )
+    exposed = "; ".join(f"{what} ({path})" for path, what in exposures(manifest))
+    listening = LISTENING + (f", and {exposed} puts them beyond the cluster" if exposed else "")
+    if auth_mode == "disabled":
+        refuse_auth_off(auth_mode, listening)
+    elif effective_auth(without_overrides) == "token":
+        refuse_auth_off("disabled", listening, "backend.overrides turns it off")
+    refuse_auth_off("disabled", listening, f"{source} turns it off")
 
 
 # --- the operator's rules on a rendered manifest -----------------------------------------------
@@ -388,6 +397,7 @@ def check(
     _check_token_auth(b, auth_mode, ray_version)
     manifest = km.render(b, gpu, auth_mode, ray_version, python_version, {})
     rendered = km.render({**b, "overrides": {}}, gpu, auth_mode, ray_version, python_version, {})
+    refuse_exposed_auth_off(manifest, rendered, auth_mode, "backend")  # first: ray_auth_mode
     # first: the rules below assume the types
     for where, line in _schema_errors(manifest, rendered):
         raise ConfigError(where, f"{line} (KubeRay's CRD schema)")
@@ -395,11 +405,6 @@ def check(
     for path, message in _findings(manifest, ray_version):
         key = (config_key(path) or "backend") if (path, message) in own else "backend.overrides"
         raise ConfigError(key, f"{path}: {message} (the KubeRay operator refuses it)")
-    refuse_exposed_auth_off(
-        manifest,
-        rendered,
-        lambda path: "backend.service_type" if path.endswith(".serviceType") else "backend",
-    )
     refuse_bad_k8s_auth(manifest, "backend.overrides", ray_version, b.get("dashboard_access"))
 
 
@@ -436,6 +441,7 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
     plain, _ = user_layers.render(
         user_manifest.read(b["manifest"]), {**b, "overrides": {}}, gpu, auth_mode, {}
     )
+    refuse_exposed_auth_off(manifest, plain, auth_mode, f"backend.manifest {user.path}")
     what = user_manifest.describe(manifest)
     own = set(schema_errors(plain))
     for line in schema_errors(manifest):
@@ -450,7 +456,7 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
     for path, message in _findings(with_defaults(manifest)):
         hint = (
             " (rayflow adds token auth where the manifest configures none: a rayVersion >= "
-            "2.52.0, or ray_auth_mode=disabled)"
+            "2.52.0; auth off is refused)"
             if added_token and "authOptions.mode is 'token'" in message
             else ""
         )
@@ -458,14 +464,4 @@ def check_user_manifest(section: DictConfig | Mapping, gpu: bool, auth_mode: str
         raise ConfigError(
             key, f"{user.path}: {what}: {path}: {message} (the KubeRay operator refuses it){hint}"
         )
-    service_type_set = "service_type" in user_layers.set_keys(b)
-    refuse_exposed_auth_off(
-        manifest,
-        plain,
-        lambda path: (
-            "backend.service_type"
-            if service_type_set and path.endswith(".serviceType")
-            else "backend.manifest"
-        ),
-    )
     refuse_bad_k8s_auth(manifest, "backend.manifest", dashboard_access=b.get("dashboard_access"))

@@ -40,7 +40,13 @@ from rayflow.backends.spark.plan import active_session, sizing_plan
 from rayflow.errors import ConfigError
 from rayflow.runtime.progress import phase, shutdown_ray
 from rayflow.schema.values import flatten, renamed_key_error
-from rayflow.security.auth import auth_token, ensure_token, refuse_auth_off, secure_token_file
+from rayflow.security.auth import (
+    NO_LOOPBACK,
+    auth_token,
+    ensure_token,
+    refuse_auth_off,
+    secure_token_file,
+)
 from rayflow.security.redaction import mask_text, redact
 
 SETUP_KEYS = (
@@ -92,6 +98,15 @@ class SparkCluster(ClusterBackend):
 
     def check(self) -> None:
         b = self.section
+        # Ray on Spark binds the head's dashboard to every interface (its dashboard_host is not
+        # ours to set), its GCS and Ray client ports to the Spark driver's address and the
+        # raylets to the Spark workers', which the nodes must reach: auth off is refused whatever
+        # the dashboard (rayflow.security.auth.refuse_auth_off; docs/backends/spark.md).
+        refuse_auth_off(
+            self.auth_mode,
+            "Ray on Spark's dashboard listens on all interfaces, its GCS and Ray Client on the "
+            f"Spark driver's address and its raylets on the Spark workers' ({NO_LOOPBACK})",
+        )
         for key in b:  # +backend.autoscale=true gets past Hydra; name the replacement
             error = renamed_key_error(f"backend.{key!s}")
             if error:
@@ -100,18 +115,6 @@ class SparkCluster(ClusterBackend):
             raise ConfigError(
                 "backend", "backend 'spark' needs pyspark: pip install 'rayflow[spark]'"
             )
-        # Ray on Spark binds the head's dashboard to every interface (its dashboard_host is not
-        # ours to set) and its GCS and Ray client ports to the Spark driver's address, which the
-        # worker nodes must reach: turning the dashboard off would leave those open. So auth off
-        # is refused whatever the dashboard (docs/backends/spark.md).
-        refuse_auth_off(
-            self.auth_mode,
-            "ray_auth_mode",
-            "Ray on Spark's dashboard (all interfaces) and its GCS and "
-            "Ray client ports (the Spark driver's address)",
-            fix="keep token auth (ray_auth_mode=token): "
-            "Ray on Spark has no setting that keeps them on loopback",
-        )
         if b.hybrid:
             self._check_hybrid()
         self._check_kept()

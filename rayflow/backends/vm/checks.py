@@ -20,7 +20,7 @@ from rayflow.backends.vm.defaults import gcp_zone, plain_section, with_defaults
 from rayflow.backends.vm.keys import Vm, cloud_region, cluster_name_problem
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
-from rayflow.security.auth import is_loopback, refuse_auth_off, warn_auth_off
+from rayflow.security.auth import NO_LOOPBACK, NODE_SERVERS, refuse_auth_off
 
 # What only the user can fill in, per provider.
 USER_KEYS = {
@@ -36,8 +36,10 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
     aws, gcp) it looks for `ssh` and `rsync` on PATH and checks that a given SSH key file can
     be read. Placeholders pass (a dry run renders them); `require_filled` refuses them before
     a real start. gpu: the run uses GPUs (the GPU node type is rendered); auth_mode: the run's
-    ray_auth_mode (an exposed dashboard needs `token`)."""
+    ray_auth_mode (`disabled` is refused: rayflow.security.auth.refuse_auth_off)."""
     raw = plain_section(section)
+    # first: whatever else is wrong, auth off is (check_exposure: what the document turns off)
+    refuse_auth_off(auth_mode, listening(None if raw.get("cluster_yaml") else raw.get("provider")))
     # the schema's rules read the device from the section
     if gpu != (raw.get("compute_device") == "cuda"):
         raw["compute_device"] = "cuda" if gpu else "cpu"
@@ -117,7 +119,6 @@ def require_filled(section: DictConfig | Mapping) -> None:
 
 # --- the document rayflow writes: its name and the head's exposure ------------------------
 
-_HOST_FLAG = re.compile(r"--dashboard-host(?:=|\s+)(\S+)")
 _AUTH_MODE = re.compile(r"\bRAY_AUTH_MODE=([^;\s]*)")
 
 
@@ -137,52 +138,44 @@ def check_cluster_name(doc: Mapping, section: Mapping) -> str:
     return name
 
 
+def listening(provider: str | None) -> str:
+    """What of a vm cluster listens beyond loopback, for the auth-off refusal."""
+    if provider == "fake_multinode":
+        return (
+            f"with provider=fake_multinode the {NODE_SERVERS} of its head and nodes on this "
+            f"machine listen on all interfaces or its address ({NO_LOOPBACK})"
+        )
+    who = f"provider={provider}" if provider else "the cluster of backend.cluster_yaml"
+    return (
+        f"with {who} the head's GCS and Ray Client (port 10001) and every node's raylet and "
+        "object manager listen on the nodes' network addresses, for the other nodes to reach"
+    )
+
+
 def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
-    """The head's dashboard beyond loopback without token auth, however the document came to say
-    so (backend.overrides or the user's file putting back `--dashboard-host=0.0.0.0`, or dropping
-    `export RAY_AUTH_MODE=token` before the head's `ray start`): refused in one line naming the key
-    (rayflow.security.auth.refuse_auth_off); a host only the head's shell knows (`$VAR`) is a
-    warning. fake_multinode: rayflow starts the head itself, on 127.0.0.1."""
-    if (doc.get("provider") or {}).get("type") == "fake_multinode":
+    """Token auth off on the head, however the document came to say so: ray_auth_mode=disabled,
+    or backend.overrides or the user's file dropping `export RAY_AUTH_MODE=token;` before the
+    head's `ray start` (Ray's default is auth off). Refused in one line naming ray_auth_mode and
+    the setting (rayflow.security.auth.refuse_auth_off): the nodes listen beyond loopback
+    whatever the dashboard does. fake_multinode: rayflow starts the head itself."""
+    provider = (doc.get("provider") or {}).get("type")
+    refuse_auth_off(auth_mode, listening(provider))
+    if provider == "fake_multinode":
         return
     overrides = section.get("overrides") or {}
     if "head_start_ray_commands" in overrides:
-        key, where = "backend.overrides.head_start_ray_commands", "backend.overrides"
+        key = "backend.overrides.head_start_ray_commands"
     elif section.get("cluster_yaml"):
-        key, where = "backend.cluster_yaml", f"{section['cluster_yaml']}"
+        key = f"backend.cluster_yaml {section['cluster_yaml']}: head_start_ray_commands"
     else:
-        key, where = "backend.dashboard_host", "the rendered cluster config"
+        key = "the rendered head_start_ray_commands"
     for command in doc.get("head_start_ray_commands") or []:
         if not (isinstance(command, str) and "ray start" in command and "--head" in command):
             continue
-        found = _HOST_FLAG.search(command)
-        host = found.group(1).strip("'\"") if found else "127.0.0.1"  # Ray's own default: localhost
         modes = _AUTH_MODE.findall(command.split("ray start")[0])
-        mode = modes[-1] if modes else None  # no export: the head runs with Ray's default, auth off
-        if any(c in host for c in "$`("):
-            warn_auth_off(
-                auth_mode if mode == "token" else "disabled",
-                f"the head's --dashboard-host is {host} ({where}), "
-                "which only the head's shell knows",
-            )
-            continue
-        if is_loopback(host):
-            continue
-        exposure = f"the head's dashboard on {host} ({where}: head_start_ray_commands)"
-        if auth_mode != "token":
-            refuse_auth_off(auth_mode, key, exposure)
-        if mode != "token":
+        if (modes[-1] if modes else None) != "token":
             refuse_auth_off(
                 "disabled",
-                key,
-                f"{exposure}, its `ray start` without `export RAY_AUTH_MODE=token;` before it",
+                listening(provider),
+                f"{key}: the head's `ray start` without `export RAY_AUTH_MODE=token;` before it",
             )
-    # Whatever the dashboard does, a head on another machine serves Ray Client (port 10001) and
-    # the GCS on its node address, for the other nodes to reach: beyond loopback by design.
-    provider = (doc.get("provider") or {}).get("type")
-    refuse_auth_off(
-        auth_mode,
-        "backend.cluster_yaml" if section.get("cluster_yaml") else "backend.provider",
-        f"provider={provider}: the head's Ray Client server (port 10001) "
-        "and GCS on its node address, which the other nodes reach over the network,",
-    )

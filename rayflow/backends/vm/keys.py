@@ -32,7 +32,6 @@ from rayflow.schema.kinds import (
     kind,
 )
 from rayflow.schema.root import DeviceKind, Part, Section
-from rayflow.security.auth import is_loopback
 
 PROVIDERS = ("fake_multinode", "local", "aws", "gcp")
 CLOUDS = ("aws", "gcp")
@@ -441,8 +440,6 @@ class Vm(Section):
             raise KeyedError(
                 "min_worker_nodes", f"({low}) is greater than backend.max_worker_nodes ({high})"
             )
-        auth_mode = (info.context or {}).get("cfg", {}).get("ray_auth_mode", "token")
-        _dashboard_rule(self.dashboard_host, auth_mode)
         if self.cluster_yaml is not None:
             # the file holds the cluster: the rendering's keys have nothing to render
             _rendering_keys_unset(b)
@@ -505,16 +502,6 @@ def _provider_rules(vm: Vm, b: dict) -> None:
                 "max_worker_nodes",
                 f"({high}) is more than the {len(vm.worker_ips)} hosts in backend.worker_ips",
             )
-
-
-def _dashboard_rule(host: str | None, auth_mode: str) -> None:
-    # rayflow.security.auth.refuse_auth_off's rule, as a key error of this section
-    if host is not None and not is_loopback(host) and auth_mode != "token":
-        raise KeyedError(
-            "dashboard_host",
-            f"is {host!r} but ray_auth_mode={auth_mode}: the dashboard (and its job API) would "
-            "answer anyone who reaches it; use ray_auth_mode=token or leave it null (127.0.0.1)",
-        )
 
 
 def _changed(b: Mapping, shipped: Mapping, prefix: str = "") -> list[str]:
