@@ -56,7 +56,7 @@ def table(rows) -> str:
     if not rows:
         return "no kept clusters"
     head = ("BACKEND", "NAME", "STATE", "NODES", "UP", "IDLE", "AUTOSTOP", "NODE-SECONDS", "JOBS")
-    lines = [head]
+    lines: list[tuple[str, ...]] = [head]
     for r in rows:
         nodes = f"{r.nodes}/{r.peak_nodes}" if r.nodes is not None else "-"
         used = f"{r.node_seconds:.0f}" if r.node_seconds is not None else "-"

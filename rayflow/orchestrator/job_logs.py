@@ -175,7 +175,8 @@ def _json_string_tail(raw: str, complete: bool) -> str:
         ends = _escaped_newlines(body, at_boundary=True)
         body = (body[: ends[-1]] if ends else "") + '"'
     try:
-        return json.decoder.scanstring('"' + body, 1)[0]
+        # the string value, up to its closing quote (what follows, `}`, is left alone)
+        return str(json.JSONDecoder().raw_decode('"' + body)[0])
     except ValueError:
         raise RuntimeError("the Jobs API's answer is not a job's log") from None
 
