@@ -37,8 +37,27 @@ STORAGE_ENV = (
 SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
+# Caps on what rayflow reads from a store (a bucket is a shared place: what is under a name it
+# reads, and how much, is whoever wrote it's choice): a small object (its state, a manifest, a
+# lease) unless a smaller cap is given, and a pull, by default and for an experiment's mirror.
+TEXT_MAX = 16 * 2**20
+PULL_FILES_MAX, PULL_BYTES_MAX = 1_000_000, 256 * 2**30
+CHUNK = 4 * 2**20
+
+
 class StorageError(Exception):
     """A store that cannot be used, in one line (no credentials in it)."""
+
+
+class ReadRefused(StorageError):
+    """An object, or a pull, past rayflow's cap on what it reads: one line saying which."""
+
+    def __init__(self, uri: str, size: int, limit: int, what: str = "bytes") -> None:
+        super().__init__(
+            f"{uri} holds {size} {what}, over the {limit} {what} rayflow reads from it "
+            "(written by something else than a rayflow run, or not meant to be read back)"
+        )
+        self.uri = uri
 
 
 def is_uri(value: object) -> bool:
@@ -74,15 +93,51 @@ def _fs(uri: str) -> tuple[Any, str]:
     return fs.FileSystem.from_uri(uri)
 
 
-def read_text(uri: str) -> str | None:
-    """The object's text, or None where there is none."""
+def filesystem(uri: str) -> tuple[Any, str]:
+    """(pyarrow's filesystem of `uri`, the object's path in it)."""
+    return _fs(uri)
+
+
+def read_bytes(uri: str, limit: int) -> bytes | None:
+    """The object's bytes, or None where there is none; ReadRefused past `limit` bytes (a shared
+    store may hold anything under a name rayflow reads: it reads no more than it needs)."""
     from pyarrow import fs as pafs
 
     filesystem, path = _fs(uri)
-    if filesystem.get_file_info(path).type != pafs.FileType.File:
+    info = filesystem.get_file_info(path)
+    if info.type != pafs.FileType.File:
         return None
+    if info.size is not None and info.size > limit:
+        raise ReadRefused(uri, info.size, limit)
     with filesystem.open_input_stream(path) as f:
-        return f.read().decode()
+        data = f.read(limit + 1)  # what was written since it was listed counts too
+    if len(data) > limit:
+        raise ReadRefused(uri, len(data), limit)
+    return bytes(data)
+
+
+def read_capped(where: str, limit: int) -> bytes | None:
+    """An object's bytes, or a file's of this machine (not through a symlink), at most `limit`
+    (ReadRefused past them); None where there is none."""
+    import os
+
+    if is_uri(where):
+        return read_bytes(where, limit)
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ReadRefused(where, len(data), limit)
+    return data
+
+
+def read_text(uri: str, limit: int = TEXT_MAX) -> str | None:
+    """The object's text, or None where there is none (ReadRefused past `limit` bytes)."""
+    data = read_bytes(uri, limit)
+    return None if data is None else data.decode()
 
 
 def write_text(uri: str, text: str) -> None:
@@ -129,28 +184,81 @@ def walk(uri: str) -> Iterator[tuple[str, bool]]:
         yield info.path[len(path.rstrip("/")) + 1 :], info.type == pafs.FileType.File
 
 
-def pull(uri: str, local: Path, skip: Callable[[str], bool]) -> None:
-    """Copy what is below `uri` into `local`, but the files `skip` names (by relative path);
-    folders are made whatever they hold, so their names are there to read. A bucket is a shared
-    place: a key that would land outside `local` (`..`, an absolute part) is passed by."""
+def files(uri: str) -> list[tuple[str, int, float]]:
+    """(path relative to `uri`, size, last change) of every file below it (none where it does not
+    exist), in one listing."""
     from pyarrow import fs as pafs
 
+    filesystem, path = _fs(uri)
+    selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+    cut = len(path.rstrip("/")) + 1
+    return [
+        (i.path[cut:], int(i.size or 0), i.mtime.timestamp() if i.mtime else 0.0)
+        for i in filesystem.get_file_info(selector)
+        if i.type == pafs.FileType.File
+    ]
+
+
+def pull(
+    uri: str,
+    local: Path,
+    skip: Callable[[str], bool],
+    max_files: int = PULL_FILES_MAX,
+    max_bytes: int = PULL_BYTES_MAX,
+) -> None:
+    """Copy what is below `uri` into `local`, but the files `skip` names (by relative path);
+    folders are made whatever they hold, so their names are there to read. A bucket is a shared
+    place: a key that would land outside `local` (`..`, an absolute part) is passed by; a key that
+    is also a folder's (`a` beside `a/b`) is passed by with one warning; past `max_files` files or
+    `max_bytes` bytes nothing is copied (ReadRefused), checked on the listing and again as the
+    bytes come."""
     filesystem, root = _fs(uri)
     inside = local.resolve()
-    for relative, is_file in walk(uri):
-        target = local / relative
-        if inside not in (target.resolve(), *target.resolve().parents):
-            continue
-        if not is_file:
-            target.mkdir(parents=True, exist_ok=True)
-        elif not skip(relative):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            pafs.copy_files(
-                f"{root}/{relative}",
-                str(target),
-                source_filesystem=filesystem,
-                destination_filesystem=pafs.LocalFileSystem(),
-            )
+    entries = [
+        (relative, is_file)
+        for relative, is_file in walk(uri)
+        if inside in (t := (local / relative).resolve(), *t.parents)
+    ]
+    folders = {r for r, is_file in entries if not is_file}
+    folders |= {str(p) for r, _ in entries for p in Path(r).parents if str(p) != "."}
+    clashing = sorted(r for r, is_file in entries if is_file and r in folders)
+    if clashing:
+        _warn(
+            f"{uri}: passed by {len(clashing)} object(s) whose key is also a folder's "
+            f"({', '.join(clashing[:3])}{', ...' if len(clashing) > 3 else ''})"
+        )
+    wanted = [r for r, is_file in entries if is_file and r not in folders and not skip(r)]
+    sizes = {r: s for r, s, _ in files(uri)} if wanted else {}
+    if len(wanted) > max_files:
+        raise ReadRefused(uri, len(wanted), max_files, "files")
+    if sum(sizes.get(r, 0) for r in wanted) > max_bytes:
+        raise ReadRefused(uri, sum(sizes.get(r, 0) for r in wanted), max_bytes)
+    for folder in sorted(folders):
+        (local / folder).mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for relative in wanted:
+        with filesystem.open_input_stream(f"{root}/{relative}") as source:
+            copied = _copy(source, local / relative, copied, (uri, max_bytes))
+
+
+def _copy(source: Any, target: Path, copied: int, cap: tuple[str, int]) -> int:
+    """`source` into `target`, the pull's bytes so far `copied`, refused past the pull's cap
+    (ReadRefused); the pull's bytes after it."""
+    with open(target, "wb") as out:
+        while chunk := source.read(CHUNK):
+            copied += len(chunk)
+            if copied > cap[1]:
+                raise ReadRefused(cap[0], copied, cap[1])
+            out.write(chunk)
+    return copied
+
+
+def _warn(text: str) -> None:
+    import sys
+
+    from rayflow.security.redaction import mask_text
+
+    print(f"rayflow: warning: {mask_text(text)}", file=sys.stderr, flush=True)
 
 
 def push(local: Path, uri: str) -> None:
