@@ -173,6 +173,33 @@ def test_join_uid_is_the_users_explicit_trust_and_is_checked(world):
     assert reached_since(emulator, upstream, before) == []
 
 
+def test_a_head_service_someone_else_made_under_its_name_gets_nothing(world):
+    """A Service named as KubeRay names the head's (`<cluster>-head-svc`), made by someone else
+    first: the run stops in one line, and neither the Ray token nor anything else reaches what it
+    points at (the recording upstream); the cluster the run made is deleted."""
+    from rayflow.errors import ClusterError
+
+    emulator, upstream = world
+    emulator.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "rayflow-head-svc", "namespace": "default"},
+            "spec": {
+                # the pods it reaches are whatever they say: here those the proxy reaches
+                "selector": {"ray.io/cluster": "rayflow", "ray.io/node-type": "head"},
+                "ports": [{"name": "dashboard", "port": 8265}],
+            },
+        }
+    )
+    emulator.proxy_to("default", "rayflow-head-svc", f"http://127.0.0.1:{upstream.port}")
+    with pytest.raises(ClusterError, match="is not RayCluster default/rayflow's") as stopped:
+        running(backend(emulator)).__enter__()
+    assert "\n" not in str(stopped.value)
+    assert upstream.seen == [], "nothing reached the squatter's pod"
+    assert emulator.get("rayclusters", "default", "rayflow") is None
+
+
 # --- the relay: the Kubernetes token goes only to the API server it came from -------------------
 
 
@@ -334,7 +361,12 @@ def test_an_autostop_object_rayflow_did_not_make_turns_autostop_off_and_is_untou
     emulator, _ = world
     theirs = emulator.put({**SQUATTED[kind], "metadata": {"name": ACCOUNT, "namespace": "default"}})
     if race:  # made between rayflow's look and its create
-        monkeypatch.setattr(Kube, "read_object", lambda self, kind, name: None)
+        look = Kube.read_object
+        monkeypatch.setattr(
+            Kube,
+            "read_object",
+            lambda self, kind, name: None if kind in PLURAL else look(self, kind, name),
+        )
     with running(
         backend(emulator, "backend.keep_cluster=true", "backend.autostop_idle_minutes=5")
     ) as handle:

@@ -421,6 +421,7 @@ class KubeRayCluster(ClusterBackend):
         cluster = run.cluster_name()
         assert cluster is not None  # the head is ready: its cluster has a name
         access = self._access(run)  # refused before anything is sent
+        self._own_head_service(run, cluster, deadline)
         if _token_secret(run, cluster) is not None:
             with phase(f"reading the Ray token from its Secret ({cluster})", "kuberay"):
                 run.ray_token = self._read_token(run, cluster, deadline)
@@ -432,6 +433,37 @@ class KubeRayCluster(ClusterBackend):
             self._wait_for_jobs_api(run, url, deadline, step)
             step.done(f"dashboard of {cluster} reachable through {access}")
         return str(url)
+
+    def _own_head_service(self, run: _Applied, cluster: str, deadline: float) -> None:
+        """The head Service the dashboard is reached through (by the API server's proxy or its
+        DNS name) is the cluster's own: owned by the RayCluster, itself this run's object or
+        owned by this run's RayJob. Waited for until `deadline` (KubeRay makes it first)."""
+        name = f"{cluster}-head-svc"
+        while True:
+            owner = self._head_cluster_uid(run, cluster)
+            service = run.kube.read_object("Service", name)
+            if owner is not None and service is not None:
+                refused = ownership.head_service_refusal(service, owner, run.namespace, cluster)
+                if refused:
+                    raise ClusterError(refused)
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"no Service {run.namespace}/{name} of {cluster} within "
+                    f"backend.start_timeout_s ({self.section.start_timeout_s} s)"
+                )
+            time.sleep(1.0)
+
+    @staticmethod
+    def _head_cluster_uid(run: _Applied, cluster: str) -> str | None:
+        """The uid of the RayCluster whose head runs the job: the run's own object, or the one
+        its RayJob made (None: not there yet)."""
+        if run.kind == "RayCluster":
+            return run.uid
+        made = run.kube.get("RayCluster", cluster)
+        if made is not None and not ownership.owned_by(made, run.uid):
+            raise ClusterError(f"RayCluster {run.namespace}/{cluster} is not {run.where}'s")
+        return None if made is None else str(made["metadata"]["uid"])
 
     @staticmethod
     def _job_submitted(run: _Applied) -> Callable[[str], None] | None:

@@ -188,10 +188,12 @@ class Kube:
             "ServiceAccount": getattr(self.core, f"{verb}_namespaced_service_account"),
             "Role": getattr(rbac, f"{verb}_namespaced_role"),
             "RoleBinding": getattr(rbac, f"{verb}_namespaced_role_binding"),
+            "Service": getattr(self.core, f"{verb}_namespaced_service"),
         }
 
     def read_object(self, kind: str, name: str) -> dict | None:
-        """A ServiceAccount, Role or RoleBinding of the namespace; None when there is none."""
+        """A ServiceAccount, Role, RoleBinding or Service of the namespace; None when there is
+        none."""
         return self._call(
             f"read {kind} {self.namespace}/{name}",
             self._core_calls("read")[kind],

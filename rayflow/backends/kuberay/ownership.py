@@ -163,4 +163,26 @@ def _ways(existing: dict[str, Any]) -> str:
     )
 
 
+def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+    """`obj` names the object of `uid` among its owners (ownerReferences)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(isinstance(r, dict) and r.get("uid") == uid for r in refs)
+
+
+def head_service_refusal(
+    service: dict[str, Any], cluster_uid: str, namespace: str, cluster: str
+) -> str | None:
+    """Why the head Service found under KubeRay's name for it is not the RayCluster's own
+    (KubeRay makes it owned by the RayCluster), or None: someone who made a Service of that name
+    first would receive the Ray token and the job."""
+    if owned_by(service, cluster_uid):
+        return None
+    return (
+        f"Service {namespace}/{service['metadata']['name']} is not RayCluster {namespace}/"
+        f"{cluster}'s (KubeRay makes its head service owned by it): someone else made it under "
+        "that name, so rayflow sends nothing to it; delete it (then KubeRay makes the cluster's "
+        "own), or choose another backend.cluster_name"
+    )
+
+
 __all__ = ["ANNOTATION", "carries_proof", "proof_patch", "refusal", "state", "not_reached"]
