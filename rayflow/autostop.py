@@ -12,8 +12,8 @@ demand waiting); after
 - `processes` (vm fake_multinode): every process naming the cluster's temp dir, then the folder;
 - `ssh_hosts` (vm SSH hosts): `ray stop` on each worker host over SSH, then on the head, from the
   config and key Ray's launcher left on the head;
-- `node_provider` (vm aws/gcp): the cluster's nodes terminated through Ray's node provider, with
-  the head's own instance role or service account;
+- `node_provider` (vm aws/gcp): the cluster's nodes that carry its owner tag (`owner` in the spec)
+  terminated through Ray's node provider, with the head's own instance role or service account;
 - `raycluster` (kuberay): the RayCluster deleted through the Kubernetes API as the head pod's
   service account, whose Role allows that one object (rayflow.backends.kuberay.autostop).
 
@@ -106,8 +106,9 @@ def watch(spec: dict[str, Any]) -> bool:
 def _stop_processes(spec: dict[str, Any]) -> None:
     from rayflow.backends.vm.kept_ops import not_rayflows, stop_fake
 
+    # never stop processes by, or remove, a path that is not this user's fake cluster's
     problem = not_rayflows(spec["temp_dir"], fake=True)
-    if problem:  # never stop processes by a path that is not a fake cluster's
+    if problem:
         print(f"[autostop] {problem}", flush=True)
         return
     stop_fake(spec["temp_dir"])
@@ -124,15 +125,22 @@ def _stop_ssh_hosts(spec: dict[str, Any]) -> None:
 
 
 def _stop_node_provider(spec: dict[str, Any]) -> None:
+    """The cluster's VMs that carry its owner tag (rayflow.backends.vm.owner), workers first,
+    then the head itself; another party's VMs of the same name are never selected."""
     import yaml
-    from ray.autoscaler._private.providers import _get_node_provider
-    from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
+    from ray.autoscaler.tags import NODE_KIND_HEAD
 
+    from rayflow.backends.vm import owner
+
+    run_owner = str(spec.get("owner") or "")
+    if not run_owner:
+        print(f"[autostop] no {owner.OWNER_TAG} in the spec: nothing terminated", flush=True)
+        return
     config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
-    provider = _get_node_provider(config["provider"], config["cluster_name"])
-    nodes = provider.non_terminated_nodes({})
-    heads = set(provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
-    workers = [node for node in nodes if node not in heads]
+    provider = owner.provider_of(config)
+    found = owner.nodes(provider, run_owner)
+    heads = set(owner.nodes(provider, run_owner, NODE_KIND_HEAD))
+    workers = [node for node in found if node not in heads]
     if workers:
         provider.terminate_nodes(workers)
     if heads:  # itself last

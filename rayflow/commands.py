@@ -98,9 +98,13 @@ def main(argv: list[str]) -> None:
             print(json.dumps([r.as_dict() for r in rows]) if args.json else table(rows))
         elif args.command == "down":
             with quiet:
-                done = clusters.down(None if args.all else args.name, force=args.force)
+                done, failed = clusters.down_each(None if args.all else args.name, args.force)
             for name in done:
                 print(f"[rayflow] {name}: torn down")
+            for line in failed:  # not reached: the record kept, how to finish by hand
+                print(f"rayflow: error: {line}", file=sys.stderr)
+            if failed:
+                sys.exit(1)
         else:
             with contextlib.nullcontext() if args.follow else quiet:
                 text = clusters.logs(args.name, args.job, args.follow)

@@ -3,42 +3,64 @@
 rayflow prints this command on every error path of a backend=vm run (a kept cluster is stopped
 with `rayflow down NAME`, which reads its record; this needs none). PATH is what that run left:
 the temp dir of a fake_multinode cluster (every process naming it is stopped), or the cluster
-YAML of a local/aws/gcp cluster (Ray's teardown_cluster, and `ray stop` on the worker hosts of a
-local cluster, which `ray down` leaves running). The cluster's records in this user's state
-folders (rayflow.backends.vm.state, rayflow.backends.kept) go with it.
+YAML of a local/aws/gcp cluster in this user's cache (a cloud's VMs that carry its owner tag are
+terminated; `ray stop` runs on every host of an SSH-hosts cluster). The cluster's records in this
+user's state folders (rayflow.backends.vm.state, rayflow.backends.kept) go with it.
+
+PATH is trusted only as this user's own: the folder and the file are checked (never followed if a
+link; owned by this user, writable by no one else) before anything is read, run, stopped or
+removed by them (rayflow.backends.vm.owned). Another user's folder, even one recreated under a
+path a record names, is refused in one line and left as it is.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
-from pathlib import Path
+
+
+def _fail(message: str, code: int = 2) -> int:
+    from rayflow.security.redaction import mask_text
+
+    print(f"rayflow.teardown: {mask_text(message)}", file=sys.stderr)
+    return code
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m rayflow.teardown CLUSTER_TEMP_DIR_OR_YAML", file=sys.stderr)
         return 2
-    path = Path(argv[0])
+    path = argv[0]
     from rayflow.backends.vm import kept_ops
     from rayflow.backends.vm.state import forget
+    from rayflow.errors import ClusterError
 
-    if path.is_dir():
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return _fail(f"{path} does not exist (already torn down?)", 1)
+    if stat.S_ISDIR(info.st_mode):
         # only what rayflow made: its processes are stopped and the folder removed
-        if kept_ops.not_rayflows(str(path), fake=True):
-            print(
-                f"rayflow.teardown: {path} is not a fake_multinode cluster's temp dir of yours "
-                "(rf-vm-*, with its autoscaling.yaml): nothing stopped",
-                file=sys.stderr,
-            )
-            return 2
-        kept_ops.stop_fake(str(path))
-    elif path.is_file():
-        kept_ops.stop_sdk(str(path))
+        problem = kept_ops.not_rayflows(path, fake=True)
+        if problem:
+            if not os.path.basename(path.rstrip("/")).startswith("rf-vm-"):
+                problem = (
+                    f"{path} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, "
+                    "with its autoscaling.yaml)"
+                )
+            return _fail(f"{problem}: nothing stopped")
+        kept_ops.stop_fake(path)
     else:
-        print(f"rayflow.teardown: {path} does not exist (already torn down?)", file=sys.stderr)
-        return 1
-    forget(argv[0])
-    _forget_kept(argv[0])
+        problem = kept_ops.not_rayflows(path, fake=False)
+        if problem:  # not where rayflow writes them, or not (only) yours: never read
+            return _fail(f"{problem}: nothing stopped")
+        try:
+            kept_ops.stop_sdk(path)
+        except ClusterError as err:  # not reached: what is left, and how to finish by hand
+            return _fail(str(err), 1)
+    forget(path)
+    _forget_kept(path)
     return 0
 
 

@@ -97,7 +97,8 @@ def test_a_cluster_gone_behind_rayflows_back_is_shown_gone_once_and_its_last_log
 
 def test_down_stops_nothing_by_a_record_that_names_what_rayflow_did_not_make(cache, tmp_path):
     """A record is this user's own file; what it names is checked all the same before anything
-    is stopped by it: a folder that is not a fake cluster's temp dir stops no process."""
+    is stopped by it: a folder that is not a fake cluster's temp dir stops no process. Not torn
+    down: the record stays, and the one line says how to finish by hand."""
     theirs = tmp_path / "important"
     theirs.mkdir()
     kept.keep(
@@ -110,11 +111,14 @@ def test_down_stops_nothing_by_a_record_that_names_what_rayflow_did_not_make(cac
         )
     )
     out = command("down", "rf-edited")
+    record = cache / "rayflow" / "clusters" / "vm.rf-edited.json"
     assert out.returncode == 1 and out.stderr.strip().splitlines() == [
         f"rayflow: error: vm cluster rf-edited: {theirs} is not a fake_multinode cluster's temp "
-        "dir of yours (rf-vm-*): nothing stopped"
+        "dir of yours (rf-vm-*): nothing stopped; rf-edited is not torn down, its record is "
+        "kept: `rayflow down rf-edited` tries again, "
+        f"`rm {record}` forgets it once you have stopped it by hand"
     ], out.stderr
-    assert theirs.is_dir()
+    assert "torn down" not in out.stdout and theirs.is_dir() and record.is_file()
 
 
 def test_down_all_takes_every_record_and_leaves_none(cache, tmp_path):

@@ -117,6 +117,35 @@ def _last_line(out: subprocess.CompletedProcess) -> str:
     return out.stderr.strip().splitlines()[-1]
 
 
+def _vms(ec2: Ec2Namespace, name: str, owner: str, kind: str = "head", count: int = 1) -> list:
+    """VMs of cluster `name` as another party's Ray launcher (or a run of rayflow, `owner`)
+    tags them, made straight through the EC2 API; their ids."""
+    tags = [
+        {"Key": "ray-cluster-name", "Value": name},
+        {"Key": "ray-node-type", "Value": kind},
+        {"Key": "rayflow-owner", "Value": owner},
+    ]
+    made = ec2.call(
+        "ec2",
+        "run_instances",
+        ImageId="ami-12c6146b",
+        InstanceType="t3.medium",
+        MinCount=count,
+        MaxCount=count,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    return sorted(i["InstanceId"] for i in made["Instances"])
+
+
+def _running(ec2: Ec2Namespace, name: str) -> dict[str, list[str]]:
+    """The live VMs of cluster `name`, by their owner tag."""
+    found: dict[str, list[str]] = {}
+    for vm in ec2.instances(name, running_only=True):
+        owner = {t["Key"]: t["Value"] for t in vm.get("Tags") or []}.get("rayflow-owner", "")
+        found.setdefault(owner, []).append(vm["InstanceId"])
+    return {owner: sorted(ids) for owner, ids in found.items()}
+
+
 def test_rays_aws_files_are_accepted_with_resources_filled_from_the_api(ec2, user):
     """Ray's own AWS file (the one in the installed Ray) and a multi-node-type file without
     `resources`: a dry run fills them from describe_instance_types as `ray up` does; where the
@@ -229,20 +258,35 @@ def test_sigint_and_sigterm_while_provisioning_leave_no_instance(ec2, user):
 
 def test_a_head_that_never_answers_fails_within_start_timeout_and_no_instance_is_left(ec2, user):
     """The user's multi-node-type file started: Ray's launcher fills the resources, creates the
-    head VM and waits for SSH on it (unreachable here); start_timeout_s ends the wait."""
+    head VM and waits for SSH on it (unreachable here); start_timeout_s ends the wait. Another
+    party's VM tagged with the same cluster name, made while the launcher works, survives the
+    teardown: only VMs with this run's owner tag are terminated."""
     multi = user.file("multi", {**MULTI, "cluster_name": "never-up"})
     started = time.monotonic()
-    out = user.run(f"backend.cluster_yaml={multi}", "backend.start_timeout_s=15")
-    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
-    assert _last_line(out) == (
+    proc, log = user.start(f"backend.cluster_yaml={multi}", "backend.start_timeout_s=15", name="up")
+    try:
+        past_check = wait_until(
+            lambda: "creating cluster never-up" in log.read_text() or proc.poll() is not None,
+            timeout=120,
+            interval=0.1,
+        )
+        assert past_check and proc.poll() is None, log.read_text()[-3000:]
+        theirs = _vms(ec2, "never-up", "another-run", kind="worker")
+        assert proc.wait(timeout=300) == 1, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert lines[-1] == (
         "rayflow: error: backend.start_timeout_s: cluster never-up was not up within 15 s "
         "(Ray's launcher was waiting for SSH on the head VM); tearing down what it created"
-    ), out.stderr[-3000:]
+    ), log.read_text()[-3000:]
     print(f"\nstart_timeout_s=15: exit after {time.monotonic() - started:.1f} s")
-    made = ec2.instances("never-up")
+    made = [i for i in ec2.instances("never-up") if i["InstanceId"] not in theirs]
     gone = ("shutting-down", "terminated")
     assert made and all(i["State"]["Name"] in gone for i in made), [i["State"] for i in made]
     assert made[0]["InstanceType"] == "m5.large"
+    assert _running(ec2, "never-up") == {"another-run": theirs}
 
 
 def test_a_spot_worker_type_reaches_run_instances_with_its_market_options(ec2, user):
@@ -291,3 +335,72 @@ def test_a_spot_worker_type_reaches_run_instances_with_its_market_options(ec2, u
     assert instance["InstanceLifecycle"] == "spot", instance
     ec2.call("ec2", "terminate_instances", InstanceIds=[instance["InstanceId"]])
     assert ec2.instances("spot", running_only=True) == []
+
+
+# What a run that kept cluster `shared` left in its user's cache: the cluster YAML with its owner
+# tag on every node type, and the kept record (what `rayflow down` reads). Ray's launcher cannot
+# bring a head up here (no SSH to a moto address), so it is written as that run writes it.
+KEPT = """
+import sys
+from rayflow.backends import backend_for, kept
+from rayflow.backends.vm import kept_ops, owned, owner
+from rayflow.orchestrator.compose import compose_config
+from rayflow.schema.values import to_container
+name, run, bootstrap = sys.argv[1:]
+backend = backend_for(compose_config("backend=vm", "backend.provider=aws", f"backend.cluster_name={name}"))
+config = owner.tag(backend.cluster_config(), run)
+path = owned.cluster_file(name)
+owned.write(path, config)
+owned.write(bootstrap, config)  # as Ray's launcher leaves it on the head, for its autostop
+kept.keep(kept.KeptCluster(backend="vm", name=name, owner_run=run,
+    section=dict(to_container(backend.section)), where=kept_ops.where_sdk("aws", str(path))))
+"""
+
+
+def test_another_partys_vms_of_the_name_are_never_selected(ec2, user):
+    """Another party's VMs tagged with the cluster's name: a start with that name is refused in
+    one line naming backend.cluster_name; `rayflow down` of this user's kept cluster of the name
+    and the head's autostop terminate only the VMs that carry the kept cluster's owner tag."""
+    theirs = _vms(ec2, "shared", "another-run", count=2)
+    refused = user.run("backend.provider=aws", "backend.cluster_name=shared")
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-3000:]
+    assert _last_line(refused) == (
+        "rayflow: error: backend.cluster_name: 2 VM(s) tagged ray-cluster-name=shared already run "
+        "in the account that no cluster you kept started (another run's or another user's); Ray "
+        "acts on every VM of a name, so rayflow starts no second cluster of it: give this run a "
+        "name of its own (backend.cluster_name=...)"
+    )
+
+    bootstrap = user.folder / "home" / "ray_bootstrap_config.yaml"
+    made = subprocess.run(
+        ec2.argv(sys.executable, "-c", KEPT, "shared", "kept-run", str(bootstrap)),
+        env=user.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    ours = _vms(ec2, "shared", "kept-run", count=2)
+    down = subprocess.run(
+        ec2.argv(sys.executable, "-m", "rayflow", "down", "shared", "--force"),
+        env=user.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert down.returncode == 0 and down.stdout.strip() == "[rayflow] shared: torn down", (
+        down.stdout + down.stderr[-3000:]
+    )
+    assert _running(ec2, "shared") == {"another-run": theirs}, ours
+
+    # the head's autostop, from the config Ray's launcher left in its home
+    ours = _vms(ec2, "shared", "kept-run", kind="worker") + _vms(ec2, "shared", "kept-run")
+    stopped = subprocess.run(
+        ec2.argv(sys.executable, "-m", "rayflow.autostop", "--now", "shared"),
+        env={**user.env, "RAYFLOW_AUTOSTOP": '{"kind": "node_provider", "owner": "kept-run"}'},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert _running(ec2, "shared") == {"another-run": theirs}, ours

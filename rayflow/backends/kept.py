@@ -92,6 +92,11 @@ def _path(key: str, gone: bool = False) -> Path:
     return (private_folder(base / "gone") if gone else base) / f"{key}.json"
 
 
+def record_path(record: KeptCluster) -> Path:
+    """Where a kept cluster's record is (a user who stopped it by hand may remove it)."""
+    return _path(record.key)
+
+
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
     """The registry's lock, for a read-modify-write."""

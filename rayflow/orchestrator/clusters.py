@@ -7,7 +7,9 @@ command asks the cluster itself before it says anything (its backend's `reach`):
 behind rayflow's back (its autostop, a host rebooted, `kubectl delete`) is reported gone once and
 its record moved to the registry's gone/ (rayflow.backends.kept), where `logs` still finds the
 last job's log in MLflow. `down` tears down what its run started, through the same backend code
-that ends a run, and refuses a cluster a job is using unless forced.
+that ends a run, and refuses a cluster a job is using unless forced. A cluster `down` did not
+reach, or did not finish tearing down, is never reported torn down: its record stays, and one
+line says what was not done and how to finish by hand.
 """
 
 from __future__ import annotations
@@ -118,12 +120,19 @@ def _with_activity(row: ClusterStatus, kept: KeptCluster, found: Activity) -> Cl
 
 def status_of(kept: KeptCluster) -> ClusterStatus:
     """The kept cluster as it is now; one found gone leaves the registry (after this answer)."""
+    row = _asked(kept)
+    if row.state == "gone":
+        registry.forget(kept)
+    return row
+
+
+def _asked(kept: KeptCluster) -> ClusterStatus:
+    """The kept cluster as it is now, its record left as it is."""
     try:
         handle = backend_of(kept).reach(kept, _headers(kept))
     except ClusterError as err:
         return _row(kept, "unreachable", str(err))
     if handle is None:
-        registry.forget(kept)
         return _row(kept, "gone", "stopped outside this command (autostop, or by hand)")
     try:
         assert handle.submission is not None
@@ -156,25 +165,58 @@ def _one(name: str, command: str, gone: bool = False) -> KeptCluster:
     return found[-1] if found else _one(name, command)
 
 
+class NotTornDown(ClusterError):
+    """`rayflow down` reached and tore down `done`, but not the rest: one line each (`lines`),
+    saying what was not done and how to finish by hand; their records are kept."""
+
+    def __init__(self, lines: list[str], done: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines, self.done = lines, done
+
+
 def down(name: str | None = None, force: bool = False) -> list[str]:
     """Tear down the kept cluster `name` (None: every one), what its run started and only that;
-    the names torn down. A cluster a job or driver is using is refused unless `force`."""
+    the names torn down. A cluster a job or driver is using is refused unless `force`. A cluster
+    whose teardown did not reach it, or failed, keeps its record: NotTornDown, after the others
+    are torn down."""
+    done, failed = down_each(name, force)
+    if failed:
+        raise NotTornDown(failed, done)
+    return done
+
+
+def down_each(name: str | None = None, force: bool = False) -> tuple[list[str], list[str]]:
+    """`down`, as the CLI reports it: the names torn down, and one line for each cluster that
+    was not (its record kept)."""
     chosen = registry.records() if name is None else [_one(name, "down")]
     if not force:
         for kept in chosen:
-            row = status_of(kept)
+            row = _asked(kept)
             if row.state == "busy":
                 raise ConfigError(
                     "rayflow down",
                     f"{kept.name} is in use ({row.detail}): wait for it, or tear it down anyway "
                     "with --force",
                 )
-    done = []
+    done, failed = [], []
     for kept in chosen:
-        backend_of(kept).down(kept)
+        try:
+            backend_of(kept).down(kept)
+        except ClusterError as err:  # not reached, or not all of it: never "torn down"
+            failed.append(_not_torn_down(kept, err))
+            continue
         registry.forget(kept)
         done.append(kept.name)
-    return done
+    return done, failed
+
+
+def _not_torn_down(kept: KeptCluster, err: ClusterError) -> str:
+    text = " ".join(str(err).split())
+    return mask_text(
+        f"{text}; {kept.name} is not torn down, its record is kept: `rayflow down {kept.name}` "
+        f"tries again, `rm {registry.record_path(kept)}` forgets it once you have stopped it "
+        "by hand"
+    )
 
 
 def logs(name: str, job: str | None = None, follow: bool = False) -> str:

@@ -6,7 +6,8 @@ interrupts Ray's code wherever it is, and a create call already sent makes its V
 So `launch` runs Ray's `create_or_update_cluster` in a daemon thread and this process's main
 thread waits for it, at most `start_timeout_s`, taking Ctrl-C and SIGTERM (rayflow.runtime.signals)
 at any moment. Whatever ends the wait early, the run's undo stack then calls `terminate_all`: every
-VM of the cluster, found by its tags through Ray's own node provider, is terminated, and while
+VM of the cluster, found by its name and its run's owner tag (rayflow.backends.vm.owner) through
+Ray's own node provider, is terminated, and while
 the launcher is inside creating the head (between Ray's `acquiring_new_head_node` and
 `head_node_acquired` events) the search goes on, so a VM whose create call was in flight when the
 stop came is terminated too; a launcher that has not begun creating never does (its event
@@ -25,7 +26,6 @@ from rayflow.errors import ClusterError
 
 # Long enough for an in-flight create call to come back and its VM to be listed.
 SETTLE_TIMEOUT_S = 120.0
-POLL_S = 1.0
 
 
 @dataclass
@@ -140,31 +140,29 @@ def _one_line(err: BaseException, what: str) -> BaseException:
 def terminate_all(
     config: dict[str, Any], handed: Launch, settle_s: float = SETTLE_TIMEOUT_S
 ) -> None:
-    """Terminate every VM tagged with the cluster's name until none is left and the launcher
-    is not inside a create call (at most settle_s)."""
-    from ray.autoscaler._private.providers import _get_node_provider
+    """Terminate every VM of the cluster that carries its run's owner tag (rayflow.backends.vm.
+    owner) until none is left and the launcher is not inside a create call (at most settle_s).
+    Another party's VMs of the same name are never selected."""
+    from rayflow.backends.vm import owner
 
     with _STATE:  # from here on the launcher creates no VM; one being created is waited for
         handed.cancelled = True
+    run_owner = owner.owner_of(config)
+    if not run_owner:  # rendered at start for every node type: a config without it is a bug
+        raise ClusterError(
+            f"cluster {config['cluster_name']}: its config carries no {owner.OWNER_TAG} tag: "
+            "nothing terminated"
+        )
     # Ray's aws default stops VMs (their disks billing on) where the file does not say: a run
     # terminates what it made, unless the file asks for stopping and the cluster came up
     cache = handed.up and config["provider"].get("cache_stopped_nodes") is True
-    provider_config = {**config["provider"], "cache_stopped_nodes": cache}
-    provider = _get_node_provider(provider_config, config["cluster_name"])
-    deadline = time.monotonic() + settle_s
-    while True:
-        nodes = provider.non_terminated_nodes({})
-        if nodes:
-            provider.terminate_nodes(nodes)
-        elif not (handed.alive() and handed.creating):
-            return
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"cluster {config['cluster_name']}: VMs {', '.join(nodes) or 'being created'} "
-                f"still not terminated after {settle_s:g} s: terminate them in the cloud "
-                f"console (tag ray-cluster-name={config['cluster_name']})"
-            )
-        time.sleep(POLL_S)
+    owner.terminate(
+        config,
+        run_owner,
+        stop_cached=cache,
+        busy=lambda: handed.alive() and handed.creating,
+        settle_s=settle_s,
+    )
 
 
 def terminate_unless_up(config: dict[str, Any], handed: Launch) -> None:

@@ -40,7 +40,7 @@ import yaml
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
-from rayflow.backends.vm import cloud_up, kept_ops, state, tunnel, user_file
+from rayflow.backends.vm import cloud_up, kept_ops, owned, owner, state, tunnel, user_file
 from rayflow.backends.vm.checks import (
     check,
     check_cluster_name,
@@ -418,64 +418,98 @@ class VMCluster(ClusterBackend):
     # --- local, aws, gcp: Ray's cluster launcher ---------------------------------------------
 
     def _start_with_sdk(self, run: _Start) -> str:
-        from ray.autoscaler import sdk
-
         if not self.cluster_yaml:
             require_filled(self.section)
         config = self.cluster_config()
         # Cloud and host clusters are found by name (tags, Ray's cluster-NAME.state): one is
-        # joined only when a run of this user kept it and none holds it, else refused.
+        # joined only when a run of this user kept it and none holds it, else refused; on a
+        # cloud, so is any VM of the name that is not that kept cluster's (vm.owner).
         kept = state.claim(
-            run.name, run.run_id, self.provider, self.keeps_cluster, lambda _: _head_running(config)
+            run.name,
+            run.run_id,
+            self.provider,
+            self.keeps_cluster,
+            lambda recorded: self._running(config, recorded),
         )
         run.handle.on_stop("let go of the cluster's name", state.release, run.name, run.run_id)
+        if kept:
+            run.handle.owner_run = kept.get("owner_run") or run.handle.owner_run
+        if self.provider in owner.TAGGED:  # every VM it makes carries the cluster's owner
+            config = owner.tag(config, str(run.handle.owner_run))
         self._config_file(run, config, kept)
         self._ray_up(run, bool(kept))
         run.handle.where = kept_ops.where_sdk(self.provider, run.config_file)
-        run.handle.autostop = kept_ops.autostop_sdk(self.provider, dashboard_port(config))
+        run.handle.autostop = kept_ops.autostop_sdk(
+            self.provider, dashboard_port(config), str(run.handle.owner_run)
+        )
         if kept or self.keeps_cluster:
             run.handle.kept, run.handle.joined = True, bool(kept)
-            if kept:
-                run.handle.owner_run = kept.get("owner_run") or run.handle.owner_run
             self._kept_note(run)
-        return self._tunnel(run.handle, config, sdk.get_head_node_ip(run.config_file))
+        return self._tunnel(run.handle, config, self._head_ip(run, config))
+
+    def _running(self, config: dict[str, Any], recorded: dict[str, Any] | None) -> bool:
+        """Whether a head of this cluster's name runs (the provider's own view); on a cloud,
+        refused in one line while a VM of the name runs that the kept cluster of `recorded`
+        did not start (vm.owner)."""
+        if self.provider in owner.TAGGED:
+            stop = (recorded or {}).get("stop")
+            hint = f", or stop yours: python -m rayflow.teardown {stop}" if stop else ""
+            return owner.check_name_free(config, recorded, hint)
+        if self.provider == "local":  # Ray reads and writes it in /tmp/ray, a folder anyone writes
+            why = owned.ray_local_state_problem(str(config["cluster_name"]))
+            if why:
+                raise ConfigError("backend.cluster_name", f"{why}: give this run a name of its own")
+        return _head_running(config)
+
+    def _head_ip(self, run: _Start, config: dict[str, Any]) -> str:
+        """The head the tunnel goes to: on a cloud, the one VM of the name that carries the
+        cluster's owner tag, never another party's of the same name."""
+        from ray.autoscaler import sdk
+
+        if self.provider not in owner.TAGGED:
+            return str(sdk.get_head_node_ip(run.config_file))
+        ip = owner.head_ip(config, str(run.handle.owner_run))
+        if ip is None:
+            raise ClusterError(
+                f"backend=vm provider={self.provider}: `ray up` finished, yet no head VM of "
+                f"cluster {run.name} carries its owner tag ({owner.OWNER_TAG})"
+            )
+        return ip
 
     def _config_file(
         self, run: _Start, config: dict[str, Any], kept: dict[str, Any] | None
     ) -> None:
-        """The cluster YAML `ray up` reads, where the teardown command finds it; the teardown of a
-        cluster this run starts and does not keep, registered before `ray up` (a `ray up` that
-        failed halfway is torn down too)."""
+        """The cluster YAML `ray up` reads, in this user's cache (vm.owned: 0600 in a 0700
+        folder, never /tmp), where `rayflow down` and the teardown command find it after a reboot
+        too; the teardown of a cluster this run starts and does not keep, registered before
+        `ray up` (a `ray up` that failed halfway is torn down too). A cloud's VMs are terminated
+        by their owner tag (`_launch_vms`), never by Ray's teardown, which selects by name."""
         from ray.autoscaler import sdk
 
-        if kept and kept.get("stop"):
-            # its config stays where the run that kept it wrote it (its teardown command names it)
-            run.temp_dir, run.config_file = os.path.dirname(kept["stop"]), kept["stop"]
-        else:
-            run.temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
-            run.config_file = os.path.join(run.temp_dir, f"{run.name}.yaml")
-        Path(run.config_file).write_text(yaml.safe_dump(config))
+        recorded = str((kept or {}).get("stop") or "")
+        # a kept cluster's config stays where its run wrote it while that folder is still this
+        # user's own (records older than the cache named a temp dir); else it goes to the cache
+        usable = bool(recorded) and owned.folder_usable(recorded)
+        run.config_file = recorded if usable else str(owned.cluster_file(run.name))
+        run.temp_dir = os.path.dirname(run.config_file)
+        owned.write(run.config_file, config)
         self._teardown_is(run)
-        if kept and kept.get("stop"):
+        # the teardown command names this file, and a later run's refusal names that command
+        state.update(run.name, run.run_id, stop=run.config_file)
+        if kept or self.keeps_cluster:
             return
-        if not self.keeps_cluster and not kept:
+        run.handle.on_stop(
+            "remove the cluster config's folder", owned.remove_folder, run.config_file
+        )
+        if self.provider in owner.TAGGED:
+            return
+        if self.provider == "local":
             run.handle.on_stop(
-                "remove the cluster config's temp dir",
-                shutil.rmtree,
-                run.temp_dir,
-                ignore_errors=True,
+                "stop Ray on the worker hosts (ray down stops only the head)",
+                stop_local_workers,
+                config,
             )
-            if self.provider == "local":
-                run.handle.on_stop(
-                    "stop Ray on the worker hosts (ray down stops only the head)",
-                    stop_local_workers,
-                    config,
-                )
-            run.handle.on_stop(
-                f"tear down cluster {run.name}", sdk.teardown_cluster, run.config_file
-            )
-        else:  # kept, or joined without a config recorded: the teardown command names this file
-            state.update(run.name, run.run_id, stop=run.config_file)
+        run.handle.on_stop(f"tear down cluster {run.name}", sdk.teardown_cluster, run.config_file)
 
     def _ray_up(self, run: _Start, kept: bool) -> None:
         """`ray up` through Ray's SDK; it never restarts Ray on a running cluster: one this run did

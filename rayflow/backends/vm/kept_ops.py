@@ -3,8 +3,11 @@ that kept it is gone: reached for `rayflow status` and `logs`, torn down by `ray
 `python -m rayflow.teardown`, and how the autostop watcher on its head stops it.
 
 What a record holds of a vm cluster (`where`): the provider, and the fake cluster's temp dir and
-dashboard URL, or the cluster YAML the run wrote (the SDK providers' teardown reads it, as `ray
-down` does). Nothing is torn down that those do not name.
+dashboard URL, or the cluster YAML the run wrote in this user's cache (rayflow.backends.vm.owned;
+records older than the cache name a temp dir). Nothing is read, run or torn down by what those
+name unless it is this user's own, writable by no one else (vm.owned), and a cloud's VMs are
+selected by their owner tag as well as their name (vm.owner). `down` raises ClusterError, one
+line saying what it could not reach and how to finish by hand, rather than return as if done.
 """
 
 from __future__ import annotations
@@ -16,10 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
+from rayflow.backends.vm import owned, owner
 from rayflow.errors import ClusterError
 from rayflow.runtime.activity import reachable
 from rayflow.runtime.environment import scoped_env
@@ -34,6 +36,8 @@ REACH_TIMEOUT_S = 20.0  # a status or logs call waits this long for a kept head'
 # The keys of this side a job on the provider's VMs is not handed: the nodes have their own
 # identity (aws: the instance profile of Ray's bootstrap role, which may use EC2 and S3).
 NODE_IDENTITY = {"aws": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+# The SDK providers' own errors, raised from their API calls (an endpoint away, keys refused).
+CLOUD_ERRORS = ("botocore.", "googleapiclient.", "google.auth.", "google.api_core.")
 
 
 def where_fake(temp_dir: str, url: str) -> dict[str, str]:
@@ -50,46 +54,93 @@ def autostop_fake(temp_dir: str, url: str) -> dict[str, str]:
     return {"kind": "processes", "temp_dir": temp_dir, "dashboard": url}
 
 
-def autostop_sdk(provider: str, dashboard_port: int) -> dict[str, str]:
+def autostop_sdk(provider: str, dashboard_port: int, owner_run: str = "") -> dict[str, str]:
     """On the head, from the config Ray's launcher left there (~/ray_bootstrap_config.yaml): SSH
-    hosts get `ray stop` on each worker over SSH, then on the head; a cloud's nodes are
-    terminated through its node provider, with the head's own role or service account."""
+    hosts get `ray stop` on each worker over SSH, then on the head; a cloud's nodes that carry
+    the cluster's owner tag (`owner_run`) are terminated through its node provider, with the
+    head's own role or service account."""
     kind = "ssh_hosts" if provider == "local" else "node_provider"
-    return {"kind": kind, "dashboard": f"http://127.0.0.1:{dashboard_port}"}
+    spec = {"kind": kind, "dashboard": f"http://127.0.0.1:{dashboard_port}"}
+    return {**spec, "owner": owner_run} if kind == "node_provider" else spec
 
 
 def reach(kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
     """A handle on the kept cluster's Jobs API, or None when it is gone (its head's processes or
-    its dashboard are). An SSH tunnel it opens closes with the handle."""
+    its dashboard are). An SSH tunnel it opens closes with the handle. ClusterError (one line)
+    where it cannot be asked: SSH failed, or what its record names is not this user's own."""
     where = kept.where
     handle = ClusterHandle(kept.backend, name=kept.name, owner_run=kept.owner_run, kept=True)
     if where.get("provider") == "fake_multinode":
-        url = where.get("url", "")
-        if not (pids_mentioning(where.get("temp_dir", "")) and url and reachable(url, headers)):
+        temp_dir, url = where.get("temp_dir", ""), where.get("url", "")
+        if os.path.lexists(temp_dir):
+            problem = owned.fake_dir_problem(temp_dir)
+            if problem:
+                raise ClusterError(f"vm cluster {kept.name}: {problem}: not asked")
+        from rayflow.security.ports import url_held
+
+        alive = bool(pids_mentioning(temp_dir) and url)
+        # a port another user holds now (the dashboard died) is refused before the token is sent
+        if not (alive and url_held(url, f"vm cluster {kept.name}") and reachable(url, headers)):
             return None
         handle.address, handle.submission = url, Submission(headers=headers, in_place=True)
         return handle
     return _reach_through_ssh(kept, handle, headers)
 
 
+def kept_config(kept: KeptCluster) -> dict[str, Any]:
+    """The kept cluster's YAML, read only as this user's own (vm.owned); ClusterError saying how
+    to stop it by hand where it is not, or is gone."""
+    path = kept.where.get("config_file", "")
+    try:
+        return owned.load(path)
+    except ClusterError as err:
+        raise ClusterError(f"vm cluster {kept.name}: {err}") from None
+    except FileNotFoundError:
+        raise ClusterError(
+            f"vm cluster {kept.name}: its cluster YAML {path} is gone (kept before rayflow kept "
+            f"them in your cache, and /tmp was cleaned since): rayflow cannot find its "
+            f"{_machines(kept.where.get('provider', ''), kept.name)}; stop them by hand"
+        ) from None
+
+
+def _machines(provider: str, name: str) -> str:
+    if provider == "local":
+        return "hosts (`ray stop` on each)"
+    return f"VMs (tagged ray-cluster-name={name}: terminate them in the cloud console)"
+
+
+def _head_ip(config: dict[str, Any]) -> str | None:
+    """The head's address, or None when its provider knows no head of the cluster: SSH hosts'
+    from the file (Ray's local provider state in /tmp may be gone), a cloud's only among the VMs
+    that carry the cluster's owner tag."""
+    from ray.autoscaler import sdk
+
+    kind = config["provider"]["type"]
+    if kind == "local":
+        return str(config["provider"].get("external_head_ip") or config["provider"]["head_ip"])
+    if kind in owner.TAGGED:
+        run_owner = owner.owner_of(config)
+        return owner.head_ip(config, run_owner) if run_owner else None
+    try:
+        return str(sdk.get_head_node_ip(config))
+    except RuntimeError:  # the provider knows no head of this name
+        return None
+
+
 def _reach_through_ssh(
     kept: KeptCluster, handle: ClusterHandle, headers: dict[str, str]
 ) -> ClusterHandle | None:
-    from ray.autoscaler import sdk
-
     from rayflow.backends.vm import tunnel
     from rayflow.backends.vm.commands import dashboard_port
 
-    config_file = kept.where.get("config_file", "")
-    if not Path(config_file).is_file():
-        return None
-    config = yaml.safe_load(Path(config_file).read_text())
-    try:
-        head_ip = sdk.get_head_node_ip(config_file)
-    except RuntimeError:  # the provider knows no head of this name
+    config = kept_config(kept)
+    head_ip = _head_ip(config)
+    if head_ip is None:
         return None
     with handle.unwound_on_error():
-        proc, url = tunnel.open_tunnel(tunnel.ssh_auth(config), head_ip, dashboard_port(config))
+        proc, url = tunnel.open_tunnel(
+            tunnel.ssh_auth(config), head_ip, dashboard_port(config), kept.name
+        )
         handle.on_stop("close the SSH tunnel to the head's dashboard", tunnel.close_tunnel, proc)
         deadline = time.monotonic() + REACH_TIMEOUT_S
         while not reachable(url, headers, timeout_s=2):
@@ -107,68 +158,130 @@ def _reach_through_ssh(
 
 def not_rayflows(path: str, fake: bool) -> str | None:
     """Why `path` is not what a run of this user's made for a vm cluster (a fake cluster's temp
-    dir `rf-vm-*` with its autoscaling.yaml; a cluster YAML in such a folder), or None. A record
-    is this user's own file, yet what it names is checked before anything is stopped by it."""
-    folder = Path(path) if fake else Path(path).parent
-    made = folder / "autoscaling.yaml" if fake else Path(path)
-    try:
-        mine = folder.stat().st_uid == os.getuid() and made.is_file()
-    except OSError:
-        mine = False
-    if folder.name.startswith("rf-vm-") and mine:
-        return None
-    what = "a fake_multinode cluster's temp dir" if fake else "a cluster YAML rayflow wrote"
-    return f"{path} is not {what} of yours (rf-vm-*): nothing stopped"
+    dir `rf-vm-*` with its autoscaling.yaml; a cluster YAML where rayflow writes them), or None.
+    A record is this user's own file, yet what it names is checked before anything is stopped by
+    it: rayflow's, and this user's own, writable by no one else (vm.owned)."""
+    if fake:
+        return owned.fake_dir_problem(path)
+    if not owned.made_by_rayflow(path):
+        return f"{path} is not a cluster YAML rayflow wrote (~/.cache/rayflow/vm/NAME/NAME.yaml)"
+    return owned.problem(Path(path).parent, folder=True) or owned.problem(path, folder=False)
 
 
 def down(kept: KeptCluster, launcher_env: dict[str, str]) -> None:
     """Tear down what the run that kept it started: the fake cluster's processes and temp dir, or
-    the SDK's `teardown_cluster` of its cluster YAML (and `ray stop` on SSH worker hosts, which
-    Ray's teardown leaves running). Idempotent; the name's vm record goes with it. A path that
-    is gone is a cluster gone; one that is not rayflow's is refused."""
+    the VMs or hosts its cluster YAML names (`stop_sdk`). The name's vm record goes with it.
+    A fake cluster whose temp dir is gone is stopped by the processes that name it, if any still
+    run; anything it cannot reach, or that is not this user's own, is a ClusterError (one line:
+    what was not done, how to finish by hand), and nothing is removed."""
     from rayflow.backends.vm import state
 
     fake = kept.where.get("provider") == "fake_multinode"
     path = kept.where.get("temp_dir" if fake else "config_file", "")
-    if Path(path).exists():
-        problem = not_rayflows(path, fake)
-        if problem:
-            raise ClusterError(f"vm cluster {kept.name}: {problem}")
-        if fake:
+    if fake:
+        if os.path.lexists(path):
+            problem = not_rayflows(path, fake=True)
+            if problem:
+                raise ClusterError(f"vm cluster {kept.name}: {problem}: nothing stopped")
             stop_fake(path)
-        else:
-            with scoped_env(launcher_env):
-                stop_sdk(path)
+        elif path:  # a reboot or a tmp cleaner took the folder: its processes go by the name
+            stop_processes_mentioning(path)
+            kill_processes_mentioning(path)
+    else:
+        kept_config(kept)  # gone, or not this user's: one line, nothing stopped
+        with scoped_env(launcher_env):
+            stop_sdk(path)
     state.forget(path)
 
 
 def stop_fake(temp_dir: str) -> None:
+    """Stop a fake cluster's processes and remove its temp dir (checked by the caller to be
+    this user's own: `not_rayflows`)."""
     stop_processes_mentioning(temp_dir)
     kill_processes_mentioning(temp_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def stop_sdk(config_file: str) -> None:
+    """Tear down the cluster of a cluster YAML rayflow wrote, read as this user's own: a cloud's
+    VMs that carry its owner tag, terminated (stopped where the file says
+    `cache_stopped_nodes: true`); SSH hosts' Ray stopped on every host; any other provider by
+    Ray's teardown. Then the folder rayflow made for it goes. ClusterError where the file is not
+    this user's, or something was not reached: nothing removed."""
     from ray.autoscaler import sdk
 
-    config: dict[str, Any] = yaml.safe_load(Path(config_file).read_text())
-    sdk.teardown_cluster(config_file)
-    if config.get("provider", {}).get("type") == "local":
-        stop_local_workers(config)
-    folder = os.path.dirname(config_file)
-    if os.path.basename(folder).startswith("rf-vm-"):  # the temp dir the run made for it
-        shutil.rmtree(folder, ignore_errors=True)
+    problem = not_rayflows(config_file, fake=False)
+    if problem:
+        raise ClusterError(f"{problem}: nothing stopped")
+    config = owned.load(config_file)
+    kind = config["provider"]["type"]
+    if kind in owner.TAGGED:
+        _terminate_owned(config)
+    elif kind == "local":
+        _stop_hosts(config)
+    else:
+        sdk.teardown_cluster(config)
+    owned.remove_folder(config_file)
 
 
-def stop_local_workers(config: dict) -> None:
+def _terminate_owned(config: dict[str, Any]) -> None:
+    name = config["cluster_name"]
+    run_owner = owner.owner_of(config)
+    if not run_owner:
+        raise ClusterError(
+            f"cluster {name}: its cluster YAML carries no {owner.OWNER_TAG} tag (started by a "
+            "rayflow before owner tags, or not by rayflow): nothing terminated; terminate its VMs "
+            f"by hand (`ray down` of the file terminates every VM named {name} in the account, "
+            "another user's too)"
+        )
+    try:
+        stop = config["provider"].get("cache_stopped_nodes") is True
+        owner.terminate(config, run_owner, stop_cached=stop)
+    except Exception as err:  # the cloud SDKs' own errors only; the rest re-raised
+        if not type(err).__module__.startswith(CLOUD_ERRORS):
+            raise
+        from rayflow.security.redaction import mask_text
+
+        raise ClusterError(
+            f"cluster {name}: the cloud API refused or did not answer "
+            f"({mask_text(' '.join(str(err).split()))[:300]}): nothing terminated; terminate "
+            f"its VMs by hand (tags ray-cluster-name={name} and {owner.OWNER_TAG}={run_owner})"
+        ) from None
+
+
+def _stop_hosts(config: dict[str, Any]) -> None:
+    """`ray stop` over SSH on every host of an SSH-hosts cluster, the head last (Ray's own
+    teardown finds the head through its provider's state in /tmp, which a reboot or a tmp
+    cleaner removes); then Ray's record of them, if still there and this user's, marked
+    stopped."""
+    from ray.autoscaler._private.local.config import get_state_path
+    from ray.autoscaler._private.providers import _get_node_provider
+
+    settings = config["provider"]
+    hosts = {**settings, "worker_ips": [*(settings.get("worker_ips") or []), settings["head_ip"]]}
+    unreached = stop_local_workers({**config, "provider": hosts}) or []
+    if unreached:
+        raise ClusterError(
+            f"cluster {config['cluster_name']}: SSH did not reach {', '.join(unreached)}: Ray may "
+            "still run there; run `ray stop` on those hosts by hand"
+        )
+    name = config["cluster_name"]
+    if os.path.lexists(get_state_path(name)) and owned.ray_local_state_problem(name) is None:
+        provider = _get_node_provider(settings, name)
+        provider.terminate_nodes(provider.non_terminated_nodes({}))
+
+
+def stop_local_workers(config: dict) -> list[str]:
     """`ray stop` on each worker host of a local-provider cluster over SSH, as Ray runs its
-    commands."""
+    commands. Returns the hosts ssh itself did not reach (exit 255): `rayflow down` then keeps the
+    record."""
     auth = config.get("auth") or {}
     # else the ssh agent's
     key = ["-i", os.path.expanduser(auth["ssh_private_key"])] if auth.get("ssh_private_key") else []
     user = f"{auth['ssh_user']}@" if auth.get("ssh_user") else ""
+    unreached = []
     for ip in config["provider"].get("worker_ips") or []:
-        subprocess.run(
+        done = subprocess.run(
             [
                 "ssh",
                 *key,
@@ -187,3 +300,6 @@ def stop_local_workers(config: dict) -> None:
             stderr=subprocess.DEVNULL,
             timeout=120,
         )
+        if done.returncode == 255:  # ssh's own failure: the host was not reached
+            unreached.append(ip)
+    return unreached

@@ -5,7 +5,9 @@ A cluster is found again by its name only through this user's own state folder
 (`~/.cache/rayflow/vm`, or under $XDG_CACHE_HOME; 0700, checked to be this user's, never a shared
 /tmp path): `NAME.json` records the run that started the cluster (`owner_run`), whether it was kept
 (`keep_cluster=true`), the run that holds it now (`holder`: run id, pid and the process's start
-time, so a reused pid is not mistaken for it) and how to reach and stop it. Claims go through
+time, so a reused pid is not mistaken for it) and how to reach and stop it (`stop`: the cluster
+YAML of an SDK cluster, kept beside it in `NAME/NAME.yaml` (rayflow.backends.vm.owned), or a fake
+cluster's temp dir). Claims go through
 `NAME.lock` (filelock, a bounded wait): a run either claims the name for a cluster it starts, joins
 a kept cluster that no live run holds, or is refused in one line naming backend.cluster_name. A run
 tears down only a cluster it started and did not keep; at its end it lets go of the name
