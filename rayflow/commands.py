@@ -1,6 +1,8 @@
 """`rayflow status`, `rayflow down NAME|--all` and `rayflow logs NAME [JOB] [--follow]`: the kept
 clusters, seen and stopped from the command line (rayflow.orchestrator.clusters does the work; the
-same calls are `rayflow.clusters()`, `rayflow.down()` and `rayflow.logs()`).
+same calls are `rayflow.clusters()`, `rayflow.down()` and `rayflow.logs()`); and `rayflow key`, this
+user's public key (rayflow.security.keys), which signs their experiments: what a teammate lists in
+`trusted_signers`.
 
 Exit codes as a run's: 0 done, 1 a cluster failed to answer or to go, 2 bad input (an unknown
 name, a cluster in use without --force), one line naming what was wrong.
@@ -13,7 +15,7 @@ import contextlib
 import json
 import sys
 
-COMMANDS = ("status", "down", "logs")
+COMMANDS = ("status", "down", "logs", "key")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +32,11 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("name", help="NAME or BACKEND/NAME")
     logs.add_argument("job", nargs="?", help="the job's submission id")
     logs.add_argument("--follow", action="store_true", help="stream it until the job ends")
+    sub.add_parser(
+        "key",
+        help="this user's public key, which signs their experiments: what a teammate lists in "
+        "trusted_signers to resume them",
+    )
     return parser
 
 
@@ -87,6 +94,14 @@ def main(argv: list[str]) -> None:
     from rayflow.orchestrator import clusters
 
     args = _parser().parse_args(argv)
+    if args.command == "key":  # on stdout alone, for scripts
+        from rayflow.security.keys import public_id
+
+        try:
+            print(public_id())
+        except ClusterError as err:
+            _fail(err, 1)
+        return
     # What Ray's launcher prints while a cluster is reached (its SSH settings bootstrapped) goes
     # to stderr: stdout is the answer alone (`status --json` feeds scripts).
     quiet = contextlib.redirect_stdout(sys.stderr)

@@ -83,7 +83,8 @@ RLLIB = [
     "workload.checkpoint_every=1",
     "backend.num_cpus=1",
 ]
-CONTINUE = re.compile(r"Continue with: (python -m rayflow \S+)")
+# the whole command: it carries what a resume takes from its command line only (backend.num_cpus)
+CONTINUE = re.compile(r"Continue with: (python -m rayflow resume=.+)$", re.M)
 NO_CHECKPOINT = "saved no checkpoint"
 
 
@@ -189,8 +190,9 @@ def _saved_experiment(tmp_path, *overrides: str):
     import json
 
     from rayflow.orchestrator.compose import compose_config
-    from rayflow.orchestrator.resume import group_choices, resumed_keys
+    from rayflow.orchestrator.resume import RESUMED_GROUPS, carried, group_choices, resumed_keys
     from rayflow.results.experiment import STATE_FILE
+    from rayflow.results.signing import sign_folder
     from rayflow.schema.values import to_container
     from rayflow.security.redaction import redact
 
@@ -199,10 +201,12 @@ def _saved_experiment(tmp_path, *overrides: str):
     path.mkdir()
     state = {
         "mlflow_run_id": None,
-        "choices": group_choices(list(overrides)),
+        "choices": {g: c for g, c in group_choices(list(overrides)).items() if g in RESUMED_GROUPS},
         "config": {k: to_container(cfg)[k] for k in resumed_keys(cfg)},
+        "asks": carried(list(overrides))[1],  # the secrets its resume command leaves out
     }
     (path / STATE_FILE).write_text(json.dumps(redact(state)))
+    sign_folder(str(path), str(cfg.workload.name))  # as its run signs it
     return path, to_container(cfg)
 
 
@@ -221,12 +225,12 @@ def test_a_resume_composes_the_experiments_workload_and_keys(tmp_path):
     point, cfg = resumed(
         [f"resume={path}", "tracking=none"], compose_config(f"resume={path}", "tracking=none")
     )
-    assert (
-        to_container(cfg.workload) == first["workload"]
-        and to_container(cfg.backend) == first["backend"]
-    )
+    assert to_container(cfg.workload) == first["workload"]
     assert cfg.tracking.enabled is False  # the command line's own choice goes on top
-    assert "workload=tune" in point and "backend=attach" in point and point[-1] == f"resume={path}"
+    assert "workload=tune" in point and point[-1] == f"resume={path}"
+    # the backend is this invocation's, never the experiment's (issue 43: a store's state does
+    # not choose where the run goes or with which credentials)
+    assert "backend=attach" not in point and cfg.backend.name == "local"
 
 
 def test_a_resume_refuses_in_one_line_what_would_change_the_trials(tmp_path):

@@ -160,10 +160,12 @@ def _experiment(tmp_path, name: str, workload: str = "cifar"):
     import json
 
     from rayflow.results.experiment import STATE_FILE
+    from rayflow.results.signing import sign_folder
 
     path = tmp_path / "results" / name
     path.mkdir(parents=True)
     (path / STATE_FILE).write_text(json.dumps({"config": {"workload": {"name": workload}}}))
+    sign_folder(str(path), workload)  # as its run signs it: this user's own experiment
     return path
 
 

@@ -22,7 +22,13 @@ from rayflow.errors import ConfigError, RunFailed, RunInterrupted, Terminated
 from rayflow.orchestrator.cluster import SharedCluster
 from rayflow.orchestrator.preflight import Plan
 from rayflow.orchestrator.report import report
-from rayflow.orchestrator.resume import group_choices, resumed_keys
+from rayflow.orchestrator.resume import (
+    RESUMED_GROUPS,
+    carried,
+    group_choices,
+    resume_command,
+    resumed_keys,
+)
 from rayflow.orchestrator.submission import (
     SUBMITTED_BY,
     SUBMITTED_FROM,
@@ -53,7 +59,7 @@ def run_here(plan: Plan, cluster: SharedCluster, experiment: Experiment) -> RunR
     result = _new_result(plan, experiment, tracker)
     # the experiment's state, read once
     state = read_state(experiment) if cfg.resume is not False else {}
-    path = experiment.location
+    hint = _resume_hint(plan, experiment.location)
     status = "FAILED"
     import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
 
@@ -68,12 +74,12 @@ def run_here(plan: Plan, cluster: SharedCluster, experiment: Experiment) -> RunR
             )
             result.summary, peak = _run_watched(plan, tracker, experiment, result)
             report(cfg, tracker, result.summary, experiment, peak, plan.workload)
-            _raise_unfinished(result, path)
+            _raise_unfinished(result, hint)
             status = "FINISHED"
             return result
         except (KeyboardInterrupt, SystemExit) as stop:
             status = "KILLED"
-            _translate_interrupt(stop, result, path)
+            _translate_interrupt(stop, result, hint)
             raise
         finally:
             tracker.end(status)
@@ -132,14 +138,17 @@ def _start_tracking(
         tracker.log_metrics(json.loads(os.environ[SUBMITTED_METRICS]))
     elif started:
         tracker.log_metrics(handle.metrics)
-    # what a resume composes again (rayflow.orchestrator.resume): the choices and the keys, masked
+    # what a resume composes again (rayflow.orchestrator.resume): the choices and the keys it may
+    # restore, masked, and the keys of the secrets its command leaves out (it asks for them)
     config = to_container(cfg)
-    choices = group_choices(list(plan.overrides))
+    choices = {g: c for g, c in group_choices(list(plan.overrides)).items() if g in RESUMED_GROUPS}
     kept = {k: config[k] for k in resumed_keys(cfg) if k in config}
-    if os.environ.get(SUBMITTED_FROM):  # a submitted run: resumed as the side that submitted it
-        origin = json.loads(os.environ[SUBMITTED_FROM])
-        choices["backend"], kept["backend"] = origin["choice"], origin["backend"]
-    saved = {"mlflow_run_id": tracker.run_id, "choices": choices, "config": kept}
+    saved = {
+        "mlflow_run_id": tracker.run_id,
+        "choices": choices,
+        "config": kept,
+        "asks": _carried(plan)[1],
+    }
     write_state(experiment, {**state, **redact(saved)})  # keeps what the workload saved (resume)
 
 
@@ -207,36 +216,44 @@ def _node_env(plan: Plan, experiment: Experiment) -> dict[str, str]:
     return {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
 
 
-def _resume_hint(path: str) -> str:
-    return f"Continue with: python -m rayflow resume={path}"
+def _carried(plan: Plan) -> tuple[list[str], list[str]]:
+    """What the resume command carries (rayflow.orchestrator.resume.carried), and the keys of the
+    secrets it leaves out: this invocation's own; a submitted run's, the side's that submitted it
+    (its backend, not the job's `attach`)."""
+    if os.environ.get(SUBMITTED_FROM):
+        origin = json.loads(os.environ[SUBMITTED_FROM])
+        return list(origin.get("carried", [])), list(origin.get("asks", []))
+    return carried(plan.overrides)
 
 
-def _raise_unfinished(result: RunResult, path: str) -> None:
+def _resume_hint(plan: Plan, where: str) -> str:
+    """The one instruction that continues the experiment at `where`, pasted as it is printed."""
+    return f"Continue with: {resume_command(where, _carried(plan)[0])}"
+
+
+def _raise_unfinished(result: RunResult, hint: str) -> None:
     """A run interrupted (its state saved) or with errored trials ends in its exception."""
     summary = result.summary
     if summary.interrupted:
-        raise RunInterrupted(f"interrupted; state saved. {_resume_hint(path)}", result)
+        raise RunInterrupted(f"interrupted; state saved. {hint}", result)
     if summary.errored:
         cause = f": {summary.error}" if summary.error else ""
         raise RunFailed(
-            f"{summary.errored} trial(s) errored{cause}; their errors are above and in {path}. "
-            f"{_resume_hint(path)}",
+            f"{summary.errored} trial(s) errored{cause}; their errors are above and in "
+            f"{result.location}. {hint}",
             result,
         )
 
 
-def _translate_interrupt(stop: BaseException, result: RunResult, path: str) -> None:
+def _translate_interrupt(stop: BaseException, result: RunResult, hint: str) -> None:
     """A terminating signal becomes Terminated (exit 128 + N), Ctrl-C RunInterrupted (exit 130);
     either way the state is saved and the resume command printed. Anything else goes on as it is."""
     code = termination_exit_code()
     if code:
-        print(
-            f"rayflow: stopped by signal {code - 128}; state saved. {_resume_hint(path)}",
-            file=sys.stderr,
-        )
+        print(f"rayflow: stopped by signal {code - 128}; state saved. {hint}", file=sys.stderr)
         raise Terminated(code) from None
     if isinstance(stop, KeyboardInterrupt) and not isinstance(stop, RunInterrupted):
-        raise RunInterrupted(f"interrupted; state saved. {_resume_hint(path)}", result) from None
+        raise RunInterrupted(f"interrupted; state saved. {hint}", result) from None
 
 
 def _job_env(tracker: Tracker) -> dict[str, str]:

@@ -24,7 +24,7 @@ from rayflow.orchestrator.clusters import job_ran
 from rayflow.orchestrator.job_files import job_files
 from rayflow.orchestrator.job_logs import JOB_LOG, print_last_lines
 from rayflow.orchestrator.preflight import Plan
-from rayflow.orchestrator.resume import group_choices
+from rayflow.orchestrator.resume import carried, resume_command
 from rayflow.orchestrator.submission import (
     FORWARDED_ENV,
     SUBMITTED_BY,
@@ -45,6 +45,8 @@ from rayflow.results.run_result import (
 )
 from rayflow.results.storage import is_uri
 from rayflow.results.storage import join as storage_join
+from rayflow.results.storage import name as storage_name
+from rayflow.results.trust import delegation_env
 from rayflow.runtime.signals import termination_exit_code
 from rayflow.schema.values import to_container
 from rayflow.security.redaction import mask_text, redact
@@ -65,8 +67,9 @@ def _request(plan: Plan, tracker: Tracker) -> dict[str, list[str]]:
                 if not is_uri(value)
             }
         )
-    if is_uri(cfg.storage_path) and cfg.resume is False:
-        # named here, so this side knows where the experiment goes (its resume command)
+    if cfg.resume is False:
+        # named here, so this side knows where the experiment goes (its resume command, the
+        # experiment its signing key is for)
         absolute["experiment_name"] = str(cfg.experiment_name)
     if tracker.enabled:
         absolute["tracking.uri"] = tracker.absolute_uri
@@ -112,15 +115,22 @@ def _env(plan: Plan, cluster: SharedCluster, started: bool) -> dict[str, str]:
         SUBMITTED_FROM: json.dumps(_submitted_from(plan)),
         **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k) and k not in withheld},
         **(GRACEFUL_STOP if on_object_store(plan.cfg) else {}),
+        **delegation_env(_experiment_name(plan)),  # it signs the experiment as this user's
     }
 
 
 def _submitted_from(plan: Plan) -> dict[str, Any]:
-    """This side's backend, as the experiment's state keeps it for a resume: a resume, here or
-    anywhere, starts a cluster as this run did, not the job's `backend=attach` to a head that
-    will be gone."""
-    choice = group_choices(list(plan.overrides)).get("backend") or str(plan.cfg.backend.name)
-    return {"choice": choice, "backend": redact(to_container(plan.cfg.backend), ("backend",))}
+    """What this side's command line gives a resume (rayflow.orchestrator.resume.carried): the job
+    prints the resume command as this side would, not with the job's `backend=attach` to a head
+    that will be gone."""
+    shown, asks = carried(plan.overrides)
+    return {"carried": shown, "asks": asks}
+
+
+def _experiment_name(plan: Plan) -> str:
+    """The name of the experiment the job writes (a new one may get a `-N` suffix there)."""
+    cfg = plan.cfg
+    return storage_name(str(cfg.resume)) if cfg.resume is not False else str(cfg.experiment_name)
 
 
 def run_submitted(plan: Plan, cluster: SharedCluster) -> RunResult:
@@ -164,7 +174,8 @@ def _outliving(plan: Plan) -> str:
         return ""
     where = cfg.resume if isinstance(cfg.resume, str) else None
     where = where or storage_join(str(cfg.storage_path), str(cfg.experiment_name))
-    return f" Continue it on a new cluster with: python -m rayflow resume={where}"
+    command = resume_command(where, carried(plan.overrides)[0])
+    return f" Continue it on a new cluster with: {command}"
 
 
 def _stopped(outliving: str) -> None:

@@ -1,17 +1,25 @@
 """resume=PATH (or true): the experiment's own config again, with the command line's keys on top.
 
 An experiment's state (rayflow.results.experiment) records the group choices of its command line and
-the sections of its config that a resume restores: those of the trials (the workload, the sections
-it brings such as `data`, seed, compute) and of where they ran (backend, tracking); the root's other
-keys (storage_path, schedule_timeout_s, ...) are the resume command's own. Keys that shape what the
-trials run are kept as the experiment ran them (Tuner.restore and Ray Train keep their own): a
-different value on the resume command line is refused, naming it, rather than silently ignored; a
-section's model names the keys a resume may change (`resume_may_change`: where the job's files or
-the data come from).
+the sections of its config that a resume restores. What it may restore is an allow-list: the
+trials' own (the workload and its choice, the sections it brings such as `data`, seed, compute).
+Nothing that says where the run goes or with which credentials comes from it, even from a signed
+experiment (it was read back from a store): the backend (its choice and keys: credentials, a
+kubeconfig, a cluster file), the tracking section and its address, ray_auth_mode and
+hydra.searchpath are this invocation's own, like the root's other keys (storage_path,
+schedule_timeout_s, ...). So the resume command rayflow prints (`resume_command`) carries them, as
+this invocation gave them, but for secrets (a resume asks for those by name).
+
+Keys that shape what the trials run are kept as the experiment ran them (Tuner.restore and Ray
+Train keep their own): a different value on the resume command line is refused, naming it, rather
+than silently ignored; a section's model names the keys a resume may change (`resume_may_change`:
+where the job's files or the data come from). The experiment is verified (rayflow.results
+.verification) before its state is read.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from omegaconf import DictConfig
@@ -22,9 +30,13 @@ from rayflow.results.experiment import Experiment, read_state, resumed_folder
 from rayflow.workloads import workload_keys
 
 GROUPS = ("backend", "workload", "compute", "tracking")  # the defaults list's choices
-# Always restored: the trials' sections and where they ran; the workload's own sections come on top.
-RESUMED_KEYS = ("workload", "seed", "compute", "backend", "tracking")
+RESUMED_GROUPS = ("workload", "compute")  # the choices an experiment's state may set again
+# The sections it may set again (the workload's own sections come on top): the trials' own.
+RESUMED_KEYS = ("workload", "seed", "compute")
 TRIAL_KEYS = ("workload", "seed", "compute")  # the trials' own, fixed on resume
+# What a resume takes from its command line only, and the resume command carries from this one.
+CARRIED_KEYS = ("backend", "tracking", "ray_auth_mode", "hydra.searchpath", "storage_shared")
+CHOICE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,99}")  # an option's name in a group
 
 
 def _sections(cfg: DictConfig) -> dict[str, Any]:
@@ -53,14 +65,42 @@ def _key(override: str) -> str:
 
 
 def group_choices(overrides: list[str]) -> dict[str, str]:
-    """The defaults-list choices a command line makes (`workload=tune`), and its
-    hydra.searchpath (the user's own options): what an experiment's state records to compose
-    its config again on resume."""
-    return {
-        _key(o): o.split("=", 1)[1]
-        for o in overrides
-        if "=" in o and (_key(o) in GROUPS or _key(o) == "hydra.searchpath")
-    }
+    """The defaults-list choices a command line makes (`workload=tune`, `backend=vm`)."""
+    return {_key(o): o.split("=", 1)[1] for o in overrides if "=" in o and _key(o) in GROUPS}
+
+
+def carried(overrides: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(the overrides of a command line that a resume of its experiment needs again: CARRIED_KEYS,
+    the backend's choice and keys, tracking, ray_auth_mode, hydra.searchpath, storage_shared;
+    the keys of those among them that hold a secret, left out: a resume asks for them by name)."""
+    shown: list[str] = []
+    withheld: list[str] = []
+    for override in overrides:
+        key = _key(override)
+        if _within(key, CARRIED_KEYS):
+            (withheld if _secret(override) else shown).append(override)
+    return shown, sorted({_key(o) for o in withheld})
+
+
+def _secret(override: str) -> bool:
+    """Whether an override holds a secret: its text masked when printed, or its value masked in a
+    config (rayflow.security.redaction)."""
+    from rayflow.security.redaction import mask_text, redact
+
+    if mask_text(override) != override:
+        return True
+    nested: Any = override.split("=", 1)[1] if "=" in override else ""
+    for part in reversed(_key(override).split(".")):
+        nested = {part: nested}
+    return bool(redact(nested) != nested)
+
+
+def resume_command(where: str, overrides: list[str] | tuple[str, ...]) -> str:
+    """The command that continues the experiment at `where`, for a user to paste: `resume=` and
+    what it does not restore from the experiment (`carried`), each quoted for a shell."""
+    import shlex
+
+    return shlex.join(["python", "-m", "rayflow", f"resume={where}", *overrides])
 
 
 def _within(key: str, keys: tuple[str, ...] | set[str]) -> bool:
@@ -73,9 +113,10 @@ def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
     differs from the experiment's is refused, naming it; a secret the state holds masked comes
     from the command line or the environment (its interpolation), or is refused. `resume` becomes
     the folder, so every later look-up finds this same experiment."""
-    path = resumed_folder(cfg)
+    path = resumed_folder(cfg)  # found, and verified before anything of it is read
     state = read_state(path)
     saved = state.get("config", {})
+    saved = saved if isinstance(saved, dict) else {}
     choices = _saved_choices(state, saved, group_choices(point), path)
     point = [f"{g}={c}" for g, c in choices.items() if g not in group_choices(point)] + [
         o for o in point if _key(o) != "resume"
@@ -88,20 +129,51 @@ def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
     for key in sorted(given):
         if _within(key, fixed) and not _within(key, changeable):
             _check_unchanged(cfg, key, saved, path)
+    _asks(cfg, state, given)
     same_groups = {g for g in GROUPS if group_choices(point).get(g) == choices.get(g)}
     _restore_sections(cfg, saved, given, same_groups)
     return point, cfg
 
 
+KEY = re.compile(r"[A-Za-z_][\w\-]{0,99}(?:\.[A-Za-z_][\w\-]{0,99}){0,9}")  # a config key's path
+
+
+def _asks(cfg: DictConfig, state: dict[str, Any], given: set[str]) -> None:
+    """A secret the experiment's run was given, and its resume command leaves out (`carried`):
+    refused, naming it, unless given now (the state records its key, never its value)."""
+    from omegaconf import OmegaConf
+
+    recorded = state.get("asks")
+    asked: list[Any] = recorded if isinstance(recorded, list) else []
+    for key in asked[:100]:
+        if not isinstance(key, str) or not KEY.fullmatch(key) or not _within(key, CARRIED_KEYS):
+            continue
+        if key not in given:
+            how = (
+                f"+{key}=..." if OmegaConf.select(cfg, key, default=None) is None else f"{key}=..."
+            )
+            raise ConfigError(
+                key,
+                "the experiment's run was given it, and a resume takes it from its command line "
+                f"only (a secret: not in the printed command): give it again ({how})",
+            )
+
+
 def _saved_choices(
     state: dict[str, Any], saved: dict[str, Any], given: dict[str, str], path: Experiment
 ) -> dict[str, str]:
-    """The experiment's group choices; the command line may not choose another workload or
-    compute."""
-    choices: dict[str, str] = state.get("choices") or {}
+    """The experiment's group choices it may set again (RESUMED_GROUPS); the command line may not
+    choose another workload or compute."""
+    found = state.get("choices")
+    recorded: dict[str, Any] = found if isinstance(found, dict) else {}
+    choices = {g: str(c) for g, c in recorded.items() if g in RESUMED_GROUPS}
     if not choices and isinstance(saved.get("workload"), dict) and saved["workload"].get("name"):
         choices = {"workload": str(saved["workload"]["name"])}  # an experiment of an older rayflow
     for group, choice in choices.items():
+        if not CHOICE.fullmatch(choice):
+            raise ConfigError(
+                "resume", f"{path} records {group}={choice[:100]!r}, which is not an option's name"
+            )
         if group in ("workload", "compute") and given.get(group, choice) != choice:
             raise ConfigError(
                 group,

@@ -8,8 +8,13 @@ folder itself, or for an object store a private local mirror of it, pulled (chec
 when a run claims it and after the run, and pushed to as rayflow writes.
 
 A local folder is made atomically (mkdir) and held with an flock; an object store has neither, so
-a run there holds a lease (LOCK_FILE, renewed while it runs): one not renewed for LEASE_S is a run
-that ended without letting go (its machine, or its whole cluster, went).
+a run there holds a lease (LOCK_FILE, renewed while it runs, signed: rayflow.results.trust): one not
+renewed for LEASE_S is a run that ended without letting go (its machine, or its whole cluster,
+went), and one not signed by a trusted key is no run's (one warning, and passed by).
+
+Every experiment is signed by the run that holds it (rayflow.results.signing), and a resume reads
+nothing of one before it is verified (rayflow.results.verification): `locate` finds only
+experiments signed by a trusted key (this user's, or one in `trusted_signers`).
 """
 
 from __future__ import annotations
@@ -17,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,22 +30,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayflow.errors import ConfigError
-from rayflow.results import storage
+from rayflow.results import signing, storage, trust, verification
+from rayflow.results.signing import LOCK_FILE, is_checkpoint_file
 from rayflow.security.auth import cache_dir
 
 STATE_FILE = "rayflow.json"  # next to Tune's own state: the MLflow parent run, for resume
-# Held (flock) by the run that uses the experiment folder, for as long as it runs: a resume of it
-# meanwhile is refused, and `resume=true` passes it by. The OS lets go of it when the run's
-# process ends, however it ends, so a crashed run leaves no stale lock. On an object store: the
-# lease object, renewed every LEASE_RENEW_S.
-LOCK_FILE = ".rayflow.lock"
+STATE_MAX = 8 * 2**20  # bytes of a STATE_FILE rayflow reads
+# LOCK_FILE: held (flock) by the run that uses the experiment folder, for as long as it runs: a
+# resume of it meanwhile is refused, and `resume=true` passes it by. The OS lets go of it when the
+# run's process ends, however it ends, so a crashed run leaves no stale lock. On an object store:
+# the lease object, renewed every LEASE_RENEW_S.
 LEASE_S, LEASE_RENEW_S = 90.0, 20.0
 SUFFIXES_MAX = 1000  # `-1` ... `-999` after an experiment_name whose folder exists
-
-
-def _is_checkpoint_file(relative: str) -> bool:
-    """A file inside a checkpoint folder: the mirror has the folder, not its files."""
-    return any(part.startswith("checkpoint_") for part in relative.split("/")[:-1])
+# What the mirror of an experiment (its files but its checkpoints') may hold
+MIRROR_FILES_MAX, MIRROR_BYTES_MAX = 100_000, 4 * 2**30
+__all__ = ["LOCK_FILE", "STATE_FILE", "Experiment"]
 
 
 @dataclass(frozen=True)
@@ -71,14 +73,24 @@ class Experiment:
     def __str__(self) -> str:
         return self.location
 
-    def pull(self) -> Path:
-        """The mirror made afresh from the store (checkpoint folders without their files)."""
+    def pull(self, key: str = "resume") -> Path:
+        """The mirror made afresh from the store (checkpoint folders without their files); past
+        its caps, one ConfigError naming `key` (the setting that named the experiment)."""
         if self.remote:
             root = self.dir.parent
             root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir.mkdir(parents=True)
-            storage.pull(self.location, self.dir, skip=_is_checkpoint_file)
+            try:
+                storage.pull(
+                    self.location,
+                    self.dir,
+                    skip=is_checkpoint_file,
+                    max_files=MIRROR_FILES_MAX,
+                    max_bytes=MIRROR_BYTES_MAX,
+                )
+            except storage.ReadRefused as err:
+                raise ConfigError(key, str(err)) from None
         return self.dir
 
     def push(self, relative: str) -> None:
@@ -114,58 +126,92 @@ def _join(base: str, name: str) -> str:
 
 
 def _state_names(base: str, workload: str) -> list[str]:
-    """The experiments of `workload` under `base` (folders `<workload>-*` with a STATE_FILE)."""
+    """The folders under `base` that may be experiments of `workload` (`<workload>-*`, with a
+    STATE_FILE or a manifest)."""
     if not storage.is_uri(base):
-        return [p.parent.name for p in Path(base).glob(f"{workload}-*/{STATE_FILE}")]
+        return sorted(
+            {
+                p.parent.name
+                for f in (STATE_FILE, signing.MANIFEST)
+                for p in Path(base).glob(f"{workload}-*/{f}")
+            }
+        )
     return [
         n
         for n in storage.children(base)
-        if n.startswith(f"{workload}-") and storage.modified(storage.join(base, n, STATE_FILE))
+        if n.startswith(f"{workload}-")
+        and any(storage.modified(storage.join(base, n, f)) for f in (STATE_FILE, signing.MANIFEST))
     ]
 
 
-def _saved_at(experiment: Experiment) -> float:
-    if experiment.remote:
-        return storage.modified(storage.join(experiment.location, STATE_FILE)) or 0.0
-    return (experiment.dir / STATE_FILE).stat().st_mtime
+def trusted_signers(cfg) -> tuple[str, ...]:
+    """The keys besides this user's whose experiments a resume believes (`trusted_signers`)."""
+    return tuple(str(k) for k in (cfg.get("trusted_signers") or ()))
 
 
 def locate(cfg) -> Experiment:
     """The experiment of this invocation: the one `resume` names (checked: a rayflow experiment
-    of this workload that no run holds now), or, for a new one, where it would go
-    (claimed_experiment makes it, with a suffix if another run took the name meanwhile).
+    of this workload, signed by a trusted key, that no run holds now), or, for a new one, where it
+    would go (claimed_experiment makes it, with a suffix if another run took the name meanwhile).
 
-    Every rayflow experiment folder has its STATE_FILE, written before the workload starts.
+    Every rayflow experiment folder has its STATE_FILE, written before the workload starts, and
+    its manifest, signed from then on.
     """
     base = _storage(cfg)
-    resume, name = cfg.resume, str(cfg.workload.name)
-    if resume is False:
+    if cfg.resume is False:
         return Experiment(_join(base, str(cfg.experiment_name)))
-    if resume is True:
-        candidates = [
-            Experiment(_join(base, n))
-            for n in _state_names(base, name)
-            if _workload_of(Experiment(_join(base, n))) in (None, name)
-        ]
-        if not candidates:
-            raise ConfigError("resume", f"no {name} experiment under {base} to resume")
-        idle = [e for e in candidates if not is_running(e)]
-        if not idle:
-            raise ConfigError(
-                "resume",
-                f"every {name} experiment under {base} is running now (resume=true passes "
-                "running ones by); give resume=PATH once its run has ended",
-            )
-        return max(idle, key=_saved_at)
-    found = resumed_folder(cfg)
-    saved = _workload_of(found)
+    if cfg.resume is True:
+        return _verified(cfg, _latest(cfg, base))
+    found, saved = _named(cfg)
+    name = str(cfg.workload.name)
     if saved not in (None, name):  # its config would be merged into another workload's keys
         raise ConfigError(
             "resume",
             f"{found} is an experiment of workload {saved}, not {name}; resume it with "
             f"workload={saved}",
         )
+    return _verified(cfg, found)
+
+
+def _verified(cfg, found: Experiment) -> Experiment:
+    """`found`, its files verified (once: later reads check against what was verified)."""
+    if verification.baseline(found.location) is None:
+        verification.verify(found.location, trusted_signers(cfg))
     return found
+
+
+def _latest(cfg, base: str) -> Experiment:
+    """resume=true: the latest experiment of the workload under `base` that a trusted key signed
+    (by its signature's time) and no run holds; the others are passed by, and counted."""
+    name = str(cfg.workload.name)
+    passed = {"unsigned": 0, "untrusted": 0}
+    candidates = []
+    for folder in _state_names(base, name):
+        experiment = Experiment(_join(base, folder))
+        status, found = verification.signature(experiment.location, trusted_signers(cfg))
+        if status != "signed":
+            passed[status] += 1
+        elif found.get("workload") == name:
+            candidates.append((float(found.get("signed_at") or 0.0), experiment))
+    if not candidates:
+        raise ConfigError("resume", f"no {name} experiment under {base} to resume{_passed(passed)}")
+    idle = [(at, e) for at, e in candidates if not is_running(e, trusted_signers(cfg))]
+    if not idle:
+        raise ConfigError(
+            "resume",
+            f"every {name} experiment under {base} is running now (resume=true passes "
+            "running ones by); give resume=PATH once its run has ended",
+        )
+    return max(idle, key=lambda pair: pair[0])[1]
+
+
+def _passed(passed: dict[str, int]) -> str:
+    said = [
+        f"{passed['unsigned']} unsigned" if passed["unsigned"] else "",
+        f"{passed['untrusted']} signed by a key not trusted" if passed["untrusted"] else "",
+    ]
+    said = [s for s in said if s]
+    return f" (passed by: {' and '.join(said)}; trusted_signers names other keys)" if said else ""
 
 
 def experiment_dir(cfg) -> Path:
@@ -174,42 +220,47 @@ def experiment_dir(cfg) -> Path:
 
 
 def resumed_folder(cfg) -> Experiment:
-    """The experiment `resume` names, whatever its workload (the resume composes its config
-    from it: rayflow.orchestrator.compose.resumed): a rayflow experiment folder that no run holds
-    now. resume=true: the latest of the workload the command line composes to (locate)."""
+    """The experiment `resume` names, whatever its workload (the resume composes its config from
+    it: rayflow.orchestrator.resume.resumed), verified. resume=true: the latest of the workload
+    the command line composes to."""
     if cfg.resume is True:
         return locate(cfg)
+    return _verified(cfg, _named(cfg)[0])
+
+
+def _named(cfg) -> tuple[Experiment, str | None]:
+    """The experiment resume=PATH names, and its workload: a rayflow experiment folder, signed by
+    a trusted key (its signature alone: `_verified` has its files verified), that no run holds
+    now."""
     value = str(cfg.resume)
     found = Experiment(
         value.rstrip("/") if storage.is_uri(value) else str(Path(value).expanduser().resolve())
     )
-    if not read_state(found):
+    status, manifest = verification.signature(found.location, trusted_signers(cfg))
+    if status == "unsigned" and not found.has(STATE_FILE):
         raise ConfigError(
             "resume", f"{found} is not a rayflow experiment folder (no {STATE_FILE} there)"
         )
-    if is_running(found):
+    if status != "signed":  # its refusal, in words
+        verification.verify(found.location, trusted_signers(cfg))
+    if is_running(found, trusted_signers(cfg)):
         raise ConfigError(
             "resume",
             f"{found} is running now (another run holds {_join(found.location, LOCK_FILE)}); "
             "resume it once that run has ended",
         )
-    return found
+    saved = manifest.get("workload")
+    return found, str(saved) if saved else None
 
 
-def _workload_of(experiment: Experiment) -> str | None:
-    """The workload name an experiment ran, as its STATE_FILE says (None: it does not say)."""
-    saved = read_state(experiment).get("config", {}).get("workload", {})
-    return str(saved["name"]) if isinstance(saved, dict) and saved.get("name") else None
-
-
-def is_running(experiment: Experiment | Path) -> bool:
+def is_running(experiment: Experiment | Path, trusted: tuple[str, ...] = ()) -> bool:
     """Whether a run holds the experiment now (its lock tried without waiting and let go at once;
-    on an object store, a lease renewed within LEASE_S)."""
+    on an object store, a lease signed by a trusted key and renewed within LEASE_S: one not
+    signed so is one warning, and no run's)."""
     from filelock import FileLock, Timeout
 
     if isinstance(experiment, Experiment) and experiment.remote:
-        at = storage.modified(storage.join(experiment.location, LOCK_FILE))
-        return at is not None and time.time() - at < LEASE_S
+        return _leased_now(experiment, trusted)
     lock = FileLock(str(Path(str(experiment)) / LOCK_FILE))
     try:
         lock.acquire(timeout=0)
@@ -222,15 +273,52 @@ def is_running(experiment: Experiment | Path) -> bool:
     return False
 
 
+_warned: set[str] = set()  # the leases this process said it passes by
+
+
+def _leased_now(experiment: Experiment, trusted: tuple[str, ...]) -> bool:
+    uri = storage.join(experiment.location, LOCK_FILE)
+    at = storage.modified(uri)
+    if at is None or time.time() - at >= LEASE_S:
+        return False
+    try:
+        text = storage.read_text(uri, trust.LEASE_MAX)
+    except (storage.ReadRefused, UnicodeDecodeError):
+        text = None
+    who = trust.lease_issuer(text, experiment.location, experiment.name)
+    if who is None or who not in trust.trusted(trusted):
+        if uri not in _warned:  # once: a resume asks more than once
+            _warned.add(uri)
+            signing.warn(
+                f"{uri} is not a lease signed by a trusted key: no run of this user's holds the "
+                "experiment, and it is passed by"
+            )
+        return False
+    return text is not None and trust.lease_age(text) < LEASE_S
+
+
 @contextlib.contextmanager
 def claimed_experiment(cfg) -> Iterator[Experiment]:
-    """The experiment of this run, held while the block runs: a new one (two runs started in the
-    same second get two folders, the second with a suffix), or the one `resume` names. A new
-    folder the run left empty (it failed before it began) goes again."""
-    if on_object_store(cfg):
-        with _leased(cfg) as experiment:
-            yield experiment
-        return
+    """The experiment of this run, held while the block runs, and signed (rayflow.results
+    .signing): a new one (two runs started in the same second get two folders, the second with a
+    suffix), or the one `resume` names, verified again once held. A new folder the run left empty
+    (it failed before it began) goes again."""
+    holder = _leased if on_object_store(cfg) else _locked
+    with holder(cfg) as experiment:
+        baseline = None
+        if cfg.resume is not False:  # held now: what it holds is what the run goes on from
+            baseline = verification.verify(experiment.location, trusted_signers(cfg))
+        try:
+            found = (baseline.files, baseline.listing) if baseline else None
+            with signing.signed(experiment.location, str(cfg.workload.name), found):
+                yield experiment
+        finally:
+            verification.forget(experiment.location)
+
+
+@contextlib.contextmanager
+def _locked(cfg) -> Iterator[Experiment]:
+    """A folder of this machine, held with its flock while the block runs."""
     from filelock import FileLock, Timeout
 
     path = _new_folder(cfg) if cfg.resume is False else Path(locate(cfg).location)
@@ -257,10 +345,6 @@ def claimed_experiment(cfg) -> Iterator[Experiment]:
             path.rmdir()
 
 
-def _lease_text() -> str:
-    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
-
-
 @contextlib.contextmanager
 def _leased(cfg) -> Iterator[Experiment]:
     """An object-store experiment held by a lease renewed in a thread while the block runs; the
@@ -278,18 +362,18 @@ def _leased(cfg) -> Iterator[Experiment]:
     else:
         experiment = locate(cfg)
     lock = storage.join(experiment.location, LOCK_FILE)
-    storage.write_text(lock, _lease_text())
+    storage.write_text(lock, trust.lease_text(experiment.location))
     done = threading.Event()
 
     def renew() -> None:
         while not done.wait(LEASE_RENEW_S):
             with contextlib.suppress(OSError):  # a store that failed a moment: the next try
-                storage.write_text(lock, _lease_text())
+                storage.write_text(lock, trust.lease_text(experiment.location))
 
     thread = threading.Thread(target=renew, name="rayflow-experiment-lease", daemon=True)
     thread.start()
     try:
-        experiment.pull()
+        experiment.pull("resume" if cfg.resume is not False else "storage_path")
         yield experiment
     finally:
         done.set()
@@ -317,20 +401,30 @@ def _new_folder(cfg) -> Path:
 
 
 def read_state(experiment: Experiment | Path) -> dict:
-    """The experiment's STATE_FILE ({} where there is none, or it is not JSON)."""
+    """The experiment's STATE_FILE ({} where there is none, or it is not JSON), read at most
+    STATE_MAX bytes, and, of an experiment a resume verified, only as it was verified."""
+    if not isinstance(experiment, Experiment):
+        experiment = Experiment(str(experiment))
     try:
-        if isinstance(experiment, Experiment) and experiment.remote:
-            text = storage.read_text(storage.join(experiment.location, STATE_FILE))
-        else:
-            text = (Path(str(experiment)) / STATE_FILE).read_text()
-        return json.loads(text or "{}")
-    except (OSError, ValueError):
+        data = storage.read_capped(storage.join(experiment.location, STATE_FILE), STATE_MAX)
+    except storage.ReadRefused as err:
+        raise ConfigError("resume", str(err)) from None
+    except OSError:
         return {}
+    verification.check_read(experiment.location, STATE_FILE, data)
+    try:
+        state = json.loads(data or b"{}")
+    except ValueError:
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def write_state(experiment: Experiment | Path, state: dict) -> None:
+    """The experiment's STATE_FILE written (pushed to its store), and the experiment signed."""
     if not isinstance(experiment, Experiment):
         experiment = Experiment(str(experiment))
     experiment.dir.mkdir(parents=True, exist_ok=True)
     (experiment.dir / STATE_FILE).write_text(json.dumps(state, indent=2))
     experiment.push(STATE_FILE)
+    verification.note_own(experiment.location, STATE_FILE)
+    signing.sign_now(experiment.location)

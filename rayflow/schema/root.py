@@ -33,6 +33,26 @@ def _resume(value: Any) -> Any:
 
 
 VERBOSE_MAX = 3
+SIGNERS_MAX = 100  # keys a team may list in trusted_signers
+
+
+def _signers(value: Any) -> list[str]:
+    from rayflow.security.keys import KEY_PREFIX, valid_public_id
+
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of public keys ({KEY_PREFIX}...); got {value!r}")
+    if len(value) > SIGNERS_MAX:
+        raise ValueError(f"lists {len(value)} keys; at most {SIGNERS_MAX}")
+    for item in value:
+        if not isinstance(item, str) or len(item) > 100 or not valid_public_id(item):
+            shown = repr(item)[:60]
+            raise ValueError(
+                f"{shown} is not a rayflow public key (`rayflow key` prints one: {KEY_PREFIX} "
+                "and 43 characters)"
+            )
+    return value
 
 
 def _verbose(value: Any) -> int | bool:
@@ -57,6 +77,7 @@ RayAuthModeKind = OneOf("token", "disabled")
 DeviceKind = OneOf("cpu", "cuda", "auto")
 UriKind = kind("an MLflow tracking URI", _nonblank_uri)
 VerboseKind = kind(f"0 to {VERBOSE_MAX}, true or false", _verbose)
+SignersKind = kind("a list of rayflow public keys", _signers)
 
 
 class Section(BaseModel):
@@ -119,6 +140,12 @@ class Root(Section):
         "the default) nothing more, the autoscaler's lines summarised as one line per scale event; "
         "`1` the autoscaler's own lines; `2` (`true`) also Ray Tune's trial status tables and "
         "start/end boxes; `3` also Tune's box of every reported result"
+    )
+    trusted_signers: SignersKind = Field(
+        description="the public keys (`rayflow key` prints this user's) of the other people whose "
+        "experiments a resume believes, for a team sharing a bucket on purpose; this user's own "
+        "key is always trusted. A resume refuses an experiment that no trusted key signed, or "
+        "that changed since it was signed"
     )
     ray_auth_mode: RayAuthModeKind = Field(
         description="Ray token auth for every cluster rayflow starts or joins, "

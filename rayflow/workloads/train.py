@@ -20,6 +20,8 @@ from omegaconf import OmegaConf
 from rayflow.results import storage
 from rayflow.results.experiment import Experiment, read_state, write_state
 from rayflow.results.records import EPOCHS_FILE
+from rayflow.results.signing import sign_now
+from rayflow.results.verification import check_unchanged
 from rayflow.runtime.placement import Bundle
 from rayflow.runtime.signals import termination_exit_code
 from rayflow.schema.values import to_container
@@ -149,10 +151,13 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
         storage=storage.parent(experiment.location),
         callbacks=[ReportLog(str(path / EPOCHS_FILE), mlflow)],
     )
+    if ctx.resume:  # what Train reloads (its snapshot, checkpoints) is as the resume verified it
+        check_unchanged(experiment.location)
     try:
         ended = _fit(fit, experiment, tracker, run_id)
-    finally:  # the reports rayflow logged beside Train's state (an object store: to it)
+    finally:  # the reports rayflow logged beside Train's state (an object store: to it), signed
         experiment.push(EPOCHS_FILE)
+        sign_now(experiment.location)
     summary = summarize_result(ended.result, train, ended.errored, ended.interrupted)
     summary.error = ended.error
     # what the workers reported

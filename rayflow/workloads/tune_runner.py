@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rayflow.results import storage
+from rayflow.results import signing, storage, verification
 from rayflow.results.experiment import Experiment
 from rayflow.results.records import TUNE_AUTO_KEYS
 from rayflow.runtime.environment import scoped_env
@@ -132,6 +132,9 @@ def run_tune(job: TuneJob, experiment: Experiment, resume: bool = False, env=Non
         else tune.with_resources(job.trainable, job.resources)
     )
     if resume and experiment.has("tuner.pkl"):  # else it stopped before Tune started: start anew
+        # what Tune unpickles (tuner.pkl, its experiment state, the searcher's and the trials'
+        # pickles) is as the resume verified it
+        verification.check_unchanged(experiment.location)
         tuner = tune.Tuner.restore(
             experiment.location,
             trainable,
@@ -142,13 +145,16 @@ def run_tune(job: TuneJob, experiment: Experiment, resume: bool = False, env=Non
         note_restarts(experiment.location)
     else:
         tuner = _new_tuner(job, experiment, trainable)
-    with (
-        _trials_in_prestarted_workers(env or {}),
-        scoped_env(_tune_env(job)),
-        _without_rays_resume_hint(),
-    ):
-        outcome = fit_watching_interrupts(tuner)
-    experiment.pull()
+    try:
+        with (
+            _trials_in_prestarted_workers(env or {}),
+            scoped_env(_tune_env(job)),
+            _without_rays_resume_hint(),
+        ):
+            outcome = fit_watching_interrupts(tuner)
+    finally:  # however fit() ended: what Tune saved is signed at once
+        signing.sign_now(experiment.location)
+    experiment.pull("resume" if resume else "storage_path")
     return outcome
 
 

@@ -1,0 +1,234 @@
+"""Every experiment rayflow writes is signed by the user who wrote it, and verified before a resume
+reads any of it (rayflow.results.trust: whose signatures are believed).
+
+The signature covers a manifest (MANIFEST, in the experiment folder): every file of the experiment
+with its size and sha256 (rayflow's state, Tune's experiment state, tuner.pkl, the searcher's and
+each trial's pickles and results), but inside checkpoint folders, whose files are listed with
+their size, and a digest only where it is cheap (a small file on this machine). A run signs while
+it holds the folder (`signed`): at once where something changed, every SIGN_EVERY_S while it runs,
+and when it ends however it ends, so a run killed outright leaves seconds unsigned. Each signing
+reads only the files that changed since the last (by size and time).
+
+A resume verifies the manifest first (`verify`): unsigned, signed by a key not trusted, or changed
+since it was signed (a file's digest or size, a file added, one removed outside the checkpoint
+folders) is one ConfigError naming `resume`. What it verified is this process's baseline for the
+experiment: a read of rayflow's state, and Tune's or Train's restore, check against it again
+(`check_read`, `check_unchanged`), so nothing changed between the check and the read is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from rayflow.errors import ClusterError
+from rayflow.results import storage, trust
+
+MANIFEST = "rayflow.manifest.json"
+LOCK_FILE = ".rayflow.lock"  # the run's lock or lease (rayflow.results.experiment): not signed
+MANIFEST_MAX = 64 * 2**20  # bytes of a manifest rayflow reads
+FILES_MAX = 200_000  # files of one experiment rayflow signs or verifies
+SIGN_EVERY_S = 20.0
+CHEAP_DIGEST = 4 * 2**20  # a checkpoint's file on this machine up to this size gets a digest
+SHOWN = 5  # changed files a refusal names
+
+# (size, last change, "file" | "link" | "other") of each file, by its path in the experiment
+Listing = dict[str, tuple[int, float, str]]
+# What a verification found: the signed manifest's files (their entries), and the folder's listing
+Verified = tuple[dict[str, dict], Listing]
+
+
+def is_checkpoint_file(relative: str) -> bool:
+    """A file inside a checkpoint folder (Tune's and Train's `checkpoint_*`)."""
+    return any(part.startswith("checkpoint_") for part in relative.split("/")[:-1])
+
+
+def files_now(location: str) -> Listing:
+    """The experiment's files now (but the manifest and the lock), in one listing."""
+    if storage.is_uri(location):
+        found = {rel: (size, at, "file") for rel, size, at in storage.files(location)}
+    else:
+        found = _local_listing(Path(location))
+    if len(found) > FILES_MAX:
+        raise storage.ReadRefused(location, len(found), FILES_MAX, "files")
+    return {r: s for r, s in found.items() if r != LOCK_FILE and not r.startswith(MANIFEST)}
+
+
+def _local_listing(root: Path) -> Listing:
+    found: Listing = {}
+    for folder, dirs, names in os.walk(root):  # symlinks are not followed: listed as links
+        for name in [*names, *(d for d in dirs if os.path.islink(os.path.join(folder, d)))]:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            kind = "file" if stat.S_ISREG(info.st_mode) else "other"
+            kind = "link" if stat.S_ISLNK(info.st_mode) else kind
+            found[os.path.relpath(path, root).replace(os.sep, "/")] = (
+                info.st_size,
+                float(info.st_mtime_ns),
+                kind,
+            )
+        if len(found) > FILES_MAX:
+            break
+    return found
+
+
+def entry(location: str, relative: str, listed: tuple[int, float, str], digest: bool) -> dict:
+    """What the manifest says of one file: its size, and its sha256 where `digest`."""
+    size, _, kind = listed
+    if kind == "link":
+        return {"link": os.readlink(os.path.join(location, relative))}
+    if kind == "other":
+        return {"other": True}
+    if not digest:
+        return {"size": size}
+    done, sha = _digest(location, relative, size)
+    return {"size": done, "sha256": sha}
+
+
+def digests(location: str, relative: str, size: int) -> bool:
+    """Whether a file gets a digest: every one outside checkpoint folders; inside them, a small
+    one on this machine (a store's checkpoints are not read back to sign them)."""
+    if not is_checkpoint_file(relative):
+        return True
+    return not storage.is_uri(location) and size <= CHEAP_DIGEST
+
+
+def _digest(location: str, relative: str, size: int) -> tuple[int, str]:
+    """(bytes read, their sha256): the file as it is now, read to its end (it may have grown
+    since it was listed), at most its listed size and SLACK more."""
+    limit, sha, done = size + storage.CHUNK * 16, hashlib.sha256(), 0
+    if storage.is_uri(location):
+        filesystem, path = storage.filesystem(storage.join(location, relative))
+        stream = filesystem.open_input_stream(path)
+    else:
+        fd = os.open(os.path.join(location, relative), os.O_RDONLY | os.O_NOFOLLOW)
+        stream = os.fdopen(fd, "rb")
+    with stream:
+        while chunk := stream.read(storage.CHUNK):
+            done += len(chunk)
+            if done > limit:
+                raise storage.ReadRefused(storage.join(location, relative), done, limit)
+            sha.update(chunk)
+    return done, sha.hexdigest()
+
+
+def _write(location: str, workload: str | None, files: dict[str, dict]) -> None:
+    doc = {
+        "rayflow_manifest": 1,
+        "experiment": storage.name(location),
+        "workload": workload,
+        "signed_at": round(time.time(), 3),
+        "files": files,
+    }
+    text = json.dumps(trust.seal("manifest", doc), sort_keys=True)
+    if storage.is_uri(location):
+        storage.write_text(storage.join(location, MANIFEST), text)
+        return
+    partial = Path(location) / f"{MANIFEST}.{os.getpid()}.partial"  # one rename: never half one
+    partial.write_text(text)
+    partial.replace(Path(location) / MANIFEST)
+
+
+class Signer:
+    """Signs one experiment: its manifest written again whenever its files changed, each file read
+    again only where it changed (size, time) since the last signing."""
+
+    def __init__(self, location: str, workload: str | None, verified: Verified | None = None):
+        self.location, self.workload = location, workload
+        self._known: dict[str, tuple[tuple[int, float, str], dict]] = {}
+        self._signed: Listing | None = None
+        if verified is not None:  # what a resume verified is signed already
+            files, listing = verified
+            self._known = {r: (listing[r], e) for r, e in files.items() if r in listing}
+            self._signed = listing
+        self._lock = threading.Lock()
+
+    def sign_if_changed(self) -> bool:
+        with self._lock:
+            now = files_now(self.location)
+            if not now or now == self._signed:
+                return False
+            files = {}
+            for rel, listed in now.items():
+                known = self._known.get(rel)
+                files[rel] = (
+                    known[1]
+                    if known and known[0] == listed
+                    else entry(self.location, rel, listed, digests(self.location, rel, listed[0]))
+                )
+            _write(self.location, self.workload, files)
+            self._known = {rel: (now[rel], files[rel]) for rel in now}
+            self._signed = now
+            return True
+
+
+_signers: dict[str, Signer] = {}  # the experiments this process holds, by location
+
+
+def holds(location: str) -> bool:
+    """Whether a run of this process holds (and signs) the experiment now."""
+    return location in _signers
+
+
+def sign_folder(location: str, workload: str | None) -> None:
+    """Sign an experiment as it is now, once."""
+    Signer(location, workload).sign_if_changed()
+
+
+@contextlib.contextmanager
+def signed(
+    location: str, workload: str | None, verified: Verified | None = None
+) -> Iterator[Signer]:
+    """The experiment signed while the block runs: every SIGN_EVERY_S where something changed, and
+    at its end however it ends (`verified`: what a resume verified, signed already). A signing
+    that fails is one warning; the next one tries again."""
+    signer = Signer(location, workload, verified)
+    _signers[location] = signer
+    done, warned = threading.Event(), [False]
+
+    def tick() -> None:
+        try:
+            signer.sign_if_changed()
+        except (OSError, storage.StorageError, ClusterError) as err:
+            if not warned[0]:
+                warned[0] = True
+                warn(f"{location}: not signed this time ({type(err).__name__}: {err})")
+
+    def loop() -> None:
+        while not done.wait(SIGN_EVERY_S):
+            tick()
+
+    thread = threading.Thread(target=loop, name="rayflow-experiment-signer", daemon=True)
+    thread.start()
+    try:
+        yield signer
+    finally:
+        done.set()
+        thread.join(60)  # a signing under way: its reads are bounded
+        tick()
+        _signers.pop(location, None)
+
+
+def sign_now(location: str) -> None:
+    """Sign at once where this process holds the experiment (rayflow wrote into it, Tune or Train
+    ended); nothing elsewhere."""
+    signer = _signers.get(location)
+    if signer is not None:
+        try:
+            signer.sign_if_changed()
+        except (OSError, storage.StorageError, ClusterError) as err:
+            warn(f"{location}: not signed this time ({type(err).__name__}: {err})")
+
+
+def warn(text: str) -> None:
+    from rayflow.security.redaction import mask_text
+
+    print(f"rayflow: warning: {mask_text(text)}", file=sys.stderr, flush=True)

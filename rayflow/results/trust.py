@@ -1,0 +1,164 @@
+"""Who wrote what rayflow reads back from a store: signatures over canonical JSON, by this user's
+key (rayflow.security.keys), or on a cluster's head by a key this user delegated to one run.
+
+A document rayflow writes to be read back (an experiment's manifest, a lease) goes out sealed:
+`{"<kind>": DOC, "signer": ID, "signature": SIG}`, SIG over `canonical(DOC)`. Read back, it is
+believed only when the signature verifies and its issuer is trusted: this user's own key, or one
+named in `trusted_signers` (a team sharing a bucket on purpose).
+
+A run submitted to a cluster (vm, kuberay) writes its experiment from the head, which never holds
+this user's key: the submitting side makes a key for that one run and signs a certificate for it
+(`delegation_env`: the run's public key, this user's as the issuer, the experiment it may sign);
+the job's driver takes both out of its environment before any user code runs (`take_delegate`)
+and seals with them, certificate attached. A sealed document's issuer is then this user, for that
+experiment only (a name, or its `-N` suffixed copies).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from rayflow.security import keys
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+DELEGATE_ENV = "RAYFLOW_SIGNING_KEY"  # in a submitted job's env_vars; taken out at once
+LEASE_MAX = 64 * 2**10  # bytes of a lease object rayflow reads
+_delegate: tuple[Ed25519PrivateKey, dict[str, Any]] | None = None  # (key, sealed certificate)
+
+
+def canonical(doc: Any) -> bytes:
+    """The one byte string a document is signed as: JSON, keys sorted, no spaces, ASCII."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def own_id() -> str:
+    """Whose experiments this process writes: this user's public id (on a head: the issuer of the
+    delegation it was handed)."""
+    return _delegate[1]["cert"]["issuer"] if _delegate else keys.public_id()
+
+
+def trusted(extra: Any = ()) -> set[str]:
+    """The issuers this process believes: its own, and the `trusted_signers` given."""
+    return {own_id(), *(str(e) for e in extra or ())}
+
+
+def seal(kind: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` signed by this process's key, under `kind`."""
+    data = canonical(doc)
+    if _delegate is None:
+        signer, signature = keys.sign(data)
+        return {kind: doc, "signer": signer, "signature": signature}
+    key, delegation = _delegate
+    return {
+        kind: doc,
+        "signer": keys.public_id(key),
+        "signature": _b64(key.sign(data)),
+        "delegation": delegation,
+    }
+
+
+def issuer(sealed: Any, kind: str, experiment: str) -> str | None:
+    """Who sealed `sealed[kind]` (a user's public id), where its signature verifies (and its
+    delegation, for `experiment`, the folder's name); None for anything else."""
+    if not isinstance(sealed, dict) or not isinstance(sealed.get(kind), dict):
+        return None
+    signer, signature = sealed.get("signer"), sealed.get("signature")
+    data = canonical(sealed[kind])
+    if not isinstance(signer, str) or not isinstance(signature, str):
+        return None
+    if not keys.verify(signer, signature, data):
+        return None
+    delegation = sealed.get("delegation")
+    if delegation is None:
+        return str(signer)
+    cert = delegation.get("cert") if isinstance(delegation, dict) else None
+    if not isinstance(cert, dict) or cert.get("delegate") != signer:
+        return None
+    if not keys.verify(str(cert.get("issuer")), str(delegation.get("signature")), canonical(cert)):
+        return None
+    scope = str(cert.get("scope"))
+    if experiment != scope and not re.fullmatch(re.escape(scope) + r"-\d{1,4}", experiment):
+        return None
+    return str(cert["issuer"])
+
+
+def delegation_env(scope: str) -> dict[str, str]:
+    """For a job that writes the experiment `scope` (its folder's name) on a cluster: a key made for
+    it and this user's certificate for that key, as its environment carries them."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    cert = {
+        "delegate": keys.public_id(key),
+        "issuer": keys.public_id(),
+        "scope": scope,
+        "issued_at": round(time.time(), 3),
+    }
+    _, signature = keys.sign(canonical(cert))
+    sealed = {"cert": cert, "signature": signature}
+    return {DELEGATE_ENV: json.dumps({"seed": _b64(key.private_bytes_raw()), **sealed})}
+
+
+def take_delegate() -> None:
+    """On a job's driver, before any user code runs: the delegated key out of os.environ and out of
+    the job config Ray hands to this driver's workers (the trials never see it)."""
+    global _delegate
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    text = os.environ.pop(DELEGATE_ENV, None)
+    _scrub_job_config()
+    if not text:
+        return
+    given = json.loads(text)
+    seed = str(given["seed"])
+    key = Ed25519PrivateKey.from_private_bytes(
+        base64.urlsafe_b64decode(seed + "=" * (-len(seed) % 4))
+    )
+    _delegate = key, {"cert": given["cert"], "signature": given["signature"]}
+
+
+def _scrub_job_config() -> None:
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    text = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
+    if not text:
+        return
+    config = json.loads(text)
+    env_vars = (config.get("runtime_env") or {}).get("env_vars") or {}
+    if DELEGATE_ENV in env_vars:
+        del env_vars[DELEGATE_ENV]
+        os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(config)
+
+
+def lease_text(location: str) -> str:
+    """A lease on the experiment at `location`, sealed: who holds it, since when."""
+    doc = {"experiment": location, "host": socket.gethostname(), "pid": os.getpid()}
+    return json.dumps(seal("lease", {**doc, "at": time.time()}))
+
+
+def lease_issuer(text: str | None, location: str, name: str) -> str | None:
+    """Who sealed a lease on `location` (None: it is not one rayflow sealed for it)."""
+    try:
+        sealed = json.loads(text or "")
+    except ValueError:
+        return None
+    who = issuer(sealed, "lease", name)
+    return who if who and sealed["lease"].get("experiment") == location else None
+
+
+def lease_age(text: str) -> float:
+    """Seconds since a sealed lease was renewed, by its own signed time."""
+    at = json.loads(text)["lease"].get("at")
+    return time.time() - float(at) if isinstance(at, (int, float)) else float("inf")
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
