@@ -33,6 +33,8 @@ import urllib.error
 from pathlib import Path
 from typing import Any
 
+from rayflow.errors import ClusterError
+
 SPEC_ENV = "RAYFLOW_AUTOSTOP"
 POLL_S = 10.0
 UNREACHABLE_S = 120.0
@@ -67,11 +69,20 @@ def dashboard_url(spec: dict[str, Any]) -> str:
     return f"http://{host}:{port}"
 
 
+def _asked(url: str) -> Any:
+    """The cluster's activity, asked with the token only once the dashboard's port is known to
+    be held by this user (rayflow.security.ports; a dashboard that died frees it for anyone)."""
+    from rayflow.runtime.activity import activity
+    from rayflow.security.ports import url_held
+
+    if not url_held(url, "the dashboard"):
+        raise OSError(f"nothing listens at {url}")
+    return activity(url, _headers())
+
+
 def watch(spec: dict[str, Any]) -> bool:
     """Until the cluster has been idle for spec["idle_minutes"]: True; False when its dashboard
     stopped answering (the cluster is going or gone)."""
-    from rayflow.runtime.activity import activity
-
     url, idle_s = dashboard_url(spec), float(spec["idle_minutes"]) * 60
     print(
         f"[autostop] watching {url}: idle {idle_s / 60:g} min tears this cluster down", flush=True
@@ -81,7 +92,10 @@ def watch(spec: dict[str, Any]) -> bool:
     while True:
         now = time.time()
         try:
-            found = activity(url, _headers())
+            found = _asked(url)
+        except ClusterError as err:  # another user's process holds the port: nothing was sent
+            print(f"[autostop] {err}: not watching", flush=True)
+            return False
         except (urllib.error.URLError, OSError, ValueError) as err:
             if now - seen > UNREACHABLE_S:
                 print(f"[autostop] the dashboard at {url} is gone ({err}): nothing to stop")
@@ -115,12 +129,18 @@ def _stop_processes(spec: dict[str, Any]) -> None:
 
 
 def _stop_ssh_hosts(spec: dict[str, Any]) -> None:
+    """`ray stop` on each worker host over SSH, the hosts' keys pinned per cluster in the head
+    user's own cache (rayflow.security.ssh, as from the client), then on the head, which stops
+    even where a worker could not be reached."""
     import yaml
 
     from rayflow.backends.vm.kept_ops import stop_local_workers
 
     config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
-    stop_local_workers(config)  # its auth names the key the launcher copied to the head
+    try:
+        stop_local_workers(config)  # its auth names the key the launcher copied to the head
+    except ClusterError as err:  # a worker address that is not a host: never passed to ssh
+        print(f"[autostop] {err}", flush=True)
     subprocess.run(["ray", "stop"], timeout=300, check=False)
 
 

@@ -399,8 +399,12 @@ def test_a_local_start_leaves_the_token_ray_generates_private(home, monkeypatch)
         SimpleNamespace(kill_all_processes=lambda **_: None),
         raising=False,
     )
-    backend = backend_for(
-        compose_config("backend.num_cpus=1", "backend.preload_worker_imports=false")
+    backend = backend_for(  # no dashboard: the stub binds none for rayflow to check (issue 43)
+        compose_config(
+            "backend.num_cpus=1",
+            "backend.preload_worker_imports=false",
+            "backend.include_dashboard=false",
+        )
     )
     handle = backend.start()
     backend.stop(handle)

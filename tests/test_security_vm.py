@@ -390,17 +390,19 @@ def test_the_head_dashboard_stays_on_loopback_and_the_token_is_made_private_on_e
         assert "--dashboard-host=127.0.0.1" in head
 
 
-def test_the_tunnel_forwards_a_loopback_port_to_the_heads_loopback():
+def test_the_tunnel_forwards_a_private_socket_to_the_heads_loopback():
+    sock = "/tmp/rf-tunnel-x/dashboard.sock"
     command = tunnel.tunnel_command(
-        {"ssh_user": "me", "ssh_private_key": "~/.ssh/k"}, "10.0.0.5", 40001, 8265
+        {"ssh_user": "me", "ssh_private_key": "~/.ssh/k"}, "10.0.0.5", sock, 8265, "rayflow"
     )
-    assert command[:2] == ["ssh", "-N"] and command[-1] == "me@10.0.0.5"
-    assert command[command.index("-L") + 1] == "127.0.0.1:40001:127.0.0.1:8265"
+    assert command[0] == "ssh" and "-N" in command and command[-2:] == ["--", "me@10.0.0.5"]
+    # issue 43: a socket in a private folder, not a local port chosen before ssh binds it
+    assert command[command.index("-L") + 1] == f"{sock}:127.0.0.1:8265"
     assert "ExitOnForwardFailure=yes" in command and "BatchMode=yes" in command
     assert command[command.index("-i") + 1] == os.path.expanduser("~/.ssh/k")
 
 
-def test_a_tunnel_that_fails_is_one_line():
+def test_a_tunnel_that_fails_is_one_line(tmp_path):
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -412,12 +414,14 @@ def test_a_tunnel_that_fails_is_one_line():
         start_new_session=True,
     )
     proc.wait(timeout=30)
-    err = tunnel.tunnel_failed(proc)
+    relay = tunnel.Relay(str(tmp_path / "dashboard.sock"))  # the tunnel's URL, held here
+    opened = tunnel.Tunnel(proc, str(tmp_path / "tunnel"), relay, "10.0.0.5", "rayflow")
+    err = tunnel.tunnel_failed(opened)
     assert (
         str(err)
         == "backend=vm: the SSH tunnel to the head's dashboard failed: ssh: connect to host 10.0.0.5 port 22: No route to host"
     )
-    tunnel.close_tunnel(proc)
+    tunnel.close_tunnel(opened)
 
 
 def test_teardown_stops_only_a_folder_rayflow_made(tmp_path):

@@ -17,10 +17,11 @@ from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ClusterError
 from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.progress import phase, shutdown_ray
+from rayflow.security import ports
 from rayflow.security.auth import (
-    cache_dir,
     NO_LOOPBACK,
     NODE_SERVERS,
+    cache_dir,
     private_folder,
     private_token_folder,
     refuse_auth_off,
@@ -32,9 +33,22 @@ DASHBOARD_PORT = 8265  # Ray's default; taken, the next free one (as Ray itself 
 PORT_LOCK_TIMEOUT_S = 300
 
 
+DASHBOARD = "backend=local: the Ray dashboard"
+
+
+def client_host(host: str) -> str:
+    """Where this machine's clients reach a dashboard bound to `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
 def free_dashboard_port(host: str, first: int = DASHBOARD_PORT, tries: int = 100) -> int:
-    """The first port from `first` on that `host` lets this process bind."""
+    """The first port from `first` on that `host` lets this process bind and nothing listens on
+    where its clients connect (a listener on another address of the port, [::1] for localhost,
+    could take their requests). Ray binds it later: `_start` then checks that the listener is
+    this user's (rayflow.security.ports) before anything sends the token there."""
     for port in range(first, first + tries):
+        if ports.listeners(client_host(host), port):
+            continue
         with socket.socket() as probe:
             try:
                 probe.bind((host, port))
@@ -170,7 +184,9 @@ class LocalCluster(ClusterBackend):
             ) from None
         try:
             kwargs.setdefault("dashboard_port", free_dashboard_port(host))
-            url_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+            url_host = client_host(host)
+            # one another user holds already (backend.dashboard_port): refused before Ray starts
+            ports.held(url_host, int(kwargs["dashboard_port"]), DASHBOARD)
             own_api = scoped_env(
                 {"RAY_API_SERVER_ADDRESS": f"http://{url_host}:{kwargs['dashboard_port']}"}
             )
@@ -216,6 +232,11 @@ class LocalCluster(ClusterBackend):
             allow_graceful=False,
         )
         handle.on_stop("ray.shutdown() of the local cluster", shutdown_ray)
+        if kwargs["include_dashboard"]:
+            # the port was chosen before Ray bound it: the listener must be this user's before
+            # anything sends the token there (Ray Train's state API calls do)
+            where = client_host(kwargs["dashboard_host"])
+            ports.wait_held(where, int(kwargs["dashboard_port"]), DASHBOARD, timeout_s=30)
         # ray.init is typed to return BaseContext; a local start returns its RayContext subclass
         return str(context.address_info["address"])
 

@@ -63,6 +63,7 @@ from rayflow.runtime.processes import (
     stop_processes_mentioning,
 )
 from rayflow.runtime.progress import phase
+from rayflow.security import ports, ssh
 from rayflow.security.auth import auth_token, ensure_token, token_path
 from rayflow.security.redaction import mask_text
 
@@ -78,7 +79,9 @@ OWN_PORTS = (
 def _free_ports(count: int) -> list[int]:
     """`count` distinct ports free now: held open together while they are chosen, since a port
     closed at once may be handed out again by the next bind (Ray refuses one port given to two
-    of its components)."""
+    of its components). Ray binds them later, so another user may take one in between: Ray's
+    components fail on a port they cannot bind, and the dashboard's listener is checked to be
+    this user's before anything is sent to it (`wait_for_dashboard`)."""
     with contextlib.ExitStack() as held:
         sockets = [held.enter_context(socket.socket()) for _ in range(count)]
         for s in sockets:
@@ -93,22 +96,26 @@ def _token_file() -> str | None:
 
 
 def wait_for_dashboard(url: str, timeout_s: float, what: str) -> None:
-    """Until the Jobs API answers (any HTTP status: 401 without a token still means up)."""
+    """Until the Jobs API answers (any HTTP status: 401 without a token still means up). Each
+    try first looks up who listens on the port (rayflow.security.ports): another user's process
+    there is refused in one line, and nothing is sent to it."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(f"{url}/api/version", timeout=5):
-                return
+            if ports.url_held(url, f"{what}: the dashboard"):
+                with urllib.request.urlopen(f"{url}/api/version", timeout=5):
+                    return
         except urllib.error.HTTPError:
             return
         # not (yet) the dashboard: nothing there, or another server on the port (HTTP/2 bytes)
         except (urllib.error.URLError, http.client.HTTPException, OSError):
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s "
-                    "(backend.start_timeout_s)"
-                ) from None
-            time.sleep(1.0)
+            pass
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"{what}: the dashboard at {url} did not answer within {timeout_s:g} s "
+                "(backend.start_timeout_s)"
+            )
+        time.sleep(1.0)
 
 
 @dataclass
@@ -569,14 +576,20 @@ class VMCluster(ClusterBackend):
     def _tunnel(self, handle: ClusterHandle, config: dict[str, Any], head_ip: str) -> str:
         """The head's dashboard through an SSH tunnel to its loopback (vm.tunnel), stopped with the
         run."""
-        proc, url = tunnel.open_tunnel(tunnel.ssh_auth(config), head_ip, dashboard_port(config))
-        handle.on_stop("close the SSH tunnel to the head's dashboard", tunnel.close_tunnel, proc)
+        cluster = str(config.get("cluster_name", "default"))
+        if self.provider in CLOUDS and not handle.joined:
+            # new VMs, whose addresses earlier ones of the name may have had: pinned afresh
+            ssh.forget_hosts(cluster)
+        opened, url = tunnel.open_tunnel(
+            tunnel.ssh_auth(config), head_ip, dashboard_port(config), cluster
+        )
+        handle.on_stop("close the SSH tunnel to the head's dashboard", tunnel.close_tunnel, opened)
         deadline = time.monotonic() + float(self.section.start_timeout_s)
         with phase(
             f"waiting for the head's dashboard through an SSH tunnel to {head_ip} ({url})", "vm"
         ):
             while True:
-                failed = tunnel.tunnel_failed(proc)
+                failed = tunnel.tunnel_failed(opened)
                 if failed:
                     raise failed
                 try:

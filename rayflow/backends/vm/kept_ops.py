@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -273,33 +274,37 @@ def _stop_hosts(config: dict[str, Any]) -> None:
 
 def stop_local_workers(config: dict) -> list[str]:
     """`ray stop` on each worker host of a local-provider cluster over SSH, as Ray runs its
-    commands. Returns the hosts ssh itself did not reach (exit 255): `rayflow down` then keeps the
-    record."""
+    commands, with the cluster's host keys pinned (rayflow.security.ssh: in this user's cache, on
+    the head in the head user's). A host ssh could not reach, or whose key changed, is one
+    warning line: its Ray may still run. Returns those hosts (`rayflow down` then keeps the
+    record: it did not reach them)."""
+    from rayflow.security import ssh
+
     auth = config.get("auth") or {}
-    # else the ssh agent's
-    key = ["-i", os.path.expanduser(auth["ssh_private_key"])] if auth.get("ssh_private_key") else []
-    user = f"{auth['ssh_user']}@" if auth.get("ssh_user") else ""
+    cluster = str(config.get("cluster_name", "default"))
     unreached = []
     for ip in config["provider"].get("worker_ips") or []:
         done = subprocess.run(
-            [
-                "ssh",
-                *key,
-                "-o",
-                "StrictHostKeyChecking=no",
-                "-o",
-                "UserKnownHostsFile=/dev/null",
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "ConnectTimeout=10",
-                f"{user}{ip}",
-                "bash --login -c -i 'ray stop'",
-            ],
+            ssh.command(
+                auth,
+                ip,
+                cluster,
+                key="provider.worker_ips",
+                remote="bash --login -c -i 'ray stop'",
+                connect_timeout_s=10,
+            ),
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
             timeout=120,
         )
-        if done.returncode == 255:  # ssh's own failure: the host was not reached
+        if done.returncode == 255:  # ssh's own failure, not `ray stop`'s
+            why = ssh.failure(done.stderr, ip, cluster, done.returncode)
+            print(
+                f"rayflow: warning: `ray stop` was not run on worker host {ip}: {why}",
+                file=sys.stderr,
+                flush=True,
+            )
             unreached.append(ip)
     return unreached

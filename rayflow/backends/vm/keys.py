@@ -32,6 +32,7 @@ from rayflow.schema.kinds import (
     kind,
 )
 from rayflow.schema.root import DeviceKind, Part, Section
+from rayflow.security import ssh
 
 PROVIDERS = ("fake_multinode", "local", "aws", "gcp")
 CLOUDS = ("aws", "gcp")
@@ -222,7 +223,35 @@ def _hosts(value: Any) -> list:
         raise ValueError(f"must be a list of host names or addresses; got {value!r}")
     if len(set(value)) != len(value):
         raise ValueError("lists a host twice")
+    problem = _hosts_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
+
+
+def _hosts_problem(value: Any) -> str | None:
+    """Why a list of hosts cannot be ssh destinations (rayflow.security.ssh), or None."""
+    if not isinstance(value, list):
+        return f"must be a list of host names or addresses; got {value!r}"
+    return next(filter(None, map(ssh.host_problem, value)), None)
+
+
+def _checked(rule: Any) -> Any:
+    def check(value: Any) -> str:
+        problem = rule(value)
+        if problem:
+            raise ValueError(problem)
+        return str(value)
+
+    return check
+
+
+# What becomes an ssh destination, wherever backend.overrides sets it too, and its rule.
+SSH_TARGETS = {
+    ("provider", "head_ip"): ssh.host_problem,
+    ("provider", "worker_ips"): _hosts_problem,
+    ("auth", "ssh_user"): ssh.user_problem,
+}
 
 
 def _key_file(value: Any) -> str:
@@ -246,7 +275,21 @@ def _overrides(value: Any) -> dict:
         )
     if "cluster_name" in value and cluster_name_problem(value["cluster_name"]):
         raise ValueError(f"cluster_name: {cluster_name_problem(value['cluster_name'])}")
+    found = ssh_target_problem(value)
+    if found:
+        raise ValueError(": ".join(found))
     return value
+
+
+def ssh_target_problem(doc: Mapping) -> tuple[str, str] | None:
+    """The first key of a cluster config (dotted) that makes a bad ssh destination, and why."""
+    for (section, key), rule in SSH_TARGETS.items():
+        given = doc.get(section)
+        if isinstance(given, Mapping) and given.get(key) is not None:
+            problem = rule(given[key])
+            if problem:
+                return f"{section}.{key}", problem
+    return None
 
 
 class CpuNodeType(Part):
@@ -387,14 +430,16 @@ class Vm(Section):
     source_image: OptionalText = Field(
         description="gcp boot image; null: Google's Deep Learning VM image (CUDA on the GPU type)"
     )
-    head_ip: OptionalText = Field(
+    head_ip: kind("a host name or IP address", _checked(ssh.host_problem), optional=True) = Field(
         description="provider=local: the head host's address (only you can fill it in)"
     )
     worker_ips: kind("a list of host names or addresses", _hosts, optional=True) = Field(
         description="provider=local: the worker hosts, each once, not the head; at least "
         "`max_worker_nodes` of them"
     )
-    ssh_user: OptionalText = Field(description="local, aws, gcp; aws/gcp: null is ubuntu")
+    ssh_user: kind("a user name", _checked(ssh.user_problem), optional=True) = Field(
+        description="local, aws, gcp; aws/gcp: null is ubuntu"
+    )
     ssh_private_key: kind("path of a private key file", _key_file, optional=True) = Field(
         description="local, aws, gcp: the key file, readable here; aws/gcp: null lets Ray create "
         "a key pair"

@@ -1,28 +1,39 @@
 """backend=vm: the head's dashboard reached through an SSH tunnel, as `ray dashboard` does.
 
 A head on another machine (provider local, aws, gcp) listens on its own loopback
-(`--dashboard-host=127.0.0.1`); rayflow forwards a loopback port of this machine to it over SSH
-with the cluster's own auth settings (`auth.ssh_user`, `auth.ssh_private_key`,
-`auth.ssh_proxy_command`, as Ray's launcher bootstraps them), so the Jobs API and its bearer token
-never cross the network in clear. The tunnel lives as long as the run and is stopped with it.
+(`--dashboard-host=127.0.0.1`); rayflow forwards to it over SSH with the cluster's own auth
+settings (`auth.ssh_user`, `auth.ssh_private_key`, `auth.ssh_proxy_command`, as Ray's launcher
+bootstraps them), so the Jobs API and its bearer token never cross the network in clear. The
+tunnel lives as long as the run and is stopped with it.
+
+No local port is chosen, closed and bound again by another process: ssh forwards a Unix socket in
+a fresh 0700 folder of this user's (`ssh -L FOLDER/dashboard.sock:127.0.0.1:8265`), which no one
+else can take first or connect to, and this process serves the URL that Ray's Jobs client and
+rayflow's own requests take (they speak TCP) on a loopback port it binds itself (port 0, the
+kernel's choice), piping each connection to that socket. The port stays this process's until the
+tunnel closes, so even an ssh that exits mid-run frees nothing another user could bind to receive
+the token; and the relay answers only this user's connections (rayflow.security.ports.peer_uid).
+ssh's own command line (rayflow.security.ssh) pins the head's host key per cluster.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
+import socketserver
 import subprocess
-from collections.abc import Mapping
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from rayflow.errors import ClusterError
-from rayflow.security.redaction import mask_text
+from rayflow.security import ports, ssh
 
-
-def free_local_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+CHUNK = 1 << 16
 
 
 def ssh_auth(config: Mapping) -> dict:
@@ -36,73 +47,151 @@ def ssh_auth(config: Mapping) -> dict:
         return dict(config.get("auth") or {})
 
 
-def tunnel_command(auth: Mapping, head_ip: str, local_port: int, remote_port: int) -> list[str]:
-    """`ssh -N -L 127.0.0.1:LOCAL:127.0.0.1:REMOTE USER@HEAD` with the cluster's auth; host keys
-    as Ray's launcher treats them (not pinned: the head is a fresh machine)."""
-    key = (
-        ["-i", os.path.expanduser(str(auth["ssh_private_key"])), "-o", "IdentitiesOnly=yes"]
-        if auth.get("ssh_private_key")
-        else []
+def tunnel_command(
+    auth: Mapping, head_ip: str, local_socket: str, remote_port: int, cluster: str
+) -> list[str]:
+    """`ssh -N -L SOCKET:127.0.0.1:REMOTE -- USER@HEAD` with the cluster's auth and pinned host
+    keys; the socket file only this user may use (0600, in a 0700 folder)."""
+    return ssh.command(
+        auth,
+        head_ip,
+        cluster,
+        options=[
+            "-N",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=4",
+            "-o",
+            "StreamLocalBindMask=0177",
+            "-L",
+            f"{local_socket}:127.0.0.1:{remote_port}",
+        ],
     )
-    proxy = (
-        ["-o", f"ProxyCommand={auth['ssh_proxy_command']}"] if auth.get("ssh_proxy_command") else []
-    )
-    user = f"{auth['ssh_user']}@" if auth.get("ssh_user") else ""
-    return [
-        "ssh",
-        "-N",
-        *key,
-        *proxy,
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "ConnectTimeout=20",
-        "-o",
-        "ExitOnForwardFailure=yes",
-        "-o",
-        "ServerAliveInterval=15",
-        "-o",
-        "ServerAliveCountMax=4",
-        "-o",
-        "LogLevel=ERROR",
-        "-L",
-        f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}",
-        f"{user}{head_ip}",
-    ]
 
 
-def open_tunnel(auth: Mapping, head_ip: str, remote_port: int) -> tuple[subprocess.Popen, str]:
-    """The tunnel's ssh process and the local URL of the head's dashboard."""
-    port = free_local_port()
-    proc = subprocess.Popen(
-        tunnel_command(auth, head_ip, port, remote_port),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    return proc, f"http://127.0.0.1:{port}"
+def _copy(src: socket.socket, dst: socket.socket) -> None:
+    """One direction of a connection; its end is passed on, a reset ends both directions."""
+    try:
+        while data := src.recv(CHUNK):
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        for end in (src, dst):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
 
 
-def tunnel_failed(proc: subprocess.Popen) -> ClusterError | None:
-    """The error of a tunnel whose ssh exited (its last line), else None."""
+class _Pipe(socketserver.BaseRequestHandler):
+    server: Relay
+
+    def handle(self) -> None:
+        client = self.request
+        if ports.peer_uid(client) != os.getuid():
+            return  # another user's connection: closed, nothing relayed
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as upstream:
+            try:
+                upstream.connect(self.server.target)
+            except OSError:  # ssh has not bound its end yet, or has exited: the client sees EOF
+                return
+            with self.server.tracked(client):
+                back = threading.Thread(target=_copy, args=(upstream, client), daemon=True)
+                back.start()
+                _copy(client, upstream)
+                back.join()
+
+
+class Relay(socketserver.ThreadingTCPServer):
+    """127.0.0.1:<a port this process binds and holds> -> the tunnel's Unix socket."""
+
+    daemon_threads = True
+
+    def __init__(self, target: str):
+        self.target = target
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Pipe)
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    @contextlib.contextmanager
+    def tracked(self, conn: socket.socket) -> Iterator[None]:
+        with self._lock:
+            self._open.add(conn)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open.discard(conn)
+
+    def close(self) -> None:
+        """Stop accepting, then end every connection still open."""
+        self.shutdown()
+        self.server_close()
+        with self._lock:
+            for conn in self._open:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass
+class Tunnel:
+    """The tunnel's ssh process, its private folder, and the relay serving its URL."""
+
+    proc: subprocess.Popen
+    folder: str
+    relay: Relay
+    host: str
+    cluster: str
+
+
+def open_tunnel(auth: Mapping, head_ip: str, remote_port: int, cluster: str) -> tuple[Tunnel, str]:
+    """The tunnel to the head's dashboard and the local URL of it."""
+    folder = tempfile.mkdtemp(prefix="rf-tunnel-")  # 0700, new: nothing in it is anyone else's
+    target = os.path.join(folder, "dashboard.sock")
+    relay: Relay | None = None
+    try:
+        command = tunnel_command(auth, head_ip, target, remote_port, cluster)
+        relay = Relay(target)
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    except BaseException:
+        if relay is not None:
+            relay.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return Tunnel(proc, folder, relay, head_ip, cluster), relay.url
+
+
+def tunnel_failed(tunnel: Tunnel) -> ClusterError | None:
+    """The error of a tunnel whose ssh exited (one line: a changed host key says so), else None."""
+    proc = tunnel.proc
     if proc.poll() is None:
         return None
-    last = [
-        line for line in (proc.stderr.read() if proc.stderr else "").splitlines() if line.strip()
-    ][-1:]
+    said = proc.stderr.read() if proc.stderr else ""
     return ClusterError(
-        f"backend=vm: the SSH tunnel to the head's dashboard failed: "
-        f"{mask_text(last[0]) if last else f'ssh exit code {proc.returncode}'}"
+        "backend=vm: the SSH tunnel to the head's dashboard failed: "
+        + ssh.failure(said, tunnel.host, tunnel.cluster, proc.returncode)
     )
 
 
-def close_tunnel(proc: subprocess.Popen) -> None:
+def close_tunnel(tunnel: Tunnel) -> None:
+    tunnel.relay.close()
+    proc = tunnel.proc
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -112,3 +201,4 @@ def close_tunnel(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
     if proc.stderr:
         proc.stderr.close()
+    shutil.rmtree(tunnel.folder, ignore_errors=True)

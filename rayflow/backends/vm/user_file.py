@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from rayflow.backends.vm.keys import cluster_name_problem
+from rayflow.backends.vm.keys import cluster_name_problem, ssh_target_problem
 from rayflow.errors import ConfigError
 from rayflow.security.redaction import REDACTED
 
@@ -230,6 +230,9 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
     from ray.autoscaler._private.util import check_legacy_fields, prepare_config, validate_config
 
     check_filled(doc, path, kind)
+    bad_target = ssh_target_problem(doc)  # hosts and user become ssh destinations
+    if bad_target:
+        raise refuse(path, *bad_target)
     try:
         with (
             _quiet(),
