@@ -34,7 +34,7 @@ FAKE = [
     "backend.provider=fake_multinode",
     "backend.worker.cpu.num_cpus=1",
     "backend.cluster_name=rayflow-bench",
-    "ray_auth_mode=disabled",
+    "ray_auth_mode=token",
 ]
 IDLE_TIMEOUT_MINUTES = 0.1
 RUN_TIMEOUT_S = 900  # one run on either side may take this long
@@ -155,7 +155,7 @@ def local_run(workdir: Path, rep: int, run: list[str]) -> float:
             "backend.num_cpus=2",
             f"storage_path={workdir / 'local'}",
             f"data.root={workdir / 'data'}",
-            "ray_auth_mode=disabled",
+            "ray_auth_mode=token",
             f"tracking.uri=sqlite:///{db}",
         ],
         cwd=workdir,
@@ -192,7 +192,7 @@ def vm_run(workdir: Path, handle, rep: int, run: list[str]) -> float:
         {
             "storage_path": str(workdir / "vm"),
             "data.root": str(workdir / "data"),
-            "ray_auth_mode": "disabled",
+            "ray_auth_mode": "token",
             "tracking.uri": f"sqlite:///{workdir / f'vm-{rep}.db'}",
         },
     )

@@ -276,11 +276,16 @@ def test_setup_is_pinned_where_the_file_has_none_and_noted_where_it_has(tmp_path
 
 
 def test_auth_disabled_exports_it_and_keeps_the_dashboard_on_loopback(tmp_path):
+    """What the file renders with auth off; its check refuses it (issue 43: a head on another
+    machine listens beyond loopback whatever its dashboard does)."""
     cfg = compose_config(
         "backend=vm",
         f"backend.cluster_yaml={RAY_DEFAULTS.joinpath('aws', 'defaults.yaml')}",
         "ray_auth_mode=disabled",
     )
+    with pytest.raises(ConfigError) as refused:
+        backend_for(cfg).check()
+    assert refused.value.key == "ray_auth_mode"
     config = yaml.safe_load(backend_for(cfg).render().text)
     head = config["head_start_ray_commands"][-1]
     assert (
