@@ -81,6 +81,7 @@ def table(rows) -> str:
 
 
 def _fail(err: Exception, code: int) -> None:
+    from rayflow.security.printable import printable
     from rayflow.security.redaction import masked_message
 
     # an error may quote what a cluster answered: masked, then printable
@@ -89,9 +90,9 @@ def _fail(err: Exception, code: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from rayflow.security.printable import printable
     from rayflow.errors import ClusterError, ConfigError, JobError
     from rayflow.orchestrator import clusters
+    from rayflow.security.printable import printable, printable_line
 
     args = _parser().parse_args(argv)
     if args.command == "key":  # on stdout alone, for scripts
@@ -107,7 +108,6 @@ def main(argv: list[str]) -> None:
     quiet = contextlib.redirect_stdout(sys.stderr)
     try:
         if args.command == "status":
-    from rayflow.security.printable import printable, printable_line
             with quiet:
                 rows = clusters.clusters()
             print(json.dumps([r.as_dict() for r in rows]) if args.json else table(rows))
@@ -115,9 +115,9 @@ def main(argv: list[str]) -> None:
             with quiet:
                 done, failed = clusters.down_each(None if args.all else args.name, args.force)
             for name in done:
-                print(f"[rayflow] {name}: torn down")
+                print(f"[rayflow] {printable_line(name)}: torn down")
             for line in failed:  # not reached: the record kept, how to finish by hand
-                print(f"rayflow: error: {line}", file=sys.stderr)
+                print(f"rayflow: error: {printable_line(line)}", file=sys.stderr)
             if failed:
                 sys.exit(1)
         else:

@@ -49,9 +49,9 @@ from rayflow.results.storage import name as storage_name
 from rayflow.results.trust import delegation_env
 from rayflow.runtime.signals import termination_exit_code
 from rayflow.schema.values import to_container
+from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text, redact
 from rayflow.tracking.tracker import Tracker
-from rayflow.security.printable import printable
 
 
 def _request(plan: Plan, tracker: Tracker) -> dict[str, list[str]]:
