@@ -354,7 +354,8 @@ class VMCluster(ClusterBackend):
         run.handle.on_stop("let go of the cluster's name", state.release, run.name, run.run_id)
         if kept:
             return self._join_fake(run, kept)
-        # a short name: Ray's socket paths in it stay < 108 chars
+        # a short name: Ray's socket paths in it stay < 108 chars; 0700 (mkdtemp), holding the
+        # autoscaling config and Ray's own temp dir, which Ray makes 0777 (vm.owned.RAY_TEMP)
         run.temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
         self._teardown_is(run)
         self._register_fake_teardown(run)
@@ -382,7 +383,7 @@ class VMCluster(ClusterBackend):
             f"--port={port}",
             f"--dashboard-port={dashboard}",
             "--dashboard-host=127.0.0.1",
-            f"--temp-dir={run.temp_dir}",
+            f"--temp-dir={os.path.join(run.temp_dir, owned.RAY_TEMP)}",
             *head_args(config),
             f"--autoscaling-config={run.config_file}",
             # every port of its own: other Ray clusters on this machine keep theirs

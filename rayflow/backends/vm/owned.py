@@ -7,7 +7,8 @@ read only when both are this user's and writable by no one else: the folder open
 following a link (O_NOFOLLOW | O_DIRECTORY), the file opened relative to it (O_NOFOLLOW), each
 checked by fstat of what was opened, so nothing can be swapped in between the check and the read.
 A fake_multinode cluster's temp dir (in /tmp: Ray's socket paths in it must stay short) is
-checked the same way, by lstat, before anything is stopped or removed by it.
+checked the same way, by lstat, before anything is stopped or removed by it; Ray's own temp dir,
+which Ray makes 0777, is a folder inside it (RAY_TEMP), out of others' reach.
 
 Where an SDK cluster's YAML lives (`cluster_file`): `~/.cache/rayflow/vm/NAME/NAME.yaml`, 0600 in a
 0700 folder of this user's cache (rayflow.backends.vm.state), never /tmp, so that a reboot or a
@@ -29,6 +30,9 @@ from rayflow.security.auth import owned_privately, private_folder
 
 MAX_BYTES = 4 * 1024 * 1024  # a cluster YAML is a few KiB; a bigger file is not one rayflow wrote
 FAKE_PREFIX = "rf-vm-"  # tempfile.mkdtemp's prefix for a fake cluster's temp dir
+# Ray's own temp dir inside a fake cluster's (`--temp-dir`): Ray makes it 0777 at every node's
+# start, so it sits in the 0700 folder rayflow made, which no one else can enter
+RAY_TEMP = "r"
 
 
 def cluster_file(name: str) -> Path:
