@@ -441,3 +441,27 @@ def test_a_cloud_run_tags_its_vms_and_tears_down_only_those(cache, tmp_path, mon
         assert joined.joined and seen["no_restart"] is True
         assert owner.owner_of(seen["up"]) == "kept-run" and seen["heads"][-1] == "kept-run"
     assert seen["terminated"] == [run]  # a joined cluster is never torn down
+
+
+def test_down_of_a_spark_cluster_it_has_nothing_to_stop_by_is_not_called_torn_down(cache):
+    """A spark record that names no Ray-on-Spark temp dir (hand-edited, or another version's):
+    `down` stops nothing and says so; the record stays."""
+    from rayflow.errors import ClusterError
+    from rayflow.orchestrator import clusters
+
+    kept.keep(
+        kept.KeptCluster(
+            backend="spark",
+            name="rf-spark",
+            owner_run="rf-spark-run",
+            section={"name": "spark"},
+            where={"temp_dir": "/tmp/not-ray-on-spark"},
+        )
+    )
+    with pytest.raises(ClusterError) as refused:
+        clusters.down("rf-spark", force=True)
+    assert str(refused.value).startswith(
+        "spark cluster rf-spark: its record names no Ray-on-Spark temp dir (/tmp/not-ray-on-spark): "
+        "nothing stopped"
+    ) and "rf-spark is not torn down, its record is kept" in str(refused.value)
+    assert [r.name for r in kept.records()] == ["rf-spark"]

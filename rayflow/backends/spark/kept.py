@@ -246,8 +246,15 @@ def down(kept: KeptCluster) -> None:
     if let_go_if_mine(kept.owner_run, "rayflow down"):
         return
     temp_dir = kept.where.get("temp_dir", "")
-    if RAY_ON_SPARK_TEMP.fullmatch(os.path.basename(temp_dir)):
-        launchers = [p for p in processes_mentioning(temp_dir) if is_launcher(p)]
-        terminate(launchers, timeout_s=30)
-        stop_processes_mentioning(temp_dir)
-        kill_processes_mentioning(temp_dir)
+    if not RAY_ON_SPARK_TEMP.fullmatch(os.path.basename(temp_dir)):
+        from rayflow.errors import ClusterError  # nothing to stop by: never "torn down"
+
+        raise ClusterError(
+            f"spark cluster {kept.name}: its record names no Ray-on-Spark temp dir "
+            f"({temp_dir or 'none'}): nothing stopped; shut it down in its notebook "
+            "(ray.util.spark.shutdown_ray_cluster())"
+        )
+    launchers = [p for p in processes_mentioning(temp_dir) if is_launcher(p)]
+    terminate(launchers, timeout_s=30)
+    stop_processes_mentioning(temp_dir)
+    kill_processes_mentioning(temp_dir)
