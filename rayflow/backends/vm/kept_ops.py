@@ -121,7 +121,12 @@ def _head_ip(config: dict[str, Any]) -> str | None:
         return str(config["provider"].get("external_head_ip") or config["provider"]["head_ip"])
     if kind in owner.TAGGED:
         run_owner = owner.owner_of(config)
-        return owner.head_ip(config, run_owner) if run_owner else None
+        if not run_owner:  # its VMs are known by name only: another party's head would pass
+            raise ClusterError(
+                f"cluster {config['cluster_name']}: its cluster YAML carries no "
+                f"{owner.OWNER_TAG} tag (kept by an older rayflow): not asked"
+            )
+        return owner.head_ip(config, run_owner)
     try:
         return str(sdk.get_head_node_ip(config))
     except RuntimeError:  # the provider knows no head of this name
