@@ -248,17 +248,17 @@ def _local_hosts(tmp_path, *extra: str) -> list[str]:
     ]
 
 
-def _wipe_tmp(before: set[str]) -> list[str]:
-    """What appeared in /tmp since `before`, removed as a reboot or a tmp cleaner would."""
-    base = tempfile.gettempdir()
-    new = sorted(set(os.listdir(base)) - before)
-    for entry in new:
-        path = os.path.join(base, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            Path(path).unlink(missing_ok=True)
-    return new
+def _wipe_tmp(before: set[str], name: str) -> list[str]:
+    """What the run of cluster `name` left in /tmp since `before` (a temp dir `rf-vm-*` holding
+    its cluster YAML, where runs wrote it before the cache), removed as a reboot or a tmp
+    cleaner would; nothing else in /tmp is touched."""
+    base = Path(tempfile.gettempdir())
+    new = [
+        p for p in base.glob("rf-vm-*") if p.name not in before and (p / f"{name}.yaml").exists()
+    ]
+    for path in new:
+        shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in new]
 
 
 def test_a_kept_ssh_cluster_is_found_and_torn_down_after_tmp_is_wiped(cache, tmp_path, monkeypatch):
@@ -286,7 +286,7 @@ def test_a_kept_ssh_cluster_is_found_and_torn_down_after_tmp_is_wiped(cache, tmp
     )
     with running(backend_for(cfg)):
         pass
-    _wipe_tmp(before)
+    _wipe_tmp(before, "rf-hosts")
     config_file = kept.records()[0].where["config_file"]
     assert Path(config_file).is_relative_to(cache)
     assert stat.S_IMODE(os.stat(config_file).st_mode) == 0o600
