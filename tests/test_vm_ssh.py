@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -381,9 +382,18 @@ def test_separate_machines_keep_the_experiment_in_a_bucket_it_outlives_the_clust
     assert kept and not [k for k in s3.objects("runs/") if k.endswith(".rayflow.lock")]
     _nothing_kept_on_the_hosts(hosts)
 
-    # 3. resume= as printed, on a new cluster; a worker host's raylet killed mid-run
+    # 3. resume= as printed, on a new cluster; a worker host's raylet killed mid-run. The command
+    # carries this run's backend keys (a resume takes them from its command line only), but the
+    # key file's path, which output masks as a secret: the resume asks for it by name first.
+    printed = [*cluster[:3], *shlex.split(command)[3:]]
+    asked = subprocess.run(
+        printed, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert asked.returncode == 2 and asked.stderr.strip().splitlines()[-1].startswith(
+        "rayflow: error: backend.ssh_private_key: the experiment's run was given it"
+    ), asked.stderr[-2000:]
     proc, logs = _start(
-        [*cluster[:3], *command.split()[3:], f"tracking.uri={mlflow_server}"],
+        [*printed, f"backend.ssh_private_key={hosts.key_path}"],
         env,
         tmp_path,
         "resumed",
@@ -416,7 +426,7 @@ def test_separate_machines_keep_the_experiment_in_a_bucket_it_outlives_the_clust
     assert "== rayflow results ==" in out.stdout
     # the trial on the lost node failed, and was restarted (from its last checkpoint)
     assert re.search(r"^trials restarted: 1 \(each from its last checkpoint", out.stdout, re.M)
-    assert f"experiment: {command.split('resume=')[1]}" in out.stdout
+    assert f"experiment: {shlex.split(command)[3].split('=', 1)[1]}" in out.stdout
 
     # the restored trials went on from their checkpoints: their first epoch after a restore is
     # past 1, and the experiment's results are in the bucket only

@@ -19,6 +19,7 @@ where the job's files or the data come from). The experiment is verified (rayflo
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -140,9 +141,14 @@ KEY = re.compile(r"[A-Za-z_][\w\-]{0,99}(?:\.[A-Za-z_][\w\-]{0,99}){0,9}")  # a 
 
 def _asks(cfg: DictConfig, state: dict[str, Any], given: set[str]) -> None:
     """A secret the experiment's run was given, and its resume command leaves out (`carried`):
-    refused, naming it, unless given now (the state records its key, never its value)."""
+    refused, naming it, unless given now (the state records its key, never its value). Not in a
+    submitted run on its head: the side that submitted it asked, and keeps its backend's keys."""
     from omegaconf import OmegaConf
 
+    from rayflow.orchestrator.submission import SUBMITTED_BY
+
+    if os.environ.get(SUBMITTED_BY):
+        return
     recorded = state.get("asks")
     asked: list[Any] = recorded if isinstance(recorded, list) else []
     for key in asked[:100]:
