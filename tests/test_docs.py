@@ -123,7 +123,7 @@ NOT_MODULES = {
     "rayflow.io",
     "rayflow.json",
     "rayflow.lock",
-    "rayflow.manifest",  # an experiment's signed manifest, rayflow.manifest.json
+    "rayflow.manifest.json",  # an experiment's signed manifest
     "rayflow.yaml",
     "rayflow.conf",
     "rayflow.cluster_defs",

@@ -317,10 +317,14 @@ def test_a_file_changed_after_signing_is_refused_naming_it(changed, shared, tmp_
     assert f"{where} changed since it was signed (" in line and f"{changed} (changed)" in line
 
 
-def test_a_file_added_or_a_checkpoint_changed_is_refused(tmp_path):
+@pytest.mark.parametrize("shared", ["folder", "bucket"])
+def test_a_file_added_or_a_checkpoint_changed_is_refused(shared, tmp_path, s3):
+    """Tune picks the newest experiment state: one added is refused; so is a small checkpoint file
+    changed (a digest where it is cheap: on a store too)."""
     from rayflow.results.experiment import locate
 
-    where = _own(str(tmp_path / "cifar-1"))
+    where = str(tmp_path / "cifar-1") if shared == "folder" else s3.uri(f"{tmp_path.name}/cifar-1")
+    _own(where)
     _put(where, "experiment_state-2026-11-29_00-00-00.json", b"{}")  # Tune reads the newest
     _put(where, "train_cifar_00000/checkpoint_000000/model.pt", b"\1" * 2048)
     line = _refused(lambda: locate(_cfg(f"resume={where}")))
@@ -450,7 +454,7 @@ def test_keys_that_clash_are_passed_by_with_one_warning(tmp_path, s3, capsys):
 def test_only_a_lease_signed_by_a_trusted_key_holds_an_experiment(
     lease, tmp_path, s3, monkeypatch, capsys
 ):
-    from rayflow.results import trust
+    from rayflow.results import lease as leases
     from rayflow.results.experiment import LOCK_FILE, locate
 
     where = s3.uri(f"{tmp_path.name}/cifar-1")
@@ -460,9 +464,9 @@ def test_only_a_lease_signed_by_a_trusted_key_holds_an_experiment(
     elif lease == "another key's":
         with monkeypatch.context() as other:
             other.setenv("XDG_CACHE_HOME", str(tmp_path / "other"))
-            text = trust.lease_text(where)
+            text = leases.lease_text(where)
     else:
-        text = trust.lease_text(where)
+        text = leases.lease_text(where)
     _put(where, LOCK_FILE, text.encode())
     cfg = _cfg(f"resume={where}")
     if lease == "this user's":

@@ -222,6 +222,6 @@ def preflight(overrides: list[str], multirun: bool = False) -> list[Plan]:
 def _plan_point(point: list[str]) -> Plan:
     """One point of the command line: composed (a resume: the experiment's own config), checked."""
     cfg = compose_config(*point)
-    if cfg.resume is not False:
-        point, cfg = resumed(point, cfg)
+    if cfg.resume is not False:  # a submitted run's head: its submitter asked for the secrets
+        point, cfg = resumed(point, cfg, asks=not os.environ.get(SUBMITTED_BY))
     return plan_job(cfg, point)

@@ -19,7 +19,6 @@ where the job's files or the data come from). The experiment is verified (rayflo
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
@@ -108,7 +107,7 @@ def _within(key: str, keys: tuple[str, ...] | set[str]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in keys)
 
 
-def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
+def resumed(point: list[str], cfg: DictConfig, asks: bool = True) -> tuple[list[str], DictConfig]:
     """A resume's overrides and config: the experiment's group choices and every key its state
     recorded, with the keys the command line gives on top. A key that shapes the trials and
     differs from the experiment's is refused, naming it; a secret the state holds masked comes
@@ -130,7 +129,8 @@ def resumed(point: list[str], cfg: DictConfig) -> tuple[list[str], DictConfig]:
     for key in sorted(given):
         if _within(key, fixed) and not _within(key, changeable):
             _check_unchanged(cfg, key, saved, path)
-    _asks(cfg, state, given)
+    if asks:  # not on a submitted run's head: the side that submitted it was asked
+        _asks(cfg, state, given)
     same_groups = {g for g in GROUPS if group_choices(point).get(g) == choices.get(g)}
     _restore_sections(cfg, saved, given, same_groups)
     return point, cfg
@@ -141,14 +141,9 @@ KEY = re.compile(r"[A-Za-z_][\w\-]{0,99}(?:\.[A-Za-z_][\w\-]{0,99}){0,9}")  # a 
 
 def _asks(cfg: DictConfig, state: dict[str, Any], given: set[str]) -> None:
     """A secret the experiment's run was given, and its resume command leaves out (`carried`):
-    refused, naming it, unless given now (the state records its key, never its value). Not in a
-    submitted run on its head: the side that submitted it asked, and keeps its backend's keys."""
+    refused, naming it, unless given now (the state records its key, never its value)."""
     from omegaconf import OmegaConf
 
-    from rayflow.orchestrator.submission import SUBMITTED_BY
-
-    if os.environ.get(SUBMITTED_BY):
-        return
     recorded = state.get("asks")
     asked: list[Any] = recorded if isinstance(recorded, list) else []
     for key in asked[:100]:

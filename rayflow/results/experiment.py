@@ -8,9 +8,7 @@ folder itself, or for an object store a private local mirror of it, pulled (chec
 when a run claims it and after the run, and pushed to as rayflow writes.
 
 A local folder is made atomically (mkdir) and held with an flock; an object store has neither, so
-a run there holds a lease (LOCK_FILE, renewed while it runs, signed: rayflow.results.trust): one not
-renewed for LEASE_S is a run that ended without letting go (its machine, or its whole cluster,
-went), and one not signed by a trusted key is no run's (one warning, and passed by).
+a run there holds a signed lease (rayflow.results.lease).
 
 Every experiment is signed by the run that holds it (rayflow.results.signing), and a resume reads
 nothing of one before it is verified (rayflow.results.verification): `locate` finds only
@@ -23,14 +21,12 @@ import contextlib
 import hashlib
 import json
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from rayflow.errors import ConfigError
-from rayflow.results import signing, storage, trust, verification
+from rayflow.results import lease, signing, storage, verification
 from rayflow.results.signing import LOCK_FILE, is_checkpoint_file
 from rayflow.security.auth import cache_dir
 
@@ -39,8 +35,7 @@ STATE_MAX = 8 * 2**20  # bytes of a STATE_FILE rayflow reads
 # LOCK_FILE: held (flock) by the run that uses the experiment folder, for as long as it runs: a
 # resume of it meanwhile is refused, and `resume=true` passes it by. The OS lets go of it when the
 # run's process ends, however it ends, so a crashed run leaves no stale lock. On an object store:
-# the lease object, renewed every LEASE_RENEW_S.
-LEASE_S, LEASE_RENEW_S = 90.0, 20.0
+# the lease object (rayflow.results.lease).
 SUFFIXES_MAX = 1000  # `-1` ... `-999` after an experiment_name whose folder exists
 # What the mirror of an experiment (its files but its checkpoints') may hold
 MIRROR_FILES_MAX, MIRROR_BYTES_MAX = 100_000, 4 * 2**30
@@ -260,7 +255,7 @@ def is_running(experiment: Experiment | Path, trusted: tuple[str, ...] = ()) -> 
     from filelock import FileLock, Timeout
 
     if isinstance(experiment, Experiment) and experiment.remote:
-        return _leased_now(experiment, trusted)
+        return lease.held(experiment.location, trusted)
     lock = FileLock(str(Path(str(experiment)) / LOCK_FILE))
     try:
         lock.acquire(timeout=0)
@@ -271,30 +266,6 @@ def is_running(experiment: Experiment | Path, trusted: tuple[str, ...] = ()) -> 
         return False
     lock.release()
     return False
-
-
-_warned: set[str] = set()  # the leases this process said it passes by
-
-
-def _leased_now(experiment: Experiment, trusted: tuple[str, ...]) -> bool:
-    uri = storage.join(experiment.location, LOCK_FILE)
-    at = storage.modified(uri)
-    if at is None or time.time() - at >= LEASE_S:
-        return False
-    try:
-        text = storage.read_text(uri, trust.LEASE_MAX)
-    except (storage.ReadRefused, UnicodeDecodeError):
-        text = None
-    who = trust.lease_issuer(text, experiment.location, experiment.name)
-    if who is None or who not in trust.trusted(trusted):
-        if uri not in _warned:  # once: a resume asks more than once
-            _warned.add(uri)
-            signing.warn(
-                f"{uri} is not a lease signed by a trusted key: no run of this user's holds the "
-                "experiment, and it is passed by"
-            )
-        return False
-    return text is not None and trust.lease_age(text) < LEASE_S
 
 
 @contextlib.contextmanager
@@ -361,25 +332,9 @@ def _leased(cfg) -> Iterator[Experiment]:
         experiment = Experiment(storage.join(base, free[0]))
     else:
         experiment = locate(cfg)
-    lock = storage.join(experiment.location, LOCK_FILE)
-    storage.write_text(lock, trust.lease_text(experiment.location))
-    done = threading.Event()
-
-    def renew() -> None:
-        while not done.wait(LEASE_RENEW_S):
-            with contextlib.suppress(OSError):  # a store that failed a moment: the next try
-                storage.write_text(lock, trust.lease_text(experiment.location))
-
-    thread = threading.Thread(target=renew, name="rayflow-experiment-lease", daemon=True)
-    thread.start()
-    try:
+    with lease.leased(experiment.location):
         experiment.pull("resume" if cfg.resume is not False else "storage_path")
         yield experiment
-    finally:
-        done.set()
-        thread.join(5)
-        with contextlib.suppress(OSError):
-            storage.delete(lock)
 
 
 def _new_folder(cfg) -> Path:

@@ -4,7 +4,7 @@ reads any of it (rayflow.results.trust: whose signatures are believed).
 The signature covers a manifest (MANIFEST, in the experiment folder): every file of the experiment
 with its size and sha256 (rayflow's state, Tune's experiment state, tuner.pkl, the searcher's and
 each trial's pickles and results), but inside checkpoint folders, whose files are listed with
-their size, and a digest only where it is cheap (a small file on this machine). A run signs while
+their size, and a digest only where it is cheap (a small file). A run signs while
 it holds the folder (`signed`): at once where something changed, every SIGN_EVERY_S while it runs,
 and when it ends however it ends, so a run killed outright leaves seconds unsigned. Each signing
 reads only the files that changed since the last (by size and time).
@@ -37,7 +37,9 @@ LOCK_FILE = ".rayflow.lock"  # the run's lock or lease (rayflow.results.experime
 MANIFEST_MAX = 64 * 2**20  # bytes of a manifest rayflow reads
 FILES_MAX = 200_000  # files of one experiment rayflow signs or verifies
 SIGN_EVERY_S = 20.0
-CHEAP_DIGEST = 4 * 2**20  # a checkpoint's file on this machine up to this size gets a digest
+# A checkpoint's file up to this size gets a digest: on this machine, and on a store (read back
+# once after it is written: its metadata and small pickles, not its weights)
+CHEAP_DIGEST, CHEAP_DIGEST_STORE = 4 * 2**20, 256 * 2**10
 SHOWN = 5  # changed files a refusal names
 
 # (size, last change, "file" | "link" | "other") of each file, by its path in the experiment
@@ -95,15 +97,15 @@ def entry(location: str, relative: str, listed: tuple[int, float, str], digest: 
 
 def digests(location: str, relative: str, size: int) -> bool:
     """Whether a file gets a digest: every one outside checkpoint folders; inside them, a small
-    one on this machine (a store's checkpoints are not read back to sign them)."""
+    one (a store's large checkpoint files are not read back to sign them)."""
     if not is_checkpoint_file(relative):
         return True
-    return not storage.is_uri(location) and size <= CHEAP_DIGEST
+    return size <= (CHEAP_DIGEST_STORE if storage.is_uri(location) else CHEAP_DIGEST)
 
 
 def _digest(location: str, relative: str, size: int) -> tuple[int, str]:
     """(bytes read, their sha256): the file as it is now, read to its end (it may have grown
-    since it was listed), at most its listed size and SLACK more."""
+    since it was listed), at most its listed size and 64 MiB more."""
     limit, sha, done = size + storage.CHUNK * 16, hashlib.sha256(), 0
     if storage.is_uri(location):
         filesystem, path = storage.filesystem(storage.join(location, relative))

@@ -1,7 +1,8 @@
 """Who wrote what rayflow reads back from a store: signatures over canonical JSON, by this user's
 key (rayflow.security.keys), or on a cluster's head by a key this user delegated to one run.
 
-A document rayflow writes to be read back (an experiment's manifest, a lease) goes out sealed:
+A document rayflow writes to be read back (an experiment's manifest, a lease: rayflow.results
+.signing, rayflow.results.lease) goes out sealed:
 `{"<kind>": DOC, "signer": ID, "signature": SIG}`, SIG over `canonical(DOC)`. Read back, it is
 believed only when the signature verifies and its issuer is trusted: this user's own key, or one
 named in `trusted_signers` (a team sharing a bucket on purpose).
@@ -20,7 +21,6 @@ import base64
 import json
 import os
 import re
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 DELEGATE_ENV = "RAYFLOW_SIGNING_KEY"  # in a submitted job's env_vars; taken out at once
-LEASE_MAX = 64 * 2**10  # bytes of a lease object rayflow reads
 _delegate: tuple[Ed25519PrivateKey, dict[str, Any]] | None = None  # (key, sealed certificate)
 
 
@@ -136,28 +135,6 @@ def _scrub_job_config() -> None:
     if DELEGATE_ENV in env_vars:
         del env_vars[DELEGATE_ENV]
         os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(config)
-
-
-def lease_text(location: str) -> str:
-    """A lease on the experiment at `location`, sealed: who holds it, since when."""
-    doc = {"experiment": location, "host": socket.gethostname(), "pid": os.getpid()}
-    return json.dumps(seal("lease", {**doc, "at": time.time()}))
-
-
-def lease_issuer(text: str | None, location: str, name: str) -> str | None:
-    """Who sealed a lease on `location` (None: it is not one rayflow sealed for it)."""
-    try:
-        sealed = json.loads(text or "")
-    except ValueError:
-        return None
-    who = issuer(sealed, "lease", name)
-    return who if who and sealed["lease"].get("experiment") == location else None
-
-
-def lease_age(text: str) -> float:
-    """Seconds since a sealed lease was renewed, by its own signed time."""
-    at = json.loads(text)["lease"].get("at")
-    return time.time() - float(at) if isinstance(at, (int, float)) else float("inf")
 
 
 def _b64(raw: bytes) -> str:
