@@ -225,14 +225,12 @@ def test_a_planted_experiment_is_refused_and_resume_true_takes_the_users_own(
     assert not seen and not marker.exists()
 
 
-def test_resume_true_says_what_it_passed_by(tmp_path, tracking_server):
+def test_resume_true_says_what_it_passed_by(tmp_path, tracking_server, monkeypatch):
     from rayflow.results.experiment import locate
 
     base = tmp_path / "shared"
     _planted(str(base / "cifar-20261128-100000"), tracking_server[0], tmp_path / "marker")
-    _signed_by_another(
-        str(base / "cifar-20261128-110000"), tmp_path / "other", pytest.MonkeyPatch()
-    )
+    _signed_by_another(str(base / "cifar-20261128-110000"), tmp_path / "other", monkeypatch)
     line = _refused(lambda: locate(_cfg(f"storage_path={base}", "resume=true")))
     assert line == (
         f"resume: no cifar experiment under {base} to resume (passed by: 1 unsigned and 1 "
