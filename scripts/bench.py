@@ -81,9 +81,10 @@ import bench_storage
 import bench_vm
 from bench_common import log, median_or_none, rounded, seconds, smoke_option, wait_for
 
-# Must be set before ray is imported anywhere (rayflow imports it lazily); a local
-# benchmark cluster needs no token, and the caller may still choose otherwise.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Must be set before ray is imported anywhere (rayflow imports it lazily): token auth, as every
+# cluster rayflow starts has it (auth off is refused wherever a Ray port listens beyond loopback,
+# which every Ray 2.60 cluster's do), so the side-by-side ratios measure what users run.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 SLOTS = 2  # local cluster CPUs; each trial takes 1 CPU, so 2 trials run at once
 # A started cluster's moment to settle before the timed run: the driver's own set-up (composing,

@@ -399,7 +399,7 @@ def cifar_search(args) -> dict:
     argv = [sys.executable, "-m", "rayflow", *overrides]
     log("running: " + " ".join(argv))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.setdefault("RAY_AUTH_MODE", "token")
     began = time.perf_counter()
     try:  # SIGTERM on timeout: the CLI stops its cluster before it exits
         proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, text=True)

@@ -26,7 +26,7 @@ SLOTS = 2
 
 
 def _sweep(app: Path, launcher: list[str], jobs: int, seconds: float) -> float:
-    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
+    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "token"))
     argv = [
         sys.executable,
         "my_app.py",

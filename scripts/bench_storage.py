@@ -102,7 +102,7 @@ def _run(folder: Path, storage: str, env: dict[str, str], args) -> float:
 def object_storage(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-storage-") as tmp:
         folder = Path(tmp)
-        base = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
+        base = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "token"))
         with contextlib.ExitStack() as stack:
             if args.store:
                 store, env = args.store, base

@@ -216,7 +216,7 @@ def vm_cluster(args) -> dict:
 
     from rayflow.orchestrator.cluster import running
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     interval = float(getattr(ray_constants, "AUTOSCALER_UPDATE_INTERVAL_S", 5))
     if args.smoke:  # no autoscaling cluster: the run's cluster below gives head_ready_s
         scaling = {
