@@ -133,6 +133,10 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
         "data.synthetic_train_size=6000",
         "workload.search_space.batch_size=[32]",
     ]
+    # Tune copies its driver's files (progress.csv) into the experiment folder when it saves
+    # the experiment's state: "auto" is every 10 s or more, which a quiet machine's whole run
+    # (about 9 s) can pass without; the window the test looks for is seen only through them.
+    rayflow.env["TUNE_GLOBAL_CHECKPOINT_S"] = "0.5"
     proc, log = rayflow.start(*args)
 
     def second_trial_checkpointed():
