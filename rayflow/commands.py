@@ -1,8 +1,9 @@
 """`rayflow status`, `rayflow down NAME|--all` and `rayflow logs NAME [JOB] [--follow]`: the kept
 clusters, seen and stopped from the command line (rayflow.orchestrator.clusters does the work; the
-same calls are `rayflow.clusters()`, `rayflow.down()` and `rayflow.logs()`); and `rayflow key`, this
+same calls are `rayflow.clusters()`, `rayflow.down()` and `rayflow.logs()`); `rayflow key`, this
 user's public key (rayflow.security.keys), which signs their experiments: what a teammate lists in
-`trusted_signers`.
+`trusted_signers`; and `rayflow sign PATH`, an experiment signed as this user's on their word
+(a run of theirs killed before it signed what it wrote last).
 
 Exit codes as a run's: 0 done, 1 a cluster failed to answer or to go, 2 bad input (an unknown
 name, a cluster in use without --force), one line naming what was wrong.
@@ -15,7 +16,7 @@ import contextlib
 import json
 import sys
 
-COMMANDS = ("status", "down", "logs", "key")
+COMMANDS = ("status", "down", "logs", "key", "sign")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
         help="this user's public key, which signs their experiments: what a teammate lists in "
         "trusted_signers to resume them",
     )
+    sign = sub.add_parser(
+        "sign",
+        help="sign an experiment as yours as it is now, having looked at it: one a run of yours "
+        "wrote but was killed before it signed (resume refuses it as changed)",
+    )
+    sign.add_argument("path", help="the experiment's folder or s3://, gs:// URI")
     return parser
 
 
@@ -103,6 +110,9 @@ def main(argv: list[str]) -> None:
         except ClusterError as err:
             _fail(err, 1)
         return
+    if args.command == "sign":
+        _sign(args.path)
+        return
     # What Ray's launcher prints while a cluster is reached (its SSH settings bootstrapped) goes
     # to stderr: stdout is the answer alone (`status --json` feeds scripts).
     quiet = contextlib.redirect_stdout(sys.stderr)
@@ -128,3 +138,27 @@ def main(argv: list[str]) -> None:
         _fail(err, 2)
     except (ClusterError, JobError) as err:
         _fail(err, 1)
+
+
+def _sign(path: str) -> None:
+    """`rayflow sign PATH`: refused (exit 2) for what is not an experiment, or one a run holds."""
+    from pathlib import Path
+
+    from rayflow.errors import ClusterError, ConfigError
+    from rayflow.results import storage
+    from rayflow.results.experiment import STATE_FILE, Experiment, is_running
+    from rayflow.results.verification import adopt
+
+    where = path.rstrip("/") if storage.is_uri(path) else str(Path(path).expanduser().resolve())
+    try:
+        experiment = Experiment(where)
+        if not experiment.has(STATE_FILE):
+            raise ConfigError("path", f"{where} is not a rayflow experiment (no {STATE_FILE})")
+        if is_running(experiment):
+            raise ConfigError("path", f"{where} is held by a run now: it signs it itself")
+        before = adopt(where)
+    except ConfigError as err:
+        _fail(err, 2)
+    except (ClusterError, OSError, storage.StorageError) as err:
+        _fail(err, 1)
+    print(f"[rayflow] signed {where} as yours ({before})")

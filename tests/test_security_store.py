@@ -479,6 +479,42 @@ def test_only_a_lease_signed_by_a_trusted_key_holds_an_experiment(
     )
 
 
+def test_a_crashed_runs_last_writes_are_signed_only_on_the_users_word(tmp_path, user, monkeypatch):
+    """A run killed before it signed what it wrote last leaves its own experiment changed since
+    its signature: the refusal says how its user signs it as theirs once they looked (never for
+    another key's experiment), `rayflow sign PATH` does, and the resume then verifies it."""
+    from rayflow.results.experiment import locate
+
+    mine = _own(str(tmp_path / "cifar-mine"))
+    _put(mine, "experiment_state-2026-11-29_00-00-00.json", b'{"trial_data": []}')  # unsigned
+    line = _refused(lambda: locate(_cfg(f"resume={mine}")))
+    assert line.endswith(f"then sign the experiment as yours: rayflow sign {mine}"), line
+    theirs = str(tmp_path / "cifar-theirs")
+    _signed_by_another(theirs, tmp_path / "their-cache", monkeypatch)
+    _put(theirs, "tuner.pkl", b"changed")
+    assert "rayflow sign" not in _refused(lambda: locate(_cfg(f"resume={theirs}")))
+
+    def sign(path: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "rayflow", "sign", path],
+            env=user,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    out = sign(mine)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        f"[rayflow] signed {mine} as yours (its signature was yours ("
+        + out.stdout.split("(its signature was yours (", 1)[1].split(")", 1)[0]
+        + "); changed since: experiment_state-2026-11-29_00-00-00.json (added))"
+    )
+    assert locate(_cfg(f"resume={mine}")).location == mine
+    out = sign(str(tmp_path / "nothing-here"))
+    assert out.returncode == 2 and out.stderr.strip().endswith("(no rayflow.json)"), out.stderr
+
+
 # -- the team's setting and the key to share --
 
 

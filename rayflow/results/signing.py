@@ -5,7 +5,7 @@ The signature covers a manifest (MANIFEST, in the experiment folder): every file
 with its size and sha256 (rayflow's state, Tune's experiment state, tuner.pkl, the searcher's and
 each trial's pickles and results), but inside checkpoint folders, whose files are listed with
 their size, and a digest only where it is cheap (a small file). A run signs while
-it holds the folder (`signed`): at once where something changed, every SIGN_EVERY_S while it runs,
+it holds the folder (`signed`): at once where something changed, every few seconds while it runs,
 and when it ends however it ends, so a run killed outright leaves seconds unsigned. Each signing
 reads only the files that changed since the last (by size and time).
 
@@ -36,7 +36,9 @@ MANIFEST = "rayflow.manifest.json"
 LOCK_FILE = ".rayflow.lock"  # the run's lock or lease (rayflow.results.experiment): not signed
 MANIFEST_MAX = 64 * 2**20  # bytes of a manifest rayflow reads
 FILES_MAX = 200_000  # files of one experiment rayflow signs or verifies
-SIGN_EVERY_S = 20.0
+# How often a run signs what changed: a folder's listing is a few stat calls, so often (a run
+# killed outright leaves at most this much unsigned); a store's is a request, so less often.
+SIGN_EVERY_S, SIGN_EVERY_S_STORE = 2.0, 10.0
 # A checkpoint's file up to this size gets a digest: on this machine, and on a store (read back
 # once after it is written: its metadata and small pickles, not its weights)
 CHEAP_DIGEST, CHEAP_DIGEST_STORE = 4 * 2**20, 256 * 2**10
@@ -189,7 +191,7 @@ def sign_folder(location: str, workload: str | None) -> None:
 def signed(
     location: str, workload: str | None, verified: Verified | None = None
 ) -> Iterator[Signer]:
-    """The experiment signed while the block runs: every SIGN_EVERY_S where something changed, and
+    """The experiment signed while the block runs: every few seconds where something changed, and
     at its end however it ends (`verified`: what a resume verified, signed already). A signing
     that fails is one warning; the next one tries again."""
     signer = Signer(location, workload, verified)
@@ -204,8 +206,10 @@ def signed(
                 warned[0] = True
                 warn(f"{location}: not signed this time ({type(err).__name__}: {err})")
 
+    every = SIGN_EVERY_S_STORE if storage.is_uri(location) else SIGN_EVERY_S
+
     def loop() -> None:
-        while not done.wait(SIGN_EVERY_S):
+        while not done.wait(every):
             tick()
 
     thread = threading.Thread(target=loop, name="rayflow-experiment-signer", daemon=True)

@@ -100,10 +100,19 @@ def verify(location: str, extra: Any = (), key: str = "resume") -> Verified:
     changed = differences(location, signed, now)
     if changed:
         more = f" and {len(changed) - SHOWN} more" if len(changed) > SHOWN else ""
+        # this user's own signature: most likely a run of theirs killed before it could sign
+        # what it wrote last; only they can say so, having looked (never suggested for others')
+        mine = found["issuer"] == trust.own_id()
+        adopt = (
+            "; if a run of yours wrote them (one killed before it signed them), look at them, "
+            f"then sign the experiment as yours: rayflow sign {location}"
+            if mine
+            else ""
+        )
         raise ConfigError(
             key,
             f"{location} changed since it was signed ({_when(found.get('signed_at'))}): "
-            f"{', '.join(changed[:SHOWN])}{more}; it is not resumed",
+            f"{', '.join(changed[:SHOWN])}{more}; it is not resumed{adopt}",
         )
     workload = found.get("workload")
     verified = Verified(
@@ -214,3 +223,34 @@ def check_unchanged(location: str, key: str = "resume") -> None:
             f"{location} changed since it was verified ({_when(verified.signed_at)} signature): "
             f"{', '.join(changed[:SHOWN])}{more}; it is not restored",
         )
+
+
+def adopt(location: str) -> str:
+    """`rayflow sign PATH`: the experiment signed by this user as it is now, on their word that
+    what it holds is theirs (a run killed before it signed what it wrote last). Returns what it
+    was before, in words: whose signature, and what had changed since."""
+    status, found = signature(location, key="path")
+    if status == "unsigned":
+        before = "it was not signed"
+    else:
+        listed = found.get("files")
+        changed = differences(
+            location, listed if isinstance(listed, dict) else {}, files_now(location)
+        )
+        who = "yours" if found["issuer"] == trust.own_id() else f"{found['issuer']}'s"
+        more = f" and {len(changed) - SHOWN} more" if len(changed) > SHOWN else ""
+        since = f"; changed since: {', '.join(changed[:SHOWN])}{more}" if changed else ""
+        before = f"its signature was {who} ({_when(found.get('signed_at'))}){since}"
+    workload = found.get("workload") if status != "unsigned" else _workload_of(location)
+    signing.sign_folder(location, str(workload) if workload else None)
+    return before
+
+
+def _workload_of(location: str) -> str | None:
+    """The workload an unsigned experiment's state names (None where it says none)."""
+    try:
+        data = storage.read_capped(storage.join(location, "rayflow.json"), MANIFEST_MAX)
+        saved = json.loads(data or b"{}").get("config", {}).get("workload", {})
+    except (OSError, ValueError, AttributeError, storage.ReadRefused):
+        return None
+    return str(saved["name"]) if isinstance(saved, dict) and saved.get("name") else None
