@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rayflow.security import keys
+from rayflow.security.result_channel import scrub_job_config
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -113,7 +114,7 @@ def take_delegate() -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     text = os.environ.pop(DELEGATE_ENV, None)
-    _scrub_job_config()
+    scrub_job_config(DELEGATE_ENV)
     if not text:
         return
     given = json.loads(text)
@@ -122,19 +123,6 @@ def take_delegate() -> None:
         base64.urlsafe_b64decode(seed + "=" * (-len(seed) % 4))
     )
     _delegate = key, {"cert": given["cert"], "signature": given["signature"]}
-
-
-def _scrub_job_config() -> None:
-    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
-
-    text = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
-    if not text:
-        return
-    config = json.loads(text)
-    env_vars = (config.get("runtime_env") or {}).get("env_vars") or {}
-    if DELEGATE_ENV in env_vars:
-        del env_vars[DELEGATE_ENV]
-        os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(config)
 
 
 def _b64(raw: bytes) -> str:

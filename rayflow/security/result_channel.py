@@ -43,13 +43,15 @@ def take_key() -> bytes | None:
     in this process only. None when the job was not handed one."""
     global _taken
     value = os.environ.pop(KEY_ENV, None)
-    _scrub_job_config()
+    scrub_job_config(KEY_ENV)
     if value:
         _taken = bytes.fromhex(value)
     return _taken
 
 
-def _scrub_job_config() -> None:
+def scrub_job_config(name: str) -> None:
+    """The environment variable `name` out of the job config Ray hands this driver's workers
+    (a key handed to the driver is the driver's alone)."""
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
     text = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
@@ -57,8 +59,8 @@ def _scrub_job_config() -> None:
         return
     config = json.loads(text)
     env_vars = (config.get("runtime_env") or {}).get("env_vars") or {}
-    if KEY_ENV in env_vars:
-        del env_vars[KEY_ENV]
+    if name in env_vars:
+        del env_vars[name]
         os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(config)
 
 
