@@ -71,8 +71,11 @@ def kept_started(backend: ClusterBackend, handle: ClusterHandle) -> None:
             section=dict(to_container(backend.section)),
             auth_mode=backend.auth_mode,
             address=record["address"],
-            # none where the cluster cannot stop itself (kuberay: autostop off, said why)
-            autostop_idle_minutes=minutes if handle.autostop is not None else None,
+            # none where a cluster run as submitted jobs has no watcher to stop it (kuberay:
+            # autostop off, said why); one a run keeps in its own process (spark) times itself
+            autostop_idle_minutes=(
+                minutes if handle.autostop is not None or not backend.submits_jobs else None
+            ),
             where=record["where"],
         )
     )
