@@ -22,6 +22,7 @@ import yaml
 
 from rayflow.backends import kept
 from tests.harness.needs import NOBODY, need_root
+from tests.harness.vm_hosts import local_hosts
 
 
 @pytest.fixture
@@ -232,20 +233,7 @@ def test_a_fake_clusters_temp_dir_others_may_write_is_neither_stopped_nor_remove
 
 
 def _local_hosts(tmp_path, *extra: str) -> list[str]:
-    key = tmp_path / "id_test"
-    key.write_text("not a real key\n")
-    return [
-        "backend=vm",
-        "backend.provider=local",
-        "backend.head_ip=10.99.0.11",
-        "backend.worker_ips=[10.99.0.12]",
-        "backend.ssh_user=me",
-        f"backend.ssh_private_key={key}",
-        "backend.max_worker_nodes=1",
-        "backend.autostop_idle_minutes=0",
-        "ray_auth_mode=token",
-        *extra,
-    ]
+    return local_hosts(tmp_path, "backend.autostop_idle_minutes=0", "ray_auth_mode=token", *extra)
 
 
 def _wipe_tmp(before: set[str], name: str) -> list[str]:

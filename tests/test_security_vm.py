@@ -21,6 +21,7 @@ from rayflow.errors import ConfigError
 from rayflow.orchestrator.cluster import running
 from rayflow.orchestrator.compose import compose_config
 from rayflow.security.auth import NODE_TOKEN_MODES
+from tests.harness.vm_hosts import local_hosts
 
 
 @pytest.fixture(autouse=True)
@@ -60,21 +61,6 @@ def holder_of(proc: subprocess.Popen) -> dict:
 
 def write_state(name: str, **fields) -> None:
     state._write(name, {"cluster_name": name, "owner_run": "other-run", **fields})
-
-
-def local_hosts(tmp_path, *extra: str) -> list[str]:
-    key = tmp_path / "id_test"
-    key.write_text("not a real key\n")
-    return [
-        "backend=vm",
-        "backend.provider=local",
-        "backend.head_ip=10.99.0.11",
-        "backend.worker_ips=[10.99.0.12]",
-        "backend.ssh_user=me",
-        f"backend.ssh_private_key={key}",
-        "backend.max_worker_nodes=1",
-        *extra,
-    ]
 
 
 # --- clusters have owners ---------------------------------------------------------------------
