@@ -172,6 +172,39 @@ TEXTS = [
 ]
 
 
+# What a trial's traceback says about the user's own code: the names it quotes (a missing key, an
+# attribute, a module) stay readable, whatever the exception's class is called.
+CODE_LINES = [
+    "KeyError: 'lr'",
+    "KeyError: 'api_key'",
+    'KeyError: "token"',
+    "builtins.KeyError: 'password'",
+    "AttributeError: 'Net' object has no attribute 'token'",
+    "NameError: name 'secret' is not defined",
+    "ModuleNotFoundError: No module named 'keyring'",
+    "TokenExpiredError: 'refresh'",
+    "ray.exceptions.RayTaskError(KeyError): KeyError: 'lr'",
+    "ValueError: invalid literal for int() with base 10: 'ten'",
+]
+# Beside them, secrets in the same lines are still masked
+SECRET_LINES = [
+    ("KeyError: 'lr' (password: hunter2)", "KeyError: 'lr' (password: ***)"),
+    ("RuntimeError: login failed for token=abc123", "RuntimeError: login failed for token=***"),
+    ("KeyError: 'x' {'api_key': 'sk-123'}", "KeyError: 'x' {'api_key': '***'}"),
+    ("api_key: sk-123", "api_key: ***"),
+]
+
+
+@pytest.mark.parametrize("line", CODE_LINES)
+def test_the_names_an_exception_quotes_stay_readable(line):
+    assert mask_text(line) == line
+
+
+@pytest.mark.parametrize("line, masked", SECRET_LINES)
+def test_secrets_beside_an_exception_are_still_masked(line, masked):
+    assert mask_text(line) == masked
+
+
 @pytest.mark.parametrize("text, masked", TEXTS)
 def test_mask_text(text, masked):
     assert mask_text(text) == masked

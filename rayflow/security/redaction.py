@@ -406,9 +406,17 @@ def _masked(value: str) -> str:
     return f"{quote}{REDACTED}{quote}"
 
 
+# An exception's class before its message (`KeyError: 'lr'`, `TokenError: expired`): the message
+# quotes the code's own names (a missing key, an attribute), which a reader needs to see; the
+# class names a kind of error, never a secret it holds.
+_EXCEPTION_CLASS = re.compile(r"(?:[A-Z][a-z0-9]*)+(?:Error|Exception|Warning|Exit|Interrupt)")
+
+
 def _named(match: re.Match) -> str:
     """The match with its value masked when its name is secret."""
     value = match.group("value")
+    if _EXCEPTION_CLASS.fullmatch(match.group("name").lstrip("-").rsplit(".", 1)[-1]):
+        return match.group(0)
     word = name_word(match.group("name").lstrip("-"))
     if not _masks(word, value.strip("'\"")) or _placeholder(value.strip("'\"")):
         return match.group(0)
