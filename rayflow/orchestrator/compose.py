@@ -28,11 +28,19 @@ def compose_config(*overrides: str) -> DictConfig:
     """The config `python -m rayflow OVERRIDES` composes (unresolved, unchecked)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
             return compose(CONFIG_NAME, overrides=replacing_mappings(list(overrides)))
+    except ConfigCompositionException as err:
+        found = re.search(r"Could not override '([^']+)'", str(err))
+        if not found or renamed_key_error(found.group(1)) is not None:
+            raise
+        from rayflow.orchestrator.unknown_keys import unknown_key_error
+
+        raise unknown_key_error(found.group(1), list(overrides), compose_config) from None
     finally:
         GlobalHydra.instance().clear()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,9 +215,36 @@ def _writable_dir(value: Any, info: ValidationInfo) -> str:
     return value
 
 
+# Schemes a storage path may be mistyped with: one not written `scheme://` (`s3:/b`, `s3:b`,
+# `s3//b`) would otherwise be a relative folder named `s3:`, silently on this machine's disk.
+_URI_LIKE = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)(?P<sep>:/*|//)(?P<rest>.*)", re.DOTALL
+)
+_MISTYPED_SCHEMES = (*OBJECT_STORES, "file", "dbfs", "hdfs", "http", "https", "abfs", "abfss", "az")
+
+
+def mistyped_uri_error(value: str) -> str | None:
+    """Why `value`, meant as a URI, is not written as one rayflow reads (with the fix), or None."""
+    found = _URI_LIKE.fullmatch(value.strip())
+    if not found or found["scheme"].lower() not in _MISTYPED_SCHEMES:
+        return None
+    scheme, sep, rest = found["scheme"], found["sep"], found["rest"].lstrip("/")
+    lower = scheme.lower()
+    if lower == "file":
+        return f"{value}: give the folder itself, /{rest}"
+    if lower == "dbfs":
+        return f"{value}: give the mounted folder, /dbfs/{rest} (Databricks mounts DBFS there)"
+    if lower in OBJECT_STORES and (sep != "://" or scheme != lower):
+        return f"{value}: a mistyped URI; did you mean {lower}://{rest}?"
+    return None
+
+
 def _storage_dir(value: Any, info: ValidationInfo) -> str:
     """A folder (as WritableDir) or an object-store URI (checked for its form here, reached by
     the preflight's probe)."""
+    mistyped = mistyped_uri_error(value) if isinstance(value, str) else None
+    if mistyped:
+        raise ValueError(mistyped)
     if isinstance(value, str) and "://" in value:
         error = object_store_error(value.strip())
         if error:

@@ -23,6 +23,7 @@ from rayflow.schema.kinds import (
 )
 from rayflow.schema.root import Section
 from rayflow.workloads.search_space import check_space, scheduler_spec, search_alg_spec
+from rayflow.workloads.stop import check_stop
 
 
 def _module_function(value: Any) -> str:
@@ -190,7 +191,15 @@ class Tune(Shipped):
     max_concurrent_trials: Integer(1, optional=True) = Field(
         description="at most this many trials at once (null: as many as fit)"
     )
-    stop: MappingOrNull = Field(description="Tune's stop mapping, e.g. `{training_iteration: 20}`")
+    stop: MappingOrNull = Field(
+        description="Tune's stop mapping, e.g. `{training_iteration: 20}`: a trial stops at the "
+        "first key it reaches. Keys: Tune's counters (`training_iteration`, `time_total_s`, ...), "
+        "`done`, the metric, or one listed in `reports`; values: numbers (`done`: true or false)"
+    )
+    reports: TextsOrNull = Field(
+        description="keys the trainable reports besides the metric, that `stop` may name "
+        "(e.g. `[accuracy]`); a stop on a key no trial reports is refused before anything starts"
+    )
     time_budget_s: Seconds(TIME_BUDGET_MAX, optional=True) = Field(
         description="the whole search stops after this many seconds"
     )
@@ -217,8 +226,7 @@ class Tune(Shipped):
                 "from each other's checkpoints, which a kept number would delete",
             )
         under("search_alg", search_alg_spec, self.search_alg)
-        if self.stop is not None and not all(isinstance(k, str) for k in self.stop):
-            raise KeyedError("stop", "keys must be the names of reported results")
+        check_stop(self.stop, [self.metric, *(self.reports or [])], declare="workload.reports")
         _gpu_fits_compute(self.resources_per_trial.gpu, "resources_per_trial.gpu", info)
         return self
 
@@ -271,6 +279,7 @@ class Train(Shipped):
                 )
         if self.sweep["mode"] not in ("min", "max"):
             raise KeyedError("sweep.mode", f"must be one of min, max; got {self.sweep['mode']!r}")
+        under("sweep", check_stop, self.sweep.get("stop"), (), None)
         under("sweep.search_space", check_space, self.sweep.get("search_space"))
         under("sweep.scheduler", scheduler_spec, self.sweep.get("scheduler"))
         under("sweep.search_alg", search_alg_spec, self.sweep.get("search_alg"))
@@ -305,3 +314,10 @@ class Rllib(Shipped):
     max_failures: Integer(0) = Field(
         description="restarts of a failed trial from its last checkpoint"
     )
+
+    @model_validator(mode="after")
+    def _rules(self) -> "Rllib":
+        # RLlib's results are nested (`env_runners/episode_return_mean`) and differ by algorithm:
+        # their names are Tune's to find; the values must still be numbers it can stop at
+        check_stop(self.stop, (), declare=None)
+        return self
