@@ -156,13 +156,16 @@ def trial_statuses(experiment_dir: Path) -> dict[str, str]:
 
 
 def trial_restarts(experiment_dir: Path) -> tuple[int, str | None]:
-    """How often Tune restarted a trial after a failure (a lost node, an error of its own; from
-    its last checkpoint where it had one), and the first failure's line ((0, None): never). A
-    trial's last failure, the one it ended ERRORED on, is no restart."""
+    """How often Tune restarted a trial from its last checkpoint after a failure (a lost node, an
+    error of its own), and the first failure's line ((0, None): never). A trial's last failure,
+    the one it ended ERRORED on, is no restart; nor is a trial that saved no checkpoint."""
     restarts = 0
     for trial, metadata in _trial_states(experiment_dir):
         failures = int(metadata.get("num_failures") or 0)
-        restarts += max(0, failures - (trial.get("status") == "ERRORED"))
+        # A restart goes on from the trial's last checkpoint: a trial that saved none ran again
+        # from its start, which the results block must not call a restart from a checkpoint.
+        if _has_checkpoint(Path(experiment_dir), trial.get("relative_logdir")):
+            restarts += max(0, failures - (trial.get("status") == "ERRORED"))
     if not restarts:
         return 0, None
     for error in sorted(Path(experiment_dir).glob("*/error.txt")):
@@ -173,6 +176,14 @@ def trial_restarts(experiment_dir: Path) -> tuple[int, str | None]:
             first = said[0].split(". ")[0]
             return restarts, first if len(first) <= 160 else first[:159] + "…"
     return restarts, None
+
+
+def _has_checkpoint(experiment_dir: Path, folder: object) -> bool:
+    """Whether the trial's folder (its relative_logdir, a name inside the experiment) holds a
+    checkpoint Tune saved."""
+    if not isinstance(folder, str) or not folder or "/" in folder or folder.startswith("."):
+        return False
+    return any((experiment_dir / folder).glob("checkpoint_*"))
 
 
 def tune_trials(experiment_dir: Path) -> list[Trial]:

@@ -293,6 +293,7 @@ def OneOf(*choices: Any, optional: bool = False) -> Any:
 
 
 Boolean = kind("true or false", _boolean)
+OptionalBoolean = kind("true or false", _boolean, optional=True)
 Fraction = kind("number between 0 and 1 (exclusive)", _fraction)
 Text = kind("string", _text)
 OptionalText = kind("string", _text, optional=True)

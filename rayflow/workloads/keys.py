@@ -10,12 +10,12 @@ from pydantic import Field, ValidationInfo, model_validator
 from rayflow.schema.kinds import (
     NUMBER_MAX,
     TIME_BUDGET_MAX,
-    Boolean,
     Bytes,
     Integer,
     KeyedError,
     Number,
     OneOf,
+    OptionalBoolean,
     OptionalText,
     Seconds,
     Text,
@@ -208,9 +208,10 @@ class Tune(Shipped):
         description="restarts of a failed trial from its last checkpoint"
     )
     checkpoint: Checkpointing = Field(description="which checkpoints each trial keeps")
-    reuse_actors: Boolean = Field(
-        description="keep trial processes across trials (a function trainable starts afresh "
-        "in each; a Trainable class needs `reset_config`)"
+    reuse_actors: OptionalBoolean = Field(
+        description="keep trial processes across trials; null: where it is safe (a function "
+        "trainable, or a Trainable class that overrides `reset_config`; any other class gets a "
+        "new process per trial, as Tune's default); true with such a class is refused"
     )
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rayflow.errors import ConfigError
 from rayflow.results.records import trial_restarts
 from rayflow.runtime.placement import Bundle, section_bundle
 from rayflow.runtime.progress import tune_verbose
@@ -57,8 +58,27 @@ def check(cfg) -> None:
     scheduler and search algorithm from their keys."""
     from rayflow.workloads.tune_search import check_tune_parts
 
-    trainable(cfg)
+    reuse_actors(trainable(cfg), cfg.workload.get("reuse_actors"))
     check_tune_parts(to_container(cfg.workload))
+
+
+def reuse_actors(fn, asked) -> bool:
+    """Whether trials reuse their actors: as asked, or where it is safe when `asked` is null. A
+    reused actor gets the next trial's config through `reset_config`; a Trainable class that does
+    not override it (Tune's returns False) fails every trial that reuses it, so such a class runs
+    with a new actor per trial, as Tune's own default. Function trainables always can."""
+    from ray.tune import Trainable
+
+    resets = not (isinstance(fn, type) and issubclass(fn, Trainable)) or (
+        getattr(fn, "reset_config", None) is not Trainable.reset_config
+    )
+    if asked is True and not resets:
+        raise ConfigError(
+            "workload.reuse_actors",
+            f"is true but {fn.__name__} does not override reset_config, which a reused actor "
+            "calls for each new trial; leave it null (reuse where safe) or implement reset_config",
+        )
+    return resets if asked is None else bool(asked)
 
 
 def demand(cfg) -> list[Bundle]:
@@ -163,7 +183,7 @@ def job(cfg, fn, callbacks=()) -> TuneJob:
         checkpoints_to_keep=checkpoint.get("num_to_keep"),
         checkpoint_score_attribute=checkpoint.get("score_attribute"),
         checkpoint_score_order=str(checkpoint.get("score_order") or "max"),
-        reuse_actors=bool(w.reuse_actors),
+        reuse_actors=reuse_actors(fn, w.get("reuse_actors")),
         max_concurrent_trials=w.get("max_concurrent_trials"),
         stop=stop,
         time_budget_s=w.get("time_budget_s"),
