@@ -12,6 +12,7 @@ from ray.tune.utils.mock_trainable import MyTrainableClass
 from rayflow.errors import ConfigError
 from rayflow.results.records import trial_restarts
 from rayflow.workloads.tune import reuse_actors
+from tests.harness.examples import copy_example
 
 
 def objective(config):
@@ -86,3 +87,56 @@ def test_only_trials_restarted_from_a_checkpoint_count_as_restarted(tmp_path):
         json.dumps({"trial_data": entries})
     )
     assert trial_restarts(tmp_path) == (3, "RuntimeError: node lost")
+
+
+TINY = [
+    "workload=tune",
+    "workload.num_samples=2",
+    "workload.stop={training_iteration: 2}",
+    "tracking=none",
+    "backend.num_cpus=2",
+]
+
+
+@pytest.mark.no_dashboard
+def test_rays_mock_trainable_class_runs_every_trial_under_hyperband(rayflow):
+    """Ray's own hyperband example's class, unchanged: it has no reset_config, so its trials run
+    in a process each (Tune's default), and none is lost or said to be restarted."""
+    out = rayflow.run(
+        *TINY,
+        "workload.trainable=ray.tune.utils.mock_trainable:MyTrainableClass",
+        "workload.metric=episode_reward_mean",
+        "workload.mode=max",
+        "workload.scheduler=hyperband",
+        "workload.search_space={width: {randint: [10, 100]}, height: {randint: [0, 100]}}",
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "trials: 2 (0 stopped early by HyperBand, 0 errored)" in out.stdout
+    assert "restarted" not in out.stdout
+
+
+@pytest.mark.no_dashboard
+def test_a_metric_no_trial_reports_ends_the_run_in_one_line_with_the_keys_reported(rayflow):
+    copy_example("tune-pbt", rayflow.workdir)
+    out = rayflow.run(
+        *TINY,
+        "workload.trainable=train:objective",
+        "workload.metric=los",
+        "workload.mode=min",
+        "workload.search_space={lr: {loguniform: [1e-3, 1e-1]}}",
+        "workload.stop={training_iteration: 50}",
+        timeout=300,
+    )
+    assert out.returncode == 1
+    said = out.stdout + out.stderr
+    assert "Traceback" not in said
+    assert "== rayflow results ==" in out.stdout
+    assert "no trial reported los (2 trials); they report: accuracy, epoch, loss" in out.stdout
+    [error] = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
+    assert error.startswith(
+        "rayflow: error: workload.metric: no trial reports 'los'; they report: accuracy, epoch, "
+        "loss. Continue with: python -m rayflow resume="
+    )
+    # the run ended at the first results, not after 50 iterations
+    assert "training_iteration=50" not in said

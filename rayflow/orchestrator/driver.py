@@ -236,6 +236,12 @@ def _raise_unfinished(result: RunResult, hint: str) -> None:
     summary = result.summary
     if summary.interrupted:
         raise RunInterrupted(f"interrupted; state saved. {hint}", result)
+    if getattr(summary, "reported_instead", None) is not None:  # a metric no trial reports
+        raise RunFailed(
+            f"workload.metric: no trial reports {summary.metric!r}; {summary.reports_line()}. "
+            f"{hint}",
+            result,
+        )
     if summary.errored:
         cause = f": {summary.error}" if summary.error else ""
         raise RunFailed(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -61,6 +62,40 @@ class TuneJob:
     max_t: int | None = None
     scheduler_label: str | None = None
     shown_metrics: tuple[str, ...] = ()
+    # What the run found, for the summary: the keys a trial reported without the metric (None:
+    # every result had it)
+    reported_instead: tuple[str, ...] | None = None
+
+
+# Tune's strict metric check, and the result it quotes (ray.tune.execution.tune_controller)
+_NO_METRIC = "did not include the specified metric"
+_RESULT_KEY = re.compile(r"'([^'\\]{1,200})': ")
+
+
+def reported_instead(err: BaseException) -> tuple[str, ...] | None:
+    """The keys the result Tune refused for lacking the metric held (Tune's own counters left
+    out), or None where `err` is another error. Read from Tune's message as text."""
+    text = str(err)
+    if _NO_METRIC not in text:
+        return None
+    quoted = text.rpartition("Result: ")[2]
+    keys = {k for k in _RESULT_KEY.findall(quoted) if "/" not in k and k not in TUNE_AUTO_KEYS}
+    return tuple(sorted(keys))
+
+
+def _saved_results(location: str):
+    """The ResultGrid of the experiment state Tune saved before it stopped."""
+    from ray.tune import ExperimentAnalysis, ResultGrid
+
+    # Its warning that trials whose first result was refused have no result files says nothing
+    # the summary does not
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return ResultGrid(ExperimentAnalysis(location))
+    finally:
+        quiet.setLevel(level)
 
 
 def _first_result_wait():
@@ -101,7 +136,7 @@ def _first_result_wait():
             self._close(f"no first result: trial {trial.trial_id} errored")
 
         def on_experiment_end(self, trials, **info):
-            self._close("no trial reported a result")
+            self._close("the search ended before a trial's first result was taken")
 
     return FirstResult()
 
@@ -145,6 +180,8 @@ def run_tune(job: TuneJob, experiment: Experiment, resume: bool = False, env=Non
         note_restarts(experiment.location)
     else:
         tuner = _new_tuner(job, experiment, trainable)
+    from ray.tune.error import TuneError
+
     try:
         with (
             _trials_in_prestarted_workers(env or {}),
@@ -152,6 +189,13 @@ def run_tune(job: TuneJob, experiment: Experiment, resume: bool = False, env=Non
             _without_rays_resume_hint(),
         ):
             outcome = fit_watching_interrupts(tuner)
+    except TuneError as err:
+        # Tune ends the run at the first result without the metric (its strict check): what ran
+        # is summarised, and the run fails in one line naming workload.metric
+        job.reported_instead = reported_instead(err)
+        if job.reported_instead is None:
+            raise
+        outcome = (_saved_results(experiment.location), False)
     finally:  # however fit() ended: what Tune saved is signed at once
         signing.sign_now(experiment.location)
     experiment.pull("resume" if resume else "storage_path")
@@ -333,6 +377,7 @@ class TuneSummary:
     unit: str = "epoch"
     restarted: int = 0  # trial restarts after a failure (a lost node), from their last checkpoint
     restart_reason: str | None = None  # the first failure's line
+    reported_instead: tuple[str, ...] | None = None  # the metric was missing; these were there
 
     def parent_metrics(self) -> dict[str, float]:
         """What the invocation's parent MLflow run records about the whole search."""
@@ -352,14 +397,7 @@ class TuneSummary:
         lines = ["", "== rayflow results =="]
         # no trial reported the metric: no best trial, nothing under a heading
         if not self.best_metrics:
-            return "\n".join(
-                [
-                    *lines,
-                    no_success_line(
-                        self.trials, self.errored, self.error, self.interrupted, self.metric
-                    ),
-                ]
-            )
+            return "\n".join([*lines, self._no_best_line()])
         if self.best_config:
             lines += [
                 "best config:",
@@ -391,6 +429,15 @@ class TuneSummary:
         else:
             lines.append(f"trial-{self.unit}s used: {self.trial_epochs}")
         return "\n".join([*lines, *self._restarts()])
+
+    def _no_best_line(self) -> str:
+        if self.reported_instead is not None:
+            return f"no trial reported {self.metric} ({self.trials} trials); {self.reports_line()}"
+        return no_success_line(self.trials, self.errored, self.error, self.interrupted, self.metric)
+
+    def reports_line(self) -> str:
+        keys = ", ".join(self.reported_instead or ()) or "only Tune's own counters"
+        return f"they report: {keys}"
 
     def _restarts(self) -> list[str]:
         if not self.restarted:
@@ -454,4 +501,5 @@ def summarize(
         unit="epoch" if time_attr == "epoch" else "iteration",
         restarted=restarts[0],
         restart_reason=restarts[1],
+        reported_instead=job.reported_instead,
     )
