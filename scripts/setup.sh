@@ -71,3 +71,8 @@ if $tests; then
   [ ${#ssh_host_pkgs[@]} -eq 0 ] || apt_install "the backend=vm SSH-host tests (they skip without them)" "${ssh_host_pkgs[@]}"
 fi
 .venv/bin/python -c "import torch, ray, mlflow, pyspark; print('rayflow setup: torch', torch.__version__, '| cuda', torch.cuda.is_available(), '| ray', ray.__version__, '| mlflow', mlflow.__version__, '| pyspark', pyspark.__version__)"
+# How to run what was installed: `rayflow` is on PATH only inside the virtual environment.
+cat <<'DONE'
+rayflow setup: done. Run it with `.venv/bin/python -m rayflow ...` (or `.venv/bin/rayflow ...`),
+or activate the environment first, `source .venv/bin/activate`, then `rayflow --help`, `rayflow status`.
+DONE

@@ -24,6 +24,11 @@ def test_help_is_fast_and_loads_no_heavy_module():
         and "backend: attach, kuberay, local, spark, vm" in out.stdout
     )
     assert "HEAVY []" in out.stdout
+    # every subcommand is named, each on a line of its own, with how to ask for its options
+    from rayflow.commands import COMMANDS
+
+    listed = {line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")}
+    assert set(COMMANDS) <= listed and "python -m rayflow COMMAND --help" in out.stdout
 
 
 @pytest.mark.no_store

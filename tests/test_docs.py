@@ -175,3 +175,16 @@ def test_every_module_and_file_the_docs_name_exists():
             if not path.endswith(".md") and not list(REPO.glob(path.rstrip("/") or ".")):
                 stale.append(f"{page}: {path}")
     assert sorted(stale) == []
+
+
+# How long the suite takes, as the docs state it for a user planning their time: one wording, one
+# figure, wherever it is said (the README and getting started; testing.md has the measurements).
+SUITE_TIME = re.compile(r"(?:test suite|the suite) \(?(?:takes )?about ([0-9][0-9\-–]*) minutes")
+
+
+def test_the_suites_duration_is_stated_the_same_everywhere():
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    stated = {p.relative_to(REPO).as_posix(): SUITE_TIME.findall(p.read_text()) for p in pages}
+    figures = {figure for found in stated.values() for figure in found}
+    assert len(figures) == 1, {page: found for page, found in stated.items() if found}
+    assert stated["README.md"] and stated["docs/getting-started.md"]

@@ -129,7 +129,10 @@ def test_user_setup_installs_what_running_needs_and_no_test_packages(tmp_path):
     assert not re.search(r"openssh-server|rsync|tini", calls + out.stderr)
     # pip's per-package location warnings are gone, its real errors kept, the summary line last
     assert "is ignored" not in out.stdout + out.stderr and "ERROR: a real pip error" in out.stderr
-    assert out.stdout.splitlines() == ["rayflow setup: torch 2.13.0 | cuda False | ray 2.60.0"]
+    summary, *how = out.stdout.splitlines()
+    assert summary == "rayflow setup: torch 2.13.0 | cuda False | ray 2.60.0"
+    # the last lines say how to run what was installed: rayflow is on PATH only in the venv
+    assert "source .venv/bin/activate" in how[-1] and ".venv/bin/rayflow" in " ".join(how)
 
 
 def test_test_setup_adds_the_test_extra(tmp_path):

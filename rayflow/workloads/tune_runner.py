@@ -136,7 +136,10 @@ def _first_result_wait():
             self._close(f"no first result: trial {trial.trial_id} errored")
 
         def on_experiment_end(self, trials, **info):
-            self._close("the search ended before a trial's first result was taken")
+            if trials and all(t.status == "TERMINATED" for t in trials):
+                self._close("every trial had finished already (nothing left to run)")
+            else:
+                self._close("the search ended before a trial's first result was taken")
 
     return FirstResult()
 
