@@ -136,3 +136,12 @@ def test_down_all_takes_every_record_and_leaves_none(cache, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[rayflow] rf-one: torn down", "[rayflow] rf-two: torn down"]
     assert command("status").stdout.strip() == "no kept clusters"
+
+
+@pytest.mark.parametrize(
+    "minutes, said", [(1, "1 idle minute"), (2, "2 idle minutes"), (0.5, "0.5 idle minutes")]
+)
+def test_idle_minutes_read_as_english(minutes, said):
+    from rayflow.backends.kept import idle_minutes
+
+    assert idle_minutes(minutes) == said

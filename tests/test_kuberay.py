@@ -190,7 +190,7 @@ def test_a_kept_raycluster_runs_its_head_as_an_account_that_may_delete_only_it(a
     it; `status` lists it idle with its autostop; a second run that names it joins it; `logs`."""
     emu, runner, first = autostopping
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
-    assert f"autostop: {AUTOSTOPPED} stops itself after 1 idle minutes" in first.stdout
+    assert f"autostop: {AUTOSTOPPED} stops itself after 1 idle minute" in first.stdout
     cluster = emu.get("rayclusters", "default", AUTOSTOPPED)
     head_pod = cluster["spec"]["headGroupSpec"]["template"]["spec"]
     assert head_pod["serviceAccountName"] == f"{AUTOSTOPPED}-rayflow-autostop"

@@ -295,5 +295,8 @@ def test_a_trial_no_node_can_hold_fails_after_schedule_timeout_on_an_attached_cl
     ), last
     assert "workload.resources_per_trial.cpu" in last and "Traceback" not in out.stderr
     assert time.monotonic() - started < 90
+    # attach starts nothing: it says it connects (a vm or kuberay job's head attaches too)
+    assert "[rayflow] connecting to the running cluster (attach)" in out.stdout
+    assert "starting the attach cluster" not in out.stdout
     client, parents, _ = rayflow.mlflow("cifar")
     assert parents[0].info.status == "FAILED"

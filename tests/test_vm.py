@@ -106,7 +106,7 @@ def test_a_kept_cluster_is_listed_joined_by_name_and_its_job_log_read(idle_clust
     """Kept: `status` lists it idle with its autostop counting down; a second run that names it
     joins it; `logs` prints that run's job log (its results table, not rayflow's signed line)."""
     runner = idle_cluster
-    assert "autostop: rf-idle stops itself after 1 idle minutes" in runner.kept["first"].stdout
+    assert "autostop: rf-idle stops itself after 1 idle minute" in runner.kept["first"].stdout
     row = _status(runner)["rf-idle"]
     assert row["backend"] == "vm" and row["state"] == "idle" and row["autostop_idle_minutes"] == 1
     assert 0 < row["autostop_in_s"] <= 60 and row["nodes"] >= 1 and row["jobs"] == 1

@@ -310,7 +310,7 @@ def test_a_hand_written_cluster_yaml_runs_the_job_and_keeps_its_cluster(hand_wri
     ips = {json.loads(line)["node_ip"] for line in result.read_text().splitlines() if line.strip()}
     assert ips == {worker}  # the head has 0 CPUs: the trial ran on the worker host
     # kept: `rayflow status` lists it (asked through an SSH tunnel), `logs` reads its job
-    assert "autostop: my-hosts stops itself after 1 idle minutes" in out.stdout
+    assert "autostop: my-hosts stops itself after 1 idle minute" in out.stdout
     status = _clusters_cli(hand_written["env"], hand_written["work"], "status", "--json")
     assert status.returncode == 0, status.stderr[-2000:]
     [row] = json.loads(status.stdout)

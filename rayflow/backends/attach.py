@@ -70,6 +70,8 @@ class AttachedCluster(ClusterBackend):
     """Joins a running cluster; its stop() disconnects this process and leaves the cluster
     running."""
 
+    joins_running = True
+
     def target(self) -> str:
         address = str(self.section.address or "").strip()
         if not address:

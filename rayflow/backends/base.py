@@ -68,6 +68,8 @@ class ClusterBackend(abc.ABC):
     # It can leave its cluster running for later runs (backend.keep_cluster) and act on it again
     # from its record alone (`reach`, `down`: rayflow status, down and logs).
     keeps_clusters: bool = False
+    # It starts no cluster: it connects to one that runs already (attach), so a run says so.
+    joins_running: bool = False
 
     def __init__(self, section: DictConfig, auth_mode: str = "token") -> None:
         self.section = section  # the `backend:` config section

@@ -34,6 +34,11 @@ LOCK_TIMEOUT_S = 30.0  # a registry write is a read and a write: another command
 _SAFE = re.compile(r"[a-z0-9][a-z0-9.-]{0,99}")
 
 
+def idle_minutes(minutes: float) -> str:
+    """`1 idle minute`, `2.5 idle minutes`: how long a kept cluster may sit idle, in words."""
+    return f"{minutes:g} idle minute{'' if minutes == 1 else 's'}"
+
+
 @dataclass
 class KeptCluster:
     """One kept cluster: what rayflow needs to reach it, stop it and report on it again once the

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from rayflow.backends import ClusterHandle
+from rayflow.backends.kept import idle_minutes
 from rayflow.errors import JobError
 from rayflow.orchestrator.submission import jobs_client, stage_package, submission, submitted_id
 from rayflow.runtime.activity import WATCHER_PREFIX
@@ -57,7 +58,7 @@ def arm_or_warn(handle: ClusterHandle, minutes: float | None) -> None:
         )
         return
     print(
-        f"[rayflow] autostop: {handle.name} stops itself after {minutes:g} idle minutes "
+        f"[rayflow] autostop: {handle.name} stops itself after {idle_minutes(minutes)} "
         f"(its watcher is job {job_id})",
         flush=True,
     )

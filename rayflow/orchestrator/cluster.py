@@ -96,7 +96,10 @@ class SharedCluster:
                 flush=True,
             )
             return self.handle, False
-        print(f"[rayflow] starting the {self.backend.name} cluster", flush=True)
+        if self.backend.joins_running:  # attach, and a submitted job on its own cluster's head
+            print(f"[rayflow] connecting to the running cluster ({self.backend.name})", flush=True)
+        else:
+            print(f"[rayflow] starting the {self.backend.name} cluster", flush=True)
         self.handle = self._life.enter_context(running(self.backend, self.preload))
         return self.handle, True
 

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from rayflow.backends.handle import ClusterHandle, Submission
-from rayflow.backends.kept import KeptCluster
+from rayflow.backends.kept import KeptCluster, idle_minutes
 from rayflow.runtime.activity import activity, reachable
 from rayflow.runtime.processes import (
     GONE,
@@ -52,7 +52,7 @@ def kept_note(kept: Kept) -> None:
             file=sys.stderr,
             flush=True,
         )
-    stops = f"after {kept.minutes:g} idle minutes, " if kept.minutes else ""
+    stops = f"after {idle_minutes(kept.minutes)}, " if kept.minutes else ""
     print(
         f"[rayflow] spark: the Ray-on-Spark cluster {kept.name} is kept running in this process "
         "(backend.keep_cluster=true): the next run here with the same backend section joins "
