@@ -196,11 +196,24 @@ def test_ddp_training_plot_reads_the_epoch_log(tmp_path):
     [png] = draw(compose_config("workload=ddp"), root)
     assert png.name == "training.png"
     meta = read_meta(png)
+    ticks = meta.pop("ticks")
     assert meta == {
         "lines": 4,
         "panels": {"loss": 2, "accuracy": 1, "throughput": 1},
         "epochs": [1, 2, 3],
     }
+    assert ticks and all(t == int(t) for t in ticks)
+
+
+def test_a_two_epoch_training_plot_has_whole_epoch_ticks(tmp_path):
+    """matplotlib's default ticks for x in [1, 2] are 1.0, 1.2, ..., 2.0: no such epoch."""
+    root = tmp_path / "ddp-2"
+    root.mkdir()
+    rows = [{"epoch": e, "train_loss": 1 / e, "val_accuracy": 0.4 * e} for e in (1, 2)]
+    (root / EPOCHS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    [png] = draw(compose_config("workload=ddp"), root)
+    ticks = read_meta(png)["ticks"]
+    assert ticks and all(t == int(t) for t in ticks), ticks
 
 
 def test_ppo_one_line_per_lr_and_the_stop_goal(tmp_path):

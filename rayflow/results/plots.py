@@ -536,11 +536,20 @@ def training(rows: list[dict[str, Any]]) -> Drawn:
             ylabel=panel if panel != "throughput" else "samples/s",
             title=", ".join(keys),
         )
+        _whole_ticks(ax)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     epochs = [int(x) for x, _ in series(rows, "epoch", "epoch")]
-    return figure, {"lines": sum(lines.values()), "panels": lines, "epochs": epochs}
+    ticks = sorted({float(t) for ax in (loss, accuracy, speed) for t in ax.get_xticks()})
+    return figure, {"lines": sum(lines.values()), "panels": lines, "epochs": epochs, "ticks": ticks}
+
+
+def _whole_ticks(ax: Axes) -> None:
+    """Epochs and reports are counted: no tick between two (a 2-epoch run had 1.25, 1.5, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def reports(rows: list[dict[str, Any]], panels: int = 6) -> Drawn:
@@ -567,6 +576,7 @@ def reports(rows: list[dict[str, Any]], panels: int = 6) -> Drawn:
     for ax, key in zip(axes, keys, strict=False):
         ax.plot(*zip(*series(rows, x, key), strict=True), marker="o", markersize=3)
         ax.set(xlabel=x, ylabel=key, title=key)
+        _whole_ticks(ax)
         ax.grid(alpha=0.3)
     for ax in axes[len(keys) :]:
         ax.set_visible(False)
