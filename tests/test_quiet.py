@@ -253,3 +253,33 @@ def test_a_notebook_cell_gets_a_few_lines_for_four_trials(rayflow, tmp_path, mon
         if o.output_type == "display_data" and o.data.get("text/html", "").strip()
     ]
     assert not tables, tables[:2]
+
+
+# --- MLflow's store setup (issue 44): its INFO lines only from verbose=1 -------------------------
+
+_STORE_SCRIPT = """
+import sys
+from omegaconf import OmegaConf
+from rayflow.tracking.tracker import Tracker
+cfg = OmegaConf.create({"verbose": int(sys.argv[1]), "tracking": {
+    "enabled": True, "uri": "sqlite:///" + sys.argv[2], "experiment": "quiet"}})
+Tracker(cfg).client.get_experiment_by_name("quiet")
+"""
+
+
+@pytest.mark.parametrize("verbose, shown", [(0, False), (1, True)])
+def test_mlflow_store_setup_lines_only_when_verbose(tmp_path, verbose, shown):
+    """A fresh SQLite store's "Creating initial MLflow database tables..." (and alembic's lines)
+    are not shown at the default verbosity; verbose=1 shows them."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", _STORE_SCRIPT, str(verbose), str(tmp_path / "db.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    printed = out.stdout + out.stderr
+    info = [line for line in printed.splitlines() if re.search(r"\bINFO\b.*(mlflow|alembic)", line)]
+    assert bool(info) == shown, printed

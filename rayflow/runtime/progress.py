@@ -355,6 +355,7 @@ __all__ = [
     "note",
     "phase",
     "plain_ray_logs",
+    "quiet_store_logs",
     "settle_ray_logs",
     "shutdown_ray",
     "time_left",
@@ -428,6 +429,18 @@ def level(value) -> int:
     if isinstance(value, bool):
         return TUNE_TABLES if value else QUIET
     return int(value or 0)
+
+
+# MLflow's store setup logs at INFO ("Creating initial MLflow database tables...", alembic's
+# "Context impl SQLiteImpl"): nothing a user acts on, so shown from `verbose=1` only
+STORE_LOGGERS = ("alembic", "mlflow.store.db.utils")
+
+
+def quiet_store_logs(verbose) -> None:
+    """The MLflow store's INFO lines at `verbose=0` hidden, warnings and errors kept."""
+    shown = logging.INFO if level(verbose) >= CLUSTER else logging.WARNING
+    for name in STORE_LOGGERS:
+        logging.getLogger(name).setLevel(shown)
 
 
 def tune_verbose(value) -> int:
