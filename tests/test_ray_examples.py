@@ -1,0 +1,237 @@
+"""Ray's own example code, as its authors wrote it, through rayflow: every trainable of
+`ray.tune.examples` (and Ray's mock trainable), every Train loop of `ray.train.examples` and
+every algorithm of RLlib's registry, found in the installed wheel (a new Ray release adds its
+cases by itself). An entry runs, with the least work that shows it runs (one trial, a report or
+two), unless this table says why it cannot here (no download, no package, a GPU); an entry no
+table knows is run with the same generic config, so a new example is tried, not skipped.
+
+What a user sees is asserted: exit 0, the results block with a best trial, nothing errored.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.no_dashboard
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _is_trainable_class(node: ast.ClassDef) -> bool:
+    names = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+    return "Trainable" in names
+
+
+def _entries(package: str) -> list[tuple[str, str, str]]:
+    """(module, name, source) of each top-level Trainable class and `def f(config)` of the
+    package's modules, read as text (importing them would import TensorFlow and the rest)."""
+    root = _package_dir(package)
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = ".".join([package, *path.relative_to(root).with_suffix("").parts])
+        text = path.read_text()
+        for node in ast.parse(text).body:
+            takes_config = isinstance(node, ast.FunctionDef) and [a.arg for a in node.args.args][
+                :1
+            ] == ["config"]
+            if takes_config or (isinstance(node, ast.ClassDef) and _is_trainable_class(node)):
+                found.append((module, node.name, ast.get_source_segment(text, node) or ""))
+    return found
+
+
+def _needs(module: str) -> str | None:
+    """The packages the module imports that are not installed here, as a skip reason."""
+    text = (_package_dir(module.rsplit(".", 1)[0]) / (module.rsplit(".", 1)[1] + ".py")).read_text()
+    imported = set(re.findall(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", text, re.M))
+    missing = sorted(m for m in imported if importlib.util.find_spec(m) is None)
+    return f"needs {', '.join(missing)}, not installed" if missing else None
+
+
+# Why an entry cannot run here, by what it does (checked against the installed wheel: an entry
+# named here that Ray no longer ships fails test_the_tables_name_only_what_ray_ships).
+CANNOT = {
+    "ray.tune.examples.cifar10_pytorch": "downloads CIFAR-10 (no internet here)",
+    "ray.tune.examples.mnist_pytorch": "downloads MNIST (no internet here)",
+    "ray.tune.examples.mnist_pytorch_trainable": "downloads MNIST (no internet here)",
+    "ray.tune.examples.pbt_convnet_example": "downloads MNIST (no internet here)",
+    "ray.tune.examples.pbt_convnet_function_example": "downloads MNIST (no internet here)",
+    "ray.tune.examples.pbt_dcgan_mnist.pbt_dcgan_mnist_trainable": "downloads MNIST",
+    "ray.tune.examples.pbt_dcgan_mnist.pbt_dcgan_mnist_func": "downloads MNIST",
+    "ray.tune.examples.cifar10_pytorch:test_best_model": "evaluates a checkpoint: no trainable",
+    "ray.tune.examples.pb2_ppo_example:explore": "PBT's explore function: no trainable",
+    "ray.tune.examples.mlflow_example:train_function_mlflow": (
+        "logs to an MLflow run of its own making (rayflow's tracking does that)"
+    ),
+    "ray.tune.examples.optuna_multiobjective_example": (
+        "two metrics at once; rayflow optimises one (workload.metric)"
+    ),
+    "ray.train.examples.pytorch.torch_fashion_mnist_example": "downloads FashionMNIST",
+    "ray.train.examples.pytorch.torch_regression_example": "reads its data set from S3",
+    "ray.train.examples.pytorch.torch_data_prefetch_benchmark."
+    "auto_pipeline_for_host_to_device_data_transfer": "a GPU transfer benchmark (needs CUDA)",
+}
+RLLIB_CANNOT = {
+    "BC": "learns from offline data (none ships with the wheel)",
+    "CQL": "learns from offline data (none ships with the wheel)",
+    "IQL": "learns from offline data (none ships with the wheel)",
+    "MARWIL": "learns from offline data (none ships with the wheel)",
+    "DreamerV3": "a world model: minutes of a CPU per iteration",
+    "PPO": "run to a return goal by tests/test_ppo.py",
+    "DQN": "run to a return goal by tests/test_user_workloads.py",
+}
+# Continuous actions: a CartPole does not fit
+RLLIB_ENV = {"SAC": "Pendulum-v1"}
+# What the function examples read from their config (width, height, steps, iterations, lr, ax's
+# x1..x6): one generic config, a little of each, and the entries' own metric as their module
+# names it.
+CONFIG = (
+    "{width: 10, height: 5, steps: 3, iterations: 3, lr: 0.01, "
+    "x1: 0.1, x2: 0.2, x3: 0.3, x4: 0.4, x5: 0.5, x6: 0.6}"
+)
+
+
+def _tune_params() -> list:
+    entries = [
+        *_entries("ray.tune.examples"),
+        *[e for e in _entries("ray.tune.utils") if e[0].endswith("mock_trainable")],
+    ]
+    params, seen = [], {}
+    for module, name, source in entries:
+        ref = f"{module}:{name}"
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        why = CANNOT.get(ref) or CANNOT.get(module) or _needs(module)
+        if why is None and digest in seen:  # the same code as another example runs already
+            why = f"the same code as {seen[digest]}"
+        seen.setdefault(digest, ref)
+        marks = [pytest.mark.skip(reason=why)] if why else []
+        params.append(pytest.param(module, name, marks=marks, id=ref))
+    return params
+
+
+def _train_params() -> list:
+    params = []
+    for module, name, _ in _entries("ray.train.examples"):
+        if name == "setup":  # horovod's helper, called by its train_func
+            continue
+        why = CANNOT.get(module) or _needs(module)
+        marks = [pytest.mark.skip(reason=why)] if why else []
+        params.append(pytest.param(module, name, marks=marks, id=f"{module}:{name}"))
+    return params
+
+
+def _rllib_params() -> list:
+    from ray.rllib.algorithms.registry import ALGORITHMS
+
+    return [
+        pytest.param(
+            name,
+            marks=[pytest.mark.skip(reason=RLLIB_CANNOT[name])] if name in RLLIB_CANNOT else [],
+            id=name,
+        )
+        for name in sorted(ALGORITHMS)
+    ]
+
+
+# Where the module's own Tuner names no metric (it logs to MLflow itself): what it reports
+METRICS = {"ray.tune.examples.mlflow_example": ("mean_loss", "min")}
+
+
+def _metric(module: str) -> tuple[str, str]:
+    """The metric and mode the example's own Tuner uses (`metric="..."`, `mode="..."`)."""
+    if module in METRICS:
+        return METRICS[module]
+    path = _package_dir(module.rsplit(".", 1)[0]) / (module.rsplit(".", 1)[1] + ".py")
+    text = path.read_text()
+    metric = re.search(r"metric=[\"'](\w+)[\"']", text)
+    mode = re.search(r"mode=[\"'](min|max)[\"']", text)
+    return (metric.group(1) if metric else "episode_reward_mean", mode.group(1) if mode else "max")
+
+
+def _assert_ran(out) -> None:
+    assert out.returncode == 0, out.stdout[-2500:] + out.stderr[-2500:]
+    assert "== rayflow results" in out.stdout and "(0 errored" in out.stdout, out.stdout[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+COMMON = ["tracking=none", "backend.num_cpus=2"]
+
+
+class TestTuneExamples:
+    """One trial each, on one cluster the class shares (`ray start --head`, as a user's running
+    cluster: backend=attach), so each entry pays for its trial, not for a Ray start."""
+
+    @pytest.mark.parametrize("module, name", _tune_params())
+    def test_a_tune_example_runs_unchanged(self, rayflow, head_node, module, name):
+        metric, mode = _metric(module)
+        out = rayflow.run(
+            "workload=tune",
+            f"workload.trainable={module}:{name}",
+            f"workload.metric={metric}",
+            f"workload.mode={mode}",
+            f"workload.config={CONFIG}",
+            "workload.stop={training_iteration: 2}",
+            "backend=attach",
+            f"backend.address={head_node}",
+            "ray_auth_mode=token",
+            "tracking=none",
+            timeout=240,
+        )
+        _assert_ran(out)
+        assert f"best {metric}" in out.stdout
+
+
+@pytest.mark.parametrize("module, name", _train_params())
+def test_a_train_example_loop_runs_unchanged(rayflow, module, name):
+    out = rayflow.run(
+        "workload=train",
+        f"workload.train_loop={module}:{name}",
+        "workload.train_loop_config={epochs: 1, data_size: 64, val_size: 32, batch_size: 16}",
+        "workload.num_workers=1",
+        *COMMON,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stdout[-2500:] + out.stderr[-2500:]
+    assert "== rayflow results (Ray Train) ==" in out.stdout and "final loss" in out.stdout
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("algorithm", _rllib_params())
+def test_an_rllib_algorithm_runs_on_its_default_config(rayflow, algorithm):
+    out = rayflow.run(
+        "workload=rllib",
+        f"workload.algorithm={algorithm}",
+        f"workload.env={RLLIB_ENV.get(algorithm, 'CartPole-v1')}",
+        "workload.stop={training_iteration: 1}",
+        "tracking=none",
+        # its learner and default env runners, each a CPU: Ray's CPUs are counted, not cores
+        "backend.num_cpus=4",
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2500:] + out.stderr[-2500:]
+    assert "== rayflow results" in out.stdout and " iter 1: return " in out.stdout
+    assert "Traceback" not in out.stderr
+
+
+def test_the_tables_name_only_what_ray_ships():
+    from ray.rllib.algorithms.registry import ALGORITHMS
+
+    shipped = {
+        ref
+        for package in ("ray.tune.examples", "ray.train.examples")
+        for module, name, _ in _entries(package)
+        for ref in (module, f"{module}:{name}")
+    }
+    assert set(CANNOT) <= shipped, set(CANNOT) - shipped
+    assert set(RLLIB_CANNOT) <= set(ALGORITHMS)
