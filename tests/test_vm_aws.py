@@ -185,6 +185,45 @@ def test_rays_aws_files_are_accepted_with_resources_filled_from_the_api(ec2, use
     assert "resources" not in yaml.safe_load(away.stdout)["available_node_types"]["gpu"]
 
 
+def test_every_node_type_gets_the_instance_types_resources_the_files_own_winning(ec2, user):
+    """As Ray fills them (fillout_available_node_types_resources): every type, not only those
+    without the key; `resources: {}` (Ray's own files' "detect it") gets everything, a map of
+    custom resources gets CPUs and memory beside its own keys, a value the file sets stays."""
+
+    def worker(resources=None):
+        kind = {"min_workers": 0, "max_workers": 1, "node_config": {"InstanceType": "m5.large"}}
+        return kind if resources is None else {**kind, "resources": resources}
+
+    doc = {
+        **MULTI,
+        "cluster_name": "fill",
+        "available_node_types": {
+            "head": {"node_config": {"InstanceType": "m5.large"}, "resources": {}},
+            "empty": worker({}),
+            "custom": worker({"Custom1": 1, "is_spot": 1}),
+            "missing": worker(),
+            "capped": worker({"CPU": 1}),
+            "gpu": {
+                **worker({"accelerator": 1}),
+                "node_config": {"InstanceType": "g4dn.xlarge"},
+            },
+        },
+    }
+    out = user.run(f"backend.cluster_yaml={user.file('fill', doc)}", "dry_run=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    filled = {
+        n: t["resources"] for n, t in yaml.safe_load(out.stdout)["available_node_types"].items()
+    }
+    assert filled["head"] == {"CPU": 2}
+    memory = filled["missing"]["memory"]
+    assert memory > 0 and filled["missing"] == {"CPU": 2, "memory": memory}
+    assert filled["empty"] == filled["missing"]
+    assert filled["custom"] == {"CPU": 2, "memory": memory, "Custom1": 1, "is_spot": 1}
+    assert filled["capped"] == {"CPU": 1, "memory": memory}  # the file's value wins
+    assert filled["gpu"]["CPU"] == 4 and filled["gpu"]["GPU"] == 1
+    assert filled["gpu"]["accelerator"] == 1
+
+
 def test_wrong_credentials_or_region_are_one_line_before_any_instance(ec2, user):
     wrong = user.run(
         "backend.provider=aws",

@@ -2,11 +2,11 @@
 first, so that a file `ray up` accepts is accepted and a wrong account is one line.
 
 - `check_region`: the region against the ones botocore knows (offline: its endpoint data).
-- `fill_resources`: node types without `resources` get them as `ray up` fills them, by Ray's own
+- `fill_resources`: every node type gets its `resources` as `ray up` fills them, by Ray's own
   `AWSNodeProvider.fillout_available_node_types_resources` (CPUs, memory, GPUs of the instance
-  type, from `describe_instance_types`). Where the API does not answer (a dry run on a machine
-  without credentials) the types stay as they are and the reason comes back: `ray up` fills them
-  at start, after `probe` has checked that it can.
+  type, from `describe_instance_types`, with the file's own values winning). Where the API does
+  not answer (a dry run on a machine without credentials) the types stay as they are and the
+  reason comes back: `ray up` fills them at start, after `probe` has checked that it can.
 - `probe`: one bounded call (`describe_instance_types` of the file's instance types, one attempt,
   5 s to connect) that says in one line why the account cannot start the cluster: no
   credentials, credentials refused, no answer at the endpoint, an instance type the region does
@@ -118,14 +118,23 @@ def _answer(err: Any, region: str, wanted: list[str]) -> str:
 
 
 def unfilled(doc: Mapping) -> list[str]:
-    """The node types that leave `resources` to `ray up`."""
+    """The node types whose `resources` `ray up` fills from the instance type: every type with an
+    instance type. Ray fills each, its file's own values winning (`resources: {}`, Ray's own
+    files' way of saying "detect it", gets everything; `{Custom1: 1}` gets CPUs and memory too)."""
     types = doc.get("available_node_types") or {}
-    return sorted(n for n, t in types.items() if isinstance(t, Mapping) and "resources" not in t)
+    return sorted(
+        n
+        for n, t in types.items()
+        if isinstance(t, Mapping)
+        and isinstance(t.get("node_config"), Mapping)
+        and t["node_config"].get("InstanceType")
+    )
 
 
 def fill_resources(doc: dict, region: str) -> str | None:
-    """Fill `resources` of the node types that have none, in place, as `ray up` does; None when
-    done (or nothing to do), else why the API could not be asked (the types stay unfilled)."""
+    """Fill `resources` of every node type, in place, as `ray up` does (what the instance type
+    has, then the file's own values over it); None when done (or nothing to do), else why the
+    API could not be asked (the types stay as the file has them)."""
     names = unfilled(doc)
     if not names:
         return None
