@@ -1,13 +1,14 @@
 """rayflow: one Hydra config, the same Ray Tune / Ray Train job on a laptop, Spark, KubeRay or VMs.
 
-From Python (a notebook): rayflow.run(...), rayflow.compose(...), rayflow.dry_run(...); the kept
-clusters: rayflow.clusters(), rayflow.down(...), rayflow.logs(...) (rayflow.api). Importing rayflow
-loads Hydra's config layer only; ray, torch and mlflow load when a job runs.
+From Python (a notebook): rayflow.run(...), rayflow.resume(PATH), rayflow.compose(...),
+rayflow.dry_run(...); the kept clusters: rayflow.clusters(), rayflow.down(...), rayflow.logs(...)
+(rayflow.api). Importing rayflow loads Hydra's config layer only; ray, torch and mlflow load when a
+job runs.
 """
 
 __version__ = "0.1.0"
 
-from rayflow.api import clusters, compose, down, dry_run, logs, run
+from rayflow.api import clusters, compose, down, dry_run, logs, resume, run
 from rayflow.errors import (
     ConfigError,
     RunFailed,
@@ -25,5 +26,6 @@ __all__ = [
     "down",
     "dry_run",
     "logs",
+    "resume",
     "run",
 ]

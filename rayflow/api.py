@@ -75,11 +75,44 @@ def run(
         except (RunFailed, RunInterrupted) as err:
             if isinstance(err.result, RunResult):
                 err.result.runner = run  # err.result.resume() continues it
+                err.args = (notebook_hint(str(err), err.result, _in_main(given, workload_keys)),)
             raise
     done = [result for result in results if result is not None]  # None: a dry run's, refused above
     for result in done:
         result.runner = run
     return done if multirun else done[0]
+
+
+def resume(path: str, *overrides: str, **workload_keys: Any) -> RunResult | list[RunResult]:
+    """Continue the experiment at `path` (a folder or an object-store URI) in this process, as
+    `run("resume=PATH", ...)`: after a kernel restart, give a trainable defined in the notebook
+    again (`trainable=objective`), as the first run had it."""
+    return run(f"resume={path}", *overrides, **workload_keys)
+
+
+CLI_HINT = "Continue with: "
+
+
+def notebook_hint(message: str, result: RunResult, in_main: bool) -> str:
+    """A failure's message as rayflow.run raises it: what continues the run from the notebook
+    (`err.result.resume()`, or `rayflow.resume(PATH)` after a restart) in place of the command
+    line, which cannot import a trainable defined in the notebook's `__main__`; the command line
+    is kept beside them where the trainable is importable by its module."""
+    head, found, cli = message.partition(CLI_HINT)
+    if not found:
+        return message
+    again = ", trainable=..." if in_main else ""
+    restart = f"rayflow.resume({result.experiment!r}{again})"
+    said = f"{CLI_HINT}err.result.resume(), or after a restart {restart}"
+    return head + said + ("" if in_main else f"; from a shell: {cli}")
+
+
+def _in_main(given: list[str], workload_keys: dict[str, Any]) -> bool:
+    """Whether the run's code is defined in `__main__` (a notebook, a script run as a file)."""
+    objects = [v for v in workload_keys.values() if callable(v)]
+    return any(getattr(v, "__module__", None) == "__main__" for v in objects) or any(
+        "__main__:" in o for o in given
+    )
 
 
 def clusters() -> list[Any]:
@@ -205,4 +238,4 @@ def _process_state_restored():
         reset_termination()
 
 
-__all__ = ["compose", "dry_run", "run"]
+__all__ = ["compose", "dry_run", "resume", "run"]

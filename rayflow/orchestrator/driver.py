@@ -148,8 +148,18 @@ def _start_tracking(
         "choices": choices,
         "config": kept,
         "asks": _carried(plan)[1],
+        "project": _project(),  # the folder it was run from: resume=true picks this folder's
     }
     write_state(experiment, {**state, **redact(saved)})  # keeps what the workload saved (resume)
+
+
+def _project() -> str:
+    """The folder the run was started from: a submitted job's, its submitter's."""
+    if os.environ.get(SUBMITTED_FROM):
+        origin = json.loads(os.environ[SUBMITTED_FROM])
+        if isinstance(origin.get("project"), str):
+            return str(origin["project"])
+    return os.getcwd()
 
 
 def _torch_version() -> str:

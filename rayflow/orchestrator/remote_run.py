@@ -124,7 +124,7 @@ def _submitted_from(plan: Plan) -> dict[str, Any]:
     prints the resume command as this side would, not with the job's `backend=attach` to a head
     that will be gone."""
     shown, asks = carried(plan.overrides)
-    return {"carried": shown, "asks": asks}
+    return {"carried": shown, "asks": asks, "project": os.getcwd()}
 
 
 def _experiment_name(plan: Plan) -> str:

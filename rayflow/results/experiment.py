@@ -197,7 +197,40 @@ def _latest(cfg, base: str) -> Experiment:
             f"every {name} experiment under {base} is running now (resume=true passes "
             "running ones by); give resume=PATH once its run has ended",
         )
-    return max(idle, key=lambda pair: pair[0])[1]
+    return _of_this_project(name, base, idle)
+
+
+SHOWN_OTHERS = 3  # experiments of other folders a resume names
+
+
+def _of_this_project(name: str, base: str, idle: list[tuple[float, Experiment]]) -> Experiment:
+    """The latest of `idle` that was run from this folder (its state's `project`; one from before
+    rayflow recorded it counts as this folder's), said in one line with where it was found and the
+    experiments of other folders it passed over. A store several projects share must not hand one
+    project's experiment to another's resume."""
+    here = str(Path.cwd())
+    projects = {e.location: read_state(e).get("project") for _, e in idle}
+    ours = [(at, e) for at, e in idle if projects[e.location] in (None, here)]
+    others = sorted(
+        ((at, e) for at, e in idle if projects[e.location] not in (None, here)),
+        key=lambda pair: -pair[0],
+    )
+    named = ", ".join(f"{e.name} ({projects[e.location]})" for _, e in others[:SHOWN_OTHERS])
+    more = f" and {len(others) - SHOWN_OTHERS} more" if len(others) > SHOWN_OTHERS else ""
+    passed = f"{len(others)} of other folders: {named}{more}" if others else ""
+    if not ours:
+        raise ConfigError(
+            "resume",
+            f"no {name} experiment of this folder ({here}) under {base}; passed over {passed}. "
+            "Run from the folder that started it, or give resume=PATH",
+        )
+    chosen = max(ours, key=lambda pair: pair[0])[1]
+    print(
+        f"[rayflow] resume: continuing {chosen.name}, the latest {name} experiment of this "
+        f"folder under {base}" + (f" (passed over {passed})" if passed else ""),
+        flush=True,
+    )
+    return chosen
 
 
 def _passed(passed: dict[str, int]) -> str:
