@@ -159,6 +159,9 @@ def test_rays_aws_files_are_accepted_with_resources_filled_from_the_api(ec2, use
     assert types["ray.worker.default"]["node_config"]["InstanceMarketOptions"] == {
         "MarketType": "spot"
     }
+    # its `resources: {}` says "detect it": filled as `ray up` fills them (m5.large: 2 vCPUs)
+    assert types["ray.head.default"]["resources"] == {"CPU": 2}
+    assert types["ray.worker.default"]["resources"]["CPU"] == 2
 
     multi = user.file("multi", {**MULTI, "cluster_name": "multi"})
     out = user.run(f"backend.cluster_yaml={multi}", "dry_run=true")
@@ -203,8 +206,8 @@ def test_every_node_type_gets_the_instance_types_resources_the_files_own_winning
             "custom": worker({"Custom1": 1, "is_spot": 1}),
             "missing": worker(),
             "capped": worker({"CPU": 1}),
-            "gpu": {
-                **worker({"accelerator": 1}),
+            "gpu": {  # g4dn.xlarge: 4 vCPUs, 1 GPU; the file asks for 2 CPUs
+                **worker({"accelerator": 1, "CPU": 2}),
                 "node_config": {"InstanceType": "g4dn.xlarge"},
             },
         },
@@ -214,14 +217,22 @@ def test_every_node_type_gets_the_instance_types_resources_the_files_own_winning
     filled = {
         n: t["resources"] for n, t in yaml.safe_load(out.stdout)["available_node_types"].items()
     }
-    assert filled["head"] == {"CPU": 2}
+    assert filled["head"] == {"CPU": 2}  # Ray fills a head's CPUs, not its memory
     memory = filled["missing"]["memory"]
     assert memory > 0 and filled["missing"] == {"CPU": 2, "memory": memory}
     assert filled["empty"] == filled["missing"]
     assert filled["custom"] == {"CPU": 2, "memory": memory, "Custom1": 1, "is_spot": 1}
     assert filled["capped"] == {"CPU": 1, "memory": memory}  # the file's value wins
-    assert filled["gpu"]["CPU"] == 4 and filled["gpu"]["GPU"] == 1
-    assert filled["gpu"]["accelerator"] == 1
+    gpu_memory = filled["gpu"]["memory"]
+    assert gpu_memory > memory
+    # the file's 2 of 4 vCPUs; the GPU and its type (Ray's accelerator resource) filled
+    assert filled["gpu"] == {
+        "CPU": 2,
+        "GPU": 1,
+        "accelerator_type:T4": 1,
+        "memory": gpu_memory,
+        "accelerator": 1,
+    }
 
 
 def test_wrong_credentials_or_region_are_one_line_before_any_instance(ec2, user):

@@ -253,9 +253,10 @@ def _added(
 
 
 def _fill_resources(doc: dict, kind: str, path: str) -> str | None:
-    """aws: node types without `resources` filled from the EC2 API, as `ray up` fills them
-    (rayflow.backends.vm.aws); where it does not answer, the note a dry run prints: `ray up`
-    fills them at start, and the start's probe checks first that it can."""
+    """aws: every node type's `resources` filled from the EC2 API as `ray up` fills them, the
+    file's own values winning (rayflow.backends.vm.aws); where it does not answer, the note a dry
+    run prints: `ray up` fills them at start, and the start's probe checks first that it can.
+    (gcp: Ray fills only a TPU pod's head resource, at start; a GCP file states its own.)"""
     if kind != "aws":
         return None
     from rayflow.backends.vm import aws
