@@ -1,5 +1,6 @@
 """Tune trainables as their authors wrote them: actors are reused only where it is safe, and the
-results block counts as restarted only trials Tune restarted from a checkpoint."""
+results block counts as restarted only trials Tune restarted from a checkpoint; a metric no trial
+reports ends the run in one line; the plot of a scheduler's trials names those that errored."""
 
 from __future__ import annotations
 
@@ -80,13 +81,36 @@ def test_only_trials_restarted_from_a_checkpoint_count_as_restarted(tmp_path):
     entries = [
         _trial(tmp_path, "t1", "TERMINATED", 1, checkpoint=True),  # restarted from its checkpoint
         _trial(tmp_path, "t2", "TERMINATED", 1, checkpoint=False),  # ran again from its start
-        _trial(tmp_path, "t4", "ERRORED", 1, checkpoint=True),  # its one failure ended it
-        _trial(tmp_path, "t5", "ERRORED", 3, checkpoint=True),  # restarted twice, then ended
+        _trial(tmp_path, "t4", "ERROR", 1, checkpoint=True),  # its one failure ended it
+        _trial(tmp_path, "t5", "ERROR", 3, checkpoint=True),  # restarted twice, then ended
     ]
     (tmp_path / "experiment_state-2026-01-01_00-00-00.json").write_text(
         json.dumps({"trial_data": entries})
     )
     assert trial_restarts(tmp_path) == (3, "RuntimeError: node lost")
+
+
+def test_the_hyperband_plot_title_counts_errored_trials_even_without_a_folder(tmp_path):
+    """An errored trial is named in the plot's title, also one that errored before it wrote its
+    folder (only Tune's state holds it, as when an actor could not be reused)."""
+    from rayflow.results.plots import tune_figures
+
+    for trial_id, status in [("h_00000", "TERMINATED"), ("h_00001", "ERROR")]:
+        folder = tmp_path / f"MyTrainableClass_{trial_id}_0"
+        folder.mkdir()
+        (folder / "params.json").write_text("{}")
+        row = {"trial_id": trial_id, "training_iteration": 1, "loss": 1.0}
+        (folder / "result.json").write_text(json.dumps(row) + "\n")
+    trials = [
+        [json.dumps({"trial_id": t, "status": s, "relative_logdir": t}), "{}"]
+        for t, s in [("h_00000", "TERMINATED"), ("h_00001", "ERROR"), ("h_00002", "ERROR")]
+    ]
+    (tmp_path / "experiment_state-2026-01-01_00-00-00.json").write_text(
+        json.dumps({"trial_data": trials})
+    )
+    figures = dict(tune_figures(tmp_path, "loss", "min", "training_iteration", 2, [], "HyperBand"))
+    _, meta = figures["learning_curves.png"]()
+    assert meta["state"] == "2 of 3 trials ERRORED" and "2 of 3 trials ERRORED" in meta["title"]
 
 
 TINY = [

@@ -19,7 +19,14 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from rayflow.results.records import FINISHED, Trial, lookup, series, tune_trials
+from rayflow.results.records import (
+    FINISHED,
+    Trial,
+    lookup,
+    series,
+    trial_statuses,
+    tune_trials,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -339,6 +346,14 @@ def tune_figures(
     """The plots of any Tune experiment: learning curves of `metric` over `x`, and the search
     view."""
     trials = tune_trials(experiment_dir)
+    # A trial that errored before it wrote its folder (an actor Tune failed to reuse) is only in
+    # Tune's state: kept, without reports, so the title still counts it.
+    seen = {t.trial_id for t in trials}
+    trials += [
+        Trial(trial_id, {}, [], status)
+        for trial_id, status in sorted(trial_statuses(experiment_dir).items())
+        if trial_id not in seen
+    ]
     return [
         (
             "learning_curves.png",

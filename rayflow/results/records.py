@@ -165,7 +165,7 @@ def trial_restarts(experiment_dir: Path) -> tuple[int, str | None]:
         # A restart goes on from the trial's last checkpoint: a trial that saved none ran again
         # from its start, which the results block must not call a restart from a checkpoint.
         if _has_checkpoint(Path(experiment_dir), trial.get("relative_logdir")):
-            restarts += max(0, failures - (trial.get("status") == "ERRORED"))
+            restarts += max(0, failures - (trial.get("status") == ERRORED))
     if not restarts:
         return 0, None
     for error in sorted(Path(experiment_dir).glob("*/error.txt")):
