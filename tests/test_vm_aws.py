@@ -206,6 +206,10 @@ def test_every_node_type_gets_the_instance_types_resources_the_files_own_winning
             "custom": worker({"Custom1": 1, "is_spot": 1}),
             "missing": worker(),
             "capped": worker({"CPU": 1}),
+            "templated": {  # no InstanceType (a launch template's): Ray cannot fill it
+                **worker({"CPU": 8}),
+                "node_config": {"LaunchTemplate": {"LaunchTemplateName": "mine"}},
+            },
             "gpu": {  # g4dn.xlarge: 4 vCPUs, 1 GPU; the file asks for 2 CPUs
                 **worker({"accelerator": 1, "CPU": 2}),
                 "node_config": {"InstanceType": "g4dn.xlarge"},
@@ -223,6 +227,7 @@ def test_every_node_type_gets_the_instance_types_resources_the_files_own_winning
     assert filled["empty"] == filled["missing"]
     assert filled["custom"] == {"CPU": 2, "memory": memory, "Custom1": 1, "is_spot": 1}
     assert filled["capped"] == {"CPU": 1, "memory": memory}  # the file's value wins
+    assert filled["templated"] == {"CPU": 8}
     gpu_memory = filled["gpu"]["memory"]
     assert gpu_memory > memory
     # the file's 2 of 4 vCPUs; the GPU and its type (Ray's accelerator resource) filled

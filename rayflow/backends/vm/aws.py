@@ -138,7 +138,10 @@ def fill_resources(doc: dict, region: str) -> str | None:
     names = unfilled(doc)
     if not names:
         return None
-    types = json.dumps(doc["available_node_types"], sort_keys=True, default=str)
+    # only the types with an instance type: Ray's function stops at the first without one (a
+    # launch template's), filling none; the others are filled as it would fill them
+    typed = {name: doc["available_node_types"][name] for name in names}
+    types = json.dumps(typed, sort_keys=True, default=str)
     try:
         # a run renders its config several times (check, probe, start): EC2 is asked once
         provider = json.dumps(doc.get("provider") or {}, sort_keys=True, default=str)
