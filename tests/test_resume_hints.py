@@ -41,7 +41,7 @@ def test_resume_true_picks_this_folders_latest_and_names_the_others(tmp_path, mo
     assert experiment_dir(_cfg(tmp_path, "resume=true")) == ours
     said = capsys.readouterr().out
     assert (
-        f"[rayflow] resume: continuing cifar-ours, the latest cifar experiment of this folder under {tmp_path / 'results'}"
+        f"[rayflow] resume: continuing cifar-ours ({ours}), the latest cifar experiment of this folder under {tmp_path / 'results'}"
         in said
     )
     assert f"passed over 1 of other folders: cifar-theirs ({there})" in said

@@ -226,8 +226,8 @@ def _of_this_project(name: str, base: str, idle: list[tuple[float, Experiment]])
         )
     chosen = max(ours, key=lambda pair: pair[0])[1]
     print(
-        f"[rayflow] resume: continuing {chosen.name}, the latest {name} experiment of this "
-        f"folder under {base}" + (f" (passed over {passed})" if passed else ""),
+        f"[rayflow] resume: continuing {chosen.name} ({chosen.location}), the latest {name} "
+        f"experiment of this folder under {base}" + (f" (passed over {passed})" if passed else ""),
         flush=True,
     )
     return chosen
