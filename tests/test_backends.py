@@ -108,7 +108,8 @@ def test_the_backend_contract_is_small():
     """What every backend answers (render, check, capacity, start -> handle, stop), the one choice
     that shapes a run (submits_jobs), whether its nodes see this machine's files and whether they
     are one machine's (a folder for storage_path), and whether it keeps a cluster for later runs
-    (keeps_clusters: reach and down, from the kept cluster's record); the rest is its config. A
+    (keeps_clusters: reach and down, from the kept cluster's record), whether it starts nothing
+    (joins_running: attach); the rest is its config. A
     cluster's run state is the handle's, not the backend's."""
     from rayflow.backends import ClusterBackend, ClusterHandle
 
@@ -124,6 +125,7 @@ def test_the_backend_contract_is_small():
         "shares_filesystem",
         "single_machine",
         "keeps_clusters",
+        "joins_running",
         "reach",
         "down",
         "name",

@@ -101,11 +101,17 @@ def test_a_run_keeps_its_whole_experiment_in_the_bucket_and_resume_finds_it_ther
     assert sum(k.endswith("/result.json") for k in keys) == 2
     assert not any(k.endswith(".rayflow.lock") for k in keys)  # its lease went with its run
 
-    # resume=true looks for the latest experiment of the workload in the bucket: this one
+    # resume=true looks for the latest experiment of the workload in the bucket: this one, run
+    # from the benchmark's own folder, is named as another folder's and passed over from here;
+    # resume=PATH takes it
+    from rayflow.errors import ConfigError
     from rayflow.orchestrator.compose import compose_config
     from rayflow.results.experiment import locate
     from rayflow.runtime.environment import scoped_env
 
     with scoped_env(s3.env()):
-        found = locate(compose_config(f"storage_path={s3.uri('bench')}", "resume=true"))
+        with pytest.raises(ConfigError) as refused:
+            locate(compose_config(f"storage_path={s3.uri('bench')}", "resume=true"))
+        assert f"passed over 1 of other folders: {experiment} (" in str(refused.value)
+        found = locate(compose_config(f"storage_path={s3.uri('bench')}", f"resume={where}"))
     assert found.location == where and found.remote

@@ -159,20 +159,32 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     elsewhere = rayflow.workdir / "elsewhere"
     elsewhere.mkdir()
     daemons = ray_daemon_pids()
-    wrong = subprocess.run(
-        rayflow.argv(*args, "resume=true", "tracking.uri=sqlite:///mlflow.db"),
-        cwd=elsewhere,
-        env=rayflow.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert wrong.returncode == 2, wrong.stderr[-2000:]
-    [line] = wrong.stderr.strip().splitlines()
+    [experiment] = [p for p in rayflow.storage.iterdir() if p.name.startswith("cifar-")]
+
+    def from_elsewhere(resume: str) -> str:
+        wrong = subprocess.run(
+            rayflow.argv(*args, f"resume={resume}", "tracking.uri=sqlite:///mlflow.db"),
+            cwd=elsewhere,
+            env=rayflow.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert wrong.returncode == 2, wrong.stderr[-2000:]
+        [line] = wrong.stderr.strip().splitlines()
+        return line
+
+    line = from_elsewhere(str(experiment))
     assert (
         line.startswith("rayflow: error: resume: the experiment's MLflow parent run ")
         and "does not exist here" in line
     ), line
+    # resume=true from there does not pick another folder's experiment: it names it
+    line = from_elsewhere("true")
+    assert line.startswith(
+        f"rayflow: error: resume: no cifar experiment of this folder ({elsewhere})"
+    )
+    assert f"{experiment.name} ({rayflow.workdir})" in line, line
     assert not (elsewhere / "mlflow.db").exists() and ray_daemon_pids() == daemons
 
     out = rayflow.run(*args, "resume=true")

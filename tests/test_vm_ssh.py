@@ -112,8 +112,10 @@ def _cluster(hosts) -> list[str]:
     ]
 
 
-# Two trials of 7 epochs, each checkpointing every epoch; ASHA stops none (grace = max_epochs).
-EPOCHS = 7
+# Two trials of 10 epochs, each checkpointing every epoch; ASHA stops none (grace = max_epochs).
+# Enough for the resumed run to have epochs left to lose a node in: the first run is interrupted
+# once Tune's state reaches the bucket, which on a quiet machine was seen after 5 epochs of 7.
+EPOCHS = 10
 CIFAR = [
     "data.synthetic=true",
     "data.synthetic_train_size=1000",
@@ -414,7 +416,7 @@ def test_separate_machines_keep_the_experiment_in_a_bucket_it_outlives_the_clust
             interval=0.5,
         ), logs[1].read_text()[-3000:]
         raylets = [p for p, cmd in hosts.pids_in_host(2).items() if "raylet" in cmd.split()[0]]
-        assert raylets and proc.poll() is None, hosts.pids_in_host(2)
+        assert raylets and proc.poll() is None, (hosts.pids_in_host(2), logs[1].read_text()[-3000:])
         for pid in raylets:
             os.kill(pid, signal.SIGKILL)
     finally:
