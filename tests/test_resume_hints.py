@@ -87,3 +87,16 @@ def test_a_notebooks_failure_suggests_resuming_in_the_notebook(tmp_path, monkeyp
     # a trainable importable by its module path: the shell's way is given too
     both = api.notebook_hint(cli, result, in_main=False)
     assert "err.result.resume()" in both and "python -m rayflow resume=" in both
+
+
+def test_names_read_from_a_shared_store_are_shown_as_printable_text(tmp_path, monkeypatch):
+    """A state's `project` is read before the experiment is verified: terminal controls in it
+    reach the line escaped, not acted on."""
+    here = tmp_path / "project-a"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    _experiment(tmp_path, "cifar-theirs", "/x\x1b[2J\x1b]0;owned\x07")
+    with pytest.raises(ConfigError) as caught:
+        experiment_dir(_cfg(tmp_path, "resume=true"))
+    said = str(caught.value)
+    assert "\x1b" not in said and "\x07" not in said and "/x\\x1b[2J" in said

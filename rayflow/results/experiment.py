@@ -29,6 +29,7 @@ from rayflow.errors import ConfigError
 from rayflow.results import lease, signing, storage, verification
 from rayflow.results.signing import LOCK_FILE, is_checkpoint_file
 from rayflow.security.auth import cache_dir
+from rayflow.security.printable import printable_line
 
 STATE_FILE = "rayflow.json"  # next to Tune's own state: the MLflow parent run, for resume
 STATE_MAX = 8 * 2**20  # bytes of a STATE_FILE rayflow reads
@@ -203,19 +204,30 @@ def _latest(cfg, base: str) -> Experiment:
 SHOWN_OTHERS = 3  # experiments of other folders a resume names
 
 
+def _project_of(experiment: Experiment) -> str | None:
+    """The folder the experiment's run was started from (its state's `project`), as one printable
+    line; None where the state records none (written before rayflow recorded it)."""
+    project = read_state(experiment).get("project")
+    return printable_line(project) if isinstance(project, str) else None
+
+
 def _of_this_project(name: str, base: str, idle: list[tuple[float, Experiment]]) -> Experiment:
     """The latest of `idle` that was run from this folder (its state's `project`; one from before
     rayflow recorded it counts as this folder's), said in one line with where it was found and the
     experiments of other folders it passed over. A store several projects share must not hand one
     project's experiment to another's resume."""
     here = str(Path.cwd())
-    projects = {e.location: read_state(e).get("project") for _, e in idle}
+    # read before the experiment is verified (only the chosen one will be): data to compare and
+    # show, each shown as one printable line (a shared store's files are anyone's text)
+    projects = {e.location: _project_of(e) for _, e in idle}
     ours = [(at, e) for at, e in idle if projects[e.location] in (None, here)]
     others = sorted(
         ((at, e) for at, e in idle if projects[e.location] not in (None, here)),
         key=lambda pair: -pair[0],
     )
-    named = ", ".join(f"{e.name} ({projects[e.location]})" for _, e in others[:SHOWN_OTHERS])
+    named = ", ".join(
+        f"{printable_line(e.name)} ({projects[e.location]})" for _, e in others[:SHOWN_OTHERS]
+    )
     more = f" and {len(others) - SHOWN_OTHERS} more" if len(others) > SHOWN_OTHERS else ""
     passed = f"{len(others)} of other folders: {named}{more}" if others else ""
     if not ours:
@@ -226,7 +238,8 @@ def _of_this_project(name: str, base: str, idle: list[tuple[float, Experiment]])
         )
     chosen = max(ours, key=lambda pair: pair[0])[1]
     print(
-        f"[rayflow] resume: continuing {chosen.name} ({chosen.location}), the latest {name} "
+        f"[rayflow] resume: continuing {printable_line(chosen.name)} "
+        f"({printable_line(chosen.location)}), the latest {name} "
         f"experiment of this folder under {base}" + (f" (passed over {passed})" if passed else ""),
         flush=True,
     )
