@@ -283,3 +283,20 @@ def test_mlflow_store_setup_lines_only_when_verbose(tmp_path, verbose, shown):
     printed = out.stdout + out.stderr
     info = [line for line in printed.splitlines() if re.search(r"\bINFO\b.*(mlflow|alembic)", line)]
     assert bool(info) == shown, printed
+
+
+@pytest.mark.parametrize("verbose, shown", [(0, False), (1, True)])
+def test_tunes_remote_file_not_found_warning_only_when_verbose(verbose, shown):
+    """Tune warns "Remote file not found: .../result.json" once per trial a PBT exploit copies
+    (8 lines in a 4-trial PBT run of examples/tune-pbt): its results are written anew, nothing to
+    act on. Shown from verbose=1."""
+    import logging
+
+    from rayflow.runtime.progress import quiet_store_logs
+
+    quiet_store_logs(verbose)
+    try:
+        assert logging.getLogger("ray.tune.logger.logger").isEnabledFor(logging.WARNING) is shown
+        assert logging.getLogger("ray.tune.logger.logger").isEnabledFor(logging.ERROR)
+    finally:
+        quiet_store_logs(1)

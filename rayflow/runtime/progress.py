@@ -431,16 +431,21 @@ def level(value) -> int:
     return int(value or 0)
 
 
-# MLflow's store setup logs at INFO ("Creating initial MLflow database tables...", alembic's
-# "Context impl SQLiteImpl"): nothing a user acts on, so shown from `verbose=1` only
-STORE_LOGGERS = ("alembic", "mlflow.store.db.utils")
+# Lines of the driver's libraries that nothing a user does acts on, each hidden at `verbose=0`
+# below the level given, shown from `verbose=1`: MLflow's store setup at INFO ("Creating initial
+# MLflow database tables...", alembic's "Context impl SQLiteImpl"); Tune's "Remote file not
+# found" WARNING, once per trial a PBT exploit copies (the trial's results are written anew).
+QUIET_LOGGERS = {
+    "alembic": logging.WARNING,
+    "mlflow.store.db.utils": logging.WARNING,
+    "ray.tune.logger.logger": logging.ERROR,
+}
 
 
 def quiet_store_logs(verbose) -> None:
-    """The MLflow store's INFO lines at `verbose=0` hidden, warnings and errors kept."""
-    shown = logging.INFO if level(verbose) >= CLUSTER else logging.WARNING
-    for name in STORE_LOGGERS:
-        logging.getLogger(name).setLevel(shown)
+    """The loggers of QUIET_LOGGERS at their quiet level at `verbose=0`, at INFO from 1."""
+    for name, quiet in QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(logging.INFO if level(verbose) >= CLUSTER else quiet)
 
 
 def tune_verbose(value) -> int:
