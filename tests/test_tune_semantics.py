@@ -164,3 +164,17 @@ def test_a_metric_no_trial_reports_ends_the_run_in_one_line_with_the_keys_report
     )
     # the run ended at the first results, not after 50 iterations
     assert "training_iteration=50" not in said
+
+
+def test_the_keys_a_refused_result_held_are_read_as_text():
+    """Tune's strict-metric error quotes the result: its keys, Tune's own counters and the config
+    left out, are shown escaped (a trial's key is the trial's text)."""
+    from rayflow.workloads.tune_runner import reported_instead
+
+    said = (
+        "Trial returned a result which did not include the specified metric(s) `los` that "
+        "`tune.TuneConfig()` expects. Result: {'loss': 0.2, 'acc\x1b[2J': 1, "
+        "'training_iteration': 1, 'config/lr': 0.1}"
+    )
+    assert reported_instead(ValueError(said)) == ("acc\\x1b[2J", "loss")
+    assert reported_instead(ValueError("another error")) is None

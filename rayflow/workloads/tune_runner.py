@@ -21,6 +21,7 @@ from rayflow.results import signing, storage, verification
 from rayflow.results.experiment import Experiment
 from rayflow.results.records import TUNE_AUTO_KEYS
 from rayflow.runtime.environment import scoped_env
+from rayflow.security.printable import printable_line
 
 if TYPE_CHECKING:
     from ray.tune import Tuner
@@ -80,7 +81,8 @@ def reported_instead(err: BaseException) -> tuple[str, ...] | None:
         return None
     quoted = text.rpartition("Result: ")[2]
     keys = {k for k in _RESULT_KEY.findall(quoted) if "/" not in k and k not in TUNE_AUTO_KEYS}
-    return tuple(sorted(keys))
+    # what a trial reported, shown as text: a key's control characters escaped
+    return tuple(sorted(printable_line(k) for k in keys))
 
 
 def _saved_results(location: str):
