@@ -292,11 +292,11 @@ def test_tunes_remote_file_not_found_warning_only_when_verbose(verbose, shown):
     act on. Shown from verbose=1."""
     import logging
 
-    from rayflow.runtime.progress import quiet_store_logs
+    from rayflow.runtime.progress import quiet_library_logs
 
-    quiet_store_logs(verbose)
+    quiet_library_logs(verbose)
     try:
         assert logging.getLogger("ray.tune.logger.logger").isEnabledFor(logging.WARNING) is shown
         assert logging.getLogger("ray.tune.logger.logger").isEnabledFor(logging.ERROR)
     finally:
-        quiet_store_logs(1)
+        quiet_library_logs(1)

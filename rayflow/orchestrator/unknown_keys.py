@@ -68,15 +68,11 @@ def _options(group: str) -> list[str]:
 
 
 def _has(group: str, option: str, key: str) -> bool:
-    """Whether the option's own YAML (conf/GROUP/OPTION.yaml) has `key` (group.a.b)."""
+    """Whether the option's own YAML (conf/GROUP/OPTION.yaml) has `key` (group.a.b), null or not."""
     import yaml
 
     text = resources.files("rayflow.conf").joinpath(group).joinpath(f"{option}.yaml").read_text()
     doc = yaml.safe_load(text) or {}
-    return _select(doc, key.split(".", 1)[1]) is not None or _parent_has(doc, key)
-
-
-def _parent_has(doc: dict[str, Any], key: str) -> bool:
     parent, _, leaf = key.split(".", 1)[1].rpartition(".")
     node = _select(doc, parent) if parent else doc
     return isinstance(node, dict) and leaf in node

@@ -355,7 +355,7 @@ __all__ = [
     "note",
     "phase",
     "plain_ray_logs",
-    "quiet_store_logs",
+    "quiet_library_logs",
     "settle_ray_logs",
     "shutdown_ray",
     "time_left",
@@ -442,7 +442,7 @@ QUIET_LOGGERS = {
 }
 
 
-def quiet_store_logs(verbose) -> None:
+def quiet_library_logs(verbose) -> None:
     """The loggers of QUIET_LOGGERS at their quiet level at `verbose=0`, at INFO from 1."""
     for name, quiet in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(logging.INFO if level(verbose) >= CLUSTER else quiet)

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from rayflow.errors import ConfigError
 from rayflow.runtime.environment import scoped_env
-from rayflow.runtime.progress import quiet_store_logs
+from rayflow.runtime.progress import quiet_library_logs
 from rayflow.schema.values import flatten, safe_yaml, to_container
 from rayflow.security.redaction import mask_text, redact
 from rayflow.tracking.mlflow_runs import (
@@ -242,7 +242,7 @@ class Tracker:
         self.experiment_id: str | None = None
         self._client = None
         self.failed = False  # the store failed after the start: nothing more is written
-        quiet_store_logs(cfg.get("verbose"))
+        quiet_library_logs(cfg.get("verbose"))
 
     @property
     def client(self):
