@@ -119,17 +119,21 @@ AUTOSCALER_LOG = """\
 (autoscaler +1m5s) Resized to 8 CPUs, 2 GPUs.
 (autoscaler +3m) Removing 2 nodes of type rayflow_worker_cpu (idle).
 (autoscaler +3m) Resized to 4 CPUs.
+(autoscaler +3m1s) Failed to launch 1 node(s) of type rayflow_worker_cpu. (InsufficientInstanceCapacity): no capacity in us-east-1a
 \x1b[36m(autoscaler +3m1s)\x1b[0m Restarting 1 nodes of type rayflow_worker_gpu (lost contact with raylet).
 """.splitlines()
 
 
 def test_the_autoscalers_lines_are_one_line_per_scale_event():
     assert autoscaler_lines(AUTOSCALER_LOG) == [
-        "[rayflow] autoscaler: +1 worker (cpu)",
+        "[rayflow] autoscaler: launched 1 worker (cpu)",
         "(pid=4711) epoch 1 loss 0.8",  # not the autoscaler's: as it is
         AUTOSCALER_LOG[4],  # why a run waits: as it is
-        "[rayflow] autoscaler: +2 workers (gpu)",
-        "[rayflow] autoscaler: -2 workers (cpu, idle)",
+        "[rayflow] autoscaler: launched 2 workers (gpu)",
+        "[rayflow] autoscaler: stopping 2 workers (cpu, idle)",
+        # a launch that failed, with Ray's reason: it says why a run waits
+        "[rayflow] autoscaler: failed to launch 1 worker (cpu, InsufficientInstanceCapacity): "
+        "no capacity in us-east-1a",
         "[rayflow] autoscaler: restarting 1 worker (gpu, lost contact with raylet)",
     ]
 
@@ -138,7 +142,7 @@ def test_verbose_shows_the_autoscalers_own_lines():
     assert autoscaler_lines(AUTOSCALER_LOG, verbose=1) == AUTOSCALER_LOG
     assert (
         autoscaler_line("(autoscaler +1s) Adding 3 node(s) of type ray.worker.default.")
-        == "[rayflow] autoscaler: +3 workers (ray.worker.default)"
+        == "[rayflow] autoscaler: launched 3 workers (ray.worker.default)"
     )
 
 
@@ -149,7 +153,7 @@ def test_a_submitted_runs_streamed_log_summarises_the_autoscaler(monkeypatch):
     monkeypatch.setattr(sys, "stdout", out)
     _LogStream(None, "job")._write("\n".join(AUTOSCALER_LOG[:4]) + "\n")
     assert out.getvalue().splitlines() == [
-        "[rayflow] autoscaler: +1 worker (cpu)",
+        "[rayflow] autoscaler: launched 1 worker (cpu)",
         "(pid=4711) epoch 1 loss 0.8",
     ]
 
@@ -260,10 +264,12 @@ def test_a_notebook_cell_gets_a_few_lines_for_four_trials(rayflow, tmp_path, mon
 _STORE_SCRIPT = """
 import sys
 from omegaconf import OmegaConf
+from rayflow.runtime.run_log import quiet_libraries
 from rayflow.tracking.tracker import Tracker
 cfg = OmegaConf.create({"verbose": int(sys.argv[1]), "tracking": {
     "enabled": True, "uri": "sqlite:///" + sys.argv[2], "experiment": "quiet"}})
-Tracker(cfg).client.get_experiment_by_name("quiet")
+with quiet_libraries(int(sys.argv[1]), Tracker(cfg).libraries):  # as rayflow.orchestrator.session runs a job
+    Tracker(cfg).client.get_experiment_by_name("quiet")
 """
 
 
@@ -285,18 +291,26 @@ def test_mlflow_store_setup_lines_only_when_verbose(tmp_path, verbose, shown):
     assert bool(info) == shown, printed
 
 
-@pytest.mark.parametrize("verbose, shown", [(0, False), (1, True)])
-def test_tunes_remote_file_not_found_warning_only_when_verbose(verbose, shown):
-    """Tune warns "Remote file not found: .../result.json" once per trial a PBT exploit copies
-    (8 lines in a 4-trial PBT run of examples/tune-pbt): its results are written anew, nothing to
-    act on. Shown from verbose=1."""
-    import logging
+def test_rays_launcher_prints_plain_records_where_stdout_is_not_a_terminal(capsys):
+    """`ray up` through Ray's SDK (backend=vm): Ray's cli_logger colours its records whatever the
+    stream and, in its record style, prints its verbose lines too; within launcher_output it
+    prints as `ray up` does on a terminal, without the colour codes."""
+    import colorful
+    from ray.autoscaler._private.cli_logger import cli_logger
 
-    from rayflow.runtime.progress import quiet_library_logs
+    from rayflow.backends.vm.commands import launcher_output
 
-    quiet_library_logs(verbose)
+    before = colorful.colorful.colormode
+    colorful.colorful.colormode = colorful.terminal.ANSI_8_COLORS  # as TERM=xterm in a pipe
     try:
-        assert logging.getLogger("ray.tune.logger.logger").isEnabledFor(logging.WARNING) is shown
-        assert logging.getLogger("ray.tune.logger.logger").isEnabledFor(logging.ERROR)
+        cli_logger.labeled_value("Cluster", "coloured")
+        with launcher_output():
+            cli_logger.labeled_value("Cluster", "rayflow-abc")
+            cli_logger.verbose("Running `uptime` on 10.0.0.2")
+        cli_logger.labeled_value("Cluster", "coloured again")
+        printed = capsys.readouterr().out.splitlines()
     finally:
-        quiet_library_logs(1)
+        colorful.colorful.colormode = before
+    assert "\x1b[" in printed[0]  # what Ray does without it, and again after it
+    assert printed[1].endswith(" -- Cluster: rayflow-abc") and len(printed) == 3, printed
+    assert "\x1b[" in printed[2]

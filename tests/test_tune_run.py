@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rayflow.testing.processes import process_pids, ray_daemon_pids, wait_until
+from tests.harness.noise import noise
 
 # The dashboard is not what these tests are about: their local runs start Ray without it
 # (tests/harness/cli.py WITHOUT_DASHBOARD); the default is what test_quiet, test_secrets, the
@@ -190,6 +191,12 @@ def test_interrupt_then_resume_continues_without_repeating_finished_trials(rayfl
     out = rayflow.run(*args, "resume=true")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "trials: 3" in out.stdout
+    # quiet by default, the interrupted run and the resumed one: Ray's and MLflow's own lines
+    # (a checkpoint saved, one restored) are in the experiment's log, not on the terminal
+    assert noise(log.read_text()) == {} and noise(out.stdout + out.stderr) == {}
+    kept = noise((experiment / "rayflow.log").read_text())
+    assert kept.get("checkpoint", 0) >= epochs, kept
+    assert f"log: {experiment / 'rayflow.log'}" in out.stdout
     for name, rows in finished_before.items():
         trial = next(rayflow.storage.glob(f"*/{name}"))
         assert _progress(trial) == rows, "a finished trial was run again"

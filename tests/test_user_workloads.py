@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.harness.examples import copy_example
+from tests.harness.noise import noise
 
 # The dashboard is not what these tests are about: their local runs start Ray without it
 # (tests/harness/cli.py WITHOUT_DASHBOARD); the default is what test_quiet, test_secrets, the
@@ -22,6 +23,17 @@ pytestmark = pytest.mark.no_dashboard
 def project(rayflow, name: str):
     """The example's files in the test's work folder: the user's project, outside the repository."""
     return copy_example(name, rayflow.workdir)
+
+
+def assert_quiet_with_a_log(rayflow, out, client, parent, checkpoints: int) -> None:
+    """At the default verbosity the run printed none of Ray's and MLflow's own lines; its log in
+    the experiment folder, and in the parent run, holds them: a line per checkpoint at least."""
+    assert noise(out.stdout + out.stderr) == {}, out.stdout + out.stderr
+    [log] = rayflow.storage.glob("*/rayflow.log")
+    kept = noise(log.read_text())
+    assert kept.get("checkpoint", 0) >= checkpoints, kept
+    assert f"log: {log}   (and " in out.stdout
+    assert "rayflow.log" in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
 
 PBT = [
@@ -45,6 +57,7 @@ def test_a_tune_function_under_pbt_runs_from_the_users_folder(rayflow):
     assert "== rayflow results ==" in out.stdout and "best loss" in out.stdout
     client, parents, children = rayflow.mlflow("tune")
     [parent] = parents
+    assert_quiet_with_a_log(rayflow, out, client, parent, checkpoints=8)
     assert parent.info.status == "FINISHED" and parent.data.tags["workload"] == "tune"
     assert parent.data.params["workload.trainable"] == "train:objective"
     assert "best_loss" in parent.data.metrics
@@ -112,6 +125,7 @@ def test_a_train_loop_runs_from_the_users_folder(rayflow):
     assert "== rayflow results (Ray Train) ==" in out.stdout
     client, parents, children = rayflow.mlflow("train")
     [parent] = parents
+    assert_quiet_with_a_log(rayflow, out, client, parent, checkpoints=2)
     assert parent.info.status == "FINISHED" and parent.data.metrics["epochs_completed"] == 2
     [run] = children[parent.info.run_id]
     assert run.info.status == "FINISHED"

@@ -37,10 +37,13 @@ from rayflow.orchestrator.submission import (
 )
 from rayflow.results.experiment import Experiment, read_state, write_state
 from rayflow.results.run_result import RunResult, result_line
+from rayflow.results.signing import RUN_LOG
+from rayflow.results.storage import join as storage_join
 from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.node_usage import NodePeak
 from rayflow.runtime.placement import PlacementWatch
-from rayflow.runtime.progress import plain_ray_logs
+from rayflow.runtime.progress import level, plain_ray_logs
+from rayflow.runtime.run_log import RunLog, run_log
 from rayflow.runtime.signals import termination_exit_code
 from rayflow.schema.values import to_container
 from rayflow.security.redaction import redact
@@ -63,9 +66,14 @@ def run_here(plan: Plan, cluster: SharedCluster, experiment: Experiment) -> RunR
     status = "FAILED"
     import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
 
-    with scoped_env(_job_env(tracker)), plain_ray_logs():
+    with (
+        scoped_env(_job_env(tracker)),
+        plain_ray_logs(),
+        run_log(experiment.dir / RUN_LOG, level(cfg.get("verbose")), tracker.libraries) as log,
+    ):
         try:
             handle, started = cluster.acquire()
+            log.take_worker_lines()
             resolve_compute(cfg)
             _start_tracking(plan, cluster.spec, handle, started, tracker, state, experiment)
             result.mlflow_run_id, result.mlflow_experiment_id = (
@@ -82,10 +90,27 @@ def run_here(plan: Plan, cluster: SharedCluster, experiment: Experiment) -> RunR
             _translate_interrupt(stop, result, hint)
             raise
         finally:
+            _log_kept(log, experiment, tracker)
             tracker.end(status)
             # a submitted job: its result, for the side that submitted it
             if os.environ.get(SUBMITTED_BY):
                 emit(result_line(result, status))  # one write: Ray's log thread prints meanwhile
+
+
+def _log_kept(log: RunLog, experiment: Experiment, tracker: Tracker) -> None:
+    """The run's log into its MLflow parent run and its object store, and where to read it when
+    the terminal did not show all of it."""
+    if log.path is None or not log.path.exists():
+        return
+    tracker.log_artifact(str(log.path))
+    try:
+        experiment.push(RUN_LOG)
+    except OSError as err:  # pyarrow's: the store failed; the run's outcome still stands
+        print(f"rayflow: warning: the run's log stays in {log.path}: {err}", file=sys.stderr)
+    if log.hidden:
+        where = storage_join(experiment.location, RUN_LOG) if experiment.remote else log.path
+        lines = f"{log.hidden} line{'s' if log.hidden != 1 else ''}"
+        print(f"log: {where}   (and {lines} of Ray's and MLflow's own; verbose=1 prints them too)")
 
 
 def _new_result(plan: Plan, experiment: Experiment, tracker: Tracker) -> RunResult:

@@ -21,9 +21,11 @@ from rayflow.orchestrator.preflight import Plan, local_files_ok, storage_refusal
 from rayflow.orchestrator.remote_run import run_submitted
 from rayflow.results.experiment import claimed_experiment
 from rayflow.results.run_result import RunResult
+from rayflow.runtime.progress import level
+from rayflow.runtime.run_log import quiet_libraries
 from rayflow.runtime.signals import reset_termination
 from rayflow.security.redaction import literal_secrets_note
-from rayflow.tracking.tracker import is_local_store
+from rayflow.tracking.tracker import Tracker, is_local_store
 
 
 def run_jobs(plans: Sequence[Plan]) -> list[RunResult | None]:
@@ -50,8 +52,9 @@ def run_job(plan: Plan, cluster: SharedCluster) -> RunResult | None:
     if plan.cfg.dry_run:
         dry_run(plan, cluster.spec)
         return None
-    if plan.backend.submits_jobs:
-        return run_submitted(plan, cluster)
+    if plan.backend.submits_jobs:  # the job keeps the run's log (its own run_here)
+        with quiet_libraries(level(plan.cfg.get("verbose")), Tracker(plan.cfg).libraries):
+            return run_submitted(plan, cluster)
     with claimed_experiment(plan.cfg) as experiment:  # made (new) and held while this job runs
         return run_here(plan, cluster, experiment)
 

@@ -34,6 +34,9 @@ from rayflow.results import storage, trust
 
 MANIFEST = "rayflow.manifest.json"
 LOCK_FILE = ".rayflow.lock"  # the run's lock or lease (rayflow.results.experiment): not signed
+# The runs' log (rayflow.runtime.run_log), appended to by each run of the experiment until it
+# ends: not signed, as rayflow never reads it back (it is for people, and opened O_NOFOLLOW)
+RUN_LOG = "rayflow.log"
 MANIFEST_MAX = 64 * 2**20  # bytes of a manifest rayflow reads
 FILES_MAX = 200_000  # files of one experiment rayflow signs or verifies
 # How often a run signs what changed: a folder's listing is a few stat calls, so often (a run
@@ -63,7 +66,11 @@ def files_now(location: str) -> Listing:
         found = _local_listing(Path(location))
     if len(found) > FILES_MAX:
         raise storage.ReadRefused(location, len(found), FILES_MAX, "files")
-    return {r: s for r, s in found.items() if r != LOCK_FILE and not r.startswith(MANIFEST)}
+    return {
+        r: s
+        for r, s in found.items()
+        if r not in (LOCK_FILE, RUN_LOG) and not r.startswith(MANIFEST)
+    }
 
 
 def _local_listing(root: Path) -> Listing:

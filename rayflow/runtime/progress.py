@@ -355,7 +355,6 @@ __all__ = [
     "note",
     "phase",
     "plain_ray_logs",
-    "quiet_library_logs",
     "settle_ray_logs",
     "shutdown_ray",
     "time_left",
@@ -429,23 +428,6 @@ def level(value) -> int:
     if isinstance(value, bool):
         return TUNE_TABLES if value else QUIET
     return int(value or 0)
-
-
-# Lines of the driver's libraries that nothing a user does acts on, each hidden at `verbose=0`
-# below the level given, shown from `verbose=1`: MLflow's store setup at INFO ("Creating initial
-# MLflow database tables...", alembic's "Context impl SQLiteImpl"); Tune's "Remote file not
-# found" WARNING, once per trial a PBT exploit copies (the trial's results are written anew).
-QUIET_LOGGERS = {
-    "alembic": logging.WARNING,
-    "mlflow.store.db.utils": logging.WARNING,
-    "ray.tune.logger.logger": logging.ERROR,
-}
-
-
-def quiet_library_logs(verbose) -> None:
-    """The loggers of QUIET_LOGGERS at their quiet level at `verbose=0`, at INFO from 1."""
-    for name, quiet in QUIET_LOGGERS.items():
-        logging.getLogger(name).setLevel(logging.INFO if level(verbose) >= CLUSTER else quiet)
 
 
 def tune_verbose(value) -> int:
@@ -522,28 +504,41 @@ _AUTOSCALER = re.compile(r"^\(autoscaler \+[^)]*\) (.*)$")
 # "Removing 2 nodes of type ray.worker.cpu (idle).",
 # "Restarting 1 nodes of type x (lost contact with raylet)."
 _SCALE = re.compile(
-    r"^(Adding|Removing|Restarting) (\d+) nodes?(?:\(s\))? of type (\S+?)\.?(?: \(([^)]*)\))?\.?$"
+    r"^(Adding|Removing|Restarting|Failed to launch) (\d+) nodes?(?:\(s\))? of type (\S+?)\.?"
+    r"(?: \(([^)]*)\))?\.?(?:: (.*))?$"
 )
-_SIGNS = {"Adding": "+", "Removing": "-", "Restarting": "restarting "}
+# What each says happened: "Adding" is a node the provider created (node_launcher.py), not one
+# that joined, so a node launched and stopped between two samples of the peak (rayflow.runtime.
+# node_usage) is counted here and not there.
+_VERBS = {
+    "Adding": "launched",
+    "Removing": "stopping",
+    "Restarting": "restarting",
+    "Failed to launch": "failed to launch",
+}
 
 
 def autoscaler_line(line: str) -> str | None:
     """A line of a run's output as `verbose=0` shows it: not the autoscaler's, as it is; a scale
-    event, one line (`[rayflow] autoscaler: +1 worker (ray.worker.cpu)`); an error or a warning
-    of the autoscaler's (an infeasible request), as it is: it says why a run waits; the rest
-    (`Resized to 8 CPUs.`, Ray's tip on `ray status`), None: left out."""
+    event, one line (`[rayflow] autoscaler: launched 1 worker (ray.worker.cpu)`), a failed launch
+    with its reason; an error or a warning of the autoscaler's (an infeasible request), as it is:
+    it says why a run waits; the rest (`Resized to 8 CPUs.`, Ray's tip on `ray status`), None:
+    left out."""
     match = _AUTOSCALER.match(_ANSI.sub("", line).rstrip("\r\n"))
     if match is None:
         return line
     text = match.group(1)
     scale = _SCALE.match(text)
     if scale:
-        verb, count, node_type, why = scale.groups()
+        verb, count, node_type, why, reason = scale.groups()
         n = int(count)
         # rayflow's vm types: rayflow_worker_cpu, _gpu
         kind = node_type.removeprefix("rayflow_worker_")
         detail = ", ".join(filter(None, (kind, why)))
-        return f"[rayflow] autoscaler: {_SIGNS[verb]}{n} worker{'s' if n != 1 else ''} ({detail})"
+        workers = f"{n} worker{'s' if n != 1 else ''}"
+        return f"[rayflow] autoscaler: {_VERBS[verb]} {workers} ({detail})" + (
+            f": {reason}" if reason else ""
+        )
     if text.startswith(("Error:", "Warning:", "No available node types")):
         return line
     return None

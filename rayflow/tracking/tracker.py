@@ -26,7 +26,6 @@ from omegaconf import DictConfig
 
 from rayflow.errors import ConfigError
 from rayflow.runtime.environment import scoped_env
-from rayflow.runtime.progress import quiet_library_logs
 from rayflow.schema.values import flatten, safe_yaml, to_container
 from rayflow.security.redaction import mask_text, redact
 from rayflow.tracking.mlflow_runs import (
@@ -242,7 +241,11 @@ class Tracker:
         self.experiment_id: str | None = None
         self._client = None
         self.failed = False  # the store failed after the start: nothing more is written
-        quiet_library_logs(cfg.get("verbose"))
+
+    @property
+    def libraries(self) -> tuple[str, ...]:
+        """What a run's log imports before it quiets their loggers (rayflow.runtime.run_log)."""
+        return ("mlflow",) if self.enabled else ()
 
     @property
     def client(self):
@@ -321,6 +324,12 @@ class Tracker:
         self.write(
             f"artifacts {artifact_path}",
             lambda client, run_id: client.log_artifacts(run_id, local_dir, artifact_path),
+        )
+
+    def log_artifact(self, local_file: str) -> None:
+        self.write(
+            f"artifact {Path(local_file).name}",
+            lambda client, run_id: client.log_artifact(run_id, local_file),
         )
 
     def end(self, status: str) -> None:

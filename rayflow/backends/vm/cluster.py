@@ -49,7 +49,13 @@ from rayflow.backends.vm.checks import (
     placeholder_note,
     require_filled,
 )
-from rayflow.backends.vm.commands import dashboard_port, head_args, launch_note, launcher_env
+from rayflow.backends.vm.commands import (
+    dashboard_port,
+    head_args,
+    launch_note,
+    launcher_env,
+    launcher_output,
+)
 from rayflow.backends.vm.config import render
 from rayflow.backends.vm.defaults import with_defaults
 from rayflow.backends.vm.kept_ops import stop_local_workers
@@ -492,7 +498,6 @@ class VMCluster(ClusterBackend):
         too; the teardown of a cluster this run starts and does not keep, registered before
         `ray up` (a `ray up` that failed halfway is torn down too). A cloud's VMs are terminated
         by their owner tag (`_launch_vms`), never by Ray's teardown, which selects by name."""
-        from ray.autoscaler import sdk
 
         recorded = str((kept or {}).get("stop") or "")
         # a kept cluster's config stays where its run wrote it while that folder is still this
@@ -517,7 +522,7 @@ class VMCluster(ClusterBackend):
                 stop_local_workers,
                 config,
             )
-        run.handle.on_stop(f"tear down cluster {run.name}", sdk.teardown_cluster, run.config_file)
+        run.handle.on_stop(f"tear down cluster {run.name}", _ray_down, run.config_file)
 
     def _ray_up(self, run: _Start, kept: bool) -> None:
         """`ray up` through Ray's SDK; it never restarts Ray on a running cluster: one this run did
@@ -538,7 +543,7 @@ class VMCluster(ClusterBackend):
                 run.config_file, no_restart=kept, restart_only=False, no_config_cache=True
             )
 
-        with scoped_env(env), phase(what, "vm"):
+        with scoped_env(env), launcher_output(), phase(what, "vm"):
             try:
                 if self.provider in CLOUDS and not kept:  # VMs: an end, and a search by tags
                     self._launch_vms(run, up)
@@ -612,3 +617,11 @@ def _head_running(config: dict) -> bool:
 
 
 __all__ = ["VMCluster"]
+
+
+def _ray_down(config_file: str) -> None:
+    """`ray down` through Ray's SDK, printing as `ray up` did (launcher_output)."""
+    from ray.autoscaler import sdk
+
+    with launcher_output():
+        sdk.teardown_cluster(config_file)

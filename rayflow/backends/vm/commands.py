@@ -9,10 +9,11 @@ start --head` for fake_multinode) and `launch_note` (how to start a dry run's fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from omegaconf import DictConfig
 
@@ -227,3 +228,30 @@ def dashboard_port(config: dict) -> int:
         if found:
             return int(found.group(1))
     return DASHBOARD_PORT
+
+
+@contextlib.contextmanager
+def launcher_output() -> Iterator[None]:
+    """What Ray's launcher prints in this process while it runs (its `cli_logger`, one object for
+    the whole process) as `ray up` prints it on a terminal: its messages without its verbose
+    lines (`ray up -v`). On a terminal in Ray's own style; elsewhere (a pipe, a CI log, a
+    notebook) one plain record per message, no colour codes, where Ray's default would colour
+    them whatever the stream and print its verbose lines too. Put back afterwards."""
+    import sys
+
+    import colorful  # what Ray's cli_logger colours with (its `cf` proxies it)
+    from ray.autoscaler._private.cli_logger import cli_logger
+
+    saved = dict(vars(cli_logger))
+    colours = colorful.colorful.colormode  # the module's own attribute would not reach it
+    terminal = sys.stdout.isatty()
+    cli_logger.configure(
+        log_style="auto" if terminal else "record",
+        color_mode="auto" if terminal else "false",
+        verbosity=0,
+    )
+    try:
+        yield
+    finally:
+        vars(cli_logger).update(saved)
+        colorful.colorful.colormode = colours

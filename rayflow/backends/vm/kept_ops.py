@@ -23,6 +23,7 @@ from typing import Any
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
 from rayflow.backends.vm import owned, owner
+from rayflow.backends.vm.commands import launcher_output
 from rayflow.errors import ClusterError
 from rayflow.runtime.activity import reachable
 from rayflow.runtime.environment import scoped_env
@@ -226,7 +227,8 @@ def stop_sdk(config_file: str) -> None:
     elif kind == "local":
         _stop_hosts(config)
     else:
-        sdk.teardown_cluster(config)
+        with launcher_output():
+            sdk.teardown_cluster(config)
     owned.remove_folder(config_file)
 
 
