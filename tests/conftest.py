@@ -106,23 +106,24 @@ def pytest_xdist_make_scheduler(config, log):
 # pytest-xdist would order the modules by their number of tests instead (`--no-loadscope-reorder`
 # in pyproject's addopts keeps this order): the 133 bad-input rows first, test_api's 3 tests last.
 LONGEST_FIRST = [
-    "test_spark",  # with test_vm: about 1240 s, much of it waiting on Spark and autoscalers
+    "test_spark",  # with test_vm (one unit, SAME_WORKER): about 1240 s at 44's fresh-clone run
     "test_vm",
-    "test_kuberay",
-    "test_ddp",
-    "test_tune_run",
-    "test_ppo",
-    "test_resume",
-    "test_api",
-    "test_ssh_hosts",  # with test_vm_ssh: about 180 s
+    "test_kuberay",  # about 555 s
+    "test_ddp",  # 490
+    "test_ppo",  # 305
+    "test_user_workloads",  # 270
+    "test_ssh_hosts",  # with test_vm_ssh: about 260 s
     "test_vm_ssh",
-    "test_vm_aws",  # about 150 s, mostly Ray's launcher against the EC2 API
+    "test_resume",  # 235
+    "test_tune_run",  # 235
+    "test_api",  # 215
+    "test_ray_examples",  # 150
+    "test_vm_aws",  # mostly Ray's launcher against the EC2 API
+    "test_notebook",  # 120
+    "test_bench",  # 90
     "test_launcher",
-    "test_user_workloads",
-    "test_bench",
-    "test_backends",
-    "test_notebook",
     "test_bad_input",
+    "test_backends",
     "test_quiet",
 ]
 

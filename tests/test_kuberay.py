@@ -340,6 +340,7 @@ def test_ctrl_c_during_the_job_stops_it_and_deletes_the_cluster(ray_head, rayflo
             "workload.max_epochs=1000",
             "workload.scheduler.grace_period=1000",
             "tracking=none",
+            "verbose=1",  # Ray's checkpoint lines: the job is mid-run
         )
         assert wait_until(
             lambda: "Checkpoint successfully created" in log.read_text(), timeout=180, interval=0.5
