@@ -385,7 +385,7 @@ def test_consecutive_jobs_share_one_ray_on_spark_cluster(spark_jobs):
 
 def test_ddp_on_spark_spreads_train_workers_over_ray_worker_nodes(spark_jobs):
     runner, out, *_ = spark_jobs
-    assert "Started training worker group of size 2" in out.stdout + out.stderr
+    assert "Started training worker group of size 2" in runner.run_logs("ddp-*")
     client, parents, children = runner.mlflow("ddp")
     parent = parents[0]
     assert parent.data.tags["backend"] == "spark" and parent.data.metrics["cluster_nodes_peak"] >= 3

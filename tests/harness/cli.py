@@ -121,6 +121,13 @@ class Rayflow:
     def experiments(self) -> list[Path]:
         return sorted(p.parent for p in self.storage.glob("*/tuner.pkl"))
 
+    def run_logs(self, experiments: str = "*") -> str:
+        """The runs' logs (EXPERIMENT/rayflow.log) of the experiments under storage matching
+        `experiments`, one after the other: Ray's own lines a run leaves off the terminal."""
+        return "".join(
+            p.read_text() for p in sorted(self.storage.glob(f"{experiments}/rayflow.log"))
+        )
+
     def checkpoints(self) -> list[Path]:
         return sorted(self.storage.glob("*/*/checkpoint_*/checkpoint.pt"))
 
