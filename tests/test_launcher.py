@@ -95,6 +95,8 @@ def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path)
     ], out.stderr[-3000:]
     # then Hydra raises the first failure
     assert "ValueError: job broken was asked to fail" in out.stderr
+    # Ray's own INFO lines (its start) are not the app's output
+    assert "Started a local Ray instance" not in out.stdout + out.stderr, out.stderr[-3000:]
     dirs = app.job_dirs()
     assert [d.name for d in dirs] == [str(n) for n in range(6)]
     for job_dir in dirs:

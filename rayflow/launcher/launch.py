@@ -26,6 +26,8 @@ from rayflow.launcher.settings import (
     rayflow_config,
     read_settings,
 )
+from rayflow.runtime.progress import level
+from rayflow.runtime.run_log import quiet_libraries
 from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text
 
@@ -115,7 +117,10 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     log.info(f"Launching {len(jobs)} jobs on backend={settings.backend}")
     for job in jobs:
         log.info(f"\t#{job.idx} : {' '.join(filter_overrides(job.overrides))}")
-    with _cluster(cfg, backend) as cluster:
+    # Ray's and MLflow's INFO records (Ray's start, its connect) off the app's terminal, as a
+    # run's (rayflow.runtime.run_log); the jobs' own output is the app's
+    quiet = quiet_libraries(level(cfg.get("verbose")), ("ray",))
+    with quiet, _cluster(cfg, backend) as cluster:
         handle, _ = cluster.acquire()
         in_place = not backend.submits_jobs and backend.shares_filesystem
         shared = Shared(
