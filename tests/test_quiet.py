@@ -195,8 +195,19 @@ def test_a_small_run_prints_no_tune_tables_and_nothing_of_rays_after_its_results
 
 
 def test_verbose_2_brings_tunes_tables_back(rayflow):
+    # a one-report function is enough for Tune's tables, and costs a trial, not a cifar search
+    (rayflow.workdir / "objective.py").write_text(
+        "def objective(config):\n    return {'loss': 0.5}\n"
+    )
     out = rayflow.run(
-        "workload.num_samples=2", "workload.max_epochs=1", "tracking=none", "verbose=2"
+        "workload=tune",
+        "workload.trainable=objective:objective",
+        "workload.metric=loss",
+        "workload.mode=min",
+        "workload.num_samples=1",
+        "tracking=none",
+        "backend.include_dashboard=false",
+        "verbose=2",
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert [line for line in out.stdout.splitlines() if TUNE_TABLE.match(line)], out.stdout
