@@ -8,6 +8,7 @@ once per session and shared.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -205,10 +206,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="class")
-def head_node():
-    """A real cluster started with `ray start --head`, as a user's existing cluster would be.
-    Stopped by its own temp dir, never by `ray stop` (which stops every Ray cluster on the machine)."""
+@contextlib.contextmanager
+def ray_head(num_cpus: int = 1):
+    """A real cluster started with `ray start --head`, as a user's existing cluster would be: its
+    address. Stopped by its own temp dir, never by `ray stop` (which stops every Ray cluster on the
+    machine)."""
     import tempfile
 
     from rayflow.runtime.processes import stop_processes_mentioning
@@ -226,7 +228,7 @@ def head_node():
                 "--head",
                 f"--port={port}",
                 "--node-ip-address=127.0.0.1",
-                "--num-cpus=1",
+                f"--num-cpus={num_cpus}",
                 "--include-dashboard=false",
                 "--disable-usage-stats",
                 f"--temp-dir={temp_dir}",
@@ -244,3 +246,10 @@ def head_node():
     finally:
         stop_processes_mentioning(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="class")
+def head_node():
+    """A 1-CPU `ray start --head` cluster for the test class (ray_head)."""
+    with ray_head() as address:
+        yield address

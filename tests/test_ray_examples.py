@@ -215,16 +215,28 @@ def test_a_train_example_loop_runs_unchanged(rayflow, module, name):
     assert "Traceback" not in out.stderr
 
 
+@pytest.fixture(scope="module")
+def rllib_head():
+    """One running cluster for the algorithms (backend=attach), 4 CPUs: an algorithm's learner and
+    its default env runners each take one (Ray's CPUs are counted, not cores). Each algorithm then
+    pays for its iteration, not for a Ray start."""
+    from tests.conftest import ray_head
+
+    with ray_head(num_cpus=4) as address:
+        yield address
+
+
 @pytest.mark.parametrize("algorithm", _rllib_params())
-def test_an_rllib_algorithm_runs_on_its_default_config(rayflow, algorithm):
+def test_an_rllib_algorithm_runs_on_its_default_config(rayflow, rllib_head, algorithm):
     out = rayflow.run(
         "workload=rllib",
         f"workload.algorithm={algorithm}",
         f"workload.env={RLLIB_ENV.get(algorithm, 'CartPole-v1')}",
         "workload.stop={training_iteration: 1}",
         "tracking=none",
-        # its learner and default env runners, each a CPU: Ray's CPUs are counted, not cores
-        "backend.num_cpus=4",
+        "backend=attach",
+        f"backend.address={rllib_head}",
+        "ray_auth_mode=token",
         timeout=300,
     )
     assert out.returncode == 0, out.stdout[-2500:] + out.stderr[-2500:]
