@@ -4,8 +4,10 @@
 # installed on its own before rayflow (whose torch>=2.6 it satisfies).
 #   bash scripts/setup.sh          what running jobs needs: rayflow with the extras the README's
 #                                  tour uses (spark, rllib, kuberay) and Java 17 for backend=spark
-#   bash scripts/setup.sh --test   that, plus the test tools (the `test` extra) and the system
-#                                  packages only the backend=vm SSH-host tests use (sshd, rsync, tini)
+#   bash scripts/setup.sh --test   that, plus the test tools (the `test` extra), the system
+#                                  packages only the backend=vm SSH-host tests use (sshd, rsync, tini),
+#                                  and, where Go is, the real Kubernetes control plane the kuberay
+#                                  tests are moving onto (cached in ~/.cache/rayflow/kube)
 #   TORCH_VERSION    default 2.13.0
 #   TORCH_INDEX_URL  an index holding the build you want (e.g. PyTorch's CPU-only index for a
 #                    CPU machine without a local CPU wheel); default: pip's own configuration,
@@ -69,6 +71,18 @@ if $tests; then
   command -v rsync >/dev/null 2>&1 || ssh_host_pkgs+=(rsync)
   command -v tini >/dev/null 2>&1 || ssh_host_pkgs+=(tini)
   [ ${#ssh_host_pkgs[@]} -eq 0 ] || apt_install "the backend=vm SSH-host tests (they skip without them)" "${ssh_host_pkgs[@]}"
+fi
+# Only the tests: the real Kubernetes control plane and KubeRay's operator, built from their Go
+# modules into ~/.cache/rayflow/kube (scripts/kube_local/build.py; minutes the first time, then
+# reused); without Go the tests that need it skip (CI fails them).
+if $tests; then
+  if command -v go >/dev/null 2>&1; then
+    # a failed build fails only the tests that need it (they say so), not the rest
+    .venv/bin/python -m scripts.kube_local.build >/dev/null \
+      || echo "rayflow setup: the control plane did not build (above): its tests will skip (CI: fail)" >&2
+  else
+    echo "rayflow setup: no Go on PATH: the tests on a real Kubernetes control plane will skip" >&2
+  fi
 fi
 .venv/bin/python -c "import torch, ray, mlflow, pyspark; print('rayflow setup: torch', torch.__version__, '| cuda', torch.cuda.is_available(), '| ray', ray.__version__, '| mlflow', mlflow.__version__, '| pyspark', pyspark.__version__)"
 # How to run what was installed: `rayflow` is on PATH only inside the virtual environment.

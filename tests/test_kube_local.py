@@ -1,6 +1,8 @@
 """scripts/kube_local: how the real control plane is built (the go.mod that replaces kubernetes'
-staging modules, a folder per set of versions, a failure naming its module) and its certificates
-(each identity's subject as the API server's authorizers read it, private files)."""
+staging modules, a folder per set of versions, a failure naming its module), its certificates
+(each identity's subject as the API server's authorizers read it, private files), and the control
+plane itself run from the built binaries: the real operator and scheduler at work, the Node
+authorizer's refusal."""
 
 from __future__ import annotations
 
@@ -106,3 +108,127 @@ def test_keys_are_private(pki):
     assert stat.S_IMODE(pki.stat().st_mode) == 0o700
     for path in pki.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+# --- the control plane itself (the binaries built by scripts/setup.sh --test where Go is) ---------
+
+RAYCLUSTER = {
+    "apiVersion": "ray.io/v1",
+    "kind": "RayCluster",
+    "metadata": {"name": "small", "namespace": "default"},
+    "spec": {
+        "headGroupSpec": {
+            "rayStartParams": {},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "ray-head",
+                            "image": "rayproject/ray:2.60.0",
+                            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                        }
+                    ]
+                }
+            },
+        }
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory):
+    import json
+    import shutil
+
+    from scripts.kube_local.control_plane import ControlPlane
+    from tests.harness.needs import need
+
+    bin_dir = build.build_dir() / "bin"
+    need(
+        all((bin_dir / b).is_file() for b in build.BINARIES),
+        f"the control plane built in {bin_dir} (`bash scripts/setup.sh --test` builds it where Go is"
+        f"{'' if shutil.which('go') else '; no `go` on PATH'})",
+    )
+    folder = tmp_path_factory.mktemp("control-plane")
+    with ControlPlane(folder, bin_dir, nodes=("a", "b")) as plane:
+        (folder / "raycluster.json").write_text(json.dumps(RAYCLUSTER))
+        yield plane
+    assert all(p.poll() is not None for p in plane.procs.values())
+
+
+def _as_node(plane, method: str, path: str, body: dict | None = None):
+    """A request of Node `a`'s own identity (its client certificate), as its kubelet makes it."""
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    pki = plane.folder / "pki"
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(str(pki / "node-a.crt"), str(pki / "node-a.key"))
+    request = urllib.request.Request(
+        plane.server + path,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/strategic-merge-patch+json"}
+        if method == "PATCH"
+        else {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_a_raycluster_gets_its_head_pod_from_the_real_operator_scheduled_on_a_ready_node(
+    control_plane,
+):
+    import datetime
+    import json
+
+    from rayflow.testing.processes import wait_until
+
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert _as_node(control_plane, "POST", "/api/v1/nodes", {"metadata": {"name": "a"}})[0] == 201
+    capacity = {"cpu": "4", "memory": "8Gi", "pods": "110"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready"}
+    status = {"capacity": capacity, "allocatable": capacity}
+    status["conditions"] = [{**ready, "lastHeartbeatTime": now, "lastTransitionTime": now}]
+    code, _ = _as_node(control_plane, "PATCH", "/api/v1/nodes/a/status", {"status": status})
+    assert code == 200
+
+    control_plane.kubectl(
+        "apply", "--server-side", "-f", str(control_plane.folder / "raycluster.json")
+    )
+
+    def head_scheduled():
+        pods = json.loads(
+            control_plane.kubectl("get", "pods", "-l", "ray.io/node-type=head", "-o", "json")
+        )
+        return [p for p in pods["items"] if p["spec"].get("nodeName") == "a"]
+
+    [head] = wait_until(head_scheduled, timeout=60, interval=0.5) or [None]
+    assert head is not None, control_plane.kubectl("get", "events", "-A")
+    owner = head["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("RayCluster", "small")
+    # what the operator made beside it, each an Event of its own
+    events = control_plane.kubectl(
+        "get", "events", "-o", "custom-columns=R:.reason", "--no-headers"
+    )
+    assert {"CreatedHeadPod", "CreatedService", "Scheduled"} <= set(events.split()), events
+    # its kubelet may read the pod bound to it, as the Node authorizer allows
+    code, listed = _as_node(control_plane, "GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Da")
+    assert code == 200 and [p["metadata"]["name"] for p in listed["items"]] == [
+        head["metadata"]["name"]
+    ]
+
+
+def test_a_node_may_not_read_what_no_pod_of_its_uses(control_plane):
+    control_plane.kubectl("create", "configmap", "someone-elses", "--from-literal=k=v")
+    code, answer = _as_node(
+        control_plane, "GET", "/api/v1/namespaces/default/configmaps/someone-elses"
+    )
+    assert (
+        code == 403 and 'User "system:node:a" cannot get resource "configmaps"' in answer["message"]
+    )

@@ -1,7 +1,8 @@
 """The real Kubernetes control plane and the KubeRay operator, built from their Go modules.
 
 `binaries()` returns the folder holding etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kubectl and kuberay-operator. It builds them into
+kube-scheduler, kubectl and kuberay-operator (and beside it, `kuberay/`: the operator's CRDs and
+ClusterRole from the same release). It builds them into
 `~/.cache/rayflow/kube/<versions>/bin` when that folder is missing them and reuses it when
 present, so a change of VERSIONS builds afresh beside the old one. Each step prints one line with
 its time. A failed build raises BuildFailed naming the module and ending with the compiler's last
@@ -79,6 +80,8 @@ def binaries(versions: dict[str, str] = VERSIONS, out=sys.stderr) -> Path:
     """The folder of BINARIES for `versions`, built first where any is missing."""
     bin_dir = build_dir(versions) / "bin"
     missing = [name for name in BINARIES if not (bin_dir / name).is_file()]
+    if not (bin_dir.parent / "kuberay" / "operator-role.yaml").is_file():
+        missing.append("kuberay-operator")  # its manifests, copied as it is built
     if not missing:
         return bin_dir
     if shutil.which("go") is None:
@@ -160,7 +163,23 @@ def _kuberay(folder: Path, versions: dict[str, str]) -> str:
     _go(["get", f"{module}@{versions['kuberay']}"], work, module)
     out = str(folder / "bin" / "kuberay-operator")
     _go(["build", "-trimpath", "-ldflags", "-s -w", "-o", out, module], work, module)
+    # its CRDs and its ClusterRole, as this release ships them, beside the binary
+    source = Path(_module_info(work, module)["Dir"]) / "config"
+    manifests = folder / "kuberay"
+    manifests.mkdir(exist_ok=True)
+    for crd in sorted((source / "crd" / "bases").glob("*.yaml")):
+        shutil.copyfile(crd, manifests / crd.name)
+    shutil.copyfile(source / "rbac" / "role.yaml", manifests / "operator-role.yaml")
     return f"{module}@{versions['kuberay']}"
+
+
+def _module_info(work: Path, module: str) -> dict:
+    done = subprocess.run(
+        ["go", "list", "-m", "-json", module], cwd=work, capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise BuildFailed(module, done.stdout + done.stderr)
+    return json.loads(done.stdout)
 
 
 # kubernetes' go.mod: `k8s.io/api => ./staging/src/k8s.io/api`
