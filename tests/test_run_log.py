@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,25 @@ def test_the_log_is_not_signed_so_appending_to_it_does_not_break_a_resume(tmp_pa
     (tmp_path / "result.json").write_text("{}")
     (tmp_path / RUN_LOG).write_text("a line\n")
     assert set(files_now(str(tmp_path))) == {"result.json"}
+
+
+@pytest.mark.parametrize("verbose", [0, 1])
+def test_a_del_cut_short_as_the_driver_stops_goes_to_the_file(tmp_path, capsys, verbose):
+    """`Exception ignored in ... SystemExit` of an object's __del__ in the driver (an RLlib learner
+    group's, as a run stops): off the terminal at verbose=0, in the log; a bug's own exception in
+    a __del__ still goes to Python's hook (here pytest's)."""
+    seen = []
+
+    class Stops:
+        def __del__(self):
+            raise SystemExit(1)
+
+    saved = sys.unraisablehook
+    sys.unraisablehook = seen.append  # what would print "Exception ignored in"
+    try:
+        with run_log.run_log(tmp_path / "rayflow.log", verbose):
+            Stops()  # collected at once: its __del__ raises
+    finally:
+        sys.unraisablehook = saved
+    kept = (tmp_path / "rayflow.log").read_text() if verbose == 0 else ""
+    assert (len(seen) == 0) == (verbose == 0) and ("SystemExit(1)" in kept) == (verbose == 0)
