@@ -220,7 +220,7 @@ def rllib_head():
     """One running cluster for the algorithms (backend=attach), 4 CPUs: an algorithm's learner and
     its default env runners each take one (Ray's CPUs are counted, not cores). Each algorithm then
     pays for its iteration, not for a Ray start."""
-    from tests.conftest import ray_head
+    from tests.harness.ray_head import ray_head
 
     with ray_head(num_cpus=4) as address:
         yield address

@@ -106,7 +106,10 @@ class WorkerLines:
             block = self._blocks.get(pid)
             if block is not None:
                 block.append(line)
-                if not line.startswith((" ", "Traceback", _IGNORED)) or len(block) > BLOCK_MAX:
+                # a traceback's lines are indented (a blank one too: Python prints one before
+                # the frame that raised, in a signal handler's); its last line is the exception
+                in_block = not line.strip() or line.startswith((" ", "Traceback", _IGNORED))
+                if not in_block or len(block) > BLOCK_MAX:
                     del self._blocks[pid]
                     stop = bool(_STOPPED.match(line))
                     out.extend((held, stop) for held in block)
@@ -114,8 +117,8 @@ class WorkerLines:
             if line.startswith(_IGNORED):
                 self._blocks[pid] = [line]
                 continue
-            going_on = pid in self._going_on and _GOES_ON.match(line)
-            if going_on or _WORKER_INFO.match(line) or _CORE_LINE.match(line):
+            continued = pid in self._going_on and _GOES_ON.match(line)
+            if continued or _WORKER_INFO.match(line) or _CORE_LINE.match(line):
                 self._going_on.add(pid)
                 out.append((line, True))
             else:
