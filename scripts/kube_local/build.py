@@ -80,7 +80,8 @@ def binaries(versions: dict[str, str] = VERSIONS, out=sys.stderr) -> Path:
     """The folder of BINARIES for `versions`, built first where any is missing."""
     bin_dir = build_dir(versions) / "bin"
     missing = [name for name in BINARIES if not (bin_dir / name).is_file()]
-    if not (bin_dir.parent / "kuberay" / "operator-role.yaml").is_file():
+    manifests = bin_dir.parent / "kuberay" / "operator-role.yaml"
+    if not manifests.is_file() and "kuberay-operator" not in missing:
         missing.append("kuberay-operator")  # its manifests, copied as it is built
     if not missing:
         return bin_dir
