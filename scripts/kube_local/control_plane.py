@@ -109,7 +109,7 @@ class ControlPlane:
         for node in self.nodes:
             self._write_kubeconfig(f"node-{node}")
         self._run("kube-controller-manager", *self._controller_manager_args(pki))
-        self._run("kube-scheduler", *self._scheduler_args())
+        self._run("kube-scheduler", *self._component_args("scheduler"))
         self.kubectl("apply", "--server-side", "-f", str(self.manifests))
         self._bind_operator()
         probe = _free_port("127.0.0.1")
@@ -194,8 +194,9 @@ class ControlPlane:
             "--enable-admission-plugins=NodeRestriction",
         ]
 
-    def _controller_manager_args(self, pki: Path) -> list[str]:
-        kubeconfig = str(self.kubeconfig("controller-manager"))
+    def _component_args(self, identity: str) -> list[str]:
+        """A controller-manager's or scheduler's identity and serving port, as kubeadm sets them."""
+        kubeconfig = str(self.kubeconfig(identity))
         return [
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
@@ -203,21 +204,15 @@ class ControlPlane:
             "--bind-address=127.0.0.1",
             f"--secure-port={_free_port('127.0.0.1')}",
             "--leader-elect=false",
+        ]
+
+    def _controller_manager_args(self, pki: Path) -> list[str]:
+        return [
+            *self._component_args("controller-manager"),
             "--use-service-account-credentials",
             f"--service-account-private-key-file={pki}/sa.key",
             f"--root-ca-file={pki}/ca.crt",
             f"--controllers={','.join(CONTROLLERS)}",
-        ]
-
-    def _scheduler_args(self) -> list[str]:
-        kubeconfig = str(self.kubeconfig("scheduler"))
-        return [
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={_free_port('127.0.0.1')}",
-            "--leader-elect=false",
         ]
 
     def _bind_operator(self) -> None:
