@@ -722,3 +722,30 @@ def test_a_dashboard_that_never_answers_is_a_cluster_error_naming_the_key():
         ClusterError, match=r"did not answer within 0.5 s \(backend.start_timeout_s\)"
     ):
         wait_for_dashboard(f"http://127.0.0.1:{port}", 0.5, "backend=vm")
+
+
+def test_a_head_vm_whose_create_call_ends_during_the_search_is_terminated_too(monkeypatch):
+    """Ctrl-C or SIGTERM while Ray's launcher is inside its create call (cloud_up): the teardown's
+    search lists the cluster's VMs while the call is in flight. When the call returns just after a
+    listing came back empty, its VM must still be found (seen once in test_vm_aws under load: the
+    head VM of a stopped start left running)."""
+    from rayflow.backends.vm import owner
+
+    cloud = {"vms": set(), "creating": True}
+
+    class Provider:
+        def non_terminated_nodes(self, tags):
+            listed = sorted(cloud["vms"])
+            if cloud["creating"]:  # the create call returns as this listing comes back
+                cloud["vms"].add("i-head")
+                cloud["creating"] = False
+            return listed
+
+        def terminate_nodes(self, ids):
+            cloud["vms"] -= set(ids)
+
+    monkeypatch.setattr(owner, "provider_of", lambda config, **_: Provider())
+    monkeypatch.setattr(owner, "POLL_S", 0.0)
+    config = {"cluster_name": "c", "provider": {"type": "aws"}}
+    owner.terminate(config, "run-1", stop_cached=False, busy=lambda: cloud["creating"], settle_s=5)
+    assert cloud["vms"] == set()
