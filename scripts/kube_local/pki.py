@@ -43,7 +43,7 @@ SERVICE_NAMES = (
 )
 
 
-def _key():
+def new_key():
     from cryptography.hazmat.primitives.asymmetric import ec
 
     return ec.generate_private_key(ec.SECP256R1())
@@ -55,7 +55,7 @@ def _write(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _save(folder: Path, name: str, cert, key) -> None:
+def save(folder: Path, name: str, cert, key) -> None:
     from cryptography.hazmat.primitives import serialization
 
     _write(folder / f"{name}.crt", cert.public_bytes(serialization.Encoding.PEM))
@@ -69,7 +69,7 @@ def _save(folder: Path, name: str, cert, key) -> None:
     )
 
 
-def _certificate(
+def certificate(
     cn: str,
     org: str | None,
     key,
@@ -137,23 +137,23 @@ def make_pki(folder: Path, api_ips: tuple[str, ...], nodes: tuple[str, ...]) -> 
 
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
-    ca_key = _key()
-    ca = _certificate("rayflow-local-ca", None, ca_key)
-    _save(folder, "ca", ca, ca_key)
-    api_key = _key()
-    api = _certificate(
+    ca_key = new_key()
+    ca = certificate("rayflow-local-ca", None, ca_key)
+    save(folder, "ca", ca, ca_key)
+    api_key = new_key()
+    api = certificate(
         "kube-apiserver", None, api_key, ca, ca_key, server=True, ips=api_ips, names=SERVICE_NAMES
     )
-    _save(folder, "apiserver", api, api_key)
-    etcd_key = _key()
-    etcd = _certificate(
+    save(folder, "apiserver", api, api_key)
+    etcd_key = new_key()
+    etcd = certificate(
         "etcd", None, etcd_key, ca, ca_key, server=True, ips=("127.0.0.1",), names=("localhost",)
     )
-    _save(folder, "etcd", etcd, etcd_key)
+    save(folder, "etcd", etcd, etcd_key)
     identities = [*CLIENTS, *((f"node-{n}", f"system:node:{n}", "system:nodes") for n in nodes)]
     for name, cn, org in identities:
-        key = _key()
-        _save(folder, name, _certificate(cn, org, key, ca, ca_key), key)
+        key = new_key()
+        save(folder, name, certificate(cn, org, key, ca, ca_key), key)
     signing = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write(
         folder / "sa.key",
