@@ -632,7 +632,8 @@ def returns(trials: list[Trial], goal: float | None, algorithm: str = "PPO") -> 
     text = title(figure, ax, f"{algorithm}: episode return per trial", [state])
     ax.set(xlabel="env steps sampled", ylabel="episode_return_mean")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # nothing drawn (no episode ended): no legend
+        ax.legend(fontsize=8)
     return figure, {
         "lines": len(lrs),
         "lrs": lrs,

@@ -232,6 +232,7 @@ def run_config(
         checkpoint_at_end=True,
         stop=stop,
         reuse_actors=False,
+        metric_in_every_result=False,  # no episode ended: no return in that iteration's result
         callbacks=[Progress(shown), *([callback] if callback else [])],
         verbose=0,
     )

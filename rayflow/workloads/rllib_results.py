@@ -73,10 +73,12 @@ class Progress(tune.Callback):
             else f"{k}={trial.config.get(k)}"
             for k in self.keys
         )
+        mean = runners.get("episode_return_mean")
+        # absent until an episode has ended (a long episode, or a short first iteration)
+        ret = f"{mean:.1f}" if mean is not None else "n/a (no episode has ended yet)"
         print(
             f"[rayflow] {trial} {shown + ' ' if shown else ''}iter "
-            f"{result.get('training_iteration')}: return "
-            f"{runners.get('episode_return_mean', float('nan')):.1f}, env steps "
+            f"{result.get('training_iteration')}: return {ret}, env steps "
             f"{int(result.get(STEPS) or 0)}, {result.get('env_steps_per_s', float('nan')):.0f}/s",
             flush=True,
         )
@@ -95,7 +97,20 @@ class RLlibSummary:
     goal: float | None
     error: str | None = None  # the first errored trial's error, one line
     algorithm: str = "RLlib"
+    iterations: int = 0  # the most any trial ran
     keys: tuple[str, ...] = field(default_factory=tuple)
+
+    def _no_return_line(self) -> str:
+        from rayflow.workloads.tune_runner import no_success_line
+
+        if self.iterations and not self.errored and not self.interrupted:
+            # iterations ran, and none ended an episode: RLlib's return is the mean over ended
+            # episodes, so there is none to report yet (not an error: more iterations end some)
+            return (
+                f"no episode ended in {self.iterations} iteration(s) of {self.trials} trial(s): "
+                "no return yet (more iterations: workload.stop.training_iteration)"
+            )
+        return no_success_line(self.trials, self.errored, self.error, self.interrupted, "a return")
 
     @property
     def best_metrics(self) -> dict:
@@ -112,16 +127,7 @@ class RLlibSummary:
     def table(self) -> str:
         lines = ["", f"== rayflow results (RLlib {self.algorithm}) =="]
         if self.best_return is None:  # no trial reported a return: no best to show
-            from rayflow.workloads.tune_runner import no_success_line
-
-            return "\n".join(
-                [
-                    *lines,
-                    no_success_line(
-                        self.trials, self.errored, self.error, self.interrupted, "a return"
-                    ),
-                ]
-            )
+            return "\n".join([*lines, self._no_return_line()])
         lines += [f"best {k}: {v}" for k, v in self.best_config.items()]
         if self.best_return is not None:
             lines.append(
@@ -148,9 +154,11 @@ def summarize(
     from rayflow.errors import first_error_line
     from rayflow.results.storage import checkpoint_uri
 
-    best_return, steps, best = None, None, None
+    best_return, steps, best, iterations = None, None, None, 0
     for result in results:
         frame = result.metrics_dataframe
+        if frame is not None and "training_iteration" in frame:
+            iterations = max(iterations, int(frame["training_iteration"].max()))
         if frame is None or RETURN not in frame or frame[RETURN].dropna().empty:
             continue
         row = frame.loc[frame[RETURN].idxmax()]
@@ -170,4 +178,5 @@ def summarize(
         error=first_error_line(results.errors[0]) if results.errors else None,
         algorithm=algorithm,
         keys=keys,
+        iterations=iterations,
     )

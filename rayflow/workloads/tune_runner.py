@@ -56,6 +56,10 @@ class TuneJob:
     time_budget_s: float | None = None
     callbacks: list = field(default_factory=list)
     verbose: int = 1
+    # False where a result may rightly lack the metric: RLlib's return exists only once an
+    # episode has ended, and an iteration may end none (a long episode, a busy machine). Tune's
+    # strict check would end the run at that result, as if the metric were misspelt.
+    metric_in_every_result: bool = True
     # For the summary and the plots: what counts a trial's progress (the scheduler's time_attr),
     # how far a trial may go in it (None: no limit known), the scheduler's name for "stopped
     # early by ..." (None: no scheduler stops trials early), the metrics the table shows.
@@ -253,6 +257,8 @@ def _tune_env(job: TuneJob) -> dict[str, str]:
     # Tune's new output prints its experiment box even when silent; its legacy one, nothing
     if job.verbose == 0:
         env["RAY_AIR_NEW_OUTPUT"] = "0"
+    if not job.metric_in_every_result:
+        env["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     # the user's own setting wins
     if job.max_pending_trials and "TUNE_MAX_PENDING_TRIALS_PG" not in os.environ:
         env["TUNE_MAX_PENDING_TRIALS_PG"] = str(max(1, job.max_pending_trials))
