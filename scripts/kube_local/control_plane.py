@@ -59,6 +59,36 @@ CONTROLLERS = (
 )
 
 
+def _binding(name: str, role: str, user: str) -> dict:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+
+
+# The process kubelet's stand-in for cluster DNS reads Services and EndpointSlices, and only
+# those (scripts/kube_local/hosts.py), as CoreDNS's ClusterRole allows.
+DNS_ROLE = (
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "rayflow:local-dns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch"]},
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["list", "watch"],
+            },
+        ],
+    },
+    _binding("rayflow:local-dns", "rayflow:local-dns", "rayflow:local-dns"),
+)
+
+
 class ControlPlaneError(RuntimeError):
     pass
 
@@ -104,7 +134,7 @@ class ControlPlane:
         self.server = f"https://{self.address}:{port}"
         self._run("kube-apiserver", *self._apiserver_args(pki, etcd_url, port))
         self._wait(f"{self.server}/readyz", "the API server's /readyz")
-        for name in ("admin", "controller-manager", "scheduler", "kuberay-operator"):
+        for name in ("admin", "controller-manager", "scheduler", "kuberay-operator", "local-dns"):
             self._write_kubeconfig(name)
         for node in self.nodes:
             self._write_kubeconfig(f"node-{node}")
@@ -112,6 +142,7 @@ class ControlPlane:
         self._run("kube-scheduler", *self._component_args("scheduler"))
         self.kubectl("apply", "--server-side", "-f", str(self.manifests))
         self._bind_operator()
+        self._apply(*DNS_ROLE)
         probe = _free_port("127.0.0.1")
         self._run(
             "kuberay-operator",
@@ -216,25 +247,11 @@ class ControlPlane:
         ]
 
     def _bind_operator(self) -> None:
-        binding = {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "kuberay-operator"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "kuberay-operator",
-            },
-            "subjects": [
-                {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "User",
-                    "name": "kuberay-operator",
-                }
-            ],
-        }
-        path = self.folder / "operator-binding.json"
-        path.write_text(json.dumps(binding))
+        self._apply(_binding("kuberay-operator", "kuberay-operator", "kuberay-operator"))
+
+    def _apply(self, *docs: dict) -> None:
+        path = self.folder / "applied.json"
+        path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
         self.kubectl("apply", "--server-side", "-f", str(path))
 
     def _run(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:

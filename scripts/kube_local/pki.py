@@ -32,6 +32,7 @@ CLIENTS = (
     ("controller-manager", "system:kube-controller-manager", None),
     ("scheduler", "system:kube-scheduler", None),
     ("kuberay-operator", "kuberay-operator", None),
+    ("local-dns", "rayflow:local-dns", None),  # the process kubelet's reader of Services
     ("etcd-client", "kube-apiserver-etcd-client", None),
 )
 SERVICE_NAMES = (

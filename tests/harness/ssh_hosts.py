@@ -74,6 +74,8 @@ from pathlib import Path
 
 import psutil
 
+from scripts.kube_local import net
+
 MARKER = "rayflow test ssh host (tests/ssh_hosts.py)"  # the user's GECOS in the hosts
 LOCK_NAME = b"\0rayflow-ssh-hosts"  # abstract unix socket: one SshHosts at a time on this machine
 WORKDIR_PREFIX = "rayflow-ssh-hosts-"
@@ -106,7 +108,7 @@ exec {sshd} -D -e -f /run/rfssh/sshd_config
 """
 
 
-class SshHostsError(RuntimeError):
+class SshHostsError(net.NetError):
     pass
 
 
@@ -130,14 +132,9 @@ def _run(
     argv: list[str], timeout: float = 30, check: bool = True, what: str | None = None
 ) -> subprocess.CompletedProcess:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise SshHostsError(f"{what or shlex.join(argv)}: no answer within {timeout:g} s") from None
-    if check and done.returncode != 0:
-        raise SshHostsError(
-            f"{what or shlex.join(argv)} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
-        )
-    return done
+        return net.run(argv, timeout, check, what)
+    except net.NetError as err:
+        raise SshHostsError(str(err)) from None
 
 
 def access_plan(paths: list[str | Path]) -> tuple[dict[Path, set[str]], list[str]]:
@@ -235,22 +232,6 @@ def expose_script(blocked: dict[Path, set[str]]) -> str:
     return "\n".join(lines)
 
 
-def _netns_names() -> list[str]:
-    # The files `ip netns add` makes, read directly: `ip netns list` opens each namespace for its
-    # id and can fail on one being deleted, and an empty answer here made close() skip a delete.
-    try:
-        return sorted(os.listdir("/run/netns"))
-    except FileNotFoundError:
-        return []
-
-
-def _link_names() -> list[str]:
-    done = _run(["ip", "-o", "link", "show"], check=False)
-    return [
-        line.split(":")[1].strip().split("@")[0] for line in done.stdout.splitlines() if ":" in line
-    ]
-
-
 def _pid_ns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
@@ -270,15 +251,6 @@ def _pids_in_pid_ns(ns: str) -> dict[int, str]:
         if _pid_ns(proc.pid) == ns:
             found[proc.pid] = " ".join(proc.info["cmdline"] or [])
     return found
-
-
-def _wait(predicate, timeout: float, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 class SshHosts:
@@ -495,16 +467,9 @@ class SshHosts:
     # ---- steps ---------------------------------------------------------------------------
     def _sweep_stale(self) -> None:
         """Holding the lock, whatever carries our names is left from a killed run: remove it."""
-        for ns in _netns_names():
-            if ns.startswith(f"{self.prefix}-"):
-                _kill_netns_processes(ns)
-                _run(["ip", "netns", "delete", ns], check=False)
-        for link in _link_names():
-            if link == self.bridge or link.startswith(f"{self.prefix}-v"):
-                _run(["ip", "link", "delete", link], check=False)
+        net.sweep(self.prefix)  # the hosts' namespaces, their veths and the bridge
         for old in Path(tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
             shutil.rmtree(old, ignore_errors=True)
-        _remove_netns_dir_if_empty()
 
     def _check_subnet_free(self) -> None:
         taken = []
@@ -561,13 +526,8 @@ class SshHosts:
         return list(dict.fromkeys(os.path.realpath(p) for p in paths))
 
     def _add_bridge(self) -> None:
-        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-        self._undo(_del_link, self.bridge, what=f"delete bridge {self.bridge}")
-        _disable_ipv6(self.bridge)
-        _run(
-            ["ip", "addr", "add", f"{self.bridge_ip}/{self.network.prefixlen}", "dev", self.bridge]
-        )
-        _run(["ip", "link", "set", self.bridge, "up"])
+        net.add_bridge(self.bridge, self.bridge_ip, self.network.prefixlen)
+        self._undo(net.del_link, self.bridge, what=f"delete bridge {self.bridge}")
 
     def _user_files(self, etc: Path) -> None:
         """The machine's passwd/group/shadow/gshadow plus the hosts' user (replacing any of its name)."""
@@ -645,41 +605,12 @@ LogLevel INFO
 
     def _add_netns(self, i: int) -> None:
         ns, veth = self.names[i], self.veths[i]
-        netns_dir_existed = os.path.isdir("/run/netns")
-        _run(["ip", "netns", "add", ns])
-        if not netns_dir_existed:
+        if not os.path.isdir(net.NETNS_DIR):  # `ip netns add` makes it: taken away again after
             self._made_netns_dir = True
-            self._undo(_remove_netns_dir_if_empty, what="remove /run/netns")
-        self._undo(_del_netns, ns, what=f"delete namespace {ns}")
-        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
-        self._undo(_del_link, veth, what=f"delete link {veth}")
-        _disable_ipv6(veth)
-        _run(["ip", "link", "set", veth, "master", self.bridge, "up"])
-        _run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sh",
-                "-c",
-                "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6",
-            ]
-        )
-        _run(
-            [
-                "ip",
-                "-n",
-                ns,
-                "addr",
-                "add",
-                f"{self.ips[i]}/{self.network.prefixlen}",
-                "dev",
-                "eth0",
-            ]
-        )
-        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            self._undo(net.remove_netns_dir_if_empty, what=f"remove {net.NETNS_DIR}")
+        net.add_netns(ns, veth, self.bridge, self.ips[i], self.network.prefixlen)
+        self._undo(net.del_netns, ns, what=f"delete namespace {ns}")
+        self._undo(net.del_link, veth, what=f"delete link {veth}")
 
     def _start_host(self, i: int, expose: str) -> None:
         d = self.workdir / "hosts" / str(i)
@@ -737,7 +668,7 @@ LogLevel INFO
                     return child
             return None
 
-        ns = _wait(child_ns, timeout=10)
+        ns = net.wait(child_ns, timeout=10)
         if ns in (None, "exited"):
             raise SshHostsError(
                 f"host {self.names[i]}: its PID 1 did not appear within 10 s"
@@ -760,7 +691,7 @@ LogLevel INFO
         ns = self._pid_namespaces[i]
         if ns is None:
             return
-        left = _wait(lambda: not _pids_in_pid_ns(ns), timeout=10) or _pids_in_pid_ns(ns)
+        left = net.wait(lambda: not _pids_in_pid_ns(ns), timeout=10) or _pids_in_pid_ns(ns)
         if left is not True:
             for pid in left:  # not expected: the kernel kills a PID namespace with its PID 1
                 with contextlib.suppress(ProcessLookupError):
@@ -783,7 +714,7 @@ LogLevel INFO
                 except OSError:
                     return None
 
-        state = _wait(listening, timeout=self.ready_timeout, interval=0.05)
+        state = net.wait(listening, timeout=self.ready_timeout, interval=0.05)
         if state != "up":
             why = (
                 f"the host exited ({proc.returncode})"
@@ -892,9 +823,9 @@ LogLevel INFO
             ns = self._pid_namespaces[i]
             if ns and _pids_in_pid_ns(ns):
                 left.append(f"processes in host {self.names[i]}: {_pids_in_pid_ns(ns)}")
-        left += [f"namespace {ns}" for ns in _netns_names() if ns in self.names]
+        left += [f"namespace {ns}" for ns in net.netns_names() if ns in self.names]
         left += [
-            f"link {link}" for link in _link_names() if link == self.bridge or link in self.veths
+            f"link {link}" for link in net.link_names() if link == self.bridge or link in self.veths
         ]
         if self._made_netns_dir and os.path.isdir("/run/netns") and not os.listdir("/run/netns"):
             left.append("directory /run/netns (made by ip netns add)")
@@ -929,54 +860,6 @@ def _free_id(first: int = 60100, last: int = 60999) -> int:
         except KeyError:
             return n
     raise SshHostsError(f"no free uid/gid in {first}..{last}")
-
-
-def _kill_netns_processes(ns: str) -> None:
-    done = _run(["ip", "netns", "pids", ns], check=False)
-    for pid in done.stdout.split():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), signal.SIGKILL)
-    _wait(lambda: not _run(["ip", "netns", "pids", ns], check=False).stdout.split(), timeout=10)
-
-
-def _del_netns(ns: str) -> None:
-    if ns not in _netns_names():
-        return
-    _kill_netns_processes(ns)
-    _run(["ip", "netns", "delete", ns])
-
-
-def _del_link(name: str) -> None:
-    if name in _link_names():
-        _run(["ip", "link", "delete", name])
-
-
-def _disable_ipv6(link: str) -> None:
-    path = Path(f"/proc/sys/net/ipv6/conf/{link}/disable_ipv6")
-    if path.exists():
-        path.write_text("1\n")
-
-
-def _is_mount_point(path: str) -> bool:
-    """From mountinfo: os.path.ismount misses a bind mount of a directory onto itself (ip's)."""
-    try:
-        return any(
-            line.split()[4] == path
-            for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        )
-    except OSError:
-        return False
-
-
-def _remove_netns_dir_if_empty() -> None:
-    """`ip netns add` made /run/netns (a mount point); take it away again if nothing else uses it."""
-    d = "/run/netns"
-    if os.path.isdir(d) and not os.listdir(d):
-        for _ in range(8):  # ip may have stacked more than one mount there
-            if not _is_mount_point(d) or _run(["umount", d], check=False).returncode != 0:
-                break
-        with contextlib.suppress(OSError):
-            os.rmdir(d)
 
 
 def sweep(prefix: str = "rfssh", lock_timeout: float = 60) -> None:
