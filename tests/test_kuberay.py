@@ -29,7 +29,7 @@ from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.kube_emulator import KubeEmulator
 from tests.harness.kube_head import free_ports
 from tests.harness.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
-from tests.harness.mlflow_server import mlflow_server as served_mlflow
+from scripts.servers.mlflow import mlflow_server as served_mlflow
 
 pytest.importorskip("kmock")
 

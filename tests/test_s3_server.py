@@ -1,4 +1,4 @@
-"""tests/harness/s3_server.py: a moto S3 server that pyarrow reaches through the standard AWS
+"""scripts/servers/s3.py: a moto S3 server that pyarrow reaches through the standard AWS
 variables only, that refuses wrong credentials, and that leaves no process or file behind."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tempfile
 import psutil
 import pytest
 
-from tests.harness.s3_server import S3Server, s3_server
+from scripts.servers.s3 import S3Server, s3_server
 
 # What a Ray worker does with storage_path=s3://...: pyarrow finds the endpoint, the key and the
 # region in its environment and nowhere else. It writes the object its argument names, then

@@ -293,7 +293,7 @@ def objective(config):
 def doomed_mlflow_server(tmp_path):
     """A real `mlflow server` on a free loopback port, in a process group of its own (its
     workers go with it): yields (URI, process group id)."""
-    from tests.harness.mlflow_server import mlflow_server
+    from scripts.servers.mlflow import mlflow_server
 
     with mlflow_server(tmp_path / "mlflow-server") as served:
         yield served

@@ -9,7 +9,7 @@ by `resume=true`, and nothing of it is used: no request reaches its tracking ser
 runs. A signed experiment restores only the trials' own keys. Another user's key is refused until
 listed in trusted_signers; a file changed after signing is refused by name. Reads from a store are
 bounded: an oversized rayflow.json, a mirror pull past its caps, keys that clash (`a` and `a/b`), a
-lease nobody trusted signed. Against a real S3-compatible server (moto, tests/harness/s3_server.py)
+lease nobody trusted signed. Against a real S3-compatible server (moto, scripts/servers/s3.py)
 and local folders; nothing here starts Ray.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.s3_server import S3Server
+from scripts.servers.s3 import S3Server
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """storage_path on an object store (issue 33), against a real S3-compatible server on loopback
-(moto, tests/harness/s3_server.py) with credentials it checks, through the standard AWS settings
+(moto, scripts/servers/s3.py) with credentials it checks, through the standard AWS settings
 only: nothing inside rayflow, pyarrow or Ray is patched.
 
 A store that cannot be used is one line naming storage_path before anything starts, with no
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.s3_server import S3Server
+from scripts.servers.s3 import S3Server
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ SSH to two hosts that are network namespaces on this machine (tests/ssh_hosts.py
 own /tmp, home, Ray sessions and results folders: separate machines that share only the installed
 software. The run is submitted to the head as a Ray Job through an SSH tunnel to the head's
 loopback-only dashboard, tracks into a real `mlflow server` and keeps its experiment in an
-S3-compatible store (moto, tests/harness/s3_server.py), both on the bridge address; token auth on
+S3-compatible store (moto, scripts/servers/s3.py), both on the bridge address; token auth on
 (the token private on every node); a second run of the same cluster name refused while the first
 holds it; interrupted, torn down, resumed on a new cluster as printed, a node lost meanwhile.
 Afterwards no Ray process is alive in any host; SshHosts then removes every namespace, link and
@@ -33,8 +33,8 @@ import pytest
 import yaml
 
 from rayflow.testing.processes import wait_until
-from tests.harness.mlflow_server import mlflow_server as served_mlflow
-from tests.harness.s3_server import S3Server
+from scripts.servers.mlflow import mlflow_server as served_mlflow
+from scripts.servers.s3 import S3Server
 from tests.harness.ssh_hosts import SshHosts, unavailable_reason
 
 pytestmark = pytest.mark.slow

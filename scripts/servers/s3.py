@@ -18,7 +18,7 @@ a moto that counted otherwise fails here instead of letting every later test pas
 /moto-api/ endpoints are never checked: whoever reaches the port could turn the checks off,
 which is why the server binds to the given host only, loopback by default.)
 
-    from tests.harness.s3_server import s3_server
+    from scripts.servers.s3 import s3_server
 
     with s3_server() as s3:                      # or: with S3Server(host=..., bucket=...) as s3:
         env = {**os.environ, **s3.env()}         # all an AWS SDK needs (or monkeypatch.setenv)
@@ -143,9 +143,7 @@ class S3Server:
         from botocore.config import Config
 
         # none of this shell's AWS profile or config files: (config key, variable, default, type)
-        files = {
-            name: (None, None, os.devnull, None) for name in ("config_file", "credentials_file")
-        }
+        files = dict.fromkeys(("config_file", "credentials_file"), (None, None, os.devnull, None))
         core = botocore.session.Session(session_vars={"profile": (None, None, None, None), **files})
 
         config = Config(
