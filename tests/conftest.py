@@ -19,6 +19,7 @@ from rayflow.orchestrator.compose import compose_config
 from rayflow.testing.processes import mark_session, ray_daemon_pids, wait_until
 from tests.harness.archive import archive_server as serve_archive
 from tests.harness.cli import Rayflow
+from tests.harness.kube_local import local_kube  # noqa: F401  (the real Kubernetes, per worker)
 from tests.harness.ray_head import ray_head
 
 

@@ -24,12 +24,12 @@ import yaml
 from rayflow.runtime.processes import stop_processes_mentioning
 from rayflow.testing.backends import JobSubmissionSuite
 from rayflow.testing.processes import wait_until
+from scripts.servers.mlflow import mlflow_server as served_mlflow
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.kube_emulator import KubeEmulator
 from tests.harness.kube_head import free_ports
 from tests.harness.kube_operator import GPU_MESSAGE, HOLD_FINALIZER, FakeKubeRayOperator
-from scripts.servers.mlflow import mlflow_server as served_mlflow
 
 pytest.importorskip("kmock")
 

@@ -1,0 +1,105 @@
+"""The real Kubernetes stack for the kuberay tests: scripts/kube_local's LocalKube (the control
+plane, the KubeRay operator, the process kubelet's two Nodes) with an S3 server and an MLflow
+server on its bridge, started once per pytest worker (`local_kube`, session scope: the modules
+that use it run on one worker, tests/conftest.py's SAME_WORKER).
+
+Each worker's stack has names and a subnet of its own (prefix `rfk<N>`, 10.214.<N>.0/24), so two
+workers never meet. Without the built binaries, root or network namespaces it skips in one line;
+under CI it fails (tests/harness/needs.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.needs import need
+
+NODES = ("node-1", "node-2")
+
+
+@dataclass
+class Stack:
+    kube: Any  # scripts.kube_local.local.LocalKube
+    s3: Any  # scripts.servers.s3.S3Server
+    mlflow_url: str
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.kube.kubeconfig
+
+    def env(self) -> dict[str, str]:
+        """What a run from this machine needs (the S3 server's settings, token auth)."""
+        return {**self.s3.env(), "RAY_AUTH_MODE": "token"}
+
+    def backend(self, *more: str) -> list[str]:
+        """backend=kuberay on this stack, as a user of scripts/kube-local.sh would run it."""
+        return [
+            "backend=kuberay",
+            f"backend.kubeconfig={self.kubeconfig}",
+            "backend.image=rayproject/ray:2.60.0",
+            "backend.job_pip=[]",  # the pods run this machine's venv: nothing to install
+            "backend.start_timeout_s=120",
+            "backend.delete_timeout_s=60",
+            *more,
+        ]
+
+    def get(self, *args: str) -> dict:
+        import json
+
+        return json.loads(self.kube.kubectl("get", *args, "-o", "json"))
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        items = self.get("events", "-A")["items"]
+        return [e for e in items if kind is None or e["involvedObject"]["kind"] == kind]
+
+
+def unavailable_reason() -> str | None:
+    from scripts.kube_local import build
+
+    if os.geteuid() != 0:
+        return "root (network namespaces, a bridge, mounts) for the local Kubernetes"
+    missing = [c for c in ("ip", "unshare", "nsenter", "tini", "mount") if shutil.which(c) is None]
+    if missing:
+        return f"{', '.join(missing)} for the process kubelet"
+    bin_dir = build.build_dir() / "bin"
+    if not all((bin_dir / b).is_file() for b in build.BINARIES):
+        go = "" if shutil.which("go") else "; no `go` on PATH"
+        return f"the control plane built in {bin_dir} (`bash scripts/setup.sh --test`{go})"
+    return None
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
+@pytest.fixture(scope="session")
+def local_kube(tmp_path_factory):
+    from scripts.kube_local import build
+    from scripts.kube_local.local import LocalKube
+    from scripts.servers.mlflow import mlflow_server
+    from scripts.servers.s3 import S3Server
+
+    reason = unavailable_reason()
+    need(reason is None, str(reason))
+    index = _worker_index()
+    folder = tmp_path_factory.mktemp("local-kube")
+    kube = LocalKube(
+        folder,
+        build.build_dir() / "bin",
+        NODES,
+        subnet=f"10.214.{index}.0/24",
+        prefix=f"rfk{index}",
+    )
+    with (
+        kube,
+        S3Server(host=kube.address, bucket="rayflow-local") as s3,
+        mlflow_server(folder / "mlflow", host=kube.address) as (url, _),
+    ):
+        yield Stack(kube, s3, url)

@@ -1,0 +1,141 @@
+"""backend=kuberay on the real stack (tests/harness/kube_local.py): a real kube-apiserver, etcd,
+controller-manager and scheduler, the real KubeRay operator, Ray's own KubeRay autoscaler in the
+head pod, and pods run as processes by scripts/kube_local's kubelet, each with its own network
+namespace and disk. The run goes through `python -m rayflow backend=kuberay` as a user's does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from rayflow.testing.processes import wait_until
+
+SMALL_CIFAR = [
+    "workload.num_samples=2",
+    "workload.max_epochs=1",
+    "workload.scheduler.grace_period=1",
+]
+
+
+def _cli(rayflow, stack, *args: str) -> subprocess.CompletedProcess:
+    """`rayflow status|logs|down ...` as the user runs them."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rayflow", *args],
+        cwd=rayflow.workdir,
+        env={**rayflow.env, **stack.env()},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out
+
+
+class PodWatch:
+    """The pods of a RayCluster seen while a run goes on, by name (their last state seen)."""
+
+    def __init__(self, stack, cluster: str):
+        self.stack, self.cluster, self.seen = stack, cluster, {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self.done.wait(1.0):
+            pods = self.stack.get("pods", "-l", f"ray.io/cluster={self.cluster}")["items"]
+            self.seen.update({p["metadata"]["name"]: p for p in pods})
+
+    def __enter__(self) -> PodWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join(timeout=30)
+
+    def workers(self) -> list[dict]:
+        return [
+            p for p in self.seen.values() if p["metadata"]["labels"]["ray.io/node-type"] == "worker"
+        ]
+
+
+def _pods(stack, cluster: str, kind: str) -> list[dict]:
+    selector = f"ray.io/cluster={cluster},ray.io/node-type={kind}"
+    return stack.get("pods", "-l", selector)["items"]
+
+
+def _operator_events(stack, cluster: str) -> list[tuple[str, str]]:
+    return [
+        (e["reason"], e["message"])
+        for e in stack.events("RayCluster")
+        if e["involvedObject"]["name"] == cluster
+    ]
+
+
+@pytest.mark.slow
+def test_a_search_scales_worker_pods_up_and_down_through_the_real_operator(rayflow, local_kube):
+    """Seed 002: the RayCluster starts with no worker; Ray's autoscaler (v2, in the head pod)
+    raises the group's replicas, the operator creates the pod, it joins the head through the
+    head Service's name; once idle, the autoscaler names it in workersToDelete and the operator
+    deletes it. Kept, the cluster is listed, its job's log read, and `down` deletes it."""
+    stack, name = local_kube, "scale"
+    rayflow.env.update(stack.env())
+    with PodWatch(stack, name) as watch:
+        out = rayflow.run(
+            *stack.backend(
+                f"backend.cluster_name={name}",
+                "backend.keep_cluster=true",
+                "backend.autostop_idle_minutes=0",
+                "backend.autoscale_idle_timeout_minutes=0.25",
+            ),
+            *SMALL_CIFAR,
+            f"tracking.uri={stack.mlflow_url}",
+            f"storage_path={stack.s3.uri('scale')}",
+            timeout=600,
+        )
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, text[-4000:]
+        assert "[rayflow] autoscaler: launched 1 worker (cpu)" in text, text[-3000:]
+        # idle: the autoscaler asks for the pod's deletion by name, the operator deletes it
+        assert wait_until(lambda: not _pods(stack, name, "worker"), timeout=120), _pods(
+            stack, name, "worker"
+        )
+    [worker] = watch.workers()
+    [owner] = worker["metadata"]["ownerReferences"]
+    cluster = stack.get("raycluster", name)
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "RayCluster",
+        name,
+        cluster["metadata"]["uid"],
+    )
+    worker_name = worker["metadata"]["name"]
+    events = _operator_events(stack, name)
+    assert ("CreatedWorkerPod", f"Created worker Pod default/{worker_name}") in events, events
+    assert any(r == "DeletedWorkerPod" and worker_name in m for r, m in events), events
+    # the checkpoints are in the bucket (the pods share no disk)
+    assert any("/checkpoint_000000/" in key for key in stack.s3.objects("scale/")), "no checkpoint"
+    # MLflow (a server on the bridge, which the head pod reached): what the cluster cost
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(stack.mlflow_url)
+    experiment = client.get_experiment_by_name("cifar")
+    [parent] = [
+        r
+        for r in client.search_runs([experiment.experiment_id])
+        if "mlflow.parentRunId" not in r.data.tags and r.data.tags.get("backend") == "kuberay"
+    ]
+    assert parent.data.metrics["cluster_nodes_peak"] == 2
+    # kept: listed, its job's log read, then deleted by `down` with its pods
+    [row] = [
+        r for r in json.loads(_cli(rayflow, stack, "status", "--json").stdout) if r["name"] == name
+    ]
+    assert row["state"] in ("idle", "running"), row
+    log = _cli(rayflow, stack, "logs", name)
+    assert "== rayflow results ==" in log.stdout
+    _cli(rayflow, stack, "down", name)
+    assert wait_until(lambda: not stack.get("pods", "-l", f"ray.io/cluster={name}")["items"], 60)
+    assert not [c for c in stack.get("rayclusters")["items"] if c["metadata"]["name"] == name]
