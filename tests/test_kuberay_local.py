@@ -139,3 +139,48 @@ def test_a_search_scales_worker_pods_up_and_down_through_the_real_operator(rayfl
     _cli(rayflow, stack, "down", name)
     assert wait_until(lambda: not stack.get("pods", "-l", f"ray.io/cluster={name}")["items"], 60)
     assert not [c for c in stack.get("rayclusters")["items"] if c["metadata"]["name"] == name]
+
+
+# --- failing fast, in the real components' words ------------------------------------------------
+
+FAIL_FAST = [
+    # the process kubelet's ErrImagePull for an image outside its allow-list
+    ("image_pull", ["backend.image=registry.invalid/ray:2.60.0"], "cannot pull its image "),
+    # the real scheduler's FailedScheduling: no node has 64 CPUs
+    ("no_cpu", ["backend.head.cpu=64", "backend.schedule_grace_s=2"], "Insufficient cpu"),
+    # a Ray that cannot start (`ray start` refuses the value): in a pod that is never restarted
+    # (autoscaler v2's restartPolicy) it ends for good; in one that is, it crash-loops
+    (
+        "exits",
+        ["+backend.overrides.spec.headGroupSpec.rayStartParams.object-store-memory=lots"],
+        "'s container ray-head exited with code 2 (Error)",
+    ),
+    (
+        "crash_loop",
+        [
+            "backend.autoscaler_version=v1",
+            "+backend.overrides.spec.headGroupSpec.rayStartParams.object-store-memory=lots",
+        ],
+        "keeps crashing (CrashLoopBackOff, ",
+    ),
+]
+
+
+@pytest.mark.parametrize("scenario,more,expected", FAIL_FAST, ids=[f[0] for f in FAIL_FAST])
+def test_what_keeps_the_head_down_fails_fast_in_one_line(
+    rayflow, local_kube, scenario, more, expected
+):
+    stack, name = local_kube, f"ff-{scenario.replace('_', '-')}"
+    rayflow.env.update(stack.env())
+    out = rayflow.run(
+        *stack.backend(f"backend.cluster_name={name}", *more),
+        "tracking=none",
+        f"storage_path={stack.s3.uri(name)}",
+        timeout=240,
+    )
+    assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
+    assert len(errors) == 1 and expected in errors[0], out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert f"deleted RayCluster default/{name}" in out.stdout
+    assert wait_until(lambda: not stack.get("pods", "-l", f"ray.io/cluster={name}")["items"], 60)

@@ -215,6 +215,11 @@ class PodWorker:
             "startedAt": box.started_at,
             "finishedAt": now(),
         }
+        if code != 0 and box.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            # the kubelet's fallback: the log's last 80 lines, at most 2048 bytes (there is no
+            # termination-log file here: /dev is the machine's)
+            tail = self.folder.log(box.name).read_bytes()[-2048:].decode(errors="replace")
+            box.terminated["message"] = "\n".join(tail.splitlines()[-80:])
         box.process, box.ready = None, False
         if self._restarts(box):
             # the kubelet's back-off: 10 s, doubling to 5 min, reset after 10 min of running

@@ -6,7 +6,8 @@ forever, while the run only needs the head (the autoscaler and the placement wat
 of workers). While waiting, the head pod and the events about it and the RayCluster are read
 for what users hit most: an image that cannot be pulled, a pod nothing can schedule (after a
 grace period: a cluster autoscaler may be adding a node), a spec the operator refused
-(`InvalidRayClusterSpec`, which is an event, not an API error), a container that keeps crashing.
+(`InvalidRayClusterSpec`, which is an event, not an API error), a container that keeps crashing,
+or one that ended in error in a pod that is never restarted.
 `diagnose` is a pure function of those objects, so it is tested without a cluster.
 """
 
@@ -39,6 +40,20 @@ def _latest(events: list[dict], reason: str) -> dict | None:
 def _statuses(pod: dict) -> list[dict]:
     status = pod.get("status") or {}
     return (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+
+
+def _ended_for_good(pod: dict, status: dict) -> str | None:
+    """How a container of a pod that is never restarted (restartPolicy Never: what autoscaler v2
+    renders) ended in error, else None: its kubelet will not start it again, so the head never
+    becomes ready (KubeRay replaces the pod, which ends the same way)."""
+    if (pod.get("spec") or {}).get("restartPolicy") != "Never":
+        return None
+    ended = (status.get("state") or {}).get("terminated") or {}
+    if ended.get("exitCode") in (None, 0):
+        return None
+    line = f"exited with code {ended['exitCode']} ({ended.get('reason', 'Error')})"
+    last = (ended.get("message") or "").strip().splitlines()
+    return line + (f": {last[-1]}" if last else "")
 
 
 def unschedulable(pod: dict) -> bool:
@@ -89,6 +104,9 @@ def diagnose(
                 f"the head pod {name}'s container {status.get('name')} keeps crashing "
                 f"(CrashLoopBackOff, {status.get('restartCount', 0)} restarts), {detail}"
             )
+        ended = _ended_for_good(head, status)
+        if ended:
+            return f"the head pod {name}'s container {status.get('name')} {ended}"
     if (head.get("status") or {}).get("phase") == "Failed":
         pod = head.get("status") or {}
         return f"the head pod {name} failed: {pod.get('message') or pod.get('reason')}"
