@@ -7,6 +7,7 @@ namespace and disk. The run goes through `python -m rayflow backend=kuberay` as 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -184,3 +185,97 @@ def test_what_keeps_the_head_down_fails_fast_in_one_line(
     assert "Traceback" not in out.stderr
     assert f"deleted RayCluster default/{name}" in out.stdout
     assert wait_until(lambda: not stack.get("pods", "-l", f"ray.io/cluster={name}")["items"], 60)
+
+
+# --- teardown, and what a dry run promises --------------------------------------------------------
+
+
+def _left(stack, name: str) -> list[str]:
+    """What of RayCluster `name` is left: the cluster, its pods, Services and Secrets."""
+    found = [f"raycluster/{c['metadata']['name']}" for c in stack.get("rayclusters")["items"]]
+    found = [f for f in found if f == f"raycluster/{name}"]
+    for kind in ("pods", "services", "secrets"):
+        found += [
+            f"{kind}/{o['metadata']['name']}"
+            for o in stack.get(kind)["items"]
+            if o["metadata"]["name"].startswith(name + "-") or o["metadata"]["name"] == name
+        ]
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_signal_mid_run_leaves_no_cluster_pod_service_or_secret(rayflow, local_kube, sig):
+    """Ctrl-C or SIGTERM while the job runs: rayflow stops the job and deletes the RayCluster;
+    the real garbage collector takes what the operator made with it (pods, the head Service,
+    the auth Secret)."""
+    stack, name = local_kube, f"sig-{sig.name.lower()}"
+    rayflow.env.update(stack.env())
+    proc, log = rayflow.start(
+        *stack.backend(f"backend.cluster_name={name}"),
+        "workload.num_samples=1",
+        "workload.max_epochs=1000",
+        "workload.scheduler.grace_period=1000",
+        "tracking=none",
+        f"storage_path={stack.s3.uri(name)}",
+    )
+    try:
+        assert wait_until(
+            lambda: "[rayflow] submitted job" in log.read_text(), timeout=240, interval=0.5
+        ), log.read_text()[-3000:]
+        assert _left(stack, name), "the run made its cluster"
+        proc.send_signal(sig)
+        code = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == (130 if sig == signal.SIGINT else 143), text[-3000:]
+    assert f"deleted RayCluster default/{name}" in text, text[-3000:]
+    assert wait_until(lambda: not _left(stack, name), timeout=60), _left(stack, name)
+
+
+def test_a_dry_run_is_validated_by_the_api_server_and_applies_as_printed(rayflow, local_kube):
+    stack, name = local_kube, "dry"
+    rayflow.env.update(stack.env())
+    out = rayflow.run(
+        *stack.backend(f"backend.cluster_name={name}", "backend.keep_cluster=true"),
+        "dry_run=true",
+        "tracking=none",
+        f"storage_path={stack.s3.uri(name)}",
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"accepts RayCluster default/{name} (server-side dry run; nothing was applied)" in (
+        out.stderr
+    )
+    assert "kind: RayCluster" in out.stdout and "auth_token" not in out.stdout
+    # the printed documents, as printed, pass the API server's own dry run (schema, CEL, RBAC
+    # kinds, admission), and nothing is created
+    applied = subprocess.run(
+        [str(stack.kube.bin_dir / "kubectl"), f"--kubeconfig={stack.kubeconfig}"]
+        + ["apply", "--dry-run=server", "-f", "-"],
+        input=out.stdout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert f"raycluster.ray.io/{name} created (server dry run)" in applied.stdout, applied.stdout
+    assert not _left(stack, name)
+
+
+def test_what_the_api_server_refuses_fails_the_dry_run_in_its_words(rayflow, local_kube):
+    """The CRD's CEL rule on spec.managedBy, which rayflow's offline checks do not evaluate: the
+    real API server's 422, in one line; a run refuses it before anything is created."""
+    stack, name = local_kube, "cel"
+    rayflow.env.update(stack.env())
+    bad = stack.backend(f"backend.cluster_name={name}", "+backend.overrides.spec.managedBy=me")
+    for extra in (["dry_run=true"], []):
+        out = rayflow.run(
+            *bad, *extra, "tracking=none", f"storage_path={stack.s3.uri(name)}", timeout=120
+        )
+        assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
+        [error] = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
+        assert "422" in error and "the managedBy field value must be either" in error, error
+        assert "Traceback" not in out.stderr
+        assert not _left(stack, name)

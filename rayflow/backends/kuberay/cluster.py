@@ -31,6 +31,7 @@ from rayflow.backends.kuberay import checks as kuberay_checks
 from rayflow.backends.kuberay import manifest as kuberay_manifest
 from rayflow.backends.kuberay import ownership, user_layers, user_manifest
 from rayflow.backends.kuberay import resources as kuberay_resources
+from rayflow.backends.kuberay.kube import server_dry_run
 from rayflow.backends.kuberay.wait import wait_for_head
 from rayflow.errors import ClusterError, ConfigError
 from rayflow.runtime.progress import phase
@@ -189,8 +190,13 @@ class KubeRayCluster(ClusterBackend):
         # its notes name each literal secret with the Kubernetes Secret that should hold it;
         # the RBAC of its autostop follows it, as the documents `kubectl apply -f -` takes
         manifest, rbac, _ = self._autostop_plan(self._base_manifest({}))
+        s = self.section
+
+        def notes() -> list[str]:  # and the API server's word, where one answers
+            return [*self.notes(), server_dry_run(manifest, s.kubeconfig, s.context)]
+
         return Rendered(
-            yaml.safe_dump_all([manifest, *rbac], sort_keys=False), self.notes, secrets_noted=True
+            yaml.safe_dump_all([manifest, *rbac], sort_keys=False), notes, secrets_noted=True
         )
 
     def teardown_command(self, manifest: dict[str, Any] | None = None) -> str | None:

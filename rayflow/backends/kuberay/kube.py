@@ -19,6 +19,10 @@ PLURALS = {"RayCluster": "rayclusters", "RayJob": "rayjobs"}
 FIELD_MANAGER = "rayflow"
 
 
+class Unreachable(ClusterError):
+    """No API server answered (or no credentials to ask one with): nothing was refused."""
+
+
 def in_cluster() -> bool:
     """This process runs in a pod with a service account (rayflow submitted from inside the
     cluster)."""
@@ -46,7 +50,7 @@ class Kube:
                 path = os.path.expanduser(kubeconfig) if kubeconfig else None
                 self.api_client = config.new_client_from_config(config_file=path, context=context)
         except (ConfigException, OSError) as err:  # no kubeconfig, an unknown context
-            raise ClusterError(
+            raise Unreachable(
                 f"backend.kubeconfig: no usable Kubernetes credentials: {_first_line(err)}"
             ) from None
         self.core = client.CoreV1Api(self.api_client)
@@ -77,7 +81,7 @@ class Kube:
                 f"Kubernetes refused to {what}: {err.status} {_api_message(err)}"
             ) from None
         except HTTPError as err:  # unreachable API server, TLS failure
-            raise ClusterError(
+            raise Unreachable(
                 f"the Kubernetes API server at {self.configuration.host} did not answer ({what}): "
                 f"{_first_line(err)}"
             ) from None
@@ -109,7 +113,9 @@ class Kube:
             **_dry_run(dry_run),
         )
 
-    def create(self, manifest: dict, dry_run: bool = False) -> dict | None:
+    def create(
+        self, manifest: dict, dry_run: bool = False, timeout_s: float | None = None
+    ) -> dict | None:
         """Create the object, only if none of its name exists: None when one does (409), so a run
         never overwrites another's object. dry_run: the API server's whole admission (schema, CEL
         rules, webhooks, quotas) answers with the object it would store, storing nothing."""
@@ -130,6 +136,7 @@ class Kube:
             field_manager=FIELD_MANAGER,
             conflict_ok=True,
             **_dry_run(dry_run),
+            **({"_request_timeout": timeout_s} if timeout_s else {}),
         )
 
     def get(self, kind: str, name: str) -> dict | None:
@@ -279,3 +286,27 @@ def _api_message(err) -> str:
 def _first_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
+
+
+DRY_RUN_TIMEOUT_S = 10.0
+
+
+def server_dry_run(manifest: dict, kubeconfig: str | None, context: str | None) -> str:
+    """A dry run's word from the API server on `manifest` (a create with `dryRun=All`: schema, CEL
+    rules, admission, RBAC of this user), as a note; an API server reached that refuses it raises
+    ClusterError (one line, its message). Unreachable, or no credentials: the note says the
+    documents were checked offline only, and why."""
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
+    where = f"{kind} {manifest['metadata']['namespace']}/{name}"
+    try:
+        kube = Kube(manifest["metadata"]["namespace"], kubeconfig, context)
+        try:
+            answer = kube.create(manifest, dry_run=True, timeout_s=DRY_RUN_TIMEOUT_S)
+            host = kube.configuration.host
+        finally:
+            kube.close()
+    except Unreachable as err:
+        return f"not validated by an API server (rayflow's offline checks only): {err}"
+    if answer is None:
+        return f"the API server at {host} has a {where} already (a run would not create it)"
+    return f"the API server at {host} accepts {where} (server-side dry run; nothing was applied)"
