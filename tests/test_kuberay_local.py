@@ -7,6 +7,7 @@ namespace and disk. The run goes through `python -m rayflow backend=kuberay` as 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -279,3 +280,53 @@ def test_what_the_api_server_refuses_fails_the_dry_run_in_its_words(rayflow, loc
         assert "422" in error and "the managedBy field value must be either" in error, error
         assert "Traceback" not in out.stderr
         assert not _left(stack, name)
+
+
+@pytest.mark.slow
+def test_a_worker_pod_deleted_mid_run_is_replaced_and_its_trial_restored(rayflow, local_kube):
+    """The pod running the trial is deleted (`kubectl delete pod`): the operator makes a new one
+    to hold the group's replicas, the trial fails with its node, and Tune restores it from its
+    last checkpoint, in the bucket, on the new pod."""
+    # epochs of a second or so: the pod goes with most of them still to run
+    stack, name, epochs = local_kube, "lost", 40
+    rayflow.env.update(stack.env())
+    with PodWatch(stack, name) as watch:
+        proc, log = rayflow.start(
+            *stack.backend(f"backend.cluster_name={name}"),
+            "workload.num_samples=1",
+            f"workload.max_epochs={epochs}",
+            f"workload.scheduler.grace_period={epochs}",
+            "data.synthetic_train_size=4000",
+            "tracking=none",
+            f"storage_path={stack.s3.uri(name)}",
+        )
+        try:
+            # two epochs checkpointed in the bucket: the worker pod goes
+            assert wait_until(
+                lambda: (
+                    proc.poll() is not None
+                    or any("/checkpoint_000001/" in k for k in stack.s3.objects(f"{name}/"))
+                ),
+                timeout=400,
+                interval=1,
+            ), log.read_text()[-3000:]
+            [worker] = _pods(stack, name, "worker")
+            stack.kube.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
+            code = proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert code == 0, text[-4000:]
+    assert re.search(r"^trials restarted: 1 \(each from its last checkpoint", text, re.M), text
+    # a second worker pod, the operator's, held the restored trial
+    assert len(watch.workers()) >= 2, sorted(watch.seen)
+    rows = [
+        json.loads(line)
+        for key in stack.s3.objects(f"{name}/")
+        if key.endswith("/result.json")
+        for line in stack.s3.read(key).decode().splitlines()
+        if line.strip()
+    ]
+    restored = [r for r in rows if r.get("iterations_since_restore") == 1 and r["epoch"] > 1]
+    assert restored and max(r["epoch"] for r in rows) == epochs, rows
