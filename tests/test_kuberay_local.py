@@ -78,6 +78,92 @@ def _operator_events(stack, cluster: str) -> list[tuple[str, str]]:
     ]
 
 
+# --- a kept cluster that stops itself (started first: the module's other tests run while it idles)
+
+AUTOSTOPPED = "autostop"
+
+
+@pytest.fixture(scope="module")
+def autostopping(tmp_path_factory, data_root, local_kube):
+    """A RayCluster kept with a one-minute autostop by a run that has ended: its head's watcher
+    runs as the ServiceAccount rayflow rendered, with the token the process kubelet projected,
+    against the real API server and its RBAC."""
+    from tests.harness.cli import Rayflow
+
+    runner = Rayflow(tmp_path_factory.mktemp("kept-kuberay"), data_root)
+    runner.env.update(local_kube.env())
+    runner.env["XDG_CACHE_HOME"] = str(runner.workdir / "cache")  # its own registry
+    (runner.workdir / "objective.py").write_text(
+        "def objective(config):\n    return {'loss': 0.5}\n"
+    )
+    first = runner.run(
+        *local_kube.backend(
+            f"backend.cluster_name={AUTOSTOPPED}",
+            "backend.keep_cluster=true",
+            "backend.autostop_idle_minutes=1",
+        ),
+        "workload=tune",
+        "workload.trainable=objective:objective",
+        "workload.metric=loss",
+        "workload.mode=min",
+        "tracking=none",
+        f"storage_path={local_kube.s3.uri(AUTOSTOPPED)}",
+        timeout=400,
+    )
+    yield runner, first
+
+
+def test_a_kept_clusters_account_may_delete_only_it(autostopping, local_kube):
+    """Its head runs as the rendered account; the real RBAC authorizer lets that account's token
+    delete nothing but its own RayCluster: another's delete is the API server's 403."""
+    runner, first = autostopping
+    stack = local_kube
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    assert f"autostop: {AUTOSTOPPED} stops itself after 1 idle minute" in first.stdout
+    account = f"{AUTOSTOPPED}-rayflow-autostop"
+    [head] = _pods(stack, AUTOSTOPPED, "head")
+    assert head["spec"]["serviceAccountName"] == account
+    # someone else's RayCluster (suspended: no pods), and the account's own token
+    other = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "someone-elses"},
+        "spec": {
+            "suspend": True,
+            "headGroupSpec": {
+                "rayStartParams": {},
+                "template": {
+                    "spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.60.0"}]}
+                },
+            },
+        },
+    }
+    path = runner.workdir / "other.json"
+    path.write_text(json.dumps(other))
+    stack.kube.kubectl("apply", "-f", str(path))
+    token = stack.kube.kubectl("create", "token", account).strip()
+    plane = stack.kube.plane
+    as_account = [  # the token alone: no client certificate of the admin's beside it
+        str(stack.kube.bin_dir / "kubectl"),
+        "--kubeconfig=/dev/null",
+        f"--server={plane.server}",
+        f"--certificate-authority={plane.folder / 'pki' / 'ca.crt'}",
+        f"--token={token}",
+    ]
+    denied = subprocess.run(
+        [*as_account, "delete", "raycluster", "someone-elses"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert denied.returncode != 0 and "Forbidden" in denied.stderr, denied.stderr
+    assert (
+        f'User "system:serviceaccount:default:{account}" cannot delete resource "rayclusters"'
+        in denied.stderr
+    )
+    stack.kube.kubectl("delete", "raycluster", "someone-elses")
+
+
 @pytest.mark.slow
 def test_a_search_scales_worker_pods_up_and_down_through_the_real_operator(rayflow, local_kube):
     """Seed 002: the RayCluster starts with no worker; Ray's autoscaler (v2, in the head pod)
@@ -330,3 +416,20 @@ def test_a_worker_pod_deleted_mid_run_is_replaced_and_its_trial_restored(rayflow
     ]
     restored = [r for r in rows if r.get("iterations_since_restore") == 1 and r["epoch"] > 1]
     assert restored and max(r["epoch"] for r in rows) == epochs, rows
+
+
+def test_the_kept_raycluster_was_deleted_by_its_own_head(autostopping, local_kube):
+    """Last in the module: idle for its minute, the head's watcher deleted its RayCluster (as the
+    account the real RBAC authorizer allows that), and the pods went with it."""
+    assert wait_until(
+        lambda: (
+            not [
+                c
+                for c in local_kube.get("rayclusters")["items"]
+                if c["metadata"]["name"] == AUTOSTOPPED
+            ]
+        ),
+        timeout=240,
+        interval=2,
+    ), "the kept cluster is still there"
+    assert wait_until(lambda: not _left(local_kube, AUTOSTOPPED), timeout=60)
