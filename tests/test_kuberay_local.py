@@ -433,3 +433,43 @@ def test_the_kept_raycluster_was_deleted_by_its_own_head(autostopping, local_kub
         interval=2,
     ), "the kept cluster is still there"
     assert wait_until(lambda: not _left(local_kube, AUTOSTOPPED), timeout=60)
+
+
+@pytest.mark.slow
+def test_a_rayjobs_cluster_goes_when_its_job_ends_though_the_client_died(rayflow, local_kube):
+    """mode=rayjob: the real operator tracks the job rayflow submitted (InteractiveMode, spec.jobId)
+    and, with shutdownAfterJobFinishes and its TTL, deletes the RayCluster once the job ends, even
+    when the client that started it was killed (SIGKILL: no teardown of its own ran)."""
+    stack, name = local_kube, "rj"
+    rayflow.env.update(stack.env())
+    proc, log = rayflow.start(
+        *stack.backend(
+            f"backend.cluster_name={name}",
+            "backend.mode=rayjob",
+            "backend.rayjob.ttl_seconds_after_finished=5",
+        ),
+        *SMALL_CIFAR,
+        "tracking=none",
+        f"storage_path={stack.s3.uri(name)}",
+    )
+    try:
+        assert wait_until(
+            lambda: "[rayflow] submitted job" in log.read_text(), timeout=240, interval=0.5
+        ), log.read_text()[-3000:]
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    job = stack.get("rayjob", name)
+    assert job["spec"]["submissionMode"] == "InteractiveMode"
+    assert job["spec"]["jobId"].startswith("raysubmit_")
+    cluster = job["status"]["rayClusterName"]
+
+    def finished() -> dict | None:
+        status = stack.get("rayjob", name).get("status") or {}
+        return status if status.get("jobDeploymentStatus") == "Complete" else None
+
+    status = wait_until(finished, timeout=400, interval=2)
+    assert status and status["jobStatus"] == "SUCCEEDED", stack.get("rayjob", name)["status"]
+    # the TTL after the job's end, then the operator deletes the cluster, its pods with it
+    assert wait_until(lambda: not _left(stack, cluster), timeout=120), _left(stack, cluster)
+    stack.kube.kubectl("delete", "rayjob", name)

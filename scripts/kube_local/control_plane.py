@@ -17,6 +17,9 @@ applied server-side.
   - Jobs (a RayJob's submitter) and their TTL;
   - namespaces, pod garbage collection, role aggregation;
   - node lifecycle (a Node whose Lease goes stale is tainted and its pods evicted).
+- **Names.** The operator runs in a mount namespace of its own whose /etc/hosts the process
+  kubelet keeps (`operator_hosts`): it reaches a RayJob's head by its Service's cluster name, as
+  in a pod with cluster DNS.
 - **Stopping.** In the reverse order, each process group SIGTERMed then SIGKILLed after
   STOP_GRACE_S: the API server does not end on SIGTERM within 30 s. It goes on past a failing
   step, and leaves no process behind.
@@ -124,6 +127,11 @@ class ControlPlane:
         self.stop()
 
     @property
+    def operator_hosts(self) -> Path:
+        """The operator's /etc/hosts, kept up to date by the process kubelet (--extra-hosts)."""
+        return self.folder / "operator-hosts"
+
+    @property
     def manifests(self) -> Path:
         return self.bin_dir.parent / "kuberay"
 
@@ -152,6 +160,8 @@ class ControlPlane:
             "--health-probe-bind-address",
             f"127.0.0.1:{probe}",
             env={"KUBECONFIG": str(self.kubeconfig("kuberay-operator"))},
+            # it asks a RayJob's head for the job's status by the head Service's name
+            hosts=True,
         )
         self._wait(f"http://127.0.0.1:{probe}/readyz", "the operator's /readyz", tls=False)
 
@@ -254,10 +264,20 @@ class ControlPlane:
         path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}))
         self.kubectl("apply", "--server-side", "-f", str(path))
 
-    def _run(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def _run(
+        self, name: str, *args: str, env: dict[str, str] | None = None, hosts: bool = False
+    ) -> None:
+        """Start a component; `hosts`: in a mount namespace of its own whose /etc/hosts is
+        `operator_hosts` (the cluster's Service names, as a pod's cluster DNS answers them)."""
         log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115  (the process's own, closed on stop)
+        argv = [str(self.bin_dir / name), *args]
+        if hosts:
+            self.operator_hosts.write_text("127.0.0.1\tlocalhost\n")
+            argv = ["unshare", "--mount", "--propagation", "private", "--"]
+            argv += ["bash", "-c", 'mount --bind "$1" /etc/hosts && shift && exec "$@"', "-"]
+            argv += [str(self.operator_hosts), str(self.bin_dir / name), *args]
         proc = subprocess.Popen(
-            [str(self.bin_dir / name), *args],
+            argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its group: SIGKILLed whole on stop

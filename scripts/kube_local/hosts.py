@@ -61,13 +61,14 @@ def hosts_text(namespace: str, hostname: str, ip: str | None, found: dict[tuple,
 
 
 class HostsWatcher:
-    def __init__(self, kubeconfig: Path, stopping: threading.Event):
+    def __init__(self, kubeconfig: Path, stopping: threading.Event, extra: Path | None = None):
         from kubernetes import client, config
 
         api = config.new_client_from_config(config_file=str(kubeconfig))
         self.core, self.discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
         self.stopping = stopping
         self.changed = threading.Event()
+        self.extra = extra  # a process of the machine's that needs the names (the operator)
 
     def _read(self) -> dict[tuple, list]:
         services = json.loads(
@@ -84,6 +85,11 @@ class HostsWatcher:
             self.changed.wait(POLL_S)
             self.changed.clear()
             found = self._read()
+            if self.extra is not None:
+                text = hosts_text("", "", None, found)
+                if written.get("extra") != text:
+                    _rewrite(self.extra, text)
+                    written["extra"] = text
             for worker in pods():
                 if worker.folder is None:
                     continue
@@ -91,3 +97,10 @@ class HostsWatcher:
                 if written.get(worker.uid) != text:
                     worker.folder.write_hosts(text)
                     written[worker.uid] = text
+
+
+def _rewrite(path: Path, text: str) -> None:
+    """In place: a bind mount of the file keeps its inode."""
+    with open(path, "r+") as f:
+        f.write(text)
+        f.truncate()

@@ -359,7 +359,11 @@ class Kubelet:
             NodeAgent(self, n, Path(args.kubeconfigs) / f"node-{n}.kubeconfig")
             for n in args.nodes.split(",")
         ]
-        self.hosts = HostsWatcher(Path(args.kubeconfigs) / "local-dns.kubeconfig", self.stopping)
+        self.hosts = HostsWatcher(
+            Path(args.kubeconfigs) / "local-dns.kubeconfig",
+            self.stopping,
+            Path(args.extra_hosts) if args.extra_hosts else None,
+        )
 
     def hosts_changed(self) -> None:
         self.hosts.changed.set()
@@ -400,6 +404,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu", default="4")
     parser.add_argument("--memory", default="8Gi")
     parser.add_argument("--gpus", type=int, default=0)
+    parser.add_argument(
+        "--extra-hosts", default="", help="a hosts file of the machine's to keep (the operator's)"
+    )
     kubelet = Kubelet(parser.parse_args(argv))
 
     def stop(signum, frame):

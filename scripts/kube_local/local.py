@@ -128,6 +128,7 @@ class LocalKube:
                 f"--memory={self.memory}",
                 f"--gpus={self.gpus}",
                 f"--images={self.images}",
+                f"--extra-hosts={self.plane.operator_hosts}",
             ],
             cwd=REPO,
             stdout=log,
