@@ -37,6 +37,11 @@ object-storage (`--repeats 3`) runs the same small workload=cifar search with st
 local folder and on an S3-compatible store (moto on loopback unless `--store s3://...`),
 alternating; `ratio` = store / folder wall seconds (see bench_storage.py).
 
+kuberay-cluster (`--repeats 2`, root) times backend=kuberay on scripts/kube-local.sh's stack: apply
+to head ready and to the dashboard answering, scale-up and scale-down of a worker pod, and a
+submitted cifar run against backend=local, with vm-cluster's figures beside them (`vm`; see
+bench_kuberay.py).
+
 vm-cluster (`--repeats 2`) times backend=vm on fake_multinode: head ready, scale-up and
 scale-down, and what submitting the run as a Ray Job adds (see bench_vm.py). spark-cluster
 (`--repeats 1`) times Ray on Spark through rayflow's backend against plain setup_ray_cluster:
@@ -75,6 +80,7 @@ from pathlib import Path
 
 import bench_data  # scripts/ is on sys.path when this file runs
 import bench_ddp
+import bench_kuberay
 import bench_launcher
 import bench_ppo
 import bench_storage
@@ -442,6 +448,11 @@ BENCHMARKS = {
         bench_vm.vm_cluster,
         bench_vm.vm_cluster_args,
         "backend=vm on fake_multinode: head ready, scale-up/down, what submitting the run as a Ray Job adds",
+    ),
+    "kuberay-cluster": (
+        bench_kuberay.kuberay_cluster,
+        bench_kuberay.kuberay_cluster_args,
+        "backend=kuberay on the local Kubernetes (real operator and autoscaler), beside vm-cluster",
     ),
     "object-storage": (
         bench_storage.object_storage,

@@ -107,7 +107,8 @@ def pytest_xdist_make_scheduler(config, log):
 LONGEST_FIRST = [
     "test_spark",  # with test_vm (one unit, SAME_WORKER): about 1240 s at 44's fresh-clone run
     "test_vm",
-    "test_kuberay",  # about 555 s
+    "test_kuberay_local",  # the real Kubernetes stack: about 600 s
+    "test_kuberay",  # about 385 s
     "test_ddp",  # 490
     "test_ppo",  # 305
     "test_user_workloads",  # 270

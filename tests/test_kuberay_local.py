@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +69,31 @@ class PodWatch:
 def _pods(stack, cluster: str, kind: str) -> list[dict]:
     selector = f"ray.io/cluster={cluster},ray.io/node-type={kind}"
     return stack.get("pods", "-l", selector)["items"]
+
+
+def _ray_token(stack, cluster: str) -> str:
+    """The Ray token the operator put in the cluster's Secret (token auth)."""
+    import base64
+
+    secret = stack.get("secret", cluster)
+    return base64.b64decode(secret["data"]["auth_token"]).decode()
+
+
+def _jobs(stack, cluster: str, token: str) -> list[dict]:
+    """The head's Jobs API, through the API server's service proxy, as the administrator."""
+    import requests
+
+    pki = stack.kube.plane.folder / "pki"
+    answer = requests.get(
+        f"{stack.kube.plane.server}/api/v1/namespaces/default/services/"
+        f"{cluster}-head-svc:dashboard/proxy/api/jobs/",
+        cert=(str(pki / "admin.crt"), str(pki / "admin.key")),
+        verify=str(pki / "ca.crt"),
+        headers={"X-Ray-Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    return answer.json()
 
 
 def _operator_events(stack, cluster: str) -> list[tuple[str, str]]:
@@ -188,6 +214,8 @@ def test_a_search_scales_worker_pods_up_and_down_through_the_real_operator(rayfl
         text = out.stdout + out.stderr
         assert out.returncode == 0, text[-4000:]
         assert "[rayflow] autoscaler: launched 1 worker (cpu)" in text, text[-3000:]
+        # token auth: the operator made the Secret the run read Ray's token from
+        assert f"reading the Ray token from its Secret ({name})... done" in text
         # idle: the autoscaler asks for the pod's deletion by name, the operator deletes it
         assert wait_until(lambda: not _pods(stack, name, "worker"), timeout=120), _pods(
             stack, name, "worker"
@@ -217,6 +245,31 @@ def test_a_search_scales_worker_pods_up_and_down_through_the_real_operator(rayfl
         if "mlflow.parentRunId" not in r.data.tags and r.data.tags.get("backend") == "kuberay"
     ]
     assert parent.data.metrics["cluster_nodes_peak"] == 2
+    for metric in ("cluster_node_seconds", "cluster_start_s"):
+        assert metric in parent.data.metrics, metric
+    spec = Path(client.download_artifacts(parent.info.run_id, "cluster/spec.yaml")).read_text()
+    assert "kind: RayCluster" in spec and "enableInTreeAutoscaling: true" in spec
+    # created with rayflow's field manager, labelled as rayflow's and this run's
+    labels = cluster["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "rayflow" and labels["rayflow.io/run"]
+    fields = stack.get("raycluster", name, "--show-managed-fields")["metadata"]["managedFields"]
+    managers = {m["manager"] for m in fields}
+    assert "rayflow" in managers, managers
+    # the Ray token (the operator's Secret) is in no output, artifact, param or tag
+    token = _ray_token(stack, name)
+    assert token not in text and token not in spec
+    assert token not in str(parent.data.params) + str(parent.data.tags)
+    # the Jobs API was reached through the API server's service proxy, and the job's command
+    # line is fixed (no override, no URI in it: ps on the head, JobInfo.entrypoint)
+    assert f"dashboard of {name} reachable through proxy" in text
+    entrypoints = [
+        j["entrypoint"]
+        for j in _jobs(stack, name, token)
+        if (j.get("metadata") or {}).get("submitted_by") == "rayflow"
+    ]
+    assert entrypoints and all(
+        e.endswith("-m rayflow.job_entry") and "=" not in e for e in entrypoints
+    ), entrypoints
     # kept: listed, its job's log read, then deleted by `down` with its pods
     [row] = [
         r for r in json.loads(_cli(rayflow, stack, "status", "--json").stdout) if r["name"] == name
@@ -317,7 +370,7 @@ def test_a_signal_mid_run_leaves_no_cluster_pod_service_or_secret(rayflow, local
             proc.kill()
     text = log.read_text()
     assert code == (130 if sig == signal.SIGINT else 143), text[-3000:]
-    assert f"deleted RayCluster default/{name}" in text, text[-3000:]
+    assert "stopping job" in text and f"deleted RayCluster default/{name}" in text, text[-3000:]
     assert wait_until(lambda: not _left(stack, name), timeout=60), _left(stack, name)
 
 
@@ -459,8 +512,10 @@ def test_a_rayjobs_cluster_goes_when_its_job_ends_though_the_client_died(rayflow
     finally:
         proc.kill()
         proc.wait(timeout=30)
+    assert f"applied RayJob default/{name}" in log.read_text()
     job = stack.get("rayjob", name)
     assert job["spec"]["submissionMode"] == "InteractiveMode"
+    assert job["spec"]["shutdownAfterJobFinishes"] is True
     assert job["spec"]["jobId"].startswith("raysubmit_")
     cluster = job["status"]["rayClusterName"]
 
@@ -473,3 +528,60 @@ def test_a_rayjobs_cluster_goes_when_its_job_ends_though_the_client_died(rayflow
     # the TTL after the job's end, then the operator deletes the cluster, its pods with it
     assert wait_until(lambda: not _left(stack, cluster), timeout=120), _left(stack, cluster)
     stack.kube.kubectl("delete", "rayjob", name)
+
+
+def test_a_folder_of_this_machine_is_refused_before_anything_starts(rayflow, local_kube):
+    """The pods share no disk: a local storage_path would lose every checkpoint but the head's."""
+    stack = local_kube
+    rayflow.env.update(stack.env())
+    out = rayflow.run(*stack.backend("backend.cluster_name=local-path"), "tracking=none")
+    assert out.returncode == 2, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("rayflow: error: storage_path: ") and "s3://" in last, last
+    assert not _left(stack, "local-path")
+
+
+def test_the_operators_own_submitter_job_runs_on_the_process_kubelet(local_kube, tmp_path):
+    """A RayJob in K8sJobMode (KubeRay's default, which rayflow's own RayJobs do not use): the
+    operator makes a Kubernetes Job whose pod submits the entrypoint to the head; the real Job
+    controller and the process kubelet run it to completion, and the operator deletes the cluster
+    after the job (shutdownAfterJobFinishes)."""
+    stack, name = local_kube, "submitter"
+    head = {"name": "ray-head", "image": "rayproject/ray:2.60.0"}
+    head["resources"] = {"limits": {"cpu": "1", "memory": "2Gi"}}
+    job = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": name},
+        "spec": {
+            "entrypoint": "python -c 'import ray; ray.init(); print(ray.get(ray.remote(lambda: 6 * 7).remote()))'",
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": 0,
+            "rayClusterSpec": {
+                "rayVersion": "2.60.0",
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [head]}},
+                },
+            },
+        },
+    }
+    path = tmp_path / "rayjob.json"
+    path.write_text(json.dumps(job))
+    stack.kube.kubectl("apply", "-f", str(path))
+    try:
+
+        def done() -> dict | None:
+            status = stack.get("rayjob", name).get("status") or {}
+            return status if status.get("jobDeploymentStatus") in ("Complete", "Failed") else None
+
+        status = wait_until(done, timeout=300, interval=2)
+        assert status and status["jobStatus"] == "SUCCEEDED", stack.get("rayjob", name)
+        submitter = stack.get("job", name)  # the operator names its Job after the RayJob
+        assert submitter["status"].get("succeeded") == 1, submitter["status"]
+        pods = stack.get("pods", "-l", f"job-name={submitter['metadata']['name']}")["items"]
+        assert pods and pods[0]["status"]["phase"] == "Succeeded", [p["status"] for p in pods]
+        cluster = status["rayClusterName"]
+        assert wait_until(lambda: not _left(stack, cluster), timeout=120), _left(stack, cluster)
+    finally:
+        stack.kube.kubectl("delete", "rayjob", name, "--ignore-not-found")

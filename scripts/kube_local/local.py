@@ -40,8 +40,8 @@ class LocalKube:
     nodes: tuple[str, ...] = ("node-1", "node-2")
     subnet: str = "10.214.0.0/24"
     prefix: str = "rfk"
-    cpu: str = "4"
-    memory: str = "8Gi"
+    cpu: str = "8"  # what the scheduler sees (no cgroups): room for a kept cluster beside a run
+    memory: str = "32Gi"
     gpus: int = 0
     images: str = ""
     plane: ControlPlane | None = None

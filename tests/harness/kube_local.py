@@ -3,9 +3,10 @@ plane, the KubeRay operator, the process kubelet's two Nodes) with an S3 server 
 server on its bridge, started once per pytest worker (`local_kube`, session scope: the modules
 that use it run on one worker, tests/conftest.py's SAME_WORKER).
 
-Each worker's stack has names and a subnet of its own (prefix `rfk<N>`, 10.214.<N>.0/24), so two
-workers never meet. Without the built binaries, root or network namespaces it skips in one line;
-under CI it fails (tests/harness/needs.py).
+Each worker's stack has names and a subnet of its own (prefix `rfk<N>`, 10.214.<N+1>.0/24), so
+two workers never meet, nor scripts/kube-local.sh's (`rfk`, 10.214.0.0/24). Without the built
+binaries, root or network namespaces it skips in one line; under CI it fails
+(tests/harness/needs.py).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def local_kube(tmp_path_factory):
         folder,
         build.build_dir() / "bin",
         NODES,
-        subnet=f"10.214.{index}.0/24",
+        subnet=f"10.214.{index + 1}.0/24",  # .0: scripts/kube-local.sh's
         prefix=f"rfk{index}",
     )
     with (
@@ -103,3 +104,21 @@ def local_kube(tmp_path_factory):
         mlflow_server(folder / "mlflow", host=kube.address) as (url, _),
     ):
         yield Stack(kube, s3, url)
+    left = leftovers(kube.prefix, folder)
+    assert not left, f"the local Kubernetes left behind: {left}"
+
+
+def leftovers(prefix: str, folder: Path) -> list[str]:
+    """What of a stopped LocalKube is still here: processes started from its folder (the control
+    plane, the kubelet) or in its pods' namespaces, those namespaces, its links."""
+    import psutil
+
+    from scripts.kube_local import net
+
+    found = [f"namespace {ns}" for ns in net.netns_names() if ns.startswith(f"{prefix}-")]
+    found += [f"link {link}" for link in net.link_names() if link.startswith(f"{prefix}-")]
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if str(folder) in line or f"--prefix={prefix} " in line + " ":
+            found.append(f"process {proc.info['pid']}: {line[:120]}")
+    return found
