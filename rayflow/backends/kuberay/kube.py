@@ -136,7 +136,7 @@ class Kube:
             field_manager=FIELD_MANAGER,
             conflict_ok=True,
             **_dry_run(dry_run),
-            **({"_request_timeout": timeout_s} if timeout_s else {}),
+            **_timeout(timeout_s),
         )
 
     def get(self, kind: str, name: str) -> dict | None:
@@ -267,6 +267,11 @@ class Kube:
 
     def close(self) -> None:
         self.api_client.close()
+
+
+def _timeout(seconds: float | None) -> dict[str, Any]:
+    """The client's per-request timeout, where one is asked for (else its default: none)."""
+    return {"_request_timeout": seconds} if seconds else {}
 
 
 def _dry_run(dry_run: bool) -> dict[str, Any]:
