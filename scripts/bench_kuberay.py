@@ -66,7 +66,9 @@ def local_kube(state: Path) -> Iterator[dict[str, str]]:
         if up.returncode != 0:
             raise RuntimeError(f"kube-local up failed: {up.stderr[-2000:]}")
         exports = {}
-        for line in up.stdout.splitlines():
+        for line in up.stdout.splitlines():  # export lines, and nothing else
+            if not line.startswith("export "):
+                raise RuntimeError(f"kube-local up printed more than export lines: {line!r}")
             key, _, value = line.removeprefix("export ").partition("=")
             exports[key] = shlex.split(value)[0] if value else ""
         yield exports

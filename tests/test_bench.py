@@ -4,7 +4,8 @@ so that none rots when rayflow changes under it. The figures measure nothing; wh
 that it ends well with one JSON line holding what a reader of the benchmark relies on.
 
 The GPU benchmarks run on the CPU here (`--device cpu`, `--compute cpu`). spark-cluster and
-vm-cluster have their smoke runs in tests/test_spark.py and tests/test_vm.py, inside those modules'
+vm-cluster have their smoke runs in tests/test_spark.py and tests/test_vm.py (kuberay-cluster in
+tests/test_kuberay_local.py), inside those modules'
 machine-wide turn (tests/conftest.py, TAKE_TURNS): a Spark or fake_multinode cluster started beside
 theirs interferes. object-storage's runs in tests/test_storage.py, against that module's store: its
 run on the store is the one whose experiment that test checks.

@@ -585,3 +585,24 @@ def test_the_operators_own_submitter_job_runs_on_the_process_kubelet(local_kube,
         assert wait_until(lambda: not _left(stack, cluster), timeout=120), _left(stack, cluster)
     finally:
         stack.kube.kubectl("delete", "rayjob", name, "--ignore-not-found")
+
+
+def test_the_kuberay_cluster_benchmark_runs_in_its_smoke_form(local_kube):
+    """scripts/bench.py kuberay-cluster --smoke: through scripts/kube-local.sh up (export lines
+    only) and down (nothing left: no process, namespace or link of `rfk`), a head and one pair
+    of runs. (`local_kube`: this worker's stack is up beside it, on its own names and subnet.)"""
+    from tests.harness.kube_local import leftovers
+
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "bench.py")]
+        + ["kuberay-cluster", "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = json.loads(out.stdout)
+    assert line["name"] == "kuberay-cluster" and line["smoke"] is True
+    assert line["head_ready_s"] and line["dashboard_s"] >= line["head_ready_s"] - 1
+    assert line["kuberay_run_s"] > 0 and line["local_run_s"] > 0
+    assert not leftovers("rfk", Path("/nonexistent")), leftovers("rfk", Path("/nonexistent"))
