@@ -133,7 +133,7 @@ def _backend(kubeconfig: str, *overrides: str):
 def _scaling(cluster: Cluster, handle, hold_s: float) -> dict:
     from ray.job_submission import JobSubmissionClient
 
-    client = JobSubmissionClient(handle.address, headers=handle.headers)
+    client = JobSubmissionClient(handle.address, headers=handle.submission.headers)
     job = client.submit_job(entrypoint=f"python -c '{HOLD.format(hold_s)}'")
     up = wait_for(cluster.worker_ready, 300, "a Ready worker pod")
     wait_for(lambda: client.get_job_status(job).is_terminal(), hold_s + 300, "the task's end")
