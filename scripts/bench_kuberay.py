@@ -36,7 +36,10 @@ from bench_common import log, smoke_option, wait_for
 REPO = Path(__file__).resolve().parents[1]
 
 IDLE_TIMEOUT_MINUTES = 0.1
-HOLD = "import ray, time; ray.init(); ray.get(ray.remote(num_cpus=1)(time.sleep).remote({}))"
+HOLD = (
+    "import ray, time; ray.init(); "
+    "ray.get(ray.remote(num_cpus=1)(lambda s: time.sleep(s)).remote({}))"
+)
 
 
 def kuberay_cluster_args(parser) -> None:
@@ -135,7 +138,13 @@ def _scaling(cluster: Cluster, handle, hold_s: float) -> dict:
 
     client = JobSubmissionClient(handle.address, headers=handle.submission.headers)
     job = client.submit_job(entrypoint=f"python -c '{HOLD.format(hold_s)}'")
-    up = wait_for(cluster.worker_ready, 300, "a Ready worker pod")
+
+    def worker_ready() -> bool:
+        if client.get_job_status(job).is_terminal():  # it ended before any demand was seen
+            raise RuntimeError(f"the scale-up job ended: {client.get_job_logs(job)[-2000:]}")
+        return cluster.worker_ready()
+
+    up = wait_for(worker_ready, 300, "a Ready worker pod", interval=0.5)
     wait_for(lambda: client.get_job_status(job).is_terminal(), hold_s + 300, "the task's end")
     down = wait_for(lambda: not cluster.pods("worker"), 300, "the worker pod gone")
     return {"scale_up_s": round(up, 1), "scale_down_after_idle_s": round(down, 1)}
