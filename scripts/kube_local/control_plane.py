@@ -37,11 +37,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.kube_local.pki import make_pki
+from scripts.kube_local.undo import Stack
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 5.0
@@ -103,9 +103,11 @@ def _free_port(address: str) -> int:
 
 
 @dataclass
-class ControlPlane:
+class ControlPlane(Stack):
     """`start()` it (or use it as a context manager); `kubeconfig(name)` is an identity's kubeconfig
     (`admin`, or `node-NAME` for a node of `nodes`); `stop()` undoes what start did."""
+
+    error = ControlPlaneError
 
     folder: Path
     bin_dir: Path
@@ -113,18 +115,6 @@ class ControlPlane:
     address: str = "127.0.0.1"
     server: str = ""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
-    _undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
-
-    def __enter__(self) -> ControlPlane:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     @property
     def operator_hosts(self) -> Path:
@@ -164,17 +154,6 @@ class ControlPlane:
             hosts=True,
         )
         self._wait(f"http://127.0.0.1:{probe}/readyz", "the operator's /readyz", tls=False)
-
-    def stop(self) -> None:
-        failed = []
-        while self._undo:
-            what, undo = self._undo.pop()
-            try:
-                undo()
-            except (OSError, subprocess.SubprocessError) as err:
-                failed.append(f"{what}: {err}")
-        if failed:
-            raise ControlPlaneError("stopping the control plane: " + "; ".join(failed))
 
     def kubeconfig(self, name: str) -> Path:
         return self.folder / f"{name}.kubeconfig"
@@ -284,7 +263,7 @@ class ControlPlane:
             env={**os.environ, **(env or {})},
         )
         self.procs[name] = proc
-        self._undo.append((f"stop {name}", lambda: _stop(proc, log)))
+        self.undo(f"stop {name}", lambda: _stop(proc, log))
         time.sleep(0.05)
         if proc.poll() is not None:
             raise ControlPlaneError(f"{name} exited at once ({proc.returncode}): see {log.name}")

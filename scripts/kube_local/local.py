@@ -18,12 +18,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.kube_local import net
 from scripts.kube_local.control_plane import ControlPlane
+from scripts.kube_local.undo import Stack
 
 REPO = Path(__file__).resolve().parents[2]
 NODES_READY_S = 30.0
@@ -34,7 +34,9 @@ class LocalKubeError(RuntimeError):
 
 
 @dataclass
-class LocalKube:
+class LocalKube(Stack):
+    error = LocalKubeError
+
     folder: Path
     bin_dir: Path
     nodes: tuple[str, ...] = ("node-1", "node-2")
@@ -46,7 +48,6 @@ class LocalKube:
     images: str = ""
     plane: ControlPlane | None = None
     kubelet: subprocess.Popen | None = None
-    _undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -61,17 +62,6 @@ class LocalKube:
         assert self.plane is not None
         return self.plane.kubeconfig("admin")
 
-    def __enter__(self) -> LocalKube:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def start(self) -> None:
         if not net.forwarding_off():
             raise LocalKubeError(
@@ -79,29 +69,18 @@ class LocalKube:
                 "could reach beyond it; not starting"
             )
         net.sweep(self.prefix)
-        self._undo.append(("sweep", lambda: net.sweep(self.prefix)))
+        self.undo("sweep", lambda: net.sweep(self.prefix))
         prefixlen = ipaddress.ip_network(self.subnet).prefixlen
         net.add_bridge(self.bridge, self.address, prefixlen)
-        self._undo.append((f"delete {self.bridge}", lambda: net.del_link(self.bridge)))
+        self.undo(f"delete {self.bridge}", lambda: net.del_link(self.bridge))
         self.plane = ControlPlane(
             self.folder / "control-plane", self.bin_dir, self.nodes, self.address
         )
         self.plane.folder.mkdir(parents=True, exist_ok=True)
-        self._undo.append(("stop the control plane", self.plane.stop))
+        self.undo("stop the control plane", self.plane.stop)
         self.plane.start()
         self._start_kubelet()
         self._wait_nodes()
-
-    def stop(self) -> None:
-        failed = []
-        while self._undo:
-            what, undo = self._undo.pop()
-            try:
-                undo()
-            except (OSError, subprocess.SubprocessError, RuntimeError) as err:
-                failed.append(f"{what}: {err}")
-        if failed:
-            raise LocalKubeError("stopping the local Kubernetes: " + "; ".join(failed))
 
     def kubectl(self, *args: str) -> str:
         assert self.plane is not None
@@ -136,7 +115,7 @@ class LocalKube:
             start_new_session=True,
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
-        self._undo.append(("stop the kubelet", lambda: _stop_kubelet(self.kubelet, log)))
+        self.undo("stop the kubelet", lambda: _stop_kubelet(self.kubelet, log))
 
     def _wait_nodes(self) -> None:
         deadline = time.monotonic() + NODES_READY_S
