@@ -232,3 +232,86 @@ def test_a_node_may_not_read_what_no_pod_of_its_uses(control_plane):
     assert (
         code == 403 and 'User "system:node:a" cannot get resource "configmaps"' in answer["message"]
     )
+
+
+# --- the process kubelet's pure parts -------------------------------------------------------------
+
+
+def test_a_containers_environment_is_built_as_the_kubelet_builds_it():
+    from scripts.kube_local.containers import MissingEnv, argv, environment, expand
+
+    assert expand("$(A)/$(B)/$$(A)/$(UNKNOWN)", {"A": "a", "B": "b"}) == "a/b/$(A)/$(UNKNOWN)"
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"ray.io/group": "g"}},
+        "spec": {"nodeName": "node-1"},
+        "status": {"podIP": "10.0.0.5"},
+    }
+    secrets = {("Secret", "s", "k"): "v"}
+    container = {
+        "env": [
+            {"name": "ONE", "value": "1"},
+            {"name": "TWO", "value": "$(ONE)+1"},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {
+                "name": "GROUP",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/group']"}},
+            },
+            {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+            {
+                "name": "GONE",
+                "valueFrom": {"secretKeyRef": {"name": "x", "key": "k", "optional": True}},
+            },
+        ],
+        "command": ["sh", "-c"],
+        "args": ["echo $(TWO) $(IP)"],
+    }
+    env = environment(pod, container, lambda *ref: secrets.get(ref), {"PATH": "/bin"})
+    assert env == {
+        "PATH": "/bin",
+        "ONE": "1",
+        "TWO": "1+1",
+        "IP": "10.0.0.5",
+        "GROUP": "g",
+        "S": "v",
+    }
+    assert argv(container, env) == ["sh", "-c", "echo 1+1 10.0.0.5"]
+    missing = {"env": [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "x", "key": "k"}}}]}
+    with pytest.raises(MissingEnv, match='secret "x" or its key "k" not found'):
+        environment(pod, missing, lambda *ref: None, {})
+
+
+def test_the_pods_hosts_name_ready_endpoints_of_each_service():
+    from scripts.kube_local.hosts import addresses, hosts_text
+
+    services = [
+        {"metadata": {"namespace": "default", "name": "head-svc"}, "spec": {}},
+        {
+            "metadata": {"namespace": "other", "name": "web"},
+            "spec": {"publishNotReadyAddresses": True},
+        },
+    ]
+
+    def piece(ns, service, ip, ready):
+        return {
+            "metadata": {"namespace": ns, "labels": {"kubernetes.io/service-name": service}},
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}}],
+        }
+
+    found = addresses(
+        services,
+        [
+            piece("default", "head-svc", "10.0.0.20", True),
+            piece("default", "head-svc", "10.0.0.21", False),  # not ready: not named
+            piece("other", "web", "10.0.0.30", False),  # published though not ready
+            piece("default", "nobodys", "10.0.0.40", True),  # no such Service
+        ],
+    )
+    assert found == {("default", "head-svc"): ["10.0.0.20"], ("other", "web"): ["10.0.0.30"]}
+    text = hosts_text("default", "p", "10.0.0.5", found).splitlines()
+    assert text[:2] == ["127.0.0.1\tlocalhost", "10.0.0.5\tp"]
+    assert (
+        "10.0.0.20\thead-svc.default.svc.cluster.local head-svc.default.svc head-svc.default "
+        "head-svc" in text
+    )
+    # another namespace's Service: by its qualified names only (no search path reaches it)
+    assert "10.0.0.30\tweb.other.svc.cluster.local web.other.svc web.other" in text
