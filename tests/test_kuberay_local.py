@@ -71,6 +71,13 @@ def _pods(stack, cluster: str, kind: str) -> list[dict]:
     return stack.get("pods", "-l", selector)["items"]
 
 
+def _until_submitted(log: Path) -> None:
+    """Until the run started in the background has submitted its job (its log says so)."""
+    assert wait_until(
+        lambda: "[rayflow] submitted job" in log.read_text(), timeout=240, interval=0.5
+    ), log.read_text()[-3000:]
+
+
 def _ray_token(stack, cluster: str) -> str:
     """The Ray token the operator put in the cluster's Secret (token auth)."""
     import base64
@@ -359,9 +366,7 @@ def test_a_signal_mid_run_leaves_no_cluster_pod_service_or_secret(rayflow, local
         f"storage_path={stack.s3.uri(name)}",
     )
     try:
-        assert wait_until(
-            lambda: "[rayflow] submitted job" in log.read_text(), timeout=240, interval=0.5
-        ), log.read_text()[-3000:]
+        _until_submitted(log)
         assert _left(stack, name), "the run made its cluster"
         proc.send_signal(sig)
         code = proc.wait(timeout=180)
@@ -506,9 +511,7 @@ def test_a_rayjobs_cluster_goes_when_its_job_ends_though_the_client_died(rayflow
         f"storage_path={stack.s3.uri(name)}",
     )
     try:
-        assert wait_until(
-            lambda: "[rayflow] submitted job" in log.read_text(), timeout=240, interval=0.5
-        ), log.read_text()[-3000:]
+        _until_submitted(log)
     finally:
         proc.kill()
         proc.wait(timeout=30)
