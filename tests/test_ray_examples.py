@@ -226,6 +226,11 @@ def rllib_head():
         yield address
 
 
+def _on(head: str) -> list[str]:
+    """The module's running cluster, joined as a user's (backend=attach), no tracking."""
+    return ["tracking=none", "backend=attach", f"backend.address={head}", "ray_auth_mode=token"]
+
+
 @pytest.mark.parametrize("algorithm", _rllib_params())
 def test_an_rllib_algorithm_runs_on_its_default_config(rayflow, rllib_head, algorithm):
     out = rayflow.run(
@@ -233,10 +238,7 @@ def test_an_rllib_algorithm_runs_on_its_default_config(rayflow, rllib_head, algo
         f"workload.algorithm={algorithm}",
         f"workload.env={RLLIB_ENV.get(algorithm, 'CartPole-v1')}",
         "workload.stop={training_iteration: 1}",
-        "tracking=none",
-        "backend=attach",
-        f"backend.address={rllib_head}",
-        "ray_auth_mode=token",
+        *_on(rllib_head),
         timeout=300,
     )
     assert out.returncode == 0, out.stdout[-2500:] + out.stderr[-2500:]
@@ -256,10 +258,7 @@ def test_an_iteration_that_ends_no_episode_is_no_error(rayflow, rllib_head):
         "workload.config={training: {train_batch_size_per_learner: 32, minibatch_size: 32,"
         " num_epochs: 1}, env_runners: {num_env_runners: 0}}",
         "workload.stop={training_iteration: 2}",
-        "tracking=none",
-        "backend=attach",
-        f"backend.address={rllib_head}",
-        "ray_auth_mode=token",
+        *_on(rllib_head),
         timeout=300,
     )
     assert out.returncode == 0, out.stdout[-2500:] + out.stderr[-2500:]
