@@ -83,6 +83,9 @@ SAME_WORKER = {
     "test_vm": "test_spark+test_vm",
     "test_ssh_hosts": "test_ssh_hosts+test_vm_ssh",
     "test_vm_ssh": "test_ssh_hosts+test_vm_ssh",
+    # one worker's Kubernetes stack (tests/harness/kube_local.py) for both
+    "test_kuberay_local": "test_kuberay_local+user",
+    "test_kuberay_local_user": "test_kuberay_local+user",
 }
 
 
@@ -107,8 +110,8 @@ def pytest_xdist_make_scheduler(config, log):
 LONGEST_FIRST = [
     "test_spark",  # with test_vm (one unit, SAME_WORKER): about 1240 s at 44's fresh-clone run
     "test_vm",
-    "test_kuberay_local",  # the real Kubernetes stack: about 600 s
-    "test_kuberay",  # about 385 s
+    "test_kuberay_local",  # with test_kuberay_local_user (SAME_WORKER): about 900 s
+    "test_kuberay_local_user",
     "test_ddp",  # 490
     "test_ppo",  # 305
     "test_user_workloads",  # 270

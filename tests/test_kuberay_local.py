@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rayflow.testing.processes import wait_until
 
@@ -64,11 +65,6 @@ class PodWatch:
         return [
             p for p in self.seen.values() if p["metadata"]["labels"]["ray.io/node-type"] == "worker"
         ]
-
-
-def _pods(stack, cluster: str, kind: str) -> list[dict]:
-    selector = f"ray.io/cluster={cluster},ray.io/node-type={kind}"
-    return stack.get("pods", "-l", selector)["items"]
 
 
 def _until_submitted(log: Path) -> None:
@@ -129,20 +125,16 @@ def autostopping(tmp_path_factory, data_root, local_kube):
     (runner.workdir / "objective.py").write_text(
         "def objective(config):\n    return {'loss': 0.5}\n"
     )
-    first = runner.run(
-        *local_kube.backend(
-            f"backend.cluster_name={AUTOSTOPPED}",
-            "backend.keep_cluster=true",
-            "backend.autostop_idle_minutes=1",
-        ),
+    runner.kept_run = [
+        *local_kube.backend(f"backend.cluster_name={AUTOSTOPPED}", "backend.keep_cluster=true"),
         "workload=tune",
         "workload.trainable=objective:objective",
         "workload.metric=loss",
         "workload.mode=min",
         "tracking=none",
         f"storage_path={local_kube.s3.uri(AUTOSTOPPED)}",
-        timeout=400,
-    )
+    ]
+    first = runner.run(*runner.kept_run, "backend.autostop_idle_minutes=1", timeout=400)
     yield runner, first
 
 
@@ -154,7 +146,7 @@ def test_a_kept_clusters_account_may_delete_only_it(autostopping, local_kube):
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     assert f"autostop: {AUTOSTOPPED} stops itself after 1 idle minute" in first.stdout
     account = f"{AUTOSTOPPED}-rayflow-autostop"
-    [head] = _pods(stack, AUTOSTOPPED, "head")
+    [head] = stack.pods(AUTOSTOPPED, "head")
     assert head["spec"]["serviceAccountName"] == account
     # someone else's RayCluster (suspended: no pods), and the account's own token
     other = {
@@ -197,6 +189,47 @@ def test_a_kept_clusters_account_may_delete_only_it(autostopping, local_kube):
     stack.kube.kubectl("delete", "raycluster", "someone-elses")
 
 
+def test_a_kept_cluster_is_listed_idle_joined_by_the_next_run_and_its_log_read(
+    autostopping, local_kube
+):
+    """`status` lists it idle with its autostop; its account, Role (get and delete on it alone)
+    and RoleBinding are owned by it, so Kubernetes deletes them with it; a run of this user's
+    that names it and keeps it joins it (its uid in this user's registry, the proof on it) and
+    leaves it running; `logs` reads that run's job."""
+    runner, _ = autostopping
+    stack = local_kube
+    uid = stack.get("raycluster", AUTOSTOPPED)["metadata"]["uid"]
+    [row] = [
+        r
+        for r in json.loads(_cli(runner, stack, "status", "--json").stdout)
+        if r["name"] == AUTOSTOPPED
+    ]
+    assert (row["state"], row["autostop_idle_minutes"]) == ("idle", 1), row
+    owned = {
+        kind: [
+            o
+            for o in stack.get(kind)["items"]
+            if [r["uid"] for r in o["metadata"].get("ownerReferences", [])] == [uid]
+        ]
+        for kind in ("serviceaccounts", "roles", "rolebindings")
+    }
+    assert all(len(objects) == 1 for objects in owned.values()), owned
+    assert owned["roles"][0]["rules"] == [
+        {
+            "apiGroups": ["ray.io"],
+            "resources": ["rayclusters"],
+            "resourceNames": [AUTOSTOPPED],
+            "verbs": ["get", "delete"],
+        }
+    ]
+    second = runner.run(*runner.kept_run, timeout=400)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert f"reusing the existing RayCluster default/{AUTOSTOPPED}" in second.stdout
+    assert stack.get("raycluster", AUTOSTOPPED)["metadata"]["uid"] == uid
+    log = _cli(runner, stack, "logs", AUTOSTOPPED)
+    assert "== rayflow results ==" in log.stdout and "[rayflow-result]" not in log.stdout
+
+
 @pytest.mark.slow
 def test_a_search_scales_worker_pods_up_and_down_through_the_real_operator(rayflow, local_kube):
     """Seed 002: the RayCluster starts with no worker; Ray's autoscaler (v2, in the head pod)
@@ -224,8 +257,8 @@ def test_a_search_scales_worker_pods_up_and_down_through_the_real_operator(rayfl
         # token auth: the operator made the Secret the run read Ray's token from
         assert f"reading the Ray token from its Secret ({name})... done" in text
         # idle: the autoscaler asks for the pod's deletion by name, the operator deletes it
-        assert wait_until(lambda: not _pods(stack, name, "worker"), timeout=120), _pods(
-            stack, name, "worker"
+        assert wait_until(lambda: not stack.pods(name, "worker"), timeout=120), stack.pods(
+            name, "worker"
         )
     [worker] = watch.workers()
     [owner] = worker["metadata"]["ownerReferences"]
@@ -311,6 +344,14 @@ FAIL_FAST = [
         ],
         "keeps crashing (CrashLoopBackOff, ",
     ),
+    # a rule of the operator's own that rayflow's offline checks do not copy (they copy those of
+    # KubeRay's validation.go a user is likely to meet): its InvalidRayClusterSpec Event
+    (
+        "invalid_spec",
+        ["+backend.overrides.spec.headGroupSpec.rayStartParams.redis-username=someone"],
+        "(InvalidRayClusterSpec): The RayCluster spec is invalid default/ff-invalid-spec: "
+        "cannot set redis username",
+    ),
 ]
 
 
@@ -334,28 +375,109 @@ def test_what_keeps_the_head_down_fails_fast_in_one_line(
     assert wait_until(lambda: not stack.get("pods", "-l", f"ray.io/cluster={name}")["items"], 60)
 
 
+def test_a_rayjob_the_operator_refuses_fails_fast_in_one_line(rayflow, local_kube):
+    """The operator's refusal of a RayJob is a status (ValidationFailed), not an API error: here
+    deletionRules beside shutdownAfterJobFinishes, which the CRD's CEL rules let through."""
+    stack, name = local_kube, "rj-refused"
+    rayflow.env.update(stack.env())
+    rule = "{policy: DeleteCluster, condition: {jobStatus: SUCCEEDED}}"
+    out = rayflow.run(
+        *stack.backend(
+            f"backend.cluster_name={name}",
+            "backend.mode=rayjob",
+            f"+backend.overrides.spec.deletionStrategy.deletionRules=[{rule}]",
+        ),
+        "tracking=none",
+        f"storage_path={stack.s3.uri(name)}",
+        timeout=240,
+    )
+    assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
+    assert len(errors) == 1 and (
+        f"KubeRay marked RayJob default/{name} ValidationFailed: The RayJob spec is invalid: "
+        "spec.shutdownAfterJobFinishes and spec.deletionStrategy.deletionRules are mutually "
+        "exclusive" in errors[0]
+    ), out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert wait_until(lambda: not stack.get("rayjobs")["items"], timeout=60)
+    assert not stack.left(name)
+
+
+def test_a_gpu_worker_that_cannot_be_scheduled_does_not_block_the_head_wait(local_kube):
+    """`state: ready` waits for every worker pod; the head wait needs only HeadPodReady. The
+    real scheduler leaves the GPU worker Pending (no Node has nvidia.com/gpu)."""
+    import ray
+
+    from rayflow.backends.kuberay.kube import Kube
+    from rayflow.backends.kuberay.manifest import render
+    from rayflow.backends.kuberay.wait import wait_for_head
+    from rayflow.orchestrator.compose import compose_config
+
+    stack, name = local_kube, "gpu-worker"
+    section = compose_config(
+        *stack.backend(f"backend.cluster_name={name}", "backend.min_worker_nodes=1"),
+        "compute=gpu",
+    ).backend
+    manifest = render(section, True, "disabled", ray.__version__, "3.11", {})
+    kube = Kube("default", str(stack.kubeconfig))
+    try:
+        kube.apply(manifest)
+        head = wait_for_head(kube, lambda: name, timeout_s=120, grace_s=1, poll_s=0.5)
+        assert head["metadata"]["name"].startswith(f"{name}-head-")
+        [worker] = stack.pods(name, "worker")
+        assert worker["status"]["phase"] == "Pending", worker["status"]
+        [scheduled] = [c for c in worker["status"]["conditions"] if c["type"] == "PodScheduled"]
+        assert "nvidia.com/gpu" in scheduled["message"], scheduled
+        assert stack.get("raycluster", name).get("status", {}).get("state") != "ready"
+    finally:
+        kube.delete("RayCluster", name)
+        kube.close()
+    assert wait_until(lambda: not stack.left(name), timeout=60), stack.left(name)
+
+
+def test_a_finalizer_that_holds_the_cluster_is_reported_by_name(rayflow, local_kube):
+    """A finalizer of someone else's (a policy controller's, say) keeps the RayCluster after
+    rayflow's delete: the teardown names it and goes on, and the run ends in its own error."""
+    stack, name = local_kube, "held"
+    rayflow.env.update(stack.env())
+    try:
+        out = rayflow.run(
+            *stack.backend(
+                f"backend.cluster_name={name}",
+                "backend.start_timeout_s=3",
+                "backend.delete_timeout_s=3",
+                "+backend.overrides.metadata.finalizers=[example.com/hold]",
+            ),
+            "tracking=none",
+            f"storage_path={stack.s3.uri(name)}",
+            timeout=120,
+        )
+        assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
+        assert "was not ready within 3 s" in out.stderr, out.stderr[-3000:]
+        assert "held by finalizer(s) example.com/hold" in out.stderr, out.stderr[-3000:]
+        assert "rayflow: warning: teardown step failed" in out.stderr
+        assert stack.get("raycluster", name)["metadata"]["deletionTimestamp"]
+    finally:  # the finalizer's owner lets go
+        if stack.left(name)[:1] == [f"raycluster/{name}"]:
+            stack.kube.kubectl(
+                "patch",
+                "raycluster",
+                name,
+                "--type=merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
+            )
+    assert wait_until(lambda: not stack.left(name), timeout=60), stack.left(name)
+
+
 # --- teardown, and what a dry run promises --------------------------------------------------------
 
 
-def _left(stack, name: str) -> list[str]:
-    """What of RayCluster `name` is left: the cluster, its pods, Services and Secrets."""
-    found = [f"raycluster/{c['metadata']['name']}" for c in stack.get("rayclusters")["items"]]
-    found = [f for f in found if f == f"raycluster/{name}"]
-    for kind in ("pods", "services", "secrets"):
-        found += [
-            f"{kind}/{o['metadata']['name']}"
-            for o in stack.get(kind)["items"]
-            if o["metadata"]["name"].startswith(name + "-") or o["metadata"]["name"] == name
-        ]
-    return found
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
-def test_a_signal_mid_run_leaves_no_cluster_pod_service_or_secret(rayflow, local_kube, sig):
-    """Ctrl-C or SIGTERM while the job runs: rayflow stops the job and deletes the RayCluster;
-    the real garbage collector takes what the operator made with it (pods, the head Service,
-    the auth Secret)."""
-    stack, name = local_kube, f"sig-{sig.name.lower()}"
+def test_ctrl_c_mid_run_leaves_no_cluster_pod_service_or_secret(rayflow, local_kube):
+    """Ctrl-C while the job runs: rayflow stops the job and deletes the RayCluster; the real
+    garbage collector takes what the operator made with it (pods, the head Service, the auth
+    Secret). (SIGTERM takes the same path: rayflow.testing's contract suite and test_vm.py send it.)"""
+    stack, name = local_kube, "ctrl-c"
     rayflow.env.update(stack.env())
     proc, log = rayflow.start(
         *stack.backend(f"backend.cluster_name={name}"),
@@ -367,16 +489,16 @@ def test_a_signal_mid_run_leaves_no_cluster_pod_service_or_secret(rayflow, local
     )
     try:
         _until_submitted(log)
-        assert _left(stack, name), "the run made its cluster"
-        proc.send_signal(sig)
+        assert stack.left(name), "the run made its cluster"
+        proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
     text = log.read_text()
-    assert code == (130 if sig == signal.SIGINT else 143), text[-3000:]
+    assert code == 130, text[-3000:]
     assert "stopping job" in text and f"deleted RayCluster default/{name}" in text, text[-3000:]
-    assert wait_until(lambda: not _left(stack, name), timeout=60), _left(stack, name)
+    assert wait_until(lambda: not stack.left(name), timeout=60), stack.left(name)
 
 
 def test_a_dry_run_is_validated_by_the_api_server_and_applies_as_printed(rayflow, local_kube):
@@ -393,7 +515,25 @@ def test_a_dry_run_is_validated_by_the_api_server_and_applies_as_printed(rayflow
     assert f"accepts RayCluster default/{name} (server-side dry run; nothing was applied)" in (
         out.stderr
     )
-    assert "kind: RayCluster" in out.stdout and "auth_token" not in out.stdout
+    assert "auth_token" not in out.stdout and "RAY_AUTH_TOKEN" not in out.stdout
+    # kept: the RayCluster whose head runs as its autostop account, that account, its Role (get
+    # and delete on that RayCluster only) and the RoleBinding
+    cluster, account, role, binding = yaml.safe_load_all(out.stdout)
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    assert head["serviceAccountName"] == account["metadata"]["name"] == f"{name}-rayflow-autostop"
+    assert cluster["spec"]["authOptions"] == {"mode": "token"}
+    assert role["rules"] == [
+        {
+            "apiGroups": ["ray.io"],
+            "resources": ["rayclusters"],
+            "resourceNames": [name],
+            "verbs": ["get", "delete"],
+        }
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "default"}
+    ]
     # the printed documents, as printed, pass the API server's own dry run (schema, CEL, RBAC
     # kinds, admission), and nothing is created
     applied = subprocess.run(
@@ -406,7 +546,7 @@ def test_a_dry_run_is_validated_by_the_api_server_and_applies_as_printed(rayflow
     )
     assert applied.returncode == 0, applied.stderr
     assert f"raycluster.ray.io/{name} created (server dry run)" in applied.stdout, applied.stdout
-    assert not _left(stack, name)
+    assert not stack.left(name)
 
 
 def test_what_the_api_server_refuses_fails_the_dry_run_in_its_words(rayflow, local_kube):
@@ -423,7 +563,7 @@ def test_what_the_api_server_refuses_fails_the_dry_run_in_its_words(rayflow, loc
         [error] = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
         assert "422" in error and "the managedBy field value must be either" in error, error
         assert "Traceback" not in out.stderr
-        assert not _left(stack, name)
+        assert not stack.left(name)
 
 
 @pytest.mark.slow
@@ -431,8 +571,8 @@ def test_a_worker_pod_deleted_mid_run_is_replaced_and_its_trial_restored(rayflow
     """The pod running the trial is deleted (`kubectl delete pod`): the operator makes a new one
     to hold the group's replicas, the trial fails with its node, and Tune restores it from its
     last checkpoint, in the bucket, on the new pod."""
-    # epochs of a second or so: the pod goes with most of them still to run
-    stack, name, epochs = local_kube, "lost", 40
+    # epochs of a second or two: the pod goes with most of them still to run
+    stack, name, epochs = local_kube, "lost", 16
     rayflow.env.update(stack.env())
     with PodWatch(stack, name) as watch:
         proc, log = rayflow.start(
@@ -454,7 +594,7 @@ def test_a_worker_pod_deleted_mid_run_is_replaced_and_its_trial_restored(rayflow
                 timeout=400,
                 interval=1,
             ), log.read_text()[-3000:]
-            [worker] = _pods(stack, name, "worker")
+            [worker] = stack.pods(name, "worker")
             stack.kube.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
             code = proc.wait(timeout=600)
         finally:
@@ -478,7 +618,9 @@ def test_a_worker_pod_deleted_mid_run_is_replaced_and_its_trial_restored(rayflow
 
 def test_the_kept_raycluster_was_deleted_by_its_own_head(autostopping, local_kube):
     """Last in the module: idle for its minute, the head's watcher deleted its RayCluster (as the
-    account the real RBAC authorizer allows that), and the pods went with it."""
+    account the real RBAC authorizer allows that), and the pods went with it; `status` says it
+    is gone."""
+    runner, _ = autostopping
     assert wait_until(
         lambda: (
             not [
@@ -490,7 +632,13 @@ def test_the_kept_raycluster_was_deleted_by_its_own_head(autostopping, local_kub
         timeout=240,
         interval=2,
     ), "the kept cluster is still there"
-    assert wait_until(lambda: not _left(local_kube, AUTOSTOPPED), timeout=60)
+    assert wait_until(lambda: not local_kube.left(AUTOSTOPPED), timeout=60)
+    [row] = [
+        r
+        for r in json.loads(_cli(runner, local_kube, "status", "--json").stdout)
+        if r["name"] == AUTOSTOPPED
+    ]
+    assert row["state"] == "gone", row
 
 
 @pytest.mark.slow
@@ -529,7 +677,7 @@ def test_a_rayjobs_cluster_goes_when_its_job_ends_though_the_client_died(rayflow
     status = wait_until(finished, timeout=400, interval=2)
     assert status and status["jobStatus"] == "SUCCEEDED", stack.get("rayjob", name)["status"]
     # the TTL after the job's end, then the operator deletes the cluster, its pods with it
-    assert wait_until(lambda: not _left(stack, cluster), timeout=120), _left(stack, cluster)
+    assert wait_until(lambda: not stack.left(cluster), timeout=120), stack.left(cluster)
     stack.kube.kubectl("delete", "rayjob", name)
 
 
@@ -541,7 +689,7 @@ def test_a_folder_of_this_machine_is_refused_before_anything_starts(rayflow, loc
     assert out.returncode == 2, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("rayflow: error: storage_path: ") and "s3://" in last, last
-    assert not _left(stack, "local-path")
+    assert not stack.left("local-path")
 
 
 def test_the_operators_own_submitter_job_runs_on_the_process_kubelet(local_kube, tmp_path):
@@ -585,7 +733,7 @@ def test_the_operators_own_submitter_job_runs_on_the_process_kubelet(local_kube,
         pods = stack.get("pods", "-l", f"job-name={submitter['metadata']['name']}")["items"]
         assert pods and pods[0]["status"]["phase"] == "Succeeded", [p["status"] for p in pods]
         cluster = status["rayClusterName"]
-        assert wait_until(lambda: not _left(stack, cluster), timeout=120), _left(stack, cluster)
+        assert wait_until(lambda: not stack.left(cluster), timeout=120), stack.left(cluster)
     finally:
         stack.kube.kubectl("delete", "rayjob", name, "--ignore-not-found")
 

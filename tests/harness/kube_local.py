@@ -59,6 +59,25 @@ class Stack:
         items = self.get("events", "-A")["items"]
         return [e for e in items if kind is None or e["involvedObject"]["kind"] == kind]
 
+    def pods(self, cluster: str, kind: str) -> list[dict]:
+        """The pods of RayCluster `cluster` of one node type (head, worker)."""
+        return self.get("pods", "-l", f"ray.io/cluster={cluster},ray.io/node-type={kind}")["items"]
+
+    def left(self, name: str) -> list[str]:
+        """What of RayCluster `name` is left: the cluster, its pods, Services and Secrets."""
+        found = [
+            f"raycluster/{name}"
+            for c in self.get("rayclusters")["items"]
+            if c["metadata"]["name"] == name
+        ]
+        for kind in ("pods", "services", "secrets"):
+            found += [
+                f"{kind}/{o['metadata']['name']}"
+                for o in self.get(kind)["items"]
+                if o["metadata"]["name"].startswith(name + "-") or o["metadata"]["name"] == name
+            ]
+        return found
+
 
 def unavailable_reason() -> str | None:
     from scripts.kube_local import build
