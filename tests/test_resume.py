@@ -1,21 +1,17 @@
 """The resume command rayflow prints, run verbatim, continues the experiment: for a Tune function,
 a Train loop and an RLlib algorithm of the user's (each failing on purpose on its first run, from
-a project folder outside the repository, as examples/ projects run) and for the CIFAR preset cut
-by Ctrl-C. One instruction is printed, rayflow's; a trainable that saves no checkpoint is said to
+a project folder outside the repository, as examples/ projects run; the CIFAR preset cut by
+Ctrl-C is tests/test_tune_run.py's interrupted run, resumed by the command it printed). One instruction is printed, rayflow's; a trainable that saves no checkpoint is said to
 restart its unfinished trials from the start. A resume that would change what the trials run is
 refused in one line naming the key."""
 
 from __future__ import annotations
 
-import re
-import shlex
-import signal
 import subprocess
-import sys
 
 import pytest
 
-from rayflow.testing.processes import wait_until
+from tests.harness.cli import printed_resume
 
 # The dashboard is not what these tests are about: their local runs start Ray without it
 # (tests/harness/cli.py WITHOUT_DASHBOARD); the default is what test_quiet, test_secrets, the
@@ -84,7 +80,6 @@ RLLIB = [
     "backend.num_cpus=1",
 ]
 # the whole command: it carries what a resume takes from its command line only (backend.num_cpus)
-CONTINUE = re.compile(r"Continue with: (python -m rayflow resume=.+)$", re.M)
 NO_CHECKPOINT = "saved no checkpoint"
 
 
@@ -95,29 +90,13 @@ def _project(rayflow):
     return marker
 
 
-def _printed_resume(out: str) -> str:
-    """The one resume instruction of a run's output: rayflow's, never Ray's Tuner.restore(...)."""
-    assert "Tuner.restore" not in out and ".restore(" not in out, out[-3000:]
-    commands = set(CONTINUE.findall(out))
-    assert len(commands) == 1, out[-3000:]
-    return commands.pop()
-
-
-def _run_verbatim(rayflow, command: str) -> subprocess.CompletedProcess:
-    """`command` as a user pastes it, in the folder they ran the first command from."""
-    argv = [sys.executable if word == "python" else word for word in shlex.split(command)]
-    return subprocess.run(
-        argv, cwd=rayflow.workdir, env=rayflow.env, capture_output=True, text=True, timeout=400
-    )
-
-
 def _fails_then_resumes(rayflow, args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
     marker = _project(rayflow)
     first = rayflow.run(*args, timeout=400)
     assert first.returncode == 1, first.stdout[-2000:] + first.stderr[-3000:]
-    command = _printed_resume(first.stdout + first.stderr)
+    command = printed_resume(first.stdout + first.stderr)
     marker.unlink()  # the user fixed their code
-    out = _run_verbatim(rayflow, command)
+    out = rayflow.run_verbatim(command)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     # A traceback of rayflow's or the user's own starts a line; one a Ray actor logs about its
     # own retries (a TrainController's timed-out resource request under load) is prefixed with
@@ -138,7 +117,7 @@ def test_the_printed_resume_of_a_tune_function_runs_verbatim(rayflow):
     assert parent.info.status == "FINISHED" and parent.data.tags.get("resumed") == "true"
 
     # what the trials run cannot change on resume: one line naming the key, nothing started
-    refused = _run_verbatim(rayflow, f"{command} workload.metric=accuracy")
+    refused = rayflow.run_verbatim(f"{command} workload.metric=accuracy")
     assert refused.returncode == 2, refused.stderr[-2000:]
     [line] = refused.stderr.strip().splitlines()
     assert (
@@ -155,32 +134,6 @@ def test_the_printed_resume_of_a_train_loop_runs_verbatim(rayflow):
 def test_the_printed_resume_of_an_rllib_algorithm_runs_verbatim(rayflow):
     out, _ = _fails_then_resumes(rayflow, RLLIB)
     assert "== rayflow results" in out.stdout, out.stdout[-2000:]
-
-
-def test_the_printed_resume_of_cifar_after_ctrl_c_runs_verbatim(rayflow):
-    args = [
-        "workload.num_samples=1",
-        "workload.max_epochs=6",
-        "backend.num_cpus=1",
-        "data.synthetic_train_size=4000",
-        "workload.search_space.batch_size=[32]",
-    ]
-    proc, log = rayflow.start(*args)
-    # A checkpoint's folder is written before Tune's driver has its result, and only what the
-    # driver has is in the experiment state a Ctrl-C saves: the second folder means the first
-    # one's result came back an epoch ago.
-    checkpointed = wait_until(
-        lambda: len(list(rayflow.storage.glob("*/train_cifar_*/checkpoint_*"))) >= 2,
-        timeout=180,
-        interval=0.1,
-    )
-    assert checkpointed, log.read_text()[-3000:]
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
-    command = _printed_resume(log.read_text())
-    out = _run_verbatim(rayflow, command)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "trials: 1" in out.stdout and NO_CHECKPOINT not in out.stdout, out.stdout[-2000:]
 
 
 # -- what a resume composes, without Ray: the experiment's state as a run writes it --

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,18 @@ DATA_WORKLOADS = ("cifar", "ddp")
 # What a `no_dashboard` test's local runs start without Ray's dashboard: Ray Train's runs (ddp,
 # train) use the state API it serves, so they keep it.
 WITHOUT_DASHBOARD = ("cifar", "tune", "rllib", "ppo")
+
+
+# rayflow's one resume instruction after a failed or interrupted run
+CONTINUE = re.compile(r"Continue with: (python -m rayflow resume=.+)$", re.M)
+
+
+def printed_resume(out: str) -> str:
+    """The one resume instruction of a run's output: rayflow's, never Ray's Tuner.restore(...)."""
+    assert "Tuner.restore" not in out and ".restore(" not in out, out[-3000:]
+    commands = set(CONTINUE.findall(out))
+    assert len(commands) == 1, out[-3000:]
+    return commands.pop()
 
 
 def _choice(args, group: str, default: str) -> str:
@@ -75,6 +89,13 @@ class Rayflow:
             capture_output=True,
             text=True,
             timeout=timeout,
+        )
+
+    def run_verbatim(self, command: str, timeout: float = 400) -> subprocess.CompletedProcess:
+        """`command` as a user pastes it, in the folder they ran the first command from."""
+        argv = [sys.executable if word == "python" else word for word in shlex.split(command)]
+        return subprocess.run(
+            argv, cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=timeout
         )
 
     def start(self, *args: str, log_name: str = "run.log") -> tuple[subprocess.Popen, Path]:
