@@ -315,3 +315,40 @@ def test_the_pods_hosts_name_ready_endpoints_of_each_service():
     )
     # another namespace's Service: by its qualified names only (no search path reaches it)
     assert "10.0.0.30\tweb.other.svc.cluster.local web.other.svc web.other" in text
+
+
+def test_two_volumes_under_one_folder_the_machine_lacks_are_both_seen(tmp_path):
+    """KubeRay's Ray token (Kubernetes token auth) and the API access volume both mount under
+    /var/run/secrets, which this machine lacks: the first one's overlay takes the second, which a
+    second overlay would have hidden. Nothing is written to the machine's own /var/run."""
+    import os
+    import shutil
+    import subprocess
+
+    from scripts.kube_local import net
+    from scripts.kube_local.podfs import Mount, PodFolder, container_argv
+    from tests.harness.needs import need
+
+    tools = ("ip", "nsenter", "unshare", "tini")
+    need(os.geteuid() == 0, "root (namespaces and mounts) for a container of the process kubelet")
+    need(all(shutil.which(t) for t in tools), f"{', '.join(tools)} for the process kubelet")
+    need(not os.path.exists("/var/run/secrets"), "a machine without /var/run/secrets")
+    folder = PodFolder(tmp_path, "uid")
+    targets = {
+        "ray-token": "/var/run/secrets/ray.io/serviceaccount",
+        "kube-api-access": "/var/run/secrets/kubernetes.io/serviceaccount",
+    }
+    for name in targets:
+        (folder.volume(name) / "token").write_text(name)
+    mounts = [Mount(folder.volume(name), target, True) for name, target in targets.items()]
+    command = ["cat", *(f"{target}/token" for target in targets.values())]
+    ns = "rfkt-podfs"
+    net.run(["ip", "netns", "add", ns])
+    try:
+        argv = container_argv(ns, folder, "pod", "/home/ray", mounts, command)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        net.del_netns(ns)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "ray-tokenkube-api-access"
+    assert not os.path.exists("/var/run/secrets")

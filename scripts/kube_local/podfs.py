@@ -34,7 +34,11 @@ pod=/proc/self/fd/3 host=$2 workdir=$3
 shift 3
 hostname "$host"
 mount -t tmpfs -o mode=0700,nosuid,nodev,size=4m rf-pod-scratch "$pod/scratch"
-n=0
+n=0 rooms=""
+in_room() {  # $1 is in an overlay made before: writable, and the mounts made in it stay seen
+  for r in $rooms; do case "$1" in "$r"|"$r"/*) return 0 ;; esac; done
+  return 1
+}
 room() {  # make the folder (or file, $2=file) $1, in an overlay of its nearest existing parent
   [ -e "$1" ] && return 0
   parent=$(dirname "$1")
@@ -42,9 +46,14 @@ room() {  # make the folder (or file, $2=file) $1, in an overlay of its nearest 
   case "$parent" in
     /tmp|/tmp/*|"$workdir"|"$workdir"/*) ;;  # the pod's own
     *)
-      n=$((n + 1)); mkdir "$pod/scratch/u$n" "$pod/scratch/w$n"
-      mount -t overlay rf-pod-room \
-        -o "lowerdir=$parent,upperdir=$pod/scratch/u$n,workdir=$pod/scratch/w$n" "$parent" ;;
+      # A second overlay on a folder of the first would hide what was bound in it before
+      # (two volumes under /var/run/secrets: a Ray token's and the API access's).
+      if ! in_room "$parent"; then
+        n=$((n + 1)); mkdir "$pod/scratch/u$n" "$pod/scratch/w$n"
+        mount -t overlay rf-pod-room \
+          -o "lowerdir=$parent,upperdir=$pod/scratch/u$n,workdir=$pod/scratch/w$n" "$parent"
+        rooms="$rooms $parent"
+      fi ;;
   esac
   if [ "${2:-dir}" = file ]; then mkdir -p "$(dirname "$1")"; : > "$1"; else mkdir -p "$1"; fi
 }
