@@ -94,6 +94,13 @@ def _parent(mlflow_url: str, experiment: str):
     return client, parent, children
 
 
+def _driver_log(client, parent, folder: Path) -> str:
+    """The job's driver log the parent MLflow run keeps (job/driver.log)."""
+    return Path(
+        client.download_artifacts(parent.info.run_id, "job/driver.log", str(folder))
+    ).read_text()
+
+
 @pytest.mark.slow
 def test_the_users_manifest_runs_their_tune_function_and_only_what_was_applied_is_deleted(
     rayflow, local_kube
@@ -130,9 +137,7 @@ def test_the_users_manifest_runs_their_tune_function_and_only_what_was_applied_i
         2,
     )
     assert "loss" in result["best_metrics"] and "lr" in result["best_config"], result
-    log = Path(
-        client.download_artifacts(parent.info.run_id, "job/driver.log", str(rayflow.workdir))
-    ).read_text()
+    log = _driver_log(client, parent, rayflow.workdir)
     assert "== rayflow results ==" in log and "[rayflow-result]" not in log
     assert "leaves ConfigMap/team-settings to you: kubectl apply" in out.stderr
     for line in (
@@ -201,9 +206,7 @@ def test_a_failed_job_on_a_raycluster_someone_else_applied(rayflow, local_kube):
         stack.kube.kubectl("delete", "raycluster", name, "--ignore-not-found")
     client, parent, _ = _parent(stack.mlflow_url, "kuberay-boom")
     assert parent.info.status == "FAILED"
-    log = Path(
-        client.download_artifacts(parent.info.run_id, "job/driver.log", str(rayflow.workdir))
-    ).read_text()
+    log = _driver_log(client, parent, rayflow.workdir)
     assert "ValueError: boom: the trainable failed" in log and "1 trial(s) errored" in log
     assert wait_until(lambda: not stack.left(name), timeout=60), stack.left(name)
 
