@@ -250,6 +250,7 @@ def test_a_search_scales_worker_pods_up_and_down_through_the_real_operator(rayfl
         text = out.stdout + out.stderr
         assert out.returncode == 0, text[-4000:]
         assert "[rayflow] autoscaler: launched 1 worker (cpu)" in text, text[-3000:]
+        assert "View run" not in text  # MLflow's own link: rayflow's "MLflow:" line says it
         # token auth: the operator made the Secret the run read Ray's token from
         assert f"reading the Ray token from its Secret ({name})... done" in text
         # idle: the autoscaler asks for the pod's deletion by name, the operator deletes it
@@ -330,7 +331,8 @@ FAIL_FAST = [
     (
         "exits",
         ["+backend.overrides.spec.headGroupSpec.rayStartParams.object-store-memory=lots"],
-        "'s container ray-head exited with code 2 (Error)",
+        # with the last line of its log, which the rendered terminationMessagePolicy keeps
+        "'s container ray-head exited with code 2 (Error): ",
     ),
     (
         "crash_loop",
@@ -366,9 +368,35 @@ def test_what_keeps_the_head_down_fails_fast_in_one_line(
     assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
     assert len(errors) == 1 and expected in errors[0], out.stderr[-3000:]
+    if scenario == "exits":  # `ray start`'s own refusal, quoted
+        assert "object-store-memory" in errors[0].split("(Error): ", 1)[1], errors
     assert "Traceback" not in out.stderr
     assert f"deleted RayCluster default/{name}" in out.stdout
     assert wait_until(lambda: not stack.get("pods", "-l", f"ray.io/cluster={name}")["items"], 60)
+
+
+def test_a_taint_no_head_tolerates_fails_fast_in_the_schedulers_words(rayflow, local_kube):
+    """Both Nodes tainted NoSchedule (as a team reserves its nodes): the real scheduler's
+    FailedScheduling names the untolerated taint, and the run ends in one line within the grace."""
+    stack, name = local_kube, "ff-taint"
+    rayflow.env.update(stack.env())
+    taint = "rayflow.test/reserved=team:NoSchedule"
+    stack.kube.kubectl("taint", "nodes", "--all", taint)
+    try:
+        out = rayflow.run(
+            *stack.backend(f"backend.cluster_name={name}", "backend.schedule_grace_s=2"),
+            "tracking=none",
+            f"storage_path={stack.s3.uri(name)}",
+            timeout=240,
+        )
+    finally:
+        stack.kube.kubectl("taint", "nodes", "--all", f"{taint}-")
+    assert out.returncode == 1, (out.stdout + out.stderr)[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("rayflow: error:")]
+    assert len(errors) == 1 and "FailedScheduling" in errors[0], out.stderr[-3000:]
+    assert "2 node(s) had untolerated taint" in errors[0], errors  # v1.36 names no key
+    assert "Traceback" not in out.stderr
+    assert wait_until(lambda: not stack.left(name), timeout=60), stack.left(name)
 
 
 def test_a_rayjob_the_operator_refuses_fails_fast_in_one_line(rayflow, local_kube):

@@ -20,6 +20,10 @@ from rayflow.schema.values import merge_overrides
 API_VERSION = "ray.io/v1"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rayflow"}
 HEAD_CONTAINER, WORKER_CONTAINER = "ray-head", "ray-worker"
+# A Ray that fails to start writes no termination message: the kubelet then keeps the last lines
+# of its log in the container's status, which rayflow's fail-fast line quotes (wait.py) and
+# which needs no right to read pod logs.
+LAST_WORDS = {"terminationMessagePolicy": "FallbackToLogsOnError"}
 # KubeRay builds the head service's ports from the head container's named ports.
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -178,6 +182,7 @@ def cluster_spec(
         "image": image_for(b, ray_version, python_version, False),
         "ports": [{"containerPort": port, "name": name} for name, port in HEAD_PORTS],
         "resources": _resources(head["cpu"], head["memory"]),
+        **LAST_WORDS,
     }
     spec: dict[str, Any] = {"rayVersion": ray_version, "enableInTreeAutoscaling": autoscaling}
     if autoscaling:
@@ -201,6 +206,7 @@ def cluster_spec(
             "name": WORKER_CONTAINER,
             "image": image_for(b, ray_version, python_version, float(gpus) > 0),
             "resources": _resources(group["cpu"], group["memory"], gpus),
+            **LAST_WORDS,
         }
         tolerations = list(group.get("tolerations") or [])
         if float(gpus) > 0 and GPU_TOLERATION not in tolerations:
