@@ -85,12 +85,14 @@ def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path)
     (app.folder / "conf" / "job" / "broken.yaml").write_text(
         "# @package _global_\nname: broken\nfail: true\n"
     )
-    # 2 CPUs here: small jobs (1 CPU) run two at once, large ones (2 CPUs, from the job's own config) alone
-    out = app.sweep("hydra.launcher.num_cpus=2", "job=small,large,broken", "seed=1,2", "hold_s=2")
+    # 2 CPUs here: small jobs (1 CPU) run two at once, large ones (2 CPUs, from the job's own config)
+    # alone. Each holds 5 s: two jobs started together may begin seconds apart on a loaded machine
+    # (each waits for a Ray worker process), and at 2 s a CI run once saw them miss each other.
+    out = app.sweep("hydra.launcher.num_cpus=2", "job=small,large,broken", "seed=1,2", "hold_s=5")
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     failed = [line for line in out.stderr.splitlines() if line.startswith("[rayflow] job #")]
     assert sorted(failed) == [
-        f"[rayflow] job #{n} (job=broken seed={s} hold_s=2) failed: ValueError: job broken was asked to fail"
+        f"[rayflow] job #{n} (job=broken seed={s} hold_s=5) failed: ValueError: job broken was asked to fail"
         for n, s in ((4, 1), (5, 2))
     ], out.stderr[-3000:]
     # then Hydra raises the first failure
