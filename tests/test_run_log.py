@@ -136,6 +136,34 @@ def test_the_libraries_info_goes_to_the_file_and_from_verbose_1_to_the_terminal(
     )
 
 
+def test_what_propagates_to_the_root_logger_is_held_back_but_the_users_own_is_not(tmp_path):
+    """Hydra's job logging prints through the root logger: matplotlib's INFO (a fresh node's
+    "generated new fontManager") goes to the file only at verbose=0; the user's own INFO is shown."""
+    import io
+
+    terminal = io.StringIO()
+    root = logging.getLogger()
+    handler, level = logging.StreamHandler(terminal), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        path = tmp_path / "rayflow.log"
+        with run_log.run_log(path, 0):
+            logging.getLogger("matplotlib.font_manager").info("generated new fontManager")
+            logging.getLogger("matplotlib.font_manager").warning("findfont: Font family not found")
+            logging.getLogger("my_app").info("epoch 1 done")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    printed = terminal.getvalue()
+    assert "generated new fontManager" not in printed and "findfont" in printed, printed
+    assert "epoch 1 done" in printed
+    assert "generated new fontManager" in path.read_text()
+    assert not handler.filters and not [
+        h for h in logging.getLogger("matplotlib").handlers if isinstance(h, run_log._ToFile)
+    ]
+
+
 def test_a_link_in_the_logs_place_is_not_followed(tmp_path, capfd):
     target = tmp_path / "someone-elses"
     target.write_text("theirs\n")

@@ -308,6 +308,9 @@ def _job_env(tracker: Tracker) -> dict[str, str]:
         for key, value in (
             ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"),
             ("MLFLOW_HTTP_REQUEST_TIMEOUT", "60"),
+            # rayflow prints the run's address in the UI itself; MLflow's own "View run ... at"
+            # would say it again as each run ends, the parent's and every trial's
+            ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true"),
         ):
             env[key] = os.environ.get(key, value)
     return env

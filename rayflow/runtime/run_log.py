@@ -38,6 +38,9 @@ from rayflow.security.redaction import mask_text
 
 # Libraries that print through a stream handler of their own (their loggers do not propagate)
 LIBRARY_LOGGERS = ("ray", "mlflow", "alembic")
+# Libraries whose records go on to the root logger's handlers, which Hydra's job logging sets
+# up: matplotlib's "generated new fontManager", on a machine's (a fresh node's) first plot
+PROPAGATING_LOGGERS = ("matplotlib",)
 # The least level a record of each logger (and its children: the longest name wins) needs to be
 # shown at verbose=0
 SHOWN_FROM = {
@@ -45,6 +48,7 @@ SHOWN_FROM = {
     "ray.tune.logger.logger": logging.ERROR,  # "Remote file not found": results written anew
     "mlflow": logging.WARNING,
     "alembic": logging.WARNING,
+    "matplotlib": logging.WARNING,
 }
 
 # The INFO lines Ray's libraries log in trial and training processes, by the module (under ray/)
@@ -261,13 +265,14 @@ def run_log(path: Path | None, verbose_level: int, imports: Iterable[str] = ()) 
     to_file, quiet = _ToFile(log), _Quiet()
     filtered: list[logging.Handler] = []
     saved_hook = sys.unraisablehook
-    for name in LIBRARY_LOGGERS:
-        logger = logging.getLogger(name)
-        if log.quiet:
-            for handler in logger.handlers:
-                handler.addFilter(quiet)
-                filtered.append(handler)
-        logger.addHandler(to_file)
+    # The root logger's handlers print the propagating libraries' records (and the user's own,
+    # which the filter passes: it holds back only the loggers of SHOWN_FROM).
+    for name in (*LIBRARY_LOGGERS, ""):
+        for handler in logging.getLogger(name).handlers if log.quiet else ():
+            handler.addFilter(quiet)
+            filtered.append(handler)
+    for name in (*LIBRARY_LOGGERS, *PROPAGATING_LOGGERS):
+        logging.getLogger(name).addHandler(to_file)
 
     def unraisable(info) -> None:
         # a __del__ cut short as the run stops (Ctrl-C, Ray stopping an actor)
@@ -283,7 +288,7 @@ def run_log(path: Path | None, verbose_level: int, imports: Iterable[str] = ()) 
         sys.unraisablehook = saved_hook
         if sys.modules.get("ray") is not None:
             log.give_back_worker_lines()
-        for name in LIBRARY_LOGGERS:
+        for name in (*LIBRARY_LOGGERS, *PROPAGATING_LOGGERS):
             logging.getLogger(name).removeHandler(to_file)
         for handler in filtered:
             handler.removeFilter(quiet)
