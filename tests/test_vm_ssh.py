@@ -112,11 +112,11 @@ def _cluster(hosts) -> list[str]:
     ]
 
 
-# Two trials of 16 epochs, each checkpointing every epoch; ASHA stops none (grace = max_epochs).
+# Two trials of 24 epochs, each checkpointing every epoch; ASHA stops none (grace = max_epochs).
 # Enough for the resumed run to have epochs left to lose a node in: the first run is interrupted
-# once Tune's state reaches the bucket (Tune uploads it every 10 s or so), which on a quiet
-# machine was seen after 5 epochs of 7, and under CI's load after all but one or two of 10.
-EPOCHS = 16
+# once Tune's state reaches the bucket, which Tune uploads less often the longer an upload takes:
+# seen after 5 epochs on a quiet machine, and in fresh-clone runs under load after 12 or more.
+EPOCHS = 24
 CIFAR = [
     "data.synthetic=true",
     "data.synthetic_train_size=1000",
