@@ -72,32 +72,11 @@ def test_two_workers_two_epochs_learn_checkpoint_and_log_each_epoch(rayflow):
     assert "plots: " in out.stdout and "(training.png); MLflow: plots/" in out.stdout
 
 
-def test_killed_worker_restarts_the_group_from_the_last_checkpoint(rayflow):
+def test_interrupt_then_resume_continues_and_a_killed_worker_restarts_the_group(rayflow):
+    """Two runs where there were four: Ctrl-C mid-epoch 2, then the resumed run loses a worker
+    mid-epoch 2 and its group restarts from the last checkpoint, finishing the run (exit 0). The
+    resumed run is the killed-worker run: the same workload, cluster and checkpoints."""
     proc, log = rayflow.start(*SLOW_EPOCHS, "workload.max_failures=2")
-    workers = wait_until(
-        lambda: registered_checkpoint(rayflow) and process_pids(b"ray::RayTrainWorker"),
-        timeout=240,
-        interval=0.1,
-    )
-    assert workers and len(workers) == 2, log.read_text()[-3000:]
-    os.kill(min(workers), signal.SIGKILL)  # mid-epoch 2: epoch 1's checkpoint just landed
-    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
-
-    text = log.read_text()
-    assert rayflow.run_logs().count("Started training worker group of size 2") == 2, (
-        "the worker group was not restarted"
-    )
-    resumed = [
-        int(n) for n in re.findall(r"rank 0 resumed from the checkpoint of epoch (\d+)", text)
-    ]
-    assert resumed and resumed[0] >= 1, "the restarted workers did not load the checkpoint"
-    client, parent, train = train_run(rayflow)
-    assert history(client, train, "epoch")[-1] == (EPOCHS, EPOCHS)
-    assert train.info.status == "FINISHED" and parent.data.metrics["epochs_completed"] == EPOCHS
-
-
-def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
-    proc, log = rayflow.start(*SLOW_EPOCHS)
     assert wait_until(lambda: registered_checkpoint(rayflow), timeout=240, interval=0.1), (
         log.read_text()[-3000:]
     )
@@ -107,18 +86,42 @@ def test_interrupt_then_resume_continues_from_the_latest_checkpoint(rayflow):
     client, parent, train = train_run(rayflow)
     done = int(history(client, train, "epoch")[-1][1])
     assert done < EPOCHS and train.info.status == "KILLED"
+    interrupted_logs = rayflow.run_logs()  # the resumed run's lines are appended to it
 
-    out = rayflow.run("workload=ddp", "resume=true")
-    assert out.returncode == 0, out.stderr[-3000:]
-    # The epoch Ctrl-C cut into may have reached MLflow but not Ray Train's checkpoint record:
-    # the run continues from the last recorded checkpoint, which is at most one epoch back.
-    resumed = re.findall(
-        r"rank 0 resumed from the checkpoint of epoch (\d+)", out.stdout + out.stderr
+    proc, log = rayflow.start("workload=ddp", "resume=true", log_name="resume.log")
+
+    def resumed_workers():
+        # the resumed group has loaded its checkpoint: kill one of its workers mid-epoch 2
+        resumed = "rank 0 resumed from the checkpoint of epoch" in log.read_text()
+        return resumed and process_pids(b"ray::RayTrainWorker")
+
+    workers = wait_until(resumed_workers, timeout=240, interval=0.1)
+    assert workers and len(workers) == 2, log.read_text()[-3000:]
+    os.kill(min(workers), signal.SIGKILL)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+
+    text = log.read_text()
+    logs = rayflow.run_logs()
+    assert logs.startswith(interrupted_logs)
+    assert logs[len(interrupted_logs) :].count("Started training worker group of size 2") == 2, (
+        "the worker group was not restarted"
     )
-    assert resumed and done - 1 <= int(resumed[0]) <= done, (resumed, done)
+    # The epoch Ctrl-C cut into may have reached MLflow but not Ray Train's checkpoint record:
+    # the run continues from the last recorded checkpoint, which is at most one epoch back; the
+    # group restarted after the kill loads the checkpoint again (the latest, so no earlier one).
+    # (Ray prints a worker's line twice here: one (pid, epoch) per group start, in order)
+    lines = re.findall(
+        r"pid=(\d+)[^)\n]*\)[^\n]*rank 0 resumed from the checkpoint of epoch (\d+)", text
+    )
+    resumed = [int(epoch) for _, epoch in dict.fromkeys(lines)]
+    assert len(resumed) == 2, (lines, text[-3000:])
+    assert done - 1 <= resumed[0] <= done, (resumed, done)
+    assert resumed[1] >= max(resumed[0], 1), "the restarted workers did not load the checkpoint"
     client, parent, train = train_run(rayflow)  # the same parent and nested run, continued
+    assert history(client, train, "epoch")[-1] == (EPOCHS, EPOCHS)
     epochs = [step for step, _ in history(client, train, "epoch")]
     assert epochs[-1] == EPOCHS and epochs.count(1) == 1, f"epochs repeated from scratch: {epochs}"
+    assert train.info.status == "FINISHED"
     assert (
         parent.data.tags.get("resumed") == "true"
         and parent.data.metrics["epochs_completed"] == EPOCHS
