@@ -40,6 +40,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts.kube_local import audit as audit_log
 from scripts.kube_local.pki import make_pki
 from scripts.kube_local.undo import Stack
 
@@ -158,6 +159,11 @@ class ControlPlane(Stack):
     def kubeconfig(self, name: str) -> Path:
         return self.folder / f"{name}.kubeconfig"
 
+    @property
+    def audit(self) -> audit_log.AuditLog:
+        """The API server's record of every request (scripts/kube_local/audit.py)."""
+        return audit_log.AuditLog(self.folder / "audit.log", self.server, self.folder / "pki")
+
     def kubectl(self, *args: str, identity: str = "admin") -> str:
         done = subprocess.run(
             [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig(identity)), *args],
@@ -212,6 +218,7 @@ class ControlPlane(Stack):
             "--authorization-mode=Node,RBAC",
             f"--service-cluster-ip-range={SERVICE_RANGE}",
             "--enable-admission-plugins=NodeRestriction",
+            *audit_log.apiserver_args(self.folder),
         ]
 
     def _component_args(self, identity: str) -> list[str]:
