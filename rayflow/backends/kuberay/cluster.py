@@ -340,9 +340,13 @@ class KubeRayCluster(ClusterBackend):
                 # the API server's admission speaks before anything exists
                 run.kube.create(run.manifest, dry_run=True)
                 step.done(f"the API server accepts {run.where} (server-side dry run)")
-            # registered before the create: a client killed right after it still deletes
+            # registered before the create: a client killed right after it still deletes. A kept
+            # one is deleted only if its start fails: it is recorded (and `down` finds it) only
+            # once it is reached, so one left then would be out of every rayflow command's sight
             if not self.keeps_cluster:
                 run.handle.on_stop(f"delete {run.where}", self._delete, run)
+            else:
+                run.handle.on_stop(f"delete {run.where}", self._delete_unless_reached, run)
             with phase(f"applying {run.where}", "kuberay") as step:
                 # refused (None) if another run made one meanwhile
                 created = run.kube.create(run.manifest)
@@ -415,6 +419,7 @@ class KubeRayCluster(ClusterBackend):
         s = self.section
         timeout = float(timeout_s if timeout_s is not None else s.start_timeout_s)
         deadline = time.monotonic() + timeout
+        access = self._access(run)  # refused before anything is sent, or waited for
         with phase(f"waiting for the head pod of {run.where} (HeadPodReady)", "kuberay") as step:
             head = wait_for_head(
                 run.kube,
@@ -426,7 +431,6 @@ class KubeRayCluster(ClusterBackend):
             step.done(f"head pod {head['metadata']['name']} ready")
         cluster = run.cluster_name()
         assert cluster is not None  # the head is ready: its cluster has a name
-        access = self._access(run)  # refused before anything is sent
         self._own_head_service(run, cluster, deadline)
         if _token_secret(run, cluster) is not None:
             with phase(f"reading the Ray token from its Secret ({cluster})", "kuberay"):
@@ -603,6 +607,11 @@ class KubeRayCluster(ClusterBackend):
                     f"({self.section.start_timeout_s} s): {status}"
                 )
             time.sleep(1.0)
+
+    def _delete_unless_reached(self, run: _Applied) -> None:
+        """A kept cluster's undo: nothing once its start has reached it (it is kept)."""
+        if not run.handle.address:
+            self._delete(run)
 
     def _delete(self, run: _Applied) -> None:
         """Delete the RayCluster (or RayJob; its cluster goes with it) and wait until its pods are
