@@ -86,6 +86,7 @@ SAME_WORKER = {
     # one worker's Kubernetes stack (tests/harness/kube_local.py) for both
     "test_kuberay_local": "test_kuberay_local+user",
     "test_kuberay_local_user": "test_kuberay_local+user",
+    "test_security_kuberay_local": "test_kuberay_local+user",
 }
 
 
@@ -112,6 +113,7 @@ LONGEST_FIRST = [
     "test_vm",
     "test_kuberay_local",  # with test_kuberay_local_user (SAME_WORKER): about 900 s
     "test_kuberay_local_user",
+    "test_security_kuberay_local",
     "test_ddp",  # 490
     "test_ppo",  # 305
     "test_user_workloads",  # 270

@@ -63,6 +63,28 @@ class Stack:
         """The pods of RayCluster `cluster` of one node type (head, worker)."""
         return self.get("pods", "-l", f"ray.io/cluster={cluster},ray.io/node-type={kind}")["items"]
 
+    def mark(self) -> int:
+        """Where the API server's audit log ends now (`asked_since`)."""
+        return self.kube.plane.audit.mark()
+
+    def asked_since(self, mark: int) -> list[dict]:
+        """What a run of rayflow, not kubectl nor a component, asked the API server since `mark`:
+        the audit log's events of the admin user's clients other than kubectl."""
+        return [
+            e
+            for e in self.kube.plane.audit.since(mark)
+            if e["user"]["username"] == "rayflow-admin"
+            and not e.get("userAgent", "").startswith("kubectl")
+        ]
+
+    def put(self, obj: dict, folder: Path) -> dict:
+        """Create `obj` as another party would, with kubectl: the object as created."""
+        import json
+
+        path = folder / f"put-{obj['kind'].lower()}-{obj['metadata']['name']}.json"
+        path.write_text(json.dumps(obj))
+        return json.loads(self.kube.kubectl("create", "-f", str(path), "-o", "json"))
+
     def left(self, name: str) -> list[str]:
         """What of RayCluster `name` is left: the cluster, its pods, Services and Secrets."""
         found = [
