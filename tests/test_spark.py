@@ -26,6 +26,7 @@ from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.hydra_app import KeptCluster, sweep_comes_home
 from tests.harness.notebook_kernel import Kernel, rayflow_command, status
 from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
+from tests.harness.spark_head import enabled as quick_heads
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
@@ -41,6 +42,15 @@ LOCAL_MODE = [
     "backend.num_cpus_worker_node=null",
     "backend.num_gpus_worker_node=null",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_fixed_head_wait():
+    """Every Ray-on-Spark cluster of the module, in this process and those it starts, is ready
+    once its head's ports are bound, not after Ray on Spark's fixed 20 s sleep (a dozen starts:
+    minutes of the module's time; tests/harness/spark_head.py)."""
+    with quick_heads():
+        yield
 
 
 # --- a cluster kept in a notebook kernel ----------------------------------------------------------
@@ -133,7 +143,9 @@ def alive_nodes() -> int:
     return sum(1 for node in ray.nodes() if node["Alive"])
 
 
-def test_autoscales_up_to_max_and_back_down_after_idle_with_credentials_on_workers(monkeypatch):
+def test_autoscales_up_to_max_and_back_down_after_idle_with_credentials_on_workers(
+    monkeypatch, tmp_path
+):
     import ray
 
     # MLflow credentials in the driver's environment reach the Spark-launched worker nodes,
@@ -163,15 +175,19 @@ def test_autoscales_up_to_max_and_back_down_after_idle_with_credentials_on_worke
         assert ray.get(seen.remote()) == (secret, "sqlite:////tmp/somewhere/mlflow.db", "token")
 
         @ray.remote(num_cpus=1)
-        def hold(seconds):
-            time.sleep(seconds)
+        def hold(until: str, seconds: float):
+            # its CPU held until the test has seen the second worker (the Spark workers share
+            # this machine's files), at most `seconds`: not a fixed time longer than a scale-up
+            deadline = time.monotonic() + seconds
+            while not os.path.exists(until) and time.monotonic() < deadline:
+                time.sleep(0.2)
 
-        asked = time.monotonic()
-        tasks = [
-            hold.remote(25) for _ in range(2)
-        ]  # two 1-CPU workers wanted at once, longer than a scale-up
+        asked, scaled = time.monotonic(), tmp_path / "scaled-up"
+        # two 1-CPU workers wanted at once, until the second is there
+        tasks = [hold.remote(str(scaled), 150) for _ in range(2)]
         assert wait_until(lambda: alive_nodes() == 3, timeout=90), "no second worker came up"
         print(f"\nscale-up: second worker alive {time.monotonic() - asked:.1f} s after demand")
+        scaled.touch()
         ray.get(tasks)
         idle = time.monotonic()
         assert wait_until(lambda: alive_nodes() == 2, timeout=90), "idle worker was not removed"
