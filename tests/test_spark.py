@@ -26,7 +26,6 @@ from tests.harness.examples import USER_TUNE, copy_example
 from tests.harness.hydra_app import KeptCluster, sweep_comes_home
 from tests.harness.notebook_kernel import Kernel, rayflow_command, status
 from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
-from tests.harness.spark_head import enabled as quick_heads
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
@@ -42,15 +41,6 @@ LOCAL_MODE = [
     "backend.num_cpus_worker_node=null",
     "backend.num_gpus_worker_node=null",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_fixed_head_wait():
-    """Every Ray-on-Spark cluster of the module, in this process and those it starts, is ready
-    once its head's ports are bound, not after Ray on Spark's fixed 20 s sleep (a dozen starts:
-    minutes of the module's time; tests/harness/spark_head.py)."""
-    with quick_heads():
-        yield
 
 
 # --- a cluster kept in a notebook kernel ----------------------------------------------------------
