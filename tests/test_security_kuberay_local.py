@@ -503,7 +503,8 @@ def _k8s_auth_rbac(stack, name: str, tmp_path) -> list[tuple[str, str]]:
     """What KubeRay's sample (ray-cluster.kubernetes.auth.yaml) binds, for RayCluster `name`:
     the head's account (the one the operator makes for the autoscaler, named after the cluster)
     may review tokens (system:auth-delegator) and, as every Ray process presents its pod's
-    token, `ray:write`. Alice may do anything; Bob may only reach Services through the proxy."""
+    token, `ray:write`; so may the workers' (`default`): their Ray servers check the tokens of
+    calls to them too. Alice may do anything; Bob may only reach Services through the proxy."""
     for account in ("alice", "bob"):
         stack.kube.kubectl("create", "serviceaccount", account)
     kubectl = stack.kube.kubectl
@@ -516,6 +517,7 @@ def _k8s_auth_rbac(stack, name: str, tmp_path) -> list[tuple[str, str]]:
         f"{name}-ray-writer",
         f"--role={name}-ray-writer",
         f"--serviceaccount=default:{name}",
+        "--serviceaccount=default:default",  # the workers'
     )
     kubectl(
         "create",
@@ -523,6 +525,7 @@ def _k8s_auth_rbac(stack, name: str, tmp_path) -> list[tuple[str, str]]:
         f"{name}-delegator",
         "--clusterrole=system:auth-delegator",
         f"--serviceaccount=default:{name}",
+        "--serviceaccount=default:default",  # the workers'
     )
     kubectl(
         "create",
@@ -551,6 +554,12 @@ def _k8s_auth_rbac(stack, name: str, tmp_path) -> list[tuple[str, str]]:
     ]
 
 
+ON_A_WORKER = (
+    'python -c "import ray, socket; ray.init(); '
+    "print('ran on a worker', ray.get(ray.remote(num_cpus=1)(lambda: socket.gethostname()).remote()))\""
+)
+
+
 def test_with_kubernetes_token_auth_the_jobs_client_sends_the_users_own_kubernetes_token(
     local_kube, tmp_path
 ):
@@ -569,7 +578,13 @@ def test_with_kubernetes_token_auth_the_jobs_client_sends_the_users_own_kubernet
         _token_kubeconfig(stack, "alice", alice)
         mark = stack.mark()
         with running(
-            backend(stack, f"backend.cluster_name={name}", f"backend.kubeconfig={alice}", *K8S_AUTH)
+            backend(
+                stack,
+                f"backend.cluster_name={name}",
+                f"backend.kubeconfig={alice}",
+                "backend.min_worker_nodes=1",
+                *K8S_AUTH,
+            )
         ) as b:
             applied = stack.get("raycluster", name)["spec"]["authOptions"]
             assert applied == {"mode": "token", "enableK8sTokenAuth": True}
@@ -578,6 +593,14 @@ def test_with_kubernetes_token_auth_the_jobs_client_sends_the_users_own_kubernet
             local = {"Authorization": "Bearer a-local-ray-token"}
             client = JobSubmissionClient(b.address, headers={**b.submission.headers, **local})
             assert client.list_jobs() == []
+            # a task on the worker pod (the head has no CPU for it): Ray's calls between the
+            # pods carry their accounts' tokens, each checked by the pod it reaches
+            job = client.submit_job(entrypoint=ON_A_WORKER)
+            assert wait_until(
+                lambda: client.get_job_status(job).is_terminal(), timeout=180, interval=1
+            ), client.get_job_logs(job)[-2000:]
+            assert client.get_job_status(job) == "SUCCEEDED", client.get_job_logs(job)[-2000:]
+            assert "ran on a worker" in client.get_job_logs(job)
             bob = _token_kubeconfig(stack, "bob", tmp_path / "bob.kubeconfig")
             bob_token = bob["users"][0]["user"]["token"]
             plane = stack.kube.plane
