@@ -18,6 +18,10 @@ import rayflow as api
 from rayflow.testing.processes import ray_daemon_pids
 
 SMALL = ["workload.num_samples=2", "workload.max_epochs=2", "backend.num_cpus=2"]
+# The dashboard is not what these tests are about (as the no_dashboard modules, docs/testing.md):
+# their cifar and ppo runs start Ray without it, about 4 s of CPU less a run; Ray Train's ddp run
+# keeps it (it uses the state API the dashboard serves).
+NO_DASHBOARD = "backend.include_dashboard=false"
 
 
 def session(rayflow, body: str, timeout: float = 600, capture: bool = False) -> dict:
@@ -80,8 +84,10 @@ def test_a_run_an_interrupted_one_resumed_a_refusal_and_another_run_in_one_proce
     seen = session(
         rayflow,
         f"""
+        NO_DASHBOARD = {NO_DASHBOARD!r}
         import threading, time
         from pathlib import Path
+        BASE = [*BASE, NO_DASHBOARD]  # every run here is cifar's
         env, sigint = dict(os.environ), signal.getsignal(signal.SIGINT)
         def report_run(name, r):
             report(name, best_config=r.best_config, val_accuracy=r.best_metrics.get("val_accuracy"),
@@ -111,8 +117,10 @@ def test_a_run_an_interrupted_one_resumed_a_refusal_and_another_run_in_one_proce
             rayflow.run(*BASE, "workload.num_samples=0")
         except rayflow.ConfigError as err:
             report("refused", key=err.key)
-        report_run("after", rayflow.run(*BASE, *{SMALL!r}, "workload.search_space.lr.min=0.01"))
-        sweep = rayflow.run(*BASE, *{SMALL!r}, "workload.scheduler.reduction_factor=2,4", multirun=True)
+        # another run after the refusal: the sweep's first job, with a search space of its own
+        sweep = rayflow.run(*BASE, *{SMALL!r}, "workload.search_space.lr.min=0.01",
+                            "workload.scheduler.reduction_factor=2,4", multirun=True)
+        report_run("after", sweep[0])
         report("sweep", folders=[str(r.experiment_dir) for r in sweep], trials=[len(r.trials) for r in sweep],
                connected=ray_connected())
     """,
@@ -162,14 +170,15 @@ def test_a_failed_run_raises_with_the_trial_error_then_ddp_and_ppo_return_their_
         f"""
         try:
             rayflow.run(BASE[0], "data.root={broken.parent}", "data.synthetic=false", "data.download=false",
-                        "workload.num_samples=1", "workload.max_epochs=1", "workload.max_failures=0", "backend.num_cpus=1")
+                        "workload.num_samples=1", "workload.max_epochs=1", "workload.max_failures=0", "backend.num_cpus=1",
+                        {NO_DASHBOARD!r})
         except rayflow.RunFailed as err:
             report("failed", message=str(err), folder=str(err.result.experiment_dir), connected=ray_connected())
         ddp = rayflow.run(*BASE, "workload=ddp", "workload.num_workers=2", "workload.epochs=2", "backend.num_cpus=2")
         report("ddp", metrics=ddp.best_metrics, config=ddp.best_config, epochs=ddp.trials["epoch"].tolist(),
                run_id=ddp.mlflow_run_id, connected=ray_connected())
         ppo = rayflow.run("workload=ppo", "backend.num_cpus=2", BASE[0], "workload.train_batch_size=1000",
-                          "workload.stop.iterations=2")
+                          "workload.stop.iterations=2", {NO_DASHBOARD!r})
         report("ppo", metrics=ppo.best_metrics, config=ppo.best_config, trials=ppo.trials.to_dict("records"),
                run_id=ppo.mlflow_run_id, text=repr(ppo), connected=ray_connected())
     """,
