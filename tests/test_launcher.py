@@ -18,6 +18,10 @@ from hydra_plugins.rayflow_launcher.rayflow_launcher import RayflowLauncher
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.hydra_app import HydraApp, KeptCluster
 
+# Ray's dashboard is not what these tests are about: their local clusters start without it (about
+# 4 s of CPU less a start, docs/testing.md's no_dashboard), as Hydra's integration suite already did.
+NO_DASHBOARD = "hydra.launcher.include_dashboard=false"
+
 
 def test_discovery() -> None:
     # Hydra finds the plugin in its namespace package, as it finds its own
@@ -55,7 +59,7 @@ class TestRayflowLauncher(KeptCluster, LauncherTestSuite):
 
     @pytest.fixture
     def overrides(self) -> list[str]:
-        return ["hydra.launcher.backend=local"]
+        return ["hydra.launcher.backend=local", NO_DASHBOARD]
 
 
 # one CPU and no dashboard: each of the suite's eleven apps starts a Ray of its own for one job
@@ -69,7 +73,7 @@ class TestRayflowLauncher(KeptCluster, LauncherTestSuite):
                 "hydra/launcher=rayflow",
                 "hydra.launcher.backend=local",
                 "hydra.launcher.num_cpus=1",
-                "hydra.launcher.include_dashboard=false",
+                NO_DASHBOARD,
             ],
         )
     ],
@@ -88,7 +92,9 @@ def test_mixed_resources_run_side_by_side_and_a_failing_job_is_its_own(tmp_path)
     # 2 CPUs here: small jobs (1 CPU) run two at once, large ones (2 CPUs, from the job's own config)
     # alone. Each holds 5 s: two jobs started together may begin seconds apart on a loaded machine
     # (each waits for a Ray worker process), and at 2 s a CI run once saw them miss each other.
-    out = app.sweep("hydra.launcher.num_cpus=2", "job=small,large,broken", "seed=1,2", "hold_s=5")
+    out = app.sweep(
+        "hydra.launcher.num_cpus=2", NO_DASHBOARD, "job=small,large,broken", "seed=1,2", "hold_s=5"
+    )
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     failed = [line for line in out.stderr.splitlines() if line.startswith("[rayflow] job #")]
     assert sorted(failed) == [
@@ -191,6 +197,7 @@ def test_one_at_a_time_and_a_failure_stops_the_jobs_not_started(tmp_path) -> Non
         "# @package _global_\nname: broken\nfail: true\n"
     )
     out = app.sweep(
+        NO_DASHBOARD,
         "hydra.launcher.max_concurrent=1",
         "hydra.launcher.on_failure=stop",
         "job=small,broken,large",

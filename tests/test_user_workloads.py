@@ -86,7 +86,7 @@ def objective(config):
     for step in range(3):
         tune.report({{"score": config["x"] * (step + 1) + config["offset"]}})
 
-result = rayflow.run("workload=tune", "backend.num_cpus=2", "storage_path={rayflow.storage}", "workload.metric=score",
+result = rayflow.run("workload=tune", "backend.num_cpus=2", "backend.include_dashboard=false", "storage_path={rayflow.storage}", "workload.metric=score",
                      "workload.mode=max", trainable=objective, search_space={{"x": {{"grid_search": [1, 2]}}}},
                      config={{"offset": 10}})
 rows = result.trials
