@@ -72,6 +72,7 @@ def test_a_lock_file_another_user_planted_in_tmp_is_not_used(shared_tmp, tmp_pat
         os.chown(planted, NOBODY, NOBODY)
     before = planted.stat()
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)  # ~/.cache: the HOME's
     backend = LocalCluster(OmegaConf.create({"name": "local"}))
     kwargs = {"include_dashboard": True, "dashboard_host": "127.0.0.1"}
     handle = ClusterHandle("local")
@@ -90,6 +91,7 @@ def test_the_lock_folder_is_private_to_this_user(shared_tmp, tmp_path, monkeypat
     from rayflow.backends.local import lock_dir
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)  # ~/.cache: the HOME's
     (tmp_path / "home" / ".cache" / "rayflow").mkdir(parents=True, mode=0o755)
     folder = lock_dir()
     assert folder == tmp_path / "home" / ".cache" / "rayflow" / "locks"
@@ -105,6 +107,7 @@ def test_a_lock_folder_another_user_planted_is_refused_in_one_line(
     from rayflow.backends.local import lock_dir
 
     monkeypatch.setenv("HOME", str(_plant(tmp_path / "not-a-folder", mode=0o644, uid=0)))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)  # ~/.cache: the HOME's
     planted = shared_tmp / f"rayflow-{os.getuid()}"
     (tmp_path / "elsewhere").mkdir()
     planted.symlink_to(tmp_path / "elsewhere")
@@ -349,6 +352,7 @@ def home(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)  # ~/.cache: the HOME's
     for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(name, raising=False)
     return home

@@ -33,6 +33,7 @@ def home(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)  # ~/.cache: the HOME's
     mode = os.environ.get("RAY_AUTH_MODE")
     yield home
     if mode is None:

@@ -811,6 +811,7 @@ LogLevel INFO
         give each concurrently running cluster its own cluster_name."""
         env = dict(os.environ if base is None else base)
         env["HOME"] = str(self.workdir / "launcher" / "home")
+        env.pop("XDG_CACHE_HOME", None)  # rayflow's records under that HOME, not a caller's cache
         env["TMPDIR"] = env["RAY_TMPDIR"] = str(self.workdir / "launcher" / "tmp")
         return env
 
