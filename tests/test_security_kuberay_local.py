@@ -168,14 +168,9 @@ def test_a_kept_cluster_tampered_with_or_made_again_is_not_joined_reached_or_del
 
     stack.kube.kubectl("delete", "raycluster", "rayflow", "--wait=false")
     # gone from the API at once (its pods go after it, collected by the garbage collector)
+    mine_uid = mine["metadata"]["uid"]
     assert wait_until(
-        lambda: (
-            not stack.get("rayclusters")["items"]
-            or all(
-                c["metadata"]["uid"] != mine["metadata"]["uid"]
-                for c in stack.get("rayclusters")["items"]
-            )
-        ),
+        lambda: all(c["metadata"]["uid"] != mine_uid for c in stack.get("rayclusters")["items"]),
         timeout=60,
     )
     copied = suspended(mine)
