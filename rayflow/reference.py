@@ -214,7 +214,7 @@ def markdown() -> str:
     text += _table("`tracking=mlflow`", Mlflow, _yaml("tracking", "mlflow.yaml"), "tracking")
     text += _table("`tracking=none`", NoTracking, _yaml("tracking", "none.yaml"), "tracking")
     sections: dict[str, list[str]] = {}
-    for name in WORKLOADS:
+    for name in (n for n, entry in WORKLOADS.items() if entry.chosen):
         model = workload_keys(name)
         text += _table(f"`workload={name}`", model, _yaml("workload", f"{name}.yaml"), "workload")
         for section in getattr(model, "sections", {}):
@@ -267,6 +267,8 @@ ROLES = {
     "rayflow.api": "`rayflow.run`, `compose`, `dry_run`: the same run as a Python call",
     "rayflow.teardown": "`python -m rayflow.teardown PATH`: stop a cluster whose client died",
     "rayflow.launcher": "`hydra/launcher=rayflow`: any Hydra app's sweep as Ray tasks",
+    "rayflow.sweeper": "`hydra/sweeper=rayflow`: any Hydra app's parameter search as one "
+    "asynchronous Ray Tune run",
     "rayflow.orchestrator": "a command line's jobs: the preflight, each cluster's lifetime, "
     "a run here or submitted, its report",
     "rayflow.backends": "where Ray runs: the `ClusterBackend` contract, the `ClusterHandle` a "

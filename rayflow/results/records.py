@@ -24,9 +24,14 @@ TUNE_STATE_GLOB = "experiment_state-*.json"
 EPOCHS_FILE = "rayflow_epochs.jsonl"  # next to rayflow.json, in a Train run's folder
 # What Tune adds to every result by itself: not what a trial reports, so neither a "best" line of
 # the results table, a metric of a trial's MLflow run, nor a column of RunResult.trials.
+# What a trainable may report with its last result to say its trial ran to its end, so that a
+# trial without it, ended by the scheduler, counts as stopped early (hydra/sweeper=rayflow's trials
+# report it when the task function returns; other trainables are judged by max_t alone).
+RAN_TO_END = "ran_to_end"
 TUNE_AUTO_KEYS = frozenset(
     {
         "training_iteration",
+        RAN_TO_END,
         "time_this_iter_s",
         "time_total_s",
         "timestamp",
@@ -109,6 +114,7 @@ class Trial:
     params: dict
     rows: list[dict] = field(default_factory=list)
     status: str | None = None  # from Tune's experiment state; None where it holds none
+    folder: Path | None = None  # the trial's folder in the experiment
 
     @property
     def done(self) -> bool:
@@ -200,7 +206,11 @@ def tune_trials(experiment_dir: Path) -> list[Trial]:
         trial_id = str(ids[-1]) if ids else _folder_trial_id(folder.name) or folder.name
         trials.append(
             Trial(
-                trial_id, params if isinstance(params, dict) else {}, rows, statuses.get(trial_id)
+                trial_id,
+                params if isinstance(params, dict) else {},
+                rows,
+                statuses.get(trial_id),
+                folder,
             )
         )
     return sorted(trials, key=lambda t: t.trial_id)

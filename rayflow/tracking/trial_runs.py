@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ray.tune import Callback
 
-from rayflow.results.records import TUNE_AUTO_KEYS, lookup
+from rayflow.results.records import RAN_TO_END, TUNE_AUTO_KEYS, lookup
 from rayflow.tracking.mlflow_runs import tracking_errors, warn_tracking
 
 if TYPE_CHECKING:
@@ -199,13 +199,16 @@ class TrialRuns(Callback):
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        result = trial.last_result or {}
         self._write(
-            self._completed, self._seen(trial), (trial.last_result or {}).get(self.time_attr)
+            self._completed, self._seen(trial), result.get(self.time_attr), result.get(RAN_TO_END)
         )
 
-    def _completed(self, trial: TrialSeen, last) -> None:
+    def _completed(self, trial: TrialSeen, last, ran_to_end: bool | None) -> None:
         run_id = self.run_for(trial)
-        if self.max_t and last is not None:
+        if ran_to_end:  # the trainable said so
+            self.client.set_tag(run_id, "stopped_early", "false")
+        elif self.max_t and last is not None:
             self.client.set_tag(run_id, "stopped_early", str(last < self.max_t).lower())
         self.client.set_terminated(run_id, "FINISHED")
 

@@ -107,6 +107,9 @@ class Entry:
     module: str  # the module that satisfies Workload
     keys: str  # "module:Model", the schema of its config section
     extra: str | None = None  # the pip extra that provides its dependencies
+    # a workload users choose (`workload=NAME`, conf/workload/NAME.yaml, the config reference);
+    # False: one rayflow composes itself (hydra/sweeper=rayflow's)
+    chosen: bool = True
 
 
 REGISTRY: dict[str, Entry] = {
@@ -116,6 +119,10 @@ REGISTRY: dict[str, Entry] = {
     "cifar": Entry("rayflow.workloads.presets.cifar", "rayflow.workloads.presets.keys:Cifar"),
     "ddp": Entry("rayflow.workloads.presets.ddp", "rayflow.workloads.presets.keys:Ddp"),
     "ppo": Entry("rayflow.workloads.presets.ppo", "rayflow.workloads.presets.keys:Ppo", "rllib"),
+    # hydra/sweeper=rayflow's run (rayflow.sweeper): a tune workload whose trials are Hydra jobs
+    "hydra_sweep": Entry(
+        "rayflow.workloads.hydra_sweep", "rayflow.workloads.keys:Tune", chosen=False
+    ),
 }
 KINDS = ("tune", "train", "rllib")
 

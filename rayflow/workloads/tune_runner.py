@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayflow.results import signing, storage, verification
 from rayflow.results.experiment import Experiment
-from rayflow.results.records import TUNE_AUTO_KEYS
+from rayflow.results.records import RAN_TO_END, TUNE_AUTO_KEYS
 from rayflow.runtime.environment import scoped_env
 from rayflow.security.printable import printable_line
 
@@ -56,6 +56,9 @@ class TuneJob:
     time_budget_s: float | None = None
     callbacks: list = field(default_factory=list)
     verbose: int = 1
+    # What a trial writes in its own folder goes to the experiment's storage at the trial's end
+    # (Tune's SyncConfig.sync_artifacts): a Hydra sweep's job outputs, from nodes of their own.
+    sync_artifacts: bool = False
     # False where a result may rightly lack the metric: RLlib's return exists only once an
     # episode has ended, and an iteration may end none (a long episode, a busy machine). Tune's
     # strict check would end the run at that result, as if the metric were misspelt.
@@ -240,6 +243,7 @@ def _new_tuner(job: TuneJob, experiment: Experiment, trainable: Any) -> Tuner:
                 checkpoint_at_end=job.checkpoint_at_end,
             ),
             stop=job.stop,
+            sync_config=tune.SyncConfig(sync_artifacts=job.sync_artifacts),
             callbacks=[*(job.callbacks or []), *_result_files(), _first_result_wait()],
             verbose=job.verbose,
             progress_reporter=_notebook_reporter(),
@@ -497,7 +501,13 @@ def summarize(
         trials=len(results),
         errored=results.num_errors,
         interrupted=interrupted,
-        stopped_early=sum(1 for r in done if max_t and r.metrics.get(time_attr, max_t) < max_t)
+        stopped_early=sum(
+            1
+            for r in done
+            if max_t
+            and r.metrics.get(time_attr, max_t) < max_t
+            and not r.metrics.get(RAN_TO_END)  # a trial that said it ran to its end
+        )
         if job.scheduler_label
         else 0,
         trial_epochs=sum(progress),

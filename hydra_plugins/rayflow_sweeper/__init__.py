@@ -1,0 +1,1 @@
+"""rayflow's Hydra sweeper plugin: `hydra/sweeper=rayflow` (rayflow_sweeper.py)."""

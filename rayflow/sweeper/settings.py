@@ -1,0 +1,172 @@
+"""From the `hydra.sweeper` node to checked settings and the rayflow config of the search: composed
+as rayflow's own `backend=NAME workload=tune` run, so the search's cluster, its Tune run, MLflow and
+the teardown are the same code as `python -m rayflow`'s. Every error names the key as the user
+wrote it (`hydra.sweeper.*`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rayflow.errors import ConfigError
+from rayflow.launcher.node import backend_keys
+from rayflow.sweeper.params import Search
+
+PREFIX = "hydra.sweeper"
+EXPERIMENT = "search"  # Tune's experiment folder, under storage_path (by default the sweep dir)
+# rayflow's key -> the sweeper's, for messages
+KEYS = {
+    "workload.search_space": "params",
+    "workload.num_samples": "n_trials",
+    "workload.mode": "direction",
+    "workload.search_alg.max_concurrent": "max_concurrent",
+    "workload.resources_per_trial": "resources",
+    "tracking.uri": "tracking_uri",
+    "tracking.experiment": "experiment",
+}
+# the search algorithms' own names for their seed
+SEED_ARGS = {"random": "random_state", "optuna": "seed", "hyperopt": "random_state_seed"}
+
+
+@dataclass
+class Settings:
+    own: dict  # the sweeper's own keys, checked
+    backend_values: dict  # the backend keys set beside `backend` (null ones left out)
+
+
+def own_keys() -> dict:
+    from importlib import resources
+
+    import yaml
+
+    return yaml.safe_load(
+        (resources.files("hydra_plugins.rayflow_sweeper") / "rayflow.yaml").read_text()
+    )
+
+
+def sweeper_node() -> dict:
+    """What ConfigStore holds as hydra/sweeper=rayflow: its own keys and every backend key."""
+    return {**own_keys(), **dict.fromkeys(backend_keys())}
+
+
+def read_settings(node: DictConfig) -> Settings:
+    from rayflow.schema import validate_section
+    from rayflow.sweeper.keys import Sweeper
+
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    data: dict[str, Any] = {str(k): v for k, v in container.items()}
+    keys = own_keys()
+    own = {k: v for k, v in data.items() if k in keys and k != "_target_"}
+    validate_section(PREFIX, Sweeper, own, data)
+    name, known = own["backend"], backend_keys()
+    values = {k: v for k, v in data.items() if k not in keys and v is not None}
+    for key in values:
+        if key not in known:
+            raise ConfigError(
+                f"{PREFIX}.{key}", "not a key of the rayflow sweeper or of any backend"
+            )
+        if name not in known[key]:
+            raise ConfigError(
+                f"{PREFIX}.{key}",
+                f"not a key of backend={name} (it is one of {', '.join(known[key])})",
+            )
+    return Settings(own, values)
+
+
+def sweeper_key(key: str) -> str:
+    """A rayflow key of the composed config as the sweeper's user wrote it."""
+    for ours, theirs in KEYS.items():
+        if key == ours or key.startswith(ours + "."):
+            return f"{PREFIX}.{theirs}{key[len(ours) :]}"
+    for section in ("workload.", "backend."):
+        if key.startswith(section):
+            return f"{PREFIX}.{key[len(section) :]}"
+    return f"{PREFIX}.{key}"
+
+
+def _named(value: Any) -> dict:
+    """A scheduler's or search algorithm's value as a mapping with `name`."""
+    if isinstance(value, dict):
+        return dict(value)
+    return {"name": value}
+
+
+def rayflow_config(
+    settings: Settings, search: Search, trainable: str, sweep_dir: str, job_name: str
+) -> DictConfig:
+    """The rayflow config of the search: its backend as the launcher composes one, workload=tune
+    with the sweeper's keys (the trainable: `trainable`, a registered Hydra-job function)."""
+    from hydra.core.singleton import Singleton
+
+    from rayflow.orchestrator.compose import compose_config, config_errors
+
+    own = settings.own
+    state = Singleton.get_state()  # composing replaces Hydra's global state, which is the app's
+    try:
+        cfg = config_errors(
+            lambda: compose_config(
+                f"backend={own['backend']}",
+                "workload=tune",
+                f"tracking={own['tracking']}",
+                f"compute={'gpu' if own['resources'].get('gpu') else 'cpu'}",
+                f"ray_auth_mode={own['ray_auth_mode']}",
+            )
+        )
+    finally:
+        Singleton.set_state(state)
+    OmegaConf.set_struct(cfg, False)  # free-form mappings take new keys
+    cfg.backend = OmegaConf.merge(cfg.backend, settings.backend_values)
+    _workload(cfg.workload, own, search, trainable)
+    if own["tracking"] == "mlflow":
+        cfg.tracking.uri = own["tracking_uri"]
+        cfg.tracking.experiment = own["experiment"] or job_name
+        cfg.tracking.log_best_checkpoint = False
+    cfg.storage_path = own["storage_path"] or sweep_dir
+    cfg.experiment_name = EXPERIMENT
+    cfg.verbose = own["verbose"]
+    cfg.seed = own["seed"] or 0
+    if own["resume"]:
+        cfg.resume = experiment_location(cfg)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def _workload(workload: DictConfig, own: dict, search: Search, trainable: str) -> None:
+    """workload=tune's keys from the sweeper's: the search, its trials' resources, the trainable."""
+    search_alg = _named(own["search_alg"])
+    seed_arg = SEED_ARGS.get(str(search_alg.get("name")))
+    if own["seed"] is not None and seed_arg and seed_arg not in search_alg:
+        search_alg[seed_arg] = own["seed"]
+    if own["max_concurrent"] is not None:  # the algorithm's limit (Tune's own for a wrapped one)
+        search_alg.setdefault("max_concurrent", own["max_concurrent"])
+    scheduler = _named(own["scheduler"])
+    if scheduler.get("name") in ("pbt", "pb2"):
+        raise ConfigError(
+            f"{PREFIX}.scheduler",
+            f"{scheduler['name']} restarts trials from their checkpoints, which a Hydra task "
+            "does not save; use asha, hyperband or median_stopping",
+        )
+    res = own["resources"]
+    workload.name = "hydra_sweep"
+    workload.trainable = trainable
+    workload.search_space = search.space
+    workload.metric = own["metric"]
+    workload.mode = "min" if own["direction"] == "minimize" else "max"
+    workload.num_samples = own["n_trials"]
+    workload.scheduler = None if scheduler == {"name": "fifo"} else scheduler
+    workload.search_alg = None if search_alg == {"name": "random"} else search_alg
+    workload.time_budget_s = own["time_budget_s"]
+    workload.max_failures = own["max_failures"]
+    workload.resources_per_trial = {
+        "cpu": res.get("cpu", 1),
+        "gpu": res.get("gpu") or 0,
+        "memory": res.get("memory"),
+        "custom": res.get("custom") or None,
+    }
+
+
+def experiment_location(cfg: DictConfig) -> str:
+    return f"{str(cfg.storage_path).rstrip('/')}/{EXPERIMENT}"

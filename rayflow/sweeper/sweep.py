@@ -1,0 +1,157 @@
+"""One `sweep()` of `hydra/sweeper=rayflow`: every check before anything starts, then the search as
+rayflow's own run (rayflow.orchestrator: the cluster, one Tune run, MLflow, the teardown) whose
+trials are the app's Hydra jobs (rayflow.workloads.hydra_sweep), then the sweep dir's outputs
+(rayflow.sweeper.outputs)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.errors import CompactHydraException
+from omegaconf import DictConfig, open_dict
+
+from rayflow.errors import (
+    ClusterError,
+    ConfigError,
+    DataError,
+    JobError,
+    RunFailed,
+    RunInterrupted,
+)
+from rayflow.security.printable import printable
+from rayflow.security.redaction import mask_text
+from rayflow.sweeper.params import Search, read_search
+from rayflow.sweeper.settings import rayflow_config, read_settings, sweeper_key
+
+log = logging.getLogger(__name__)
+
+
+class SweeperError(CompactHydraException):
+    """What the user can fix, as one line (Hydra prints it without a traceback)."""
+
+
+@dataclass
+class JobComposer:
+    """A trial's Hydra job config, composed in the process that drives Tune (where the app's config
+    files are) as Hydra's launchers compose a sweep's jobs: the sweep config with the trial's
+    overrides."""
+
+    hydra_context: Any
+    config: DictConfig  # the multirun's config
+    search: Search
+    sweep_dir: str  # resolved once: `${now:...}` in it is this sweep's time, not each trial's
+
+    def __call__(self, trial_config: Any, num: int) -> str:
+        from rayflow.workloads.hydra_sweep import packed_job
+
+        job = self.hydra_context.config_loader.load_sweep_config(
+            self.config, self.search.overrides(trial_config)
+        )
+        with open_dict(job):
+            job.hydra.job.id = str(num)
+            job.hydra.job.num = num
+            job.hydra.sweep.dir = self.sweep_dir
+        return packed_job(job)
+
+
+def sweep(sweeper: Any, arguments: list[str]) -> None:
+    from hydra.core.utils import configure_log, setup_globals
+
+    setup_globals()
+    configure_log(sweeper.config.hydra.hydra_logging, sweeper.config.hydra.verbose)
+    try:
+        _sweep(sweeper, arguments)
+    except ConfigError as err:
+        raise SweeperError(
+            f"rayflow: error: {sweeper_key(err.key)}: {_text(str(err).split(': ', 1)[-1])}"
+            if err.key and not err.key.startswith("hydra.")
+            else f"rayflow: error: {_text(str(err))}"
+        ) from None
+    except RunInterrupted as err:
+        _say(f"rayflow: interrupted: {_text(str(err))}")
+        _say(f"Continue the search with the same command and: {_resume_hint(sweeper)}")
+        raise SystemExit(130) from None
+    except (ClusterError, DataError, JobError, RunFailed) as err:
+        raise SweeperError(f"rayflow: error: {_text(str(err))}") from None
+
+
+def _text(message: str) -> str:
+    return printable(mask_text(message))
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _resume_hint(sweeper: Any) -> str:
+    return f"hydra.sweep.dir={_sweep_dir(sweeper.config)} hydra.sweeper.resume=true"
+
+
+def _sweep_dir(config: DictConfig) -> str:
+    return os.path.abspath(str(config.hydra.sweep.dir))
+
+
+def _sweep(sweeper: Any, arguments: list[str]) -> None:
+    from hydra.core.singleton import Singleton
+
+    from rayflow.orchestrator.compose import config_errors
+    from rayflow.orchestrator.preflight import plan_job
+    from rayflow.orchestrator.session import run_jobs
+    from rayflow.sweeper.outputs import write_outputs
+    from rayflow.workloads import user_code
+    from rayflow.workloads.hydra_sweep import TrialSpec, trial_function
+
+    config = sweeper.config
+    settings = read_settings(sweeper.settings)
+    search = read_search(settings.own["params"], list(arguments))
+    sweep_dir = _sweep_dir(config)
+    in_place_guess = settings.own["backend"] == "local"
+    spec = TrialSpec(
+        sweeper.hydra_context,
+        sweeper.task_function,
+        Singleton.get_state(),
+        in_place_guess,
+        os.getcwd(),
+        str(settings.own["metric"]),
+        JobComposer(sweeper.hydra_context, config, search, sweep_dir),
+    )
+    trial = trial_function(spec)
+    name = user_code.give(trial)
+    try:
+        cfg = rayflow_config(settings, search, name, sweep_dir, str(config.hydra.job.name))
+        plan = config_errors(lambda: plan_job(cfg, []))
+        spec.in_place = not plan.backend.submits_jobs and plan.backend.shares_filesystem
+        if plan.backend.submits_jobs:
+            raise ConfigError(
+                "backend",
+                f"backend={plan.backend.name} runs the search as a Ray Job on its head, which "
+                "hydra/sweeper=rayflow does not do yet: use local, attach or spark, or "
+                "hydra/launcher=rayflow with this backend",
+            )
+        os.makedirs(sweep_dir, exist_ok=True)
+        log.info(
+            f"rayflow sweeper: {settings.own['n_trials']} trials of {len(search.space)} "
+            f"parameter(s) on backend={settings.own['backend']}, sweep dir {sweep_dir}"
+        )
+        result = None
+        try:
+            [result] = run_jobs([plan])
+        except (RunFailed, RunInterrupted) as err:
+            result = getattr(err, "result", None)
+            raise
+        finally:
+            if result is not None:
+                write_outputs(
+                    result,
+                    search,
+                    sweep_dir,
+                    spec.in_place,
+                    spec.metric,
+                    minimize=settings.own["direction"] == "minimize",
+                )
+    finally:
+        user_code.forget(name)
