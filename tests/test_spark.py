@@ -23,7 +23,7 @@ from rayflow.testing.backends import DriverConnectionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
-from tests.harness.hydra_app import KeptCluster, sweep_comes_home
+from tests.harness.hydra_app import KeptCluster, search_comes_home, sweep_comes_home
 from tests.harness.notebook_kernel import Kernel, rayflow_command, status
 from tests.harness.secrets import SPARK_SECRETS, assert_nowhere, planted
 
@@ -444,6 +444,14 @@ class TestHydraLauncherOnSpark(KeptCluster, LauncherTestSuite):
 
 def test_a_hydra_app_outside_the_repository_sweeps_on_spark(tmp_path):
     sweep_comes_home(tmp_path / "app", LAUNCHER)
+
+
+def test_a_hydra_apps_search_runs_on_spark_and_its_jobs_come_home(tmp_path):
+    """hydra/sweeper=rayflow on Ray on Spark (tests/test_sweeper.py has it on local)."""
+    search_comes_home(
+        tmp_path / "app",
+        [f"hydra.sweeper.{key.split('.', 2)[2]}" for key in LAUNCHER],
+    )
 
 
 def test_the_spark_cluster_benchmark_runs_in_its_smoke_form(rayflow):

@@ -101,6 +101,8 @@ def _sweep(sweeper: Any, arguments: list[str]) -> None:
     from rayflow.orchestrator.compose import config_errors
     from rayflow.orchestrator.preflight import plan_job
     from rayflow.orchestrator.session import run_jobs
+    from rayflow.runtime.progress import level
+    from rayflow.runtime.run_log import quiet_libraries
     from rayflow.sweeper.outputs import write_outputs
     from rayflow.workloads import user_code
     from rayflow.workloads.hydra_sweep import TrialSpec, trial_function
@@ -138,8 +140,11 @@ def _sweep(sweeper: Any, arguments: list[str]) -> None:
             f"parameter(s) on backend={settings.own['backend']}, sweep dir {sweep_dir}"
         )
         result = None
+        # Ray's and MLflow's INFO records off the app's terminal, as in a run of rayflow's own
+        quiet = quiet_libraries(level(cfg.get("verbose")), ("ray", "mlflow"))
         try:
-            [result] = run_jobs([plan])
+            with quiet:
+                [result] = run_jobs([plan])
         except (RunFailed, RunInterrupted) as err:
             result = getattr(err, "result", None)
             raise

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -120,3 +121,70 @@ def sweep_comes_home(folder: Path, backend: list[str]) -> subprocess.CompletedPr
         "the cluster was left running"
     )
     return out
+
+
+class SweepApp:
+    """examples/hydra-sweep, copied outside the repository, searched with hydra/sweeper=rayflow
+    in a subprocess as its user runs it, and what it left in its sweep dir."""
+
+    def __init__(self, folder: Path):
+        self.folder = copy_example("hydra-sweep", folder)
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.env.pop("RAY_AUTH_MODE", None)  # the sweeper makes driver and cluster agree itself
+        self.env["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
+        self.sweep_dir = folder / "sweep"
+
+    def argv(self, *overrides: str, multirun: bool = True) -> list[str]:
+        return [
+            sys.executable,
+            "sphere.py",
+            *(["-m", f"hydra.sweep.dir={self.sweep_dir}"] if multirun else []),
+            *overrides,
+        ]
+
+    def run(self, *overrides: str, multirun: bool = True, timeout: float = 300):
+        return subprocess.run(
+            self.argv(*overrides, multirun=multirun),
+            cwd=self.folder,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def table(self) -> list[dict]:
+        with (self.sweep_dir / "trials.csv").open() as f:
+            return list(csv.DictReader(f))
+
+    def results(self) -> dict:
+        return OmegaConf.to_container(OmegaConf.load(self.sweep_dir / "optimization_results.yaml"))
+
+    def trial_reports(self) -> dict[int, list[dict]]:
+        """Each trial's reports (Tune's result.json), by job number."""
+        found = {}
+        for path in (self.sweep_dir / "search").glob("*/result.json"):
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if rows:
+                found[int(rows[0]["trial_id"].rsplit("_", 1)[-1])] = rows
+        return found
+
+
+def search_comes_home(folder: Path, backend: list[str]) -> SweepApp:
+    """The sweep example searched on `backend`, whose nodes do not share this machine's files as
+    far as rayflow knows: each trial's job ran in its Tune trial folder on its node, and came home
+    into the local sweep dir with Tune's sync; nothing is left running."""
+    before = ray_daemon_pids()
+    app = SweepApp(folder)
+    out = app.run(*backend, "hydra.sweeper.n_trials=3", "steps=2", timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = app.table()
+    assert [r["state"] for r in rows] == ["completed"] * 3, rows
+    for row in rows:
+        job = app.sweep_dir / row["job"]
+        ran_in = OmegaConf.load(job / ".hydra" / "hydra.yaml").hydra.runtime.output_dir
+        # ran in its Tune trial's folder on its node (its job/ folder), then came home
+        assert ran_in.endswith(f"/job/{row['job']}") and not ran_in.startswith(str(app.sweep_dir))
+        assert f"x={float(row['x'])} y={row['y']}" in (job / "sphere.log").read_text()
+    assert app.results()["best_value"] == min(float(r["objective"]) for r in rows)
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "left running"
+    return app
