@@ -64,6 +64,16 @@ def test_the_optuna_sweepers_app_runs_and_writes_optimization_results(searched):
         assert int(row["y"]) in (-5, 0, 5)
 
 
+def test_failures_within_max_failure_rate_leave_the_sweep_successful(tmp_path):
+    """As the Optuna sweeper's max_failure_rate: every trial failing, tolerated at 1.0."""
+    app = SweepApp(tmp_path / "app")
+    out = app.run("hydra.sweeper.n_trials=2", "hydra.sweeper.max_failure_rate=1.0", "error=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RuntimeError: cfg.error is True" in out.stderr
+    assert [r["state"] for r in app.table()] == ["failed", "failed"]
+    assert not (app.sweep_dir / "optimization_results.yaml").exists()  # no best to write
+
+
 def test_each_trial_is_a_hydra_job_with_its_own_folder_overrides_and_log(searched):
     app, _ = searched
     for row in app.table():

@@ -11,11 +11,20 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from rayflow.sweeper.settings import sweeper_node
+from rayflow.sweeper.settings import SAMPLER_GROUP, sweeper_node
 
 ConfigStore.instance().store(
     group="hydra/sweeper", name="rayflow", node=sweeper_node(), provider="rayflow"
 )
+# The Optuna sweeper's sampler group, so that an app's `override hydra/sweeper/sampler: tpe` line
+# composes without that plugin (its own entries, where it is installed, say the same)
+for name, target in SAMPLER_GROUP.items():
+    ConfigStore.instance().store(
+        group="hydra/sweeper/sampler",
+        name=name,
+        node={"_target_": target, "seed": None},
+        provider="rayflow",
+    )
 
 
 class RayflowSweeper(Sweeper):

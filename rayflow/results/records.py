@@ -218,8 +218,9 @@ def tune_trials(experiment_dir: Path) -> list[Trial]:
 
 def _folder_trial_id(name: str) -> str | None:
     """The trial id in a trial folder's name (`<trainable>_<id>_<index>_<tag>`), for a trial
-    that never reported (no trial_id in its result.json)."""
-    match = re.search(r"_([0-9a-f]{5}_\d{5})_", name)
+    that never reported (no trial_id in its result.json): `a1b2c_00003` as Tune numbers the
+    trials of random search, `a1b2c3d4` as it names those a search algorithm suggests."""
+    match = re.search(r"_([0-9a-f]{5}_\d{5}|[0-9a-f]{8})_", name)
     return match.group(1) if match else None
 
 

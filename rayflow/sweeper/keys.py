@@ -13,13 +13,24 @@ from rayflow.schema.kinds import (
     Boolean,
     Integer,
     Mapping,
+    Number,
     OneOf,
     OptionalText,
     Seconds,
     Text,
+    kind,
 )
 from rayflow.schema.root import RayAuthModeKind, Section
-from rayflow.workloads.keys import NameOrMapping
+from rayflow.workloads.keys import MappingOrNull, NameOrMapping
+
+
+def _null(why: str):
+    def check(value):
+        if value is not None:
+            raise ValueError(f"must be null: {why}")
+        return None
+
+    return kind("null", check)
 
 
 class Sweeper(Section):
@@ -77,4 +88,22 @@ class Sweeper(Section):
     )
     ray_auth_mode: RayAuthModeKind = Field(
         description="Ray token auth for the cluster, as rayflow's own `ray_auth_mode`"
+    )
+    # Hydra's Optuna sweeper's keys (its users' configs run as they are)
+    sampler: MappingOrNull = Field(
+        description="the Optuna sweeper's sampler: `_target_` optuna.samplers.TPESampler "
+        "(search_alg optuna) or RandomSampler (random), and its `seed`"
+    )
+    n_jobs: Integer(1, optional=True) = Field(
+        description="the Optuna sweeper's batch size, here trials at once (`max_concurrent`)"
+    )
+    study_name: OptionalText = Field(description="the MLflow experiment (`experiment`)")
+    storage: _null("the search is kept in Tune's storage (storage_path), not Optuna's database") = (
+        Field(description="the Optuna sweeper's database: null here")
+    )
+    max_failure_rate: Number(allow_zero=True, at_most=1) = Field(
+        description="the sweep fails when more than this share of its trials failed (0: any)"
+    )
+    custom_search_space: _null("a function that extends Optuna's trials runs under Optuna only") = (
+        Field(description="the Optuna sweeper's trial extender: null here")
     )

@@ -29,7 +29,7 @@ def write_outputs(
     from omegaconf import OmegaConf
 
     from rayflow.results.records import tune_trials
-    from rayflow.workloads.hydra_sweep import JOB_FOLDER, JOB_KEY, job_number
+    from rayflow.workloads.hydra_sweep import JOB_FOLDER, JOB_KEY, JOB_NUM
 
     rows: list[dict] = []
     best: tuple[float, dict] | None = None  # (value, params)
@@ -39,10 +39,11 @@ def write_outputs(
         last = trial.rows[-1] if trial.rows else {}
         value = last.get(metric)
         params = search.params({k: v for k, v in trial.params.items() if k != JOB_KEY})
+        num = trial.params.get(JOB_NUM)
         state = _state(trial, last)
         rows.append(
             {
-                "job": job_number(trial.trial_id),
+                "job": num if isinstance(num, int) else None,
                 "state": state,
                 **params,
                 metric: value,
@@ -54,7 +55,7 @@ def write_outputs(
             continue
         if best is None or _better(number, best[0], minimize):
             best = (number, params)
-    rows.sort(key=lambda r: r["job"])
+    rows.sort(key=lambda r: (r["job"] is None, r["job"] or 0))
     _write_table(Path(sweep_dir, TABLE), rows)
     if best is not None:
         value, params = best

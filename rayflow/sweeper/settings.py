@@ -47,8 +47,13 @@ def own_keys() -> dict:
 
 
 def sweeper_node() -> dict:
-    """What ConfigStore holds as hydra/sweeper=rayflow: its own keys and every backend key."""
-    return {**own_keys(), **dict.fromkeys(backend_keys())}
+    """What ConfigStore holds as hydra/sweeper=rayflow: its own keys and every backend key, and
+    the Optuna sweeper's `sampler` group in its defaults (none chosen)."""
+    return {
+        "defaults": ["_self_", {"sampler": None}],
+        **own_keys(),
+        **dict.fromkeys(backend_keys()),
+    }
 
 
 def read_settings(node: DictConfig) -> Settings:
@@ -59,7 +64,7 @@ def read_settings(node: DictConfig) -> Settings:
     assert isinstance(container, dict)
     data: dict[str, Any] = {str(k): v for k, v in container.items()}
     keys = own_keys()
-    own = {k: v for k, v in data.items() if k in keys and k != "_target_"}
+    own = {k: v for k, v in data.items() if k in keys and k not in ("_target_", "_recursive_")}
     validate_section(PREFIX, Sweeper, own, data)
     name, known = own["backend"], backend_keys()
     values = {k: v for k, v in data.items() if k not in keys and v is not None}
@@ -73,7 +78,37 @@ def read_settings(node: DictConfig) -> Settings:
                 f"{PREFIX}.{key}",
                 f"not a key of backend={name} (it is one of {', '.join(known[key])})",
             )
-    return Settings(own, values)
+    return Settings(_optuna_keys(own), values)
+
+
+# The Optuna sweeper's samplers, by the end of their `_target_`, as search algorithms here
+SAMPLERS = {"TPESampler": "optuna", "RandomSampler": "random"}
+# its config group hydra/sweeper/sampler, as far as samplers are searched here
+SAMPLER_GROUP = {"tpe": "optuna.samplers.TPESampler", "random": "optuna.samplers.RandomSampler"}
+
+
+def _optuna_keys(own: dict) -> dict:
+    """The Optuna sweeper's keys as this sweeper's own, where those are left at their defaults:
+    sampler -> search_alg and seed, n_jobs -> max_concurrent, study_name -> experiment."""
+    own = dict(own)
+    sampler = own.get("sampler") or {}
+    if sampler:
+        target = str(sampler.get("_target_") or "").rsplit(".", 1)[-1]
+        if target and target not in SAMPLERS:
+            raise ConfigError(
+                f"{PREFIX}.sampler._target_",
+                f"{sampler.get('_target_')!r} is not searched here; use "
+                "optuna.samplers.TPESampler or RandomSampler, or set search_alg",
+            )
+        if target and own["search_alg"] == "random":
+            own["search_alg"] = SAMPLERS[target]
+        if own["seed"] is None and sampler.get("seed") is not None:
+            own["seed"] = sampler["seed"]
+    if own["max_concurrent"] is None:
+        own["max_concurrent"] = own.get("n_jobs")
+    if own["experiment"] is None:
+        own["experiment"] = own.get("study_name")
+    return own
 
 
 def sweeper_key(key: str) -> str:

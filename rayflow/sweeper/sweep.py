@@ -95,15 +95,18 @@ def _sweep_dir(config: DictConfig) -> str:
     return os.path.abspath(str(config.hydra.sweep.dir))
 
 
+def _tolerated(result: Any, own: dict) -> bool:
+    """Whether the trials that failed are within max_failure_rate (the Optuna sweeper's rule):
+    then the sweep ends as one that succeeded, its failures said and recorded."""
+    summary = getattr(result, "summary", None)
+    if summary is None or summary.interrupted or not summary.trials:
+        return False
+    return 0 < summary.errored / summary.trials <= float(own["max_failure_rate"])
+
+
 def _sweep(sweeper: Any, arguments: list[str]) -> None:
     from hydra.core.singleton import Singleton
 
-    from rayflow.orchestrator.compose import config_errors
-    from rayflow.orchestrator.preflight import plan_job
-    from rayflow.orchestrator.session import run_jobs
-    from rayflow.runtime.progress import level
-    from rayflow.runtime.run_log import quiet_libraries
-    from rayflow.sweeper.outputs import write_outputs
     from rayflow.workloads import user_code
     from rayflow.workloads.hydra_sweep import TrialSpec, trial_function
 
@@ -111,52 +114,72 @@ def _sweep(sweeper: Any, arguments: list[str]) -> None:
     settings = read_settings(sweeper.settings)
     search = read_search(settings.own["params"], list(arguments))
     sweep_dir = _sweep_dir(config)
-    in_place_guess = settings.own["backend"] == "local"
     spec = TrialSpec(
         sweeper.hydra_context,
         sweeper.task_function,
         Singleton.get_state(),
-        in_place_guess,
+        False,  # known once the backend is
         os.getcwd(),
         str(settings.own["metric"]),
         JobComposer(sweeper.hydra_context, config, search, sweep_dir),
     )
-    trial = trial_function(spec)
-    name = user_code.give(trial)
+    name = user_code.give(trial_function(spec))
     try:
         cfg = rayflow_config(settings, search, name, sweep_dir, str(config.hydra.job.name))
-        plan = config_errors(lambda: plan_job(cfg, []))
+        plan = _plan(cfg)
         spec.in_place = not plan.backend.submits_jobs and plan.backend.shares_filesystem
-        if plan.backend.submits_jobs:
-            raise ConfigError(
-                "backend",
-                f"backend={plan.backend.name} runs the search as a Ray Job on its head, which "
-                "hydra/sweeper=rayflow does not do yet: use local, attach or spark, or "
-                "hydra/launcher=rayflow with this backend",
-            )
         os.makedirs(sweep_dir, exist_ok=True)
         log.info(
             f"rayflow sweeper: {settings.own['n_trials']} trials of {len(search.space)} "
             f"parameter(s) on backend={settings.own['backend']}, sweep dir {sweep_dir}"
         )
-        result = None
-        # Ray's and MLflow's INFO records off the app's terminal, as in a run of rayflow's own
-        quiet = quiet_libraries(level(cfg.get("verbose")), ("ray", "mlflow"))
-        try:
-            with quiet:
-                [result] = run_jobs([plan])
-        except (RunFailed, RunInterrupted) as err:
-            result = getattr(err, "result", None)
-            raise
-        finally:
-            if result is not None:
-                write_outputs(
-                    result,
-                    search,
-                    sweep_dir,
-                    spec.in_place,
-                    spec.metric,
-                    minimize=settings.own["direction"] == "minimize",
-                )
+        _search(plan, settings.own, search, sweep_dir, spec.in_place)
     finally:
         user_code.forget(name)
+
+
+def _plan(cfg: DictConfig) -> Any:
+    """Every check of the search's run (rayflow's preflight), starting nothing."""
+    from rayflow.orchestrator.compose import config_errors
+    from rayflow.orchestrator.preflight import check_backend, plan_job
+
+    backend = config_errors(lambda: check_backend(cfg))
+    if backend.submits_jobs:
+        raise ConfigError(
+            "backend",
+            f"backend={backend.name} runs the search as a Ray Job on its head, which "
+            "hydra/sweeper=rayflow does not do yet: use local, attach or spark, or "
+            "hydra/launcher=rayflow with this backend",
+        )
+    return config_errors(lambda: plan_job(cfg, []))
+
+
+def _search(plan: Any, own: dict, search: Search, sweep_dir: str, in_place: bool) -> None:
+    """The search as rayflow's run, then the sweep dir's outputs, also of a failed or interrupted
+    one; failed trials within max_failure_rate end it as a success."""
+    from rayflow.orchestrator.session import run_jobs
+    from rayflow.runtime.progress import level
+    from rayflow.runtime.run_log import quiet_libraries
+    from rayflow.sweeper.outputs import write_outputs
+
+    result = None
+    # Ray's and MLflow's INFO records off the app's terminal, as in a run of rayflow's own
+    quiet = quiet_libraries(level(plan.cfg.get("verbose")), ("ray", "mlflow"))
+    try:
+        with quiet:
+            [result] = run_jobs([plan])
+    except (RunFailed, RunInterrupted) as err:
+        result = getattr(err, "result", None)
+        if not (isinstance(err, RunFailed) and _tolerated(result, own)):
+            raise
+        _say(f"rayflow: {_text(str(err))}")
+    finally:
+        if result is not None:
+            write_outputs(
+                result,
+                search,
+                sweep_dir,
+                in_place,
+                str(own["metric"]),
+                minimize=own["direction"] == "minimize",
+            )

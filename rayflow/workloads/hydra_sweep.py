@@ -13,6 +13,7 @@ trial's own folder, which Tune syncs to the experiment's storage at the trial's 
 from __future__ import annotations
 
 import base64
+import json
 import math
 import os
 import pickle
@@ -29,6 +30,8 @@ from rayflow.workloads import tune
 
 KIND = "tune"
 JOB_KEY = "_hydra_job"  # the composed job config a trial carries (packed_job)
+JOB_NUM = "_hydra_job_num"  # and its hydra.job.num, as plain data (what the sweep dir reads)
+COUNTER = "rayflow-hydra-jobs.json"  # beside the search's state: the jobs numbered so far
 JOB_FOLDER = "job"  # under a trial's folder: the job's sweep dir, and its working dir
 
 trainable = tune.trainable
@@ -66,6 +69,7 @@ def run(cfg, ctx):
     job.sync_artifacts = not spec.in_place
     summary = tune.run_job(job, ctx, params=params(cfg))
     summary.best_config.pop(JOB_KEY, None)
+    summary.best_config.pop(JOB_NUM, None)
     return summary
 
 
@@ -79,11 +83,6 @@ def trial_function(spec: TrialSpec) -> Callable[[dict], None]:
     return hydra_trial
 
 
-def job_number(trial_id: str) -> int:
-    """Tune's trial ids end in the trial's index (`a1b2c_00003`): the job's hydra.job.num."""
-    return int(trial_id.rsplit("_", 1)[-1])
-
-
 class ComposingSearch(SearchAlgorithm):
     """The search algorithm, with each new trial's job config composed in the driver, where the
     app's config files are, before the trial starts (Tune's callbacks see a trial only once its
@@ -93,12 +92,14 @@ class ComposingSearch(SearchAlgorithm):
         super().__init__()
         self.inner = inner
         self.compose = compose
+        self.jobs = 0  # hydra.job.num of the next trial, in the order Tune makes them
 
     def next_trial(self):
         trial = self.inner.next_trial()
         if trial is not None and JOB_KEY not in trial.config:
-            text = self.compose(trial.config, job_number(trial.trial_id))
-            trial.set_config({**trial.config, JOB_KEY: text})
+            num, self.jobs = self.jobs, self.jobs + 1
+            text = self.compose(trial.config, num)
+            trial.set_config({**trial.config, JOB_KEY: text, JOB_NUM: num})
         return trial
 
     @property
@@ -132,9 +133,14 @@ class ComposingSearch(SearchAlgorithm):
 
     def save_to_dir(self, dirpath: str, **kwargs) -> None:
         self.inner.save_to_dir(dirpath, **kwargs)
+        Path(dirpath, COUNTER).write_text(json.dumps({"jobs": self.jobs}))
 
     def restore_from_dir(self, dirpath: str) -> None:
+        """A resumed search numbers its new jobs after those it made before."""
         self.inner.restore_from_dir(dirpath)
+        saved = Path(dirpath, COUNTER)
+        if saved.is_file():
+            self.jobs = int(json.loads(saved.read_text()).get("jobs", 0))
 
 
 def composing(search_alg: Any, compose: Callable[[Mapping, int], str]) -> ComposingSearch:

@@ -160,12 +160,13 @@ class SweepApp:
         return OmegaConf.to_container(OmegaConf.load(self.sweep_dir / "optimization_results.yaml"))
 
     def trial_reports(self) -> dict[int, list[dict]]:
-        """Each trial's reports (Tune's result.json), by job number."""
+        """Each trial's reports (Tune's result.json), by its job's number (in its params.json)."""
         found = {}
         for path in (self.sweep_dir / "search").glob("*/result.json"):
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            params = json.loads((path.parent / "params.json").read_text())
             if rows:
-                found[int(rows[0]["trial_id"].rsplit("_", 1)[-1])] = rows
+                found[int(params["_hydra_job_num"])] = rows
         return found
 
 
