@@ -29,6 +29,10 @@ rayflow's in-memory tensors and through the seed tutorial's torchvision pipeline
 workers); `ratio` = seed / rayflow. cifar-search times the whole workload=cifar search
 (8 trials x 10 epochs) with --compute gpu or cpu (see bench_data.py).
 
+hydra-sweeper (`--trials 16 --step-s 0.5`) searches one Hydra app with hydra/sweeper=rayflow,
+FIFO and ASHA, and with Hydra's Optuna sweeper in batches of 2 through the joblib launcher, from a
+venv of its own; `ratio` = FIFO's search wall / ideal (see bench_sweeper.py).
+
 hydra-launcher (`--jobs 8 --job-seconds 4`) sweeps examples/hydra-app with hydra/launcher=rayflow on
 backend=local and with Hydra's basic launcher; `ratio` = wall / ideal, `speedup` = basic / rayflow
 (see bench_launcher.py).
@@ -84,6 +88,7 @@ import bench_kuberay
 import bench_launcher
 import bench_ppo
 import bench_storage
+import bench_sweeper
 import bench_vm
 from bench_common import log, median_or_none, rounded, seconds, smoke_option, wait_for
 
@@ -463,6 +468,11 @@ BENCHMARKS = {
         bench_launcher.hydra_launcher,
         bench_launcher.hydra_launcher_args,
         "a Hydra app's sweep: hydra/launcher=rayflow on local against Hydra's basic launcher",
+    ),
+    "hydra-sweeper": (
+        bench_sweeper.hydra_sweeper,
+        bench_sweeper.hydra_sweeper_args,
+        "a Hydra app's search: hydra/sweeper=rayflow (FIFO, ASHA) against Hydra's Optuna sweeper in batches",
     ),
     "spark-cluster": (
         spark_cluster,

@@ -115,6 +115,18 @@ def test_hydra_launcher(rayflow):
     assert positive(result["ratio"], result["speedup"], result["wall_s"], result["basic_wall_s"])
 
 
+def test_hydra_sweeper(rayflow):
+    result = run_bench(
+        rayflow,
+        "hydra-sweeper",
+        keys=("ratio", "command_ratio", "ideal_s", "best", "asha_best", "asha_wall_ratio"),
+        timeout=300,
+    )
+    assert positive(result["ratio"], result["command_ratio"], result["ideal_s"])
+    # the same trials, in the same order: ASHA stops some, never finds a worse best than FIFO's
+    assert result["asha_best"] >= result["best"] and result["batched_wall_s"] is None
+
+
 def test_data_pipeline_on_the_cpu(rayflow):
     # The seed side is torchvision's pipeline: where torchvision is not installed, rayflow's alone.
     seed = importlib.util.find_spec("torchvision") is not None

@@ -7,8 +7,9 @@ Only hydra and omegaconf are imported at module level, so `--help` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig
@@ -32,7 +33,7 @@ def compose_config(*overrides: str) -> DictConfig:
 
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"), _app_schema_aside():
             return compose(CONFIG_NAME, overrides=replacing_mappings(list(overrides)))
     except ConfigCompositionException as err:
         found = re.search(r"Could not override '([^']+)'", str(err))
@@ -43,6 +44,23 @@ def compose_config(*overrides: str) -> DictConfig:
         raise unknown_key_error(found.group(1), list(overrides), compose_config) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+@contextlib.contextmanager
+def _app_schema_aside() -> Iterator[None]:
+    """Inside a Hydra app (hydra/launcher=rayflow, hydra/sweeper=rayflow), the app's own
+    ConfigStore entry `config` (Hydra's structured-config tutorial's name) is set aside while
+    rayflow's root config, of the same name, composes: Hydra would take it as that config's schema
+    and merge the app's keys into rayflow's."""
+    from hydra.core.config_store import ConfigStore
+
+    repo = ConfigStore.instance().repo
+    entry = repo.pop(f"{CONFIG_NAME}.yaml", None)
+    try:
+        yield
+    finally:
+        if entry is not None:
+            repo[f"{CONFIG_NAME}.yaml"] = entry
 
 
 def default_choice(group: str) -> str:

@@ -15,6 +15,7 @@ import math
 import sys
 import textwrap
 from collections.abc import Callable
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -342,10 +343,15 @@ def tune_figures(
     max_t: int | None,
     rungs: list[int],
     scheduler: str | None,
+    keys: tuple[str, ...] | None = None,
 ) -> Figures:
     """The plots of any Tune experiment: learning curves of `metric` over `x`, and the search
-    view."""
+    view (of the config's `keys` where given, else of every key that varies)."""
     trials = tune_trials(experiment_dir)
+    if keys is not None:  # what else a trial's config carries is not a hyperparameter
+        trials = [
+            replace(t, params={k: v for k, v in t.params.items() if k in keys}) for t in trials
+        ]
     # A trial that errored before it wrote its folder (an actor Tune failed to reuse) is only in
     # Tune's state: kept, without reports, so the title still counts it.
     seen = {t.trial_id for t in trials}

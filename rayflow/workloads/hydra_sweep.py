@@ -40,7 +40,6 @@ worker_imports = tune.worker_imports
 metrics = tune.metrics
 check = tune.check
 demand = tune.demand
-figures = tune.figures
 
 
 @dataclass
@@ -59,6 +58,11 @@ class TrialSpec:
 def params(cfg) -> tuple[str, ...]:
     """The searched keys (not the composed job a trial carries)."""
     return tuple(cfg.workload.search_space or ())
+
+
+def figures(cfg, experiment_dir: Path) -> list:
+    """The tune workload's plots, of the searched keys (not the job a trial carries)."""
+    return tune.figures(cfg, experiment_dir, params(cfg))
 
 
 def run(cfg, ctx):

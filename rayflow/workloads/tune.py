@@ -211,9 +211,9 @@ def run(cfg, ctx) -> TuneSummary:
     return run_job(job(cfg, trainable(cfg)), ctx)
 
 
-def figures(cfg, experiment_dir: Path) -> list:
+def figures(cfg, experiment_dir: Path, keys: tuple[str, ...] | None = None) -> list:
     """Learning curves of the chosen metric over the scheduler's time attribute, and the search
-    view."""
+    view (of the config's `keys`; None: every key that varies)."""
     from rayflow.results.plots import tune_figures
 
     w = cfg.workload
@@ -228,4 +228,5 @@ def figures(cfg, experiment_dir: Path) -> list:
         max_t,
         rungs,
         SCHEDULER_LABELS.get(name),
+        keys,
     )
