@@ -122,6 +122,7 @@ LONGEST_FIRST = [
     "test_resume",  # 235
     "test_tune_run",  # 235
     "test_api",  # 215
+    "test_sweeper",  # 200: hydra/sweeper=rayflow, 4 searches
     "test_ray_examples",  # 150
     "test_vm_aws",  # mostly Ray's launcher against the EC2 API
     "test_notebook",  # 120

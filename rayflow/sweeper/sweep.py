@@ -14,6 +14,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, open_dict
 
+from rayflow.api import CLI_HINT
 from rayflow.errors import (
     ClusterError,
     ConfigError,
@@ -71,16 +72,24 @@ def sweep(sweeper: Any, arguments: list[str]) -> None:
             if err.key and not err.key.startswith("hydra.")
             else f"rayflow: error: {_text(str(err))}"
         ) from None
-    except RunInterrupted as err:
-        _say(f"rayflow: interrupted: {_text(str(err))}")
-        _say(f"Continue the search with the same command and: {_resume_hint(sweeper)}")
+    except RunInterrupted:
+        _say("rayflow: interrupted; the search's state is saved in its sweep dir")
+        _say(f"{RESUME} {_resume_hint(sweeper)}")
         raise SystemExit(130) from None
-    except (ClusterError, DataError, JobError, RunFailed) as err:
+    except RunFailed as err:
+        more = f" {RESUME} {_resume_hint(sweeper)}" if err.result is not None else ""
+        raise SweeperError(f"rayflow: error: {_text(str(err))}{more}") from None
+    except (ClusterError, DataError, JobError) as err:
         raise SweeperError(f"rayflow: error: {_text(str(err))}") from None
 
 
+RESUME = "Continue the search with the same command and:"
+
+
 def _text(message: str) -> str:
-    return printable(mask_text(message))
+    """A message as printed here: masked, printable, without the resume hint of rayflow's own
+    command line (a sweep continues with its own, RESUME)."""
+    return printable(mask_text(message)).split(f" {CLI_HINT}")[0].rstrip(" .;")
 
 
 def _say(line: str) -> None:
@@ -172,7 +181,7 @@ def _search(plan: Any, own: dict, search: Search, sweep_dir: str, in_place: bool
         result = getattr(err, "result", None)
         if not (isinstance(err, RunFailed) and _tolerated(result, own)):
             raise
-        _say(f"rayflow: {_text(str(err))}")
+        _say(f"rayflow: {_text(str(err))} (within max_failure_rate)")
     finally:
         if result is not None:
             write_outputs(
