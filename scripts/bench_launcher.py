@@ -5,7 +5,12 @@ command a user runs, alternating, the median of --repeats. `ratio` = rayflow's w
 where ideal is jobs x job-seconds / slots; `speedup` = basic's wall / rayflow's wall. rayflow's
 wall includes starting and stopping its Ray cluster.
 
---smoke: 2 jobs of 0.5 s through each launcher, once."""
+With --ray-launcher-venv (a venv of hydra-core and hydra-ray-launcher 1.2.2, Hydra's own Ray
+launcher, released for Ray 2.x, made with pip on first use), the same sweep through
+`hydra/launcher=ray` (its local mode: ray.init with 2 CPUs) as a third side, alternating:
+`ray_launcher_wall_s`, and `vs_ray_launcher` = rayflow's wall / its.
+
+--smoke: 2 jobs of 0.5 s through rayflow's launcher and the basic one, once."""
 
 from __future__ import annotations
 
@@ -25,10 +30,12 @@ REPO = Path(__file__).resolve().parents[1]
 SLOTS = 2
 
 
-def _sweep(app: Path, launcher: list[str], jobs: int, seconds: float) -> float:
+def _sweep(
+    app: Path, launcher: list[str], jobs: int, seconds: float, python: str = sys.executable
+) -> float:
     env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "token"))
     argv = [
-        sys.executable,
+        python,
         "my_app.py",
         "-m",
         *launcher,
@@ -47,7 +54,8 @@ def _sweep(app: Path, launcher: list[str], jobs: int, seconds: float) -> float:
 def hydra_launcher(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as tmp:
         app = Path(shutil.copytree(REPO / "examples" / "hydra-app", Path(tmp) / "app"))
-        rayflow, basic = [], []
+        rayflow, basic, ray_launcher = [], [], []
+        peer = _peer(Path(args.ray_launcher_venv)) if args.ray_launcher_venv else None
         for _ in range(args.repeats):
             rayflow.append(
                 _sweep(
@@ -58,6 +66,16 @@ def hydra_launcher(args) -> dict:
                 )
             )
             basic.append(_sweep(app, ["hydra/launcher=basic"], args.jobs, args.job_seconds))
+            if peer is not None:
+                ray_launcher.append(
+                    _sweep(
+                        app,
+                        ["hydra/launcher=ray", f"+hydra.launcher.ray.init.num_cpus={SLOTS}"],
+                        args.jobs,
+                        args.job_seconds,
+                        str(peer),
+                    )
+                )
     ideal = args.jobs * args.job_seconds / SLOTS
     wall, plain = statistics.median(rayflow), statistics.median(basic)
     return {
@@ -72,7 +90,23 @@ def hydra_launcher(args) -> dict:
         "ratio": round(wall / ideal, 3),
         "basic_wall_s": round(plain, 2),
         "speedup": round(plain / wall, 2),
+        "ray_launcher_wall_s": round(statistics.median(ray_launcher), 2) if ray_launcher else None,
+        "vs_ray_launcher": round(wall / statistics.median(ray_launcher), 3)
+        if ray_launcher
+        else None,
     }
+
+
+def _peer(venv: Path) -> Path:
+    """Hydra's own Ray launcher, in a venv of its own (it pins its own Ray and Hydra)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "hydra-core", "hydra-ray-launcher==1.2.2"],
+            check=True,
+        )
+    return python
 
 
 def hydra_launcher_args(p: argparse.ArgumentParser) -> None:
@@ -82,5 +116,10 @@ def hydra_launcher_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--repeats", type=int, default=1, help="runs of each launcher; the median is reported"
+    )
+    p.add_argument(
+        "--ray-launcher-venv",
+        default=None,
+        help="a venv for hydra-ray-launcher (made on first use); without it, that side is left out",
     )
     smoke_option(p, jobs=2, job_seconds=0.5, repeats=1)
