@@ -170,6 +170,7 @@ def test_ctrl_c_stops_the_search_and_the_printed_resume_finishes_it(tmp_path):
     said = (tmp_path / "first.log").read_text()
     hint = said.split("Continue the search with the same command and: ")[-1].splitlines()[0]
     assert hint == f"hydra.sweep.dir={app.sweep_dir} hydra.sweeper.resume=true", said[-3000:]
+    assert "python -m rayflow" not in said  # a sweep is continued as a sweep, never as a run
     before = app.trial_reports()
     finished = {j for j, rows in before.items() if rows[-1].get("ran_to_end")}
     assert finished and len(before) < 4

@@ -36,7 +36,9 @@ def report(
     print(summary.table(), flush=True)
     plots(cfg, tracker, experiment, workload)
     where = experiment.location
-    print(f"experiment: {where}   (continue it with resume={where})")
+    # a workload rayflow runs for another entry point says how that one continues it
+    again = getattr(workload, "RESUME", None) or f"resume={where}"
+    print(f"experiment: {where}   (continue it with {again})")
     print(f"MLflow: {tracker.ui_hint()}", flush=True)
     print(f"cluster nodes at peak: {peak.peak}", flush=True)
 

@@ -29,6 +29,7 @@ from rayflow.runtime.report import reporting_to
 from rayflow.workloads import tune
 
 KIND = "tune"
+RESUME = "the same command, its hydra.sweep.dir and hydra.sweeper.resume=true"
 JOB_KEY = "_hydra_job"  # the composed job config a trial carries (packed_job)
 JOB_NUM = "_hydra_job_num"  # and its hydra.job.num, as plain data (what the sweep dir reads)
 COUNTER = "rayflow-hydra-jobs.json"  # beside the search's state: the jobs numbered so far
