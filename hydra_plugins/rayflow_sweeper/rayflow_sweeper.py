@@ -11,7 +11,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from rayflow.sweeper.settings import SAMPLER_GROUP, sweeper_node
+from rayflow.sweeper.node import SAMPLER_GROUP, sweeper_node
 
 ConfigStore.instance().store(
     group="hydra/sweeper", name="rayflow", node=sweeper_node(), provider="rayflow"

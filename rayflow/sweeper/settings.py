@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rayflow.errors import ConfigError
 from rayflow.launcher.node import backend_keys
+from rayflow.sweeper.node import own_keys
 from rayflow.sweeper.params import Search
 
 PREFIX = "hydra.sweeper"
@@ -34,26 +35,6 @@ SEED_ARGS = {"random": "random_state", "optuna": "seed", "hyperopt": "random_sta
 class Settings:
     own: dict  # the sweeper's own keys, checked
     backend_values: dict  # the backend keys set beside `backend` (null ones left out)
-
-
-def own_keys() -> dict:
-    from importlib import resources
-
-    import yaml
-
-    return yaml.safe_load(
-        (resources.files("hydra_plugins.rayflow_sweeper") / "rayflow.yaml").read_text()
-    )
-
-
-def sweeper_node() -> dict:
-    """What ConfigStore holds as hydra/sweeper=rayflow: its own keys and every backend key, and
-    the Optuna sweeper's `sampler` group in its defaults (none chosen)."""
-    return {
-        "defaults": ["_self_", {"sampler": None}],
-        **own_keys(),
-        **dict.fromkeys(backend_keys()),
-    }
 
 
 def read_settings(node: DictConfig) -> Settings:
@@ -83,8 +64,6 @@ def read_settings(node: DictConfig) -> Settings:
 
 # The Optuna sweeper's samplers, by the end of their `_target_`, as search algorithms here
 SAMPLERS = {"TPESampler": "optuna", "RandomSampler": "random"}
-# its config group hydra/sweeper/sampler, as far as samplers are searched here
-SAMPLER_GROUP = {"tpe": "optuna.samplers.TPESampler", "random": "optuna.samplers.RandomSampler"}
 
 
 def _optuna_keys(own: dict) -> dict:
