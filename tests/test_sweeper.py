@@ -152,7 +152,7 @@ def test_ctrl_c_stops_the_search_and_the_printed_resume_finishes_it(tmp_path):
     app = SweepApp(tmp_path / "app")
     before_pids = ray_daemon_pids()
     argv = app.argv(
-        "hydra.sweeper.n_trials=4", "hydra.sweeper.max_concurrent=1", "steps=3", "step_s=1.0"
+        "hydra.sweeper.n_trials=6", "hydra.sweeper.max_concurrent=1", "steps=3", "step_s=1.0"
     )
     log = (tmp_path / "first.log").open("w")
     proc = subprocess.Popen(
@@ -173,11 +173,11 @@ def test_ctrl_c_stops_the_search_and_the_printed_resume_finishes_it(tmp_path):
     assert "python -m rayflow" not in said  # a sweep is continued as a sweep, never as a run
     before = app.trial_reports()
     finished = {j for j, rows in before.items() if rows[-1].get("ran_to_end")}
-    assert finished and len(before) < 4
+    assert finished and len(before) < 6  # work left: under load, more trials may have begun
     assert wait_until(lambda: not ray_daemon_pids() - before_pids, timeout=30), "Ray outlived it"
 
     out = app.run(
-        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_trials=6",
         "hydra.sweeper.max_concurrent=1",
         "steps=3",
         "step_s=1.0",
@@ -185,7 +185,7 @@ def test_ctrl_c_stops_the_search_and_the_printed_resume_finishes_it(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     after = app.trial_reports()
-    assert sorted(after) == [0, 1, 2, 3]
+    assert sorted(after) == [0, 1, 2, 3, 4, 5]
     for job in finished:  # a finished trial is not run again
         assert after[job] == before[job]
     assert {r["state"] for r in app.table()} == {"completed"}

@@ -73,7 +73,8 @@ class Stack:
         return [
             e
             for e in self.kube.plane.audit.since(mark)
-            if e["user"]["username"] == "rayflow-admin"
+            # an unauthenticated request (a probe that sent no credentials) has no username
+            if e.get("user", {}).get("username") == "rayflow-admin"
             and not e.get("userAgent", "").startswith("kubectl")
         ]
 
