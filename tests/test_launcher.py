@@ -170,8 +170,12 @@ def refusals(tmp_path_factory) -> dict:
 
     before = ray_daemon_pids()
 
+    # made here, one after the other: pytest's mktemp numbers its folders without a lock, and
+    # three threads asking at once were seen to collide
+    folders = [tmp_path_factory.mktemp(f"bad-launcher-{i}") for i in range(len(BAD_CONFIG))]
+
     def refuse(index: int):
-        app = HydraApp(tmp_path_factory.mktemp(f"bad-launcher-{index}") / "app")
+        app = HydraApp(folders[index] / "app")
         return index, (app, app.sweep(BAD_CONFIG[index][0], "seed=1,2", timeout=60))
 
     with ThreadPoolExecutor(3) as pool:

@@ -43,20 +43,9 @@ def read_settings(node: DictConfig) -> Settings:
     # Hydra used _target_ already
     own = {k: v for k, v in data.items() if k in keys and k != "_target_"}
     validate_section(PREFIX, Launcher, own, data)
-    name, known = own["backend"], backend_keys()
-    values = {k: v for k, v in data.items() if k not in own and v is not None}
-    for key in values:
-        if key not in known:
-            raise ConfigError(
-                f"{PREFIX}.{key}", "not a key of the rayflow launcher or of any backend"
-            )
-        if name not in known[key]:
-            raise ConfigError(
-                f"{PREFIX}.{key}",
-                f"not a key of backend={name} (it is one of {', '.join(known[key])})",
-            )
+    values = backend_values(PREFIX, "launcher", own["backend"], data, set(own))
     return Settings(
-        name,
+        own["backend"],
         own["ray_auth_mode"],
         own["resources"],
         own["job_resources_key"],
@@ -65,6 +54,25 @@ def read_settings(node: DictConfig) -> Settings:
         float(own["schedule_timeout_s"]),
         values,
     )
+
+
+def backend_values(prefix: str, plugin: str, name: str, data: dict, own: set) -> dict:
+    """The backend keys set beside a plugin's own (null ones left out: that backend's default),
+    each checked to be a key of the chosen backend (another backend's is refused, naming whose it
+    is). Shared by hydra/launcher=rayflow and hydra/sweeper=rayflow."""
+    known = backend_keys()
+    values = {k: v for k, v in data.items() if k not in own and v is not None}
+    for key in values:
+        if key not in known:
+            raise ConfigError(
+                f"{prefix}.{key}", f"not a key of the rayflow {plugin} or of any backend"
+            )
+        if name not in known[key]:
+            raise ConfigError(
+                f"{prefix}.{key}",
+                f"not a key of backend={name} (it is one of {', '.join(known[key])})",
+            )
+    return values
 
 
 def job_resources(settings: Settings, job_config: DictConfig, what: str) -> tuple[dict, dict]:

@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rayflow.errors import ConfigError
-from rayflow.launcher.node import backend_keys
+from rayflow.launcher.settings import backend_values
 from rayflow.sweeper.node import own_keys
 from rayflow.sweeper.params import Search
 
@@ -47,18 +47,7 @@ def read_settings(node: DictConfig) -> Settings:
     keys = own_keys()
     own = {k: v for k, v in data.items() if k in keys and k not in ("_target_", "_recursive_")}
     validate_section(PREFIX, Sweeper, own, data)
-    name, known = own["backend"], backend_keys()
-    values = {k: v for k, v in data.items() if k not in keys and v is not None}
-    for key in values:
-        if key not in known:
-            raise ConfigError(
-                f"{PREFIX}.{key}", "not a key of the rayflow sweeper or of any backend"
-            )
-        if name not in known[key]:
-            raise ConfigError(
-                f"{PREFIX}.{key}",
-                f"not a key of backend={name} (it is one of {', '.join(known[key])})",
-            )
+    values = backend_values(PREFIX, "sweeper", own["backend"], data, set(keys))
     return Settings(_optuna_keys(own), values)
 
 
