@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -88,20 +89,24 @@ def _better(value: float, than: float, minimize: bool) -> bool:
 def _bring_home(source: Path, sweep_dir: Path) -> None:
     """A trial's job folder from its Tune folder into the sweep dir: plain files and folders
     only (a link there is not followed), nothing outside the sweep dir."""
-    if not source.is_dir():
+    if source.is_symlink() or not source.is_dir():
         return
     root = sweep_dir.resolve()
-    for item in source.rglob("*"):
-        if item.is_symlink() or not (item.is_file() or item.is_dir()):
-            continue
-        target = (root / item.relative_to(source)).resolve()
-        if root not in target.parents:
-            continue
-        if item.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(item, target)
+    # os.walk, told not to: a linked folder in the trial's is neither entered nor copied
+    for folder, dirs, files in os.walk(source, followlinks=False):
+        here = Path(folder)
+        for name in [*dirs, *files]:
+            item = here / name
+            if item.is_symlink() or not (item.is_file() or item.is_dir()):
+                continue
+            target = (root / item.relative_to(source)).resolve()
+            if root not in target.parents:
+                continue
+            if item.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(item, target)
 
 
 def _write_table(path: Path, rows: list[dict]) -> None:
