@@ -95,21 +95,25 @@ def test_each_trial_is_a_hydra_job_with_its_own_folder_overrides_and_log(searche
             assert config["error"] is False
 
 
-def test_trials_of_unequal_length_never_wait_for_a_batch(searched):
-    """With 2 slots, a short trial starts as soon as a slot frees, while a long one still runs:
-    no trial waits for the slowest of a batch, as Hydra's batched sweepers do."""
-    app, _ = searched
-    spans = {}
-    for job, rows in app.trial_reports().items():
-        start = rows[0]["timestamp"] - rows[0]["time_this_iter_s"]
-        spans[job] = (start, rows[-1]["timestamp"])
-    overlapped = [
-        (short, long)
-        for short, (s0, s1) in spans.items()
-        for long, (l0, l1) in spans.items()
-        if short != long and l0 < s0 and s1 < l1
-    ]
-    assert overlapped, spans
+def test_trials_of_unequal_length_never_wait_for_a_batch(tmp_path):
+    """With 2 slots, a trial starts as soon as a slot frees, while a long one still runs. Under
+    Hydra's batched sweepers, the third trial waits for both of the first batch. The random
+    sampler's seed fixes the order: the first trial is long (10 steps, 5 s), the next three short."""
+    app = SweepApp(tmp_path / "app")
+    out = app.run(
+        "hydra/sweeper/sampler=random",
+        "hydra.sweeper.sampler.seed=1",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.max_concurrent=2",
+        "steps=choice(1, 10)",
+        "step_s=0.5",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [int(r["steps"]) for r in app.table()] == [10, 1, 1, 1]
+    spans = app.trial_spans()
+    long_from, long_to = spans[0]
+    # the first short trial was the long one's batch mate; the others started beside it
+    assert all(long_from < spans[job][0] < long_to for job in (2, 3)), spans
 
 
 def test_asha_stops_a_clearly_bad_trial_before_its_last_report(searched):

@@ -169,6 +169,17 @@ class SweepApp:
                 found[int(params["_hydra_job_num"])] = rows
         return found
 
+    def trial_spans(self) -> dict[int, tuple[float, float]]:
+        """Each reporting trial's life on this machine's clock, by its job's number: from its Hydra
+        job starting (its `.hydra/config.yaml` written, in place in the sweep dir) to its last
+        report, that start plus the trial's own `time_total_s`. Tune's result timestamps are
+        whole seconds, and it writes result.json at the end."""
+        spans = {}
+        for job, rows in self.trial_reports().items():
+            started = (self.sweep_dir / str(job) / ".hydra" / "config.yaml").stat().st_mtime
+            spans[job] = (started, started + rows[-1]["time_total_s"])
+        return spans
+
 
 def search_comes_home(folder: Path, backend: list[str]) -> SweepApp:
     """The sweep example searched on `backend`, whose nodes do not share this machine's files as
