@@ -618,7 +618,15 @@ def test_a_worker_pod_deleted_mid_run_is_replaced_and_its_trial_restored(rayflow
                 timeout=400,
                 interval=1,
             ), log.read_text()[-3000:]
-            [worker] = stack.pods(name, "worker")
+            assert proc.poll() is None, log.read_text()[-3000:]
+            running = wait_until(
+                lambda: [
+                    p for p in stack.pods(name, "worker") if p["status"]["phase"] == "Running"
+                ],
+                timeout=60,
+            )
+            assert running, (stack.phases(), stack.operator_said(name), log.read_text()[-3000:])
+            [worker] = running
             stack.kube.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
             code = proc.wait(timeout=600)
         finally:
@@ -699,7 +707,10 @@ def test_a_rayjobs_cluster_goes_when_its_job_ends_though_the_client_died(rayflow
         return status if status.get("jobDeploymentStatus") == "Complete" else None
 
     status = wait_until(finished, timeout=400, interval=2)
-    assert status and status["jobStatus"] == "SUCCEEDED", stack.get("rayjob", name)["status"]
+    assert status and status["jobStatus"] == "SUCCEEDED", (
+        stack.get("rayjob", name)["status"],
+        stack.operator_said(name),
+    )
     # the TTL after the job's end, then the operator deletes the cluster, its pods with it
     assert wait_until(lambda: not stack.left(cluster), timeout=120), stack.left(cluster)
     stack.kube.kubectl("delete", "rayjob", name)
@@ -751,7 +762,10 @@ def test_the_operators_own_submitter_job_runs_on_the_process_kubelet(local_kube,
             return status if status.get("jobDeploymentStatus") in ("Complete", "Failed") else None
 
         status = wait_until(done, timeout=300, interval=2)
-        assert status and status["jobStatus"] == "SUCCEEDED", stack.get("rayjob", name)
+        assert status and status.get("jobStatus") == "SUCCEEDED", (
+            stack.get("rayjob", name)["status"],
+            stack.operator_said(name),
+        )
         submitter = stack.get("job", name)  # the operator names its Job after the RayJob
         assert submitter["status"].get("succeeded") == 1, submitter["status"]
         pods = stack.get("pods", "-l", f"job-name={submitter['metadata']['name']}")["items"]

@@ -593,7 +593,7 @@ def test_with_kubernetes_token_auth_the_jobs_client_sends_the_users_own_kubernet
             job = client.submit_job(entrypoint=ON_A_WORKER)
             assert wait_until(
                 lambda: client.get_job_status(job).is_terminal(), timeout=180, interval=1
-            ), client.get_job_logs(job)[-2000:]
+            ), (client.get_job_logs(job)[-2000:], stack.phases(), stack.operator_said(name))
             assert client.get_job_status(job) == "SUCCEEDED", client.get_job_logs(job)[-2000:]
             assert "ran on a worker" in client.get_job_logs(job)
             bob = _token_kubeconfig(stack, "bob", tmp_path / "bob.kubeconfig")

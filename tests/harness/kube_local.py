@@ -63,6 +63,18 @@ class Stack:
         """The pods of RayCluster `cluster` of one node type (head, worker)."""
         return self.get("pods", "-l", f"ray.io/cluster={cluster},ray.io/node-type={kind}")["items"]
 
+    def phases(self) -> dict[str, str]:
+        """Every pod's phase, by name (a failure's context)."""
+        return {
+            p["metadata"]["name"]: p["status"].get("phase", "") for p in self.get("pods")["items"]
+        }
+
+    def operator_said(self, about: str, lines: int = 30) -> str:
+        """The KubeRay operator's last log lines naming `about` (a failure's context)."""
+        log = self.kube.plane.folder / "kuberay-operator.log"
+        said = [line for line in log.read_text(errors="replace").splitlines() if about in line]
+        return "\n".join(said[-lines:])
+
     def mark(self) -> int:
         """Where the API server's audit log ends now (`asked_since`)."""
         return self.kube.plane.audit.mark()
