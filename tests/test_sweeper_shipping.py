@@ -1,0 +1,79 @@
+"""A search's driver on a cluster's head composes each trial's job from the app's config files,
+copied there (rayflow.sweeper.shipping): the same job config as on this machine, with the
+originals gone, and nothing but YAML taken along."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rayflow.errors import ConfigError
+from rayflow.sweeper import shipping
+
+
+def _app(root: Path) -> Path:
+    conf = root / "conf"
+    (conf / "db").mkdir(parents=True)
+    (conf / "config.yaml").write_text("defaults:\n  - db: mysql\n  - _self_\nlr: 0.1\n")
+    (conf / "db" / "mysql.yaml").write_text("driver: mysql\nport: 3306\n")
+    (conf / "db" / "postgres.yaml").write_text("driver: postgres\nport: 5432\n")
+    (conf / "data.bin").write_bytes(b"\0" * 1000)  # not a config: stays here
+    (conf / ".hidden").mkdir()
+    (conf / ".hidden" / "x.yaml").write_text("secret: 1\n")
+    (conf / "linked.yaml").symlink_to(root / "elsewhere.yaml")
+    (root / "elsewhere.yaml").write_text("outside: 1\n")
+    return conf
+
+
+@pytest.fixture
+def loader(tmp_path):
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    conf = _app(tmp_path / "app")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader(), conf
+
+
+def _job(config_loader, overrides: list[str]):
+    from hydra.types import RunMode
+
+    master = config_loader.load_configuration("config", [], run_mode=RunMode.MULTIRUN)
+    job = config_loader.load_sweep_config(master, overrides)
+    return {k: v for k, v in OmegaConf.to_container(job).items() if k != "hydra"}
+
+
+def test_a_trials_job_composes_from_the_copies_once_the_originals_are_gone(loader, tmp_path):
+    config_loader, conf = loader
+    here = _job(config_loader, ["db=postgres", "lr=0.5"])
+    bundle = tmp_path / "bundle"
+    shipped = shipping.ship_configs(config_loader, bundle)
+    conf.rename(tmp_path / "gone")
+    there = shipping.loader_at(config_loader, bundle, shipped)
+    assert (
+        _job(there, ["db=postgres", "lr=0.5"])
+        == here
+        == {
+            "db": {"driver": "postgres", "port": 5432},
+            "lr": 0.5,
+        }
+    )
+    copied = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file())
+    # YAML only: no data file, hidden folder or link to elsewhere on this machine
+    assert [Path(p).parts[2:] for p in copied] == [
+        ("config.yaml",),
+        ("db", "mysql.yaml"),
+        ("db", "postgres.yaml"),
+    ]
+    # the loader this process composes with is left as it was
+    assert any(e.path == str(conf) for e in config_loader.config_search_path.get_path())
+
+
+def test_config_folders_past_the_limit_are_refused_naming_the_file(loader, tmp_path, monkeypatch):
+    config_loader, conf = loader
+    monkeypatch.setattr(shipping, "LIMIT", 40)
+    with pytest.raises(ConfigError, match=r"over 0 MiB of YAML \(at .*config\.yaml\)") as err:
+        shipping.ship_configs(config_loader, tmp_path / "bundle")
+    assert err.value.key == "hydra.searchpath"
