@@ -776,6 +776,31 @@ def test_the_operators_own_submitter_job_runs_on_the_process_kubelet(local_kube,
         stack.kube.kubectl("delete", "rayjob", name, "--ignore-not-found")
 
 
+def test_a_hydra_apps_search_runs_as_a_job_on_the_head_and_its_jobs_come_home(local_kube, tmp_path):
+    """hydra/sweeper=rayflow on backend=kuberay: the search's driver is a Ray Job on the head pod,
+    composing each trial's job from the app's config files shipped with it; the trials run on
+    worker pods, the experiment is in the bucket, and the trials' folders come home from it."""
+    from tests.harness.hydra_app import search_comes_home
+
+    stack = local_kube
+    keys = [
+        o.replace("backend.", "hydra.sweeper.", 1)
+        for o in stack.backend("backend.cluster_name=search", "backend.max_worker_nodes=1")
+        if o.startswith("backend.")
+    ]
+    search_comes_home(
+        tmp_path / "app",
+        [
+            "hydra.sweeper.backend=kuberay",
+            *keys,
+            "hydra.sweeper.tracking=none",
+            f"hydra.sweeper.storage_path={stack.s3.uri('search')}",
+        ],
+        env=stack.env(),
+    )
+    assert not stack.left("search")
+
+
 def test_the_kuberay_cluster_benchmark_runs_in_its_smoke_form(local_kube):
     """scripts/bench.py kuberay-cluster --smoke: through scripts/kube-local.sh up (export lines
     only) and down (nothing left: no process, namespace or link of `rfk`), a head and one run

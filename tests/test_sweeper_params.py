@@ -126,3 +126,39 @@ def test_bad_params_are_refused_in_one_line_naming_the_key(params, arguments, ke
 
 def test_an_empty_search_has_nothing_to_vary():
     assert read_search(None, []) == Search()
+
+
+def test_the_searchs_config_is_its_command_line_for_a_driver_on_a_head():
+    """A search on vm or kuberay runs as a Ray Job whose driver composes rayflow's config again
+    from a command line: those overrides compose the same config (backend aside: the head joins
+    its own cluster)."""
+    from omegaconf import OmegaConf
+
+    from rayflow.orchestrator.compose import compose_config, plain
+    from rayflow.sweeper.node import sweeper_node
+    from rayflow.sweeper.settings import rayflow_config, read_settings
+
+    node = {k: v for k, v in sweeper_node().items() if k != "defaults"}
+    node.update(
+        backend="vm",
+        n_trials=7,
+        direction="maximize",
+        scheduler={"name": "asha", "grace_period": 2},
+        search_alg={"name": "optuna", "seed": 3},
+        storage_path="s3://bucket/sweeps",
+        experiment="my search",
+        resources={"cpu": 2, "gpu": 0, "memory": None, "custom": {"special": 1}},
+    )
+    search = read_search(
+        {"x": "interval(0, 1)", "db": "choice(a, 'b c')"}, ["lr=tag(log, interval(0.001, 0.1))"]
+    )
+    made = rayflow_config(
+        read_settings(OmegaConf.create(node)), search, "pkg.mod:fn", "/tmp/sweep", "app"
+    )
+    made.set("workload.trainable", "rayflow.workloads.hydra_sweep:shipped")
+    again = compose_config(*made.overrides)
+    mine, theirs = plain(made.cfg), plain(again)
+    mine.pop("backend"), theirs.pop("backend")
+    assert mine == theirs
+    assert mine["workload"]["trainable"] == "rayflow.workloads.hydra_sweep:shipped"
+    assert mine["tracking"]["experiment"] == "my search" and mine["workload"]["num_samples"] == 7

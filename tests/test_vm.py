@@ -21,7 +21,7 @@ from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
-from tests.harness.hydra_app import KeptCluster, sweep_comes_home
+from tests.harness.hydra_app import KeptCluster, search_comes_home, sweep_comes_home
 from tests.harness.node_loss import NodeKiller
 
 pytestmark = pytest.mark.slow
@@ -512,6 +512,21 @@ def test_a_hydra_app_outside_the_repository_sweeps_on_vm(tmp_path):
     # workers. (Its event lines, summarised unless verbose, reach the job's log only at times
     # before the job ends: they are not asserted.)
     assert out.returncode == 0
+
+
+def test_a_hydra_apps_search_runs_as_a_job_on_the_head_and_its_jobs_come_home(tmp_path):
+    """hydra/sweeper=rayflow on backend=vm: the search's driver is a Ray Job on the head, which
+    composes each trial's job from the app's config files shipped with it."""
+    search_comes_home(
+        tmp_path / "app",
+        [
+            "hydra.sweeper.backend=vm",
+            "hydra.sweeper.cluster_name=rf-search",
+            "hydra.sweeper.worker={cpu: {num_cpus: 1}}",
+            "hydra.sweeper.min_worker_nodes=1",
+            "hydra.sweeper.max_worker_nodes=1",
+        ],
+    )
 
 
 def test_the_vm_cluster_benchmark_runs_in_its_smoke_form(rayflow):

@@ -45,6 +45,9 @@ class Plan:
     trial_slots: int | None = (
         None  # trials of the one bundle the cluster holds at once; None: unknown
     )
+    # package folders a submitted run's job takes besides its own files (runtime_env py_modules):
+    # what hydra/sweeper=rayflow ships its search in (rayflow.sweeper.shipping)
+    shipped: tuple[str, ...] = ()
 
 
 def local_files_ok(backend: ClusterBackend) -> bool:

@@ -142,6 +142,8 @@ def run_submitted(plan: Plan, cluster: SharedCluster) -> RunResult:
         assert handle.submission is not None
         # their size was checked by the preflight
         files = job_files(cfg, in_place=handle.submission.in_place)
+        if plan.shipped:
+            files["py_modules"] = [*files.get("py_modules", []), *plan.shipped]
         done = submit(
             handle,
             job_entrypoint(handle.submission.python),

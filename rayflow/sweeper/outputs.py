@@ -34,7 +34,7 @@ def write_outputs(
 
     rows: list[dict] = []
     best: tuple[float, dict] | None = None  # (value, params)
-    for trial in tune_trials(Path(result.experiment_dir)):
+    for trial in tune_trials(_experiment_here(result)):
         if not in_place and trial.folder is not None:
             _bring_home(trial.folder / JOB_FOLDER, Path(sweep_dir))
         last = trial.rows[-1] if trial.rows else {}
@@ -64,6 +64,18 @@ def write_outputs(
             OmegaConf.create({"name": "rayflow", "best_params": params, "best_value": value}),
             Path(sweep_dir, RESULTS),
         )
+
+
+def _experiment_here(result: Any) -> Path:
+    """The search's experiment folder on this machine: on an object store, its mirror pulled
+    afresh (a search whose driver was a job on a cluster's head left none here)."""
+    from rayflow.results.experiment import Experiment
+    from rayflow.results.storage import is_uri
+
+    where = getattr(result, "experiment", None)
+    if where and is_uri(str(where)):
+        return Experiment(str(where)).pull("hydra.sweeper.storage_path")
+    return Path(result.experiment_dir)
 
 
 def _state(trial: Any, last: dict) -> str:

@@ -5,6 +5,7 @@ wrote it (`hydra.sweeper.*`)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,29 +98,74 @@ def _named(value: Any) -> dict:
     return {"name": value}
 
 
-def rayflow_config(
-    settings: Settings, search: Search, trainable: str, sweep_dir: str, job_name: str
-) -> DictConfig:
-    """The rayflow config of the search: its backend as the launcher composes one, workload=tune
-    with the sweeper's keys (the trainable: `trainable`, a registered Hydra-job function)."""
+@dataclass
+class SearchConfig:
+    cfg: DictConfig  # the search's rayflow config
+    overrides: list[str]  # the command line that composes it (for a driver on a cluster's head)
+
+    def set(self, key: str, value: Any) -> None:
+        """A key set after composing, in the config and on its command line."""
+        from rayflow.sweeper.params import hydra_value
+
+        OmegaConf.set_struct(self.cfg, False)
+        OmegaConf.update(self.cfg, key, value, merge=False)
+        OmegaConf.set_struct(self.cfg, True)
+        self.overrides.append(f"{key}={hydra_value(value)}")
+
+
+def _composed(choices: list[str]) -> DictConfig:
     from hydra.core.singleton import Singleton
 
     from rayflow.orchestrator.compose import compose_config, config_errors
 
-    own = settings.own
     state = Singleton.get_state()  # composing replaces Hydra's global state, which is the app's
     try:
-        cfg = config_errors(
-            lambda: compose_config(
-                f"backend={own['backend']}",
-                "workload=tune",
-                f"tracking={own['tracking']}",
-                f"compute={'gpu' if own['resources'].get('gpu') else 'cpu'}",
-                f"ray_auth_mode={own['ray_auth_mode']}",
-            )
-        )
+        return config_errors(lambda: compose_config(*choices))
     finally:
         Singleton.set_state(state)
+
+
+def _written(cfg: DictConfig) -> dict[str, Any]:
+    data = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
+
+
+def _as_overrides(cfg: DictConfig, base: DictConfig, choices: list[str]) -> list[str]:
+    """`choices`, then each key of `cfg` outside `backend` (the head joins its own cluster) whose
+    value differs from the composed `base`'s, in the override grammar."""
+    from rayflow.sweeper.params import hydra_value
+
+    # as written: the base's `${now:...}` and the like are its own, left to compose again
+    mine, theirs = _written(cfg), _written(base)
+    changed = []
+    for key, value in mine.items():
+        if key == "backend":
+            continue
+        if isinstance(value, dict) and isinstance(theirs.get(key), dict):
+            changed += [
+                f"{key}.{k}={hydra_value(v)}" for k, v in value.items() if theirs[key].get(k) != v
+            ]
+        elif theirs.get(key) != value:
+            changed.append(f"{key}={hydra_value(value)}")
+    return [*choices, *changed]
+
+
+def rayflow_config(
+    settings: Settings, search: Search, trainable: str, sweep_dir: str, job_name: str
+) -> SearchConfig:
+    """The rayflow config of the search: its backend as the launcher composes one, workload=tune
+    with the sweeper's keys (the trainable: `trainable`, a registered Hydra-job function)."""
+    own = settings.own
+    choices = [
+        f"backend={own['backend']}",
+        "workload=tune",
+        f"tracking={own['tracking']}",
+        f"compute={'gpu' if own['resources'].get('gpu') else 'cpu'}",
+        f"ray_auth_mode={own['ray_auth_mode']}",
+    ]
+    base = _composed(choices)
+    cfg = copy.deepcopy(base)
     OmegaConf.set_struct(cfg, False)  # free-form mappings take new keys
     cfg.backend = OmegaConf.merge(cfg.backend, settings.backend_values)
     _workload(cfg.workload, own, search, trainable)
@@ -134,7 +180,7 @@ def rayflow_config(
     if own["resume"]:
         cfg.resume = experiment_location(cfg)
     OmegaConf.set_struct(cfg, True)
-    return cfg
+    return SearchConfig(cfg, _as_overrides(cfg, base, choices))
 
 
 def _workload(workload: DictConfig, own: dict, search: Search, trainable: str) -> None:

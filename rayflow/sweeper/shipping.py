@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,3 +88,24 @@ def loader_at(config_loader: Any, bundle: Path, shipped: ShippedConfigs) -> Any:
     for index, subfolder in shipped.entries:
         elements[index].path = f"{FILE}{(bundle / shipped.folder / subfolder).resolve()}"
     return type(config_loader)(config_search_path=search_path)
+
+
+def ship_search(search: Any, spec: Any, staging: str) -> str:
+    """The search, for a driver that is a Ray Job on the cluster's head: a package in `staging`
+    (rayflow.workloads.hydra_sweep.PACKAGE, shipped with the job as one of its py_modules) holding
+    the trials' spec, pickled, and the app's config files; the trainable named is the one that
+    reads it there (rayflow.workloads.hydra_sweep.SHIPPED). The app's own modules travel by
+    value, as the launcher sends them. Returns the package's folder."""
+    import cloudpickle
+
+    from rayflow.launcher.jobs import ship_app_modules
+    from rayflow.workloads.hydra_sweep import BUNDLE, PACKAGE, SHIPPED
+
+    package = Path(staging, PACKAGE)
+    package.mkdir(mode=0o700)  # this user's only, while it is staged
+    (package / "__init__.py").write_text('"""A hydra/sweeper=rayflow search, shipped."""\n')
+    spec.compose.shipped = ship_configs(spec.compose.hydra_context.config_loader, package)
+    ship_app_modules(os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv[0] else spec.cwd)
+    (package / BUNDLE).write_bytes(cloudpickle.dumps(spec))
+    search.set("workload.trainable", SHIPPED)
+    return str(package)

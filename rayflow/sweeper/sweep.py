@@ -5,9 +5,11 @@ trials are the app's Hydra jobs (rayflow.workloads.hydra_sweep), then the sweep 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,18 @@ class JobComposer:
     config: DictConfig  # the multirun's config
     search: Search
     sweep_dir: str  # resolved once: `${now:...}` in it is this sweep's time, not each trial's
+    shipped: Any = None  # rayflow.sweeper.shipping.ShippedConfigs, once the search is shipped
+
+    def at(self, bundle: Any) -> JobComposer:
+        """This composer where the bundle it was shipped in is (a cluster's head): its config
+        loader reads the app's config files copied into the bundle."""
+        from hydra.types import HydraContext
+
+        from rayflow.sweeper.shipping import loader_at
+
+        loader = loader_at(self.hydra_context.config_loader, bundle, self.shipped)
+        context = HydraContext(config_loader=loader, callbacks=self.hydra_context.callbacks)
+        return dataclasses.replace(self, hydra_context=context)
 
     def __call__(self, trial_config: Any, num: int) -> str:
         from rayflow.workloads.hydra_sweep import packed_job
@@ -134,33 +148,34 @@ def _sweep(sweeper: Any, arguments: list[str]) -> None:
     )
     name = user_code.give(trial_function(spec))
     try:
-        cfg = rayflow_config(settings, search, name, sweep_dir, str(config.hydra.job.name))
-        plan = _plan(cfg)
-        spec.in_place = not plan.backend.submits_jobs and plan.backend.shares_filesystem
-        os.makedirs(sweep_dir, exist_ok=True)
-        log.info(
-            f"rayflow sweeper: {settings.own['n_trials']} trials of {len(search.space)} "
-            f"parameter(s) on backend={settings.own['backend']}, sweep dir {sweep_dir}"
-        )
-        _search(plan, settings.own, search, sweep_dir, spec.in_place)
+        composed = rayflow_config(settings, search, name, sweep_dir, str(config.hydra.job.name))
+        with tempfile.TemporaryDirectory(prefix="rayflow-sweep-") as staging:
+            plan = _plan(composed, spec, staging)
+            os.makedirs(sweep_dir, exist_ok=True)
+            log.info(
+                f"rayflow sweeper: {settings.own['n_trials']} trials of {len(search.space)} "
+                f"parameter(s) on backend={settings.own['backend']}, sweep dir {sweep_dir}"
+            )
+            _search(plan, settings.own, search, sweep_dir, spec.in_place)
     finally:
         user_code.forget(name)
 
 
-def _plan(cfg: DictConfig) -> Any:
-    """Every check of the search's run (rayflow's preflight), starting nothing."""
+def _plan(search: Any, spec: Any, staging: str) -> Any:
+    """Every check of the search's run (rayflow's preflight), starting nothing. On a backend that
+    submits the run (vm, kuberay), the search's driver is a Ray Job on the head: the trials'
+    spec and the app's config files go with it, in a bundle staged in `staging`."""
     from rayflow.orchestrator.compose import config_errors
     from rayflow.orchestrator.preflight import check_backend, plan_job
+    from rayflow.sweeper.shipping import ship_search
 
-    backend = config_errors(lambda: check_backend(cfg))
-    if backend.submits_jobs:
-        raise ConfigError(
-            "backend",
-            f"backend={backend.name} runs the search as a Ray Job on its head, which "
-            "hydra/sweeper=rayflow does not do yet: use local, attach or spark, or "
-            "hydra/launcher=rayflow with this backend",
-        )
-    return config_errors(lambda: plan_job(cfg, []))
+    backend = config_errors(lambda: check_backend(search.cfg))
+    spec.in_place = not backend.submits_jobs and backend.shares_filesystem
+    if not backend.submits_jobs:
+        return config_errors(lambda: plan_job(search.cfg, search.overrides))
+    package = ship_search(search, spec, staging)
+    plan = config_errors(lambda: plan_job(search.cfg, search.overrides))
+    return dataclasses.replace(plan, shipped=(package,))
 
 
 def _search(plan: Any, own: dict, search: Search, sweep_dir: str, in_place: bool) -> None:

@@ -35,7 +35,10 @@ JOB_NUM = "_hydra_job_num"  # and its hydra.job.num, as plain data (what the swe
 COUNTER = "rayflow-hydra-jobs.json"  # beside the search's state: the jobs numbered so far
 JOB_FOLDER = "job"  # under a trial's folder: the job's sweep dir, and its working dir
 
-trainable = tune.trainable
+SHIPPED = "rayflow.workloads.hydra_sweep:shipped"  # the trainable's name for a driver on a head
+PACKAGE = "rayflow_hydra_sweep"  # what the search ships with its job (rayflow.sweeper.shipping)
+BUNDLE = "spec.pkl"  # in PACKAGE: the pickled TrialSpec
+
 prepare = tune.prepare
 worker_imports = tune.worker_imports
 metrics = tune.metrics
@@ -54,6 +57,38 @@ class TrialSpec:
     cwd: str  # the launching directory (relative sweep dirs are under it)
     metric: str
     compose: Callable[[Mapping, int], str]  # (trial config, job number) -> packed_job
+
+
+def trainable(cfg):
+    """The trial function: the one this process registered, or, where the search's driver is a Ray
+    Job on the cluster's head, the one the bundle it was shipped holds."""
+    fn = tune.trainable(cfg)
+    return trial_function(shipped_spec()) if fn is shipped else fn
+
+
+def shipped(config: dict) -> None:
+    """The trainable the config names for a search whose driver runs on a cluster's head:
+    `trainable(cfg)` there replaces it with the shipped trial function."""
+    raise RuntimeError("hydra_sweep.shipped stands for the shipped trial function; never called")
+
+
+def bundle_folder() -> Path:
+    """The shipped package's folder, as Ray installed it for the job (one of its py_modules)."""
+    import importlib
+
+    return Path(list(importlib.import_module(PACKAGE).__path__)[0])
+
+
+def shipped_spec() -> TrialSpec:
+    """The TrialSpec the launching process pickled into the bundle (this process is the job it
+    submitted), its composer pointed at the app's config files shipped beside it."""
+    from hydra.core.singleton import Singleton
+
+    folder = bundle_folder()
+    spec = pickle.loads((folder / BUNDLE).read_bytes())  # written by the sweep that submitted us
+    Singleton.set_state(spec.singleton_state)  # the app's ConfigStore and resolvers, to compose
+    spec.compose = spec.compose.at(folder)
+    return spec
 
 
 def params(cfg) -> tuple[str, ...]:
@@ -208,10 +243,27 @@ def run_trial(spec: TrialSpec, config: dict) -> None:
             )
     finally:
         os.chdir(before)
+        if not spec.in_place:
+            _store_job_folder(cwd)
     # a failed job's return_value raises the task's own exception, with its traceback
     final = final_result(ret.return_value, spec.metric) or (reported[-1] if reported else {})
     if final:  # a trial a scheduler stopped has no such result
         ray_tune.report({**final, RAN_TO_END: True})
+
+
+def _store_job_folder(folder: str) -> None:
+    """The job's folder into its trial's folder of the experiment's storage, whole, now: Tune's
+    own background sync of a trial's files was seen to leave a finished trial's out on an object
+    store (the first trial of a search on kuberay)."""
+    import pyarrow.fs
+    from ray import tune as ray_tune
+
+    storage = ray_tune.get_context().get_storage()
+    pyarrow.fs.copy_files(
+        folder,
+        f"{storage.trial_fs_path}/{JOB_FOLDER}",
+        destination_filesystem=storage.storage_filesystem,
+    )
 
 
 def _number(value: Any) -> float | None:

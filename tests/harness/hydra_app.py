@@ -181,12 +181,13 @@ class SweepApp:
         return spans
 
 
-def search_comes_home(folder: Path, backend: list[str]) -> SweepApp:
+def search_comes_home(folder: Path, backend: list[str], env: dict | None = None) -> SweepApp:
     """The sweep example searched on `backend`, whose nodes do not share this machine's files as
     far as rayflow knows: each trial's job ran in its Tune trial folder on its node, and came home
     into the local sweep dir with Tune's sync; nothing is left running."""
     before = ray_daemon_pids()
     app = SweepApp(folder)
+    app.env.update(env or {})
     out = app.run(*backend, "hydra.sweeper.n_trials=3", "steps=2", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = app.table()
