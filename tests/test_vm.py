@@ -529,6 +529,45 @@ def test_a_hydra_apps_search_runs_as_a_job_on_the_head_and_its_jobs_come_home(tm
     )
 
 
+def test_ctrl_c_stops_a_search_on_the_head_and_says_how_the_sweep_continues(tmp_path):
+    """Ctrl-C while the search runs as a job on the head: the job is stopped, the cluster torn
+    down, and the line printed is the sweep's own resume, never rayflow's command line."""
+    from tests.harness.hydra_app import SweepApp
+
+    app = SweepApp(tmp_path / "app")
+    before = ray_daemon_pids()
+    argv = app.argv(
+        "hydra.sweeper.backend=vm",
+        "hydra.sweeper.cluster_name=rf-search-stop",
+        "hydra.sweeper.worker={cpu: {num_cpus: 1}}",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.max_concurrent=1",
+        "steps=20",
+        "step_s=1.0",
+    )
+    log = tmp_path / "sweep.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, cwd=app.folder, env=app.env, stdout=out, stderr=out)
+    try:
+        reports = app.sweep_dir / "search"  # a trial has begun to report (it is being written)
+        assert wait_until(
+            lambda: any(reports.glob("*/result.json")) or proc.poll() is not None, timeout=300
+        )
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=180) == 130, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = log.read_text()
+    assert "the job was stopped" in said, said[-3000:]
+    assert (
+        f"Continue the search with the same command and: hydra.sweep.dir={app.sweep_dir} "
+        "hydra.sweeper.resume=true" in said
+    ), said[-3000:]
+    assert "rayflow resume=" not in said  # rayflow's own command line would not continue it
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "left running"
+
+
 def test_the_vm_cluster_benchmark_runs_in_its_smoke_form(rayflow):
     """`scripts/bench.py vm-cluster --smoke` (tests/test_bench.py runs the other benchmarks): here,
     in this module's turn, beside no other fake_multinode or Spark cluster."""

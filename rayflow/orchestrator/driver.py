@@ -262,8 +262,10 @@ def _carried(plan: Plan) -> tuple[list[str], list[str]]:
 
 
 def _resume_hint(plan: Plan, where: str) -> str:
-    """The one instruction that continues the experiment at `where`, pasted as it is printed."""
-    return f"Continue with: {resume_command(where, _carried(plan)[0])}"
+    """The one instruction that continues the experiment at `where`, pasted as it is printed; a
+    workload rayflow runs for another entry point (the Hydra sweeper) says how that one does."""
+    again = getattr(plan.workload, "RESUME", None)
+    return f"Continue with: {again or resume_command(where, _carried(plan)[0])}"
 
 
 def _raise_unfinished(result: RunResult, hint: str) -> None:

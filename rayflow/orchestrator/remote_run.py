@@ -172,7 +172,9 @@ def _outliving(plan: Plan) -> str:
     by the command this returns ("" where the experiment stays on the cluster's own disks). A
     resume's `resume` is the experiment's location already (rayflow.orchestrator.resume)."""
     cfg = plan.cfg
-    if not on_object_store(cfg):
+    # a workload rayflow runs for another entry point (the Hydra sweeper) is continued by that
+    # one, which says how (its RESUME); rayflow's own command line would not continue it
+    if not on_object_store(cfg) or getattr(plan.workload, "RESUME", None):
         return ""
     where = cfg.resume if isinstance(cfg.resume, str) else None
     where = where or storage_join(str(cfg.storage_path), str(cfg.experiment_name))

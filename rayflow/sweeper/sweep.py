@@ -24,6 +24,7 @@ from rayflow.errors import (
     JobError,
     RunFailed,
     RunInterrupted,
+    Terminated,
 )
 from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text
@@ -90,6 +91,12 @@ def sweep(sweeper: Any, arguments: list[str]) -> None:
         _say("rayflow: interrupted; the search's state is saved in its sweep dir")
         _say(f"{RESUME} {_resume_hint(sweeper)}")
         raise SystemExit(130) from None
+    except SystemExit as ended:
+        # Ctrl-C while the search ran as a job on a cluster's head: the job was stopped
+        # (rayflow.orchestrator.remote_run) and saved its state where the search keeps it
+        if ended.code == 130 and not isinstance(ended, Terminated):
+            _say(f"{RESUME} {_resume_hint(sweeper)}")
+        raise
     except RunFailed as err:
         more = f" {RESUME} {_resume_hint(sweeper)}" if err.result is not None else ""
         raise SweeperError(f"rayflow: error: {_text(str(err))}{more}") from None
