@@ -6,7 +6,7 @@ A trial's job config is composed where the app's config files are, in the proces
 Tune: the search algorithm's wrapper composes it from the trial's sampled values as the trial is
 made, and the trial carries it (packed, under JOB_KEY, kept out of MLflow's params and the
 results table). Where the nodes do not share this machine's files, the job writes under its
-trial's own folder, which Tune syncs to the experiment's storage at the trial's end
+trial's own folder, copied to its folder of the experiment's storage when the job ends
 (rayflow.sweeper.outputs brings it home).
 """
 
@@ -106,7 +106,6 @@ def run(cfg, ctx):
     spec: TrialSpec = fn.spec
     job = tune.job(cfg, fn)
     job.search_alg = composing(job.search_alg, spec.compose)
-    job.sync_artifacts = not spec.in_place
     summary = tune.run_job(job, ctx, params=params(cfg))
     summary.best_config.pop(JOB_KEY, None)
     summary.best_config.pop(JOB_NUM, None)
@@ -217,7 +216,7 @@ def run_trial(spec: TrialSpec, config: dict) -> None:
 
     job = _job_config(config[JOB_KEY])
     cwd = spec.cwd
-    if not spec.in_place:  # the job and its working dir under the trial's folder, synced home
+    if not spec.in_place:  # the job and its working dir under the trial's folder, copied home
         cwd = str(Path(ray_tune.get_context().get_trial_dir(), JOB_FOLDER))
         with read_write(job.hydra.sweep), open_dict(job.hydra.sweep):
             job.hydra.sweep.dir = cwd

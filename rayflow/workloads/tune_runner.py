@@ -56,9 +56,6 @@ class TuneJob:
     time_budget_s: float | None = None
     callbacks: list = field(default_factory=list)
     verbose: int = 1
-    # What a trial writes in its own folder goes to the experiment's storage at the trial's end
-    # (Tune's SyncConfig.sync_artifacts): a Hydra sweep's job outputs, from nodes of their own.
-    sync_artifacts: bool = False
     # False where a result may rightly lack the metric: RLlib's return exists only once an
     # episode has ended, and an iteration may end none (a long episode, a busy machine). Tune's
     # strict check would end the run at that result, as if the metric were misspelt.
@@ -243,7 +240,6 @@ def _new_tuner(job: TuneJob, experiment: Experiment, trainable: Any) -> Tuner:
                 checkpoint_at_end=job.checkpoint_at_end,
             ),
             stop=job.stop,
-            sync_config=tune.SyncConfig(sync_artifacts=job.sync_artifacts),
             callbacks=[*(job.callbacks or []), *_result_files(), _first_result_wait()],
             verbose=job.verbose,
             progress_reporter=_notebook_reporter(),
