@@ -292,7 +292,7 @@ def spark_cluster(args) -> dict:
     from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
 
     from rayflow.backends import backend_for
-    from rayflow.backends.spark.cluster import stop_session_and_jvm
+    from rayflow.backends.spark.processes import stop_session_and_jvm
     from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
 

@@ -249,7 +249,7 @@ def test_an_active_session_is_used_and_left_running_and_its_fake_gpus_reach_ray(
 
     from pyspark.sql import SparkSession
 
-    from rayflow.backends.spark.cluster import stop_session_and_jvm
+    from rayflow.backends.spark.processes import stop_session_and_jvm
 
     # As in an activated environment: executors find this python and the `ray` command.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.backends.kept import KeptCluster, autostop_minutes
 from rayflow.backends.spark import kept as kept_holder
+from rayflow.backends.spark import processes
 from rayflow.backends.spark.plan import active_session, sizing_plan
 from rayflow.errors import ConfigError
 from rayflow.runtime.progress import phase, shutdown_ray
@@ -365,7 +365,7 @@ class SparkCluster(ClusterBackend):
                 for key, value in self.spark_conf().items():
                     builder = builder.config(key, value)
                 spark = builder.getOrCreate()
-            steps.on_stop("shut down Spark's py4j gateway JVM", shutdown_gateway_jvm)
+            steps.on_stop("shut down Spark's py4j gateway JVM", processes.shutdown_gateway_jvm)
             steps.on_stop("stop the SparkSession rayflow built", spark.stop)
         else:
             print(
@@ -406,11 +406,11 @@ class SparkCluster(ClusterBackend):
                 cluster = cluster_init._active_ray_cluster
                 if cluster is not None:
                     steps.on_stop(
-                        "terminate what is left of the Ray-on-Spark head node",
-                        _terminate,
+                        "shutdown_ray_cluster(), then every process of its head node",
+                        processes.shutdown_head,
+                        shutdown_ray_cluster,
                         cluster.head_proc,
                     )
-                    steps.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
         return str(address)
 
     @staticmethod
@@ -497,38 +497,3 @@ def _restore_env(key: str, value: str | None) -> None:
         os.environ.pop(key, None)
     else:
         os.environ[key] = value
-
-
-def _terminate(process, timeout: float = 30) -> None:
-    """Stop a process Ray on Spark started (its head node) if it still runs: TERM, then KILL."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=timeout)
-
-
-def shutdown_gateway_jvm() -> None:
-    """spark.stop() ends the executors; the py4j gateway JVM lives until Python exits unless
-    it is shut down too, and a later SparkSession in this process then starts a new one."""
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    if gateway is None:
-        return
-    process = getattr(gateway, "proc", None)
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-    try:
-        gateway.shutdown()
-    finally:
-        if process is not None:
-            _terminate(process)
-
-
-def stop_session_and_jvm(spark) -> None:
-    """Stop a SparkSession and the gateway JVM behind it (for code that built its own)."""
-    spark.stop()
-    shutdown_gateway_jvm()

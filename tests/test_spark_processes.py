@@ -1,0 +1,45 @@
+"""Ray on Spark's head node is ended whole: a process its launcher leaves behind (here one that
+ignores SIGTERM, as a `ray start --block` did once in the suite) is stopped by rayflow's undo
+step, and nothing else is touched. No Spark or Ray: the tree is a stand-in of the same shape."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import psutil
+
+from rayflow.backends.spark.processes import shutdown_head
+
+# The launcher: starts a child that ignores SIGTERM, and on SIGTERM exits without it, as Ray on
+# Spark's start_ray_node does once its grace period is over.
+LAUNCHER = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True);"
+        " time.sleep(600)"], stdout=subprocess.PIPE)
+    child.stdout.readline()  # its handler is in place
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    print(child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_head_process_that_ignores_sigterm_is_gone_after_the_stop():
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    head = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(head.stdout.readline()))
+        called = []
+        shutdown_head(lambda: called.append(True), head, timeout=10, grace=1)
+        assert called == [True]
+        assert head.poll() == 143
+        assert not child.is_running(), "the head's child outlived the stop"
+        assert bystander.poll() is None, "a process the head did not start was stopped"
+    finally:
+        for process in (head, bystander):
+            process.kill()
+            process.wait()
