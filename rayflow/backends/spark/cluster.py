@@ -405,12 +405,15 @@ class SparkCluster(ClusterBackend):
             finally:  # a setup that failed halfway may still have left its head node running
                 cluster = cluster_init._active_ray_cluster
                 if cluster is not None:
+                    # its processes read now too: once its launcher is gone, what it left is
+                    # no longer found under it
                     steps.on_stop(
-                        "shutdown_ray_cluster(), then every process of its head node",
-                        processes.shutdown_head,
-                        shutdown_ray_cluster,
+                        "terminate what is left of the Ray-on-Spark head node",
+                        processes.end_head,
                         cluster.head_proc,
+                        processes.tree(cluster.head_proc.pid),
                     )
+                    steps.on_stop("shutdown_ray_cluster()", shutdown_ray_cluster)
         return str(address)
 
     @staticmethod

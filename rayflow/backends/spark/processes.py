@@ -12,21 +12,20 @@ import psutil
 logger = logging.getLogger(__name__)
 
 
-def shutdown_head(shutdown_ray_cluster, head, timeout: float = 30, grace: float = 10) -> None:
-    """shutdown_ray_cluster(), then whatever its head node left. The head is Ray on Spark's
-    launcher around `ray start --block`: on SIGTERM it gives `ray start` 5 s, then kills only that
-    process, so under load its GCS server and raylet (or a `ray start` stuck in its own handler)
-    can outlive it, and did once in the suite. Its process tree, read before the stop, is this
-    run's to end; psutil checks each one's start time, so a reused PID is never touched."""
-    tree = _tree(head.pid)
-    try:
-        shutdown_ray_cluster()
-    finally:
-        _terminate(head, timeout)
-        _reap(tree, grace)
+def end_head(head, known: list[psutil.Process], timeout: float = 30, grace: float = 10) -> None:
+    """Whatever Ray on Spark's head node left after shutdown_ray_cluster(), ended. The head is
+    Ray on Spark's launcher around `ray start --block`: on SIGTERM it gives `ray start` 5 s, then
+    kills only that process, so under load its GCS server and raylet (or a `ray start` stuck in
+    its own handler) can outlive it, and did once in the suite. Its process tree, `known` (read
+    when it started) and what is under it now, is this run's to end; psutil checks each one's
+    start time, so a reused PID is never touched."""
+    now = tree(head.pid)
+    _terminate(head, timeout)
+    _reap(list({*known, *now}), grace)
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def tree(pid: int) -> list[psutil.Process]:
+    """The processes under `pid`, read now."""
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
