@@ -20,6 +20,10 @@ from rayflow.testing.processes import mark_session, ray_daemon_pids, wait_until
 from tests.harness.archive import archive_server as serve_archive
 from tests.harness.cli import Rayflow
 from tests.harness.kube_local import local_kube  # noqa: F401  (the real Kubernetes, per worker)
+from tests.harness.needs import (  # noqa: F401  (in CI, a skip is a failure)
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 from tests.harness.ray_head import ray_head
 
 
