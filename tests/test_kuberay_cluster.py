@@ -16,6 +16,7 @@ import pytest
 
 pytestmark = [
     pytest.mark.kuberay,
+    pytest.mark.cloud,  # a cluster outside this machine: it skips in CI too
     pytest.mark.skipif(
         os.environ.get("RAYFLOW_TEST_KUBERAY") != "1",
         reason="needs a Kubernetes cluster with the KubeRay operator: RAYFLOW_TEST_KUBERAY=1 and KUBECONFIG",
