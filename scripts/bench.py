@@ -140,7 +140,8 @@ def tune_overhead(args) -> dict:
     from rayflow.orchestrator.preflight import plan_job
     from rayflow.results.experiment import Experiment
     from rayflow.workloads import tune as tune_kind
-    from rayflow.workloads.tune_runner import fit_watching_interrupts, run_tune
+    from rayflow.workloads.tune_fit import fit_watching_interrupts
+    from rayflow.workloads.tune_runner import run_tune
     from rayflow.workloads.user_code import give
 
     trainable = sleep_trainable(args.trial_seconds, args.reports)

@@ -10,7 +10,8 @@ from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config, one_line
 from rayflow.orchestrator.preflight import plan_job, preflight
 from rayflow.schema.values import safe_yaml
-from rayflow.security.redaction import REDACTED, is_secret_name, redact
+from rayflow.security.redaction import REDACTED, redact
+from rayflow.security.secret_names import is_secret_name
 from tests.harness import REPO
 
 GROUPS = {

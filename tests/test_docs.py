@@ -72,7 +72,7 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
 def test_the_config_reference_is_generated_from_the_schema():
     """docs/reference/config.md is what `python -m rayflow.reference` prints now: a key
     added, renamed or described anew in the schema or the YAML shows up there, or this fails."""
-    from rayflow.reference import markdown
+    from rayflow.reference.config import markdown
 
     committed = (REPO / "docs" / "reference" / "config.md").read_text()
     assert committed == markdown(), (
@@ -84,7 +84,7 @@ def test_the_architecture_page_is_generated_from_the_code():
     """docs/architecture.md's generated blocks (the layer tables from pyproject.toml's
     import-linter contracts; ClusterBackend, ClusterHandle, Plan and Workload from their source)
     are what `python -m rayflow.reference architecture` makes of the code now."""
-    from rayflow.reference import architecture_blocks, fill_blocks
+    from rayflow.reference.architecture import architecture_blocks, fill_blocks
 
     page = (REPO / "docs" / "architecture.md").read_text()
     assert fill_blocks(page, architecture_blocks()) == page, (
@@ -93,7 +93,7 @@ def test_the_architecture_page_is_generated_from_the_code():
 
 
 def test_the_architecture_generator_fills_only_its_blocks():
-    from rayflow.reference import fill_blocks
+    from rayflow.reference.architecture import fill_blocks
 
     page = "# A\n\n<!-- generated: one -->\nold\n<!-- end generated -->\n\ntext\n"
     assert fill_blocks(page, {"one": "new"}) == (
@@ -106,7 +106,7 @@ def test_the_architecture_generator_fills_only_its_blocks():
 def test_the_contracts_read_without_a_toml_library_as_with_one():
     """Python 3.10 has no tomllib: the generator's own reading of [tool.importlinter] gives what
     tomllib (or tomli) gives."""
-    from rayflow.reference import toml_subset
+    from rayflow.reference.layers import toml_subset
 
     toml = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
     text = (REPO / "pyproject.toml").read_text()

@@ -19,10 +19,12 @@ from matplotlib.colors import to_hex
 from omegaconf import OmegaConf
 
 from rayflow.orchestrator.compose import compose_config
-from rayflow.results.plots import learning_curves, make_plots, read_meta, search_view, tune_figures
+from rayflow.results.plots.curves import learning_curves
+from rayflow.results.plots.make import make_plots, read_meta, tune_figures
+from rayflow.results.plots.search import search_view
 from rayflow.results.records import tune_trials
 from rayflow.results.run_result import RunResult
-from rayflow.workloads.tune_runner import TuneSummary
+from rayflow.workloads.tune_summary import TuneSummary
 from tests.test_plots import write_trial
 
 
@@ -209,9 +211,9 @@ def test_no_blank_plots_are_written_or_announced(tmp_path, capsys):
 def test_the_waiting_line_does_not_say_done_when_the_trial_errored(capsys):
     from types import SimpleNamespace
 
-    from rayflow.workloads.tune_runner import _first_result_wait
+    from rayflow.workloads.tune_fit import first_result_wait
 
-    wait = _first_result_wait()
+    wait = first_result_wait()
     wait.setup()
     wait.on_trial_error(iteration=1, trials=[], trial=SimpleNamespace(trial_id="ab12c_00000"))
     wait.on_experiment_end(trials=[])
@@ -223,9 +225,9 @@ def test_the_waiting_line_does_not_say_done_when_the_trial_errored(capsys):
 def test_the_waiting_line_says_done_at_the_first_result(capsys):
     from types import SimpleNamespace
 
-    from rayflow.workloads.tune_runner import _first_result_wait
+    from rayflow.workloads.tune_fit import first_result_wait
 
-    wait = _first_result_wait()
+    wait = first_result_wait()
     wait.setup()
     wait.on_trial_result(iteration=1, trials=[], trial=SimpleNamespace(trial_id="x"), result={})
     wait.on_experiment_end(trials=[])
@@ -360,7 +362,7 @@ def test_trials_sharing_a_category_are_spread_apart_in_the_search_plot(tmp_path)
 
 @pytest.mark.parametrize("n", [3, 12])
 def test_every_trial_has_its_own_style(tmp_path, n):
-    from rayflow.results.plots import styles
+    from rayflow.results.plots.style import styles
     from rayflow.results.records import Trial
 
     assert len(set(styles([Trial(f"t_{i:05d}", {}) for i in range(n)]).values())) == n

@@ -1,6 +1,7 @@
 """The user's files that go with a submitted run (rayflow.orchestrator.job_files): what is shipped, what is
-left out, and the size check before anything starts. Fast: no cluster; what Ray would upload is
-checked against the zip Ray's own packaging code builds."""
+left out, and the size check before anything starts (rayflow.orchestrator.upload_check and
+upload_size). Fast: no cluster; what Ray would upload is checked against the zip Ray's own
+packaging code builds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 
 from rayflow.errors import ConfigError
 from rayflow.orchestrator import job_files as jf
+from rayflow.orchestrator import upload_check, upload_size
 
 
 def workload(**keys):
@@ -102,7 +104,8 @@ def test_nothing_to_ship_gives_no_keys(tmp_path, monkeypatch):
     assert jf.job_files(workload()) == {}
     # a config without the keys
     assert jf.job_files(OmegaConf.create({"workload": {"name": "cifar"}})) == {}
-    jf.check_upload(OmegaConf.create({"workload": {"name": "cifar"}}), limit=1)  # nothing to check
+    # nothing to check
+    upload_check.check_upload(OmegaConf.create({"workload": {"name": "cifar"}}), limit=1)
     monkeypatch.chdir(tmp_path)
     # `.`: where rayflow runs
     assert jf.job_files(workload(working_dir="."))["working_dir"] == str(tmp_path)
@@ -123,8 +126,8 @@ def test_what_is_shipped_is_what_ray_zips(project, tmp_path):
         "lib/model.py",
         "train.py",
     ]
-    assert sorted(jf.shipped(project, patterns)) == names
-    _, size, stopped = jf.upload_entries(project, patterns)
+    assert sorted(upload_size.shipped(project, patterns)) == names
+    _, size, stopped = upload_size.upload_entries(project, patterns)
     assert (size, stopped) == (archive.stat().st_size, False)
 
 
@@ -140,13 +143,16 @@ def test_a_py_module_is_counted_as_ray_zips_it(tmp_path):
         and all(n.startswith("omegaconf/") for n in names)
         and not any("__pycache__" in n for n in names)
     )
-    assert jf.upload_entries(folder, patterns, include_parent_dir=True)[1] == archive.stat().st_size
+    assert (
+        upload_size.upload_entries(folder, patterns, include_parent_dir=True)[1]
+        == archive.stat().st_size
+    )
 
 
 def test_over_the_limit_is_one_line_naming_the_biggest_entry(project):
     cfg = workload(working_dir=str(project))
     with pytest.raises(ConfigError) as err:
-        jf.check_upload(cfg, limit=200_000)
+        upload_check.check_upload(cfg, limit=200_000)
     message = str(err.value)
     assert "\n" not in message and err.value.key == "workload.working_dir"
     assert message.startswith(
@@ -155,41 +161,41 @@ def test_over_the_limit_is_one_line_naming_the_biggest_entry(project):
     assert "biggest: data/big.bin 293 KiB" in message and "workload.excludes" in message
     assert "train.py" not in message  # small files are not named
     # excluded: it fits
-    jf.check_upload(workload(working_dir=str(project), excludes=["/data"]), limit=200_000)
+    upload_check.check_upload(workload(working_dir=str(project), excludes=["/data"]), limit=200_000)
 
 
 def test_counting_stops_far_over_the_limit(project):
     with pytest.raises(
         ConfigError, match=r"is more than .* after excludes.*biggest: data/big\.bin"
     ):
-        jf.check_upload(workload(working_dir=str(project)), limit=10_000)
+        upload_check.check_upload(workload(working_dir=str(project)), limit=10_000)
 
 
 def test_gitignore_is_honoured_unless_ray_is_told_not_to(project, monkeypatch):
     cfg = workload(working_dir=str(project))
-    assert "notes.secret" not in jf.shipped(project, working_dir_patterns(cfg))
+    assert "notes.secret" not in upload_size.shipped(project, working_dir_patterns(cfg))
     monkeypatch.setenv("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "1")
-    assert "notes.secret" in jf.shipped(project, working_dir_patterns(cfg))
+    assert "notes.secret" in upload_size.shipped(project, working_dir_patterns(cfg))
 
 
 def test_excludes_may_re_include_a_default(project):
     (project / "wandb").mkdir()
     (project / "wandb" / "keep.txt").write_text("k")
     cfg = workload(working_dir=str(project), excludes=["!wandb", "!wandb/**"])
-    assert "wandb/keep.txt" in jf.shipped(project, working_dir_patterns(cfg))
-    assert "wandb/keep.txt" not in jf.shipped(
+    assert "wandb/keep.txt" in upload_size.shipped(project, working_dir_patterns(cfg))
+    assert "wandb/keep.txt" not in upload_size.shipped(
         project, working_dir_patterns(workload(working_dir=str(project)))
     )
 
 
 def test_a_missing_working_dir_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^workload\.working_dir: .*/nowhere does not exist"):
-        jf.check_upload(workload(working_dir=str(tmp_path / "nowhere")))
+        upload_check.check_upload(workload(working_dir=str(tmp_path / "nowhere")))
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(
         ConfigError, match=r"^workload\.working_dir: .*file\.txt is not a directory"
     ):
-        jf.check_upload(workload(working_dir=str(tmp_path / "file.txt")))
+        upload_check.check_upload(workload(working_dir=str(tmp_path / "file.txt")))
 
 
 @pytest.mark.parametrize("name", ["no_such_module_rayflow_test", "no_such_package.sub", "sys"])
@@ -220,7 +226,7 @@ def test_a_big_py_module_names_the_module(tmp_path, monkeypatch):
         ConfigError,
         match=r"^workload\.py_modules: bigpkg \(.*\) is 98 KiB .* biggest: weights/w\.bin 98 KiB .*workload\.pip",
     ):
-        jf.check_upload(workload(py_modules=["bigpkg"]), limit=50_000)
+        upload_check.check_upload(workload(py_modules=["bigpkg"]), limit=50_000)
 
 
 def test_rayflow_own_package_keeps_its_files():
@@ -229,7 +235,7 @@ def test_rayflow_own_package_keeps_its_files():
     from ray._private.thirdparty.pathspec import PathSpec
 
     spec = PathSpec.from_lines("gitwildmatch", jf.DEFAULT_EXCLUDES)
-    files = jf._rayflow_files()
+    files = upload_check._rayflow_files()
     assert "conf/config.yaml" in files and "orchestrator/job_files.py" in files
     assert not [
         f
@@ -240,7 +246,7 @@ def test_rayflow_own_package_keeps_its_files():
         ConfigError,
         match=r"^workload\.excludes: '\*\.yaml' would also drop rayflow's own rayflow/conf/",
     ):
-        jf.check_upload(workload(py_modules=["omegaconf"], excludes=["*.yaml"]))
+        upload_check.check_upload(workload(py_modules=["omegaconf"], excludes=["*.yaml"]))
 
 
 def test_unreadable_file_is_named(project, monkeypatch):
@@ -252,7 +258,7 @@ def test_unreadable_file_is_named(project, monkeypatch):
         os, "access", lambda path, mode: Path(path).name != "locked.bin" and access(path, mode)
     )
     with pytest.raises(ConfigError, match=r"locked\.bin.*workload\.excludes"):
-        jf.check_upload(workload(working_dir=str(project)))
+        upload_check.check_upload(workload(working_dir=str(project)))
 
 
 def test_pip_lists_add_up():
@@ -270,7 +276,11 @@ def test_the_upload_limit_is_rays():
     from ray._private.ray_constants import DASHBOARD_CLIENT_MAX_SIZE
     from ray._private.runtime_env.packaging import GCS_STORAGE_MAX_SIZE
 
-    assert jf.upload_limit() == min(DASHBOARD_CLIENT_MAX_SIZE, GCS_STORAGE_MAX_SIZE) == 100 * 2**20
+    assert (
+        upload_size.upload_limit()
+        == min(DASHBOARD_CLIENT_MAX_SIZE, GCS_STORAGE_MAX_SIZE)
+        == 100 * 2**20
+    )
 
 
 def test_the_job_gets_rayflow_and_the_callers_py_modules(monkeypatch):
@@ -364,7 +374,7 @@ def test_credential_files_are_not_shipped_by_default(project, tmp_path, capsys):
         n for n in names if any(n == c or n.startswith(c.split("/")[0] + "/") for c in CREDENTIALS)
     ], names
     assert "lib/credentials.py" in names and "train.py" in names
-    jf.check_upload(cfg, limit=10 * 2**20)
+    upload_check.check_upload(cfg, limit=10 * 2**20)
     assert "credential" not in capsys.readouterr().err
 
 
@@ -373,7 +383,7 @@ def test_credential_files_the_user_re_includes_are_named_in_one_line(project, ca
     (project / ".aws").mkdir()
     (project / ".aws" / "credentials").write_text("[default]\naws_secret_access_key=SECRET-VALUE\n")
     cfg = workload(working_dir=str(project), excludes=["!.env", "!.aws", "!.aws/**"])
-    jf.check_upload(cfg, limit=10 * 2**20)
+    upload_check.check_upload(cfg, limit=10 * 2**20)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
         "rayflow: warning: workload.working_dir: ships credential files"

@@ -210,3 +210,23 @@ def test_the_layout_names_every_package_and_module_and_nothing_else():
         required.add(folder)
         required.update(folder + m.name for m in package.glob("*.py") if m.name != "__init__.py")
     assert sorted(required - set(named)) == [], "name these in docs/architecture.md's layout"
+
+
+def test_the_wheel_lists_every_package_of_the_tree():
+    """pyproject.toml names its packages (conf/ and backends/ ship under other names, which
+    setuptools' finder cannot map): a package folder left out of the list would be missing from
+    the wheel, with nothing failing until a user imports it."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for top in ("rayflow", "hydra_plugins")
+        for init in (REPO / top).rglob("__init__.py")
+    }
+    assert found - listed == set(), "packages missing from pyproject.toml's list"
+    assert {p for p in listed if p.startswith(("rayflow.", "hydra_plugins."))} - found <= {
+        name for name in listed if name.startswith(("rayflow.conf", "rayflow.cluster_defs"))
+    }, "listed packages that are not in the tree"

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from rayflow.orchestrator.compose import compose_config
-from rayflow.results import plots
-from rayflow.results.plots import asha_rungs, make_plots, read_meta
+from rayflow.results.plots import make
+from rayflow.results.plots.curves import asha_rungs
+from rayflow.results.plots.make import make_plots, read_meta
 from rayflow.results.records import EPOCHS_FILE, series, tune_trials
 from rayflow.workloads import workload_for
 
@@ -248,7 +249,7 @@ def test_a_failing_plot_warns_once_and_the_others_are_still_made(tmp_path, monke
     def broken(*args, **kwargs):
         raise ValueError("no luck")
 
-    monkeypatch.setattr(plots, "learning_curves", broken)
+    monkeypatch.setattr(make, "learning_curves", broken)
     files = draw(compose_config("workload.max_epochs=4"), root)
     assert [f.name for f in files] == ["search.png"]
     assert not (root / "plots" / "learning_curves.png").exists()
@@ -311,7 +312,7 @@ def test_no_pyplot_and_no_backend_switch(tmp_path):
     """The object API on an Agg canvas: pyplot (and its global figure state) is never imported."""
     root = cifar_experiment(tmp_path / "cifar-1")
     code = (
-        "import sys, matplotlib; from rayflow.orchestrator.compose import compose_config; from rayflow.results.plots import make_plots; "
+        "import sys, matplotlib; from rayflow.orchestrator.compose import compose_config; from rayflow.results.plots.make import make_plots; "
         "from rayflow.workloads import workload_for; "
         f"cfg = compose_config('workload.max_epochs=4'); assert len(make_plots(workload_for(cfg.workload).figures(cfg, {str(root)!r}), {str(root)!r})) == 2; "
         "print('matplotlib.pyplot' in sys.modules)"

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from rayflow.runtime import progress
-from rayflow.runtime.progress import Transfer, format_duration, format_rate, format_size, time_left
+from rayflow.runtime import progress, ray_logs
+from rayflow.runtime.transfer import Transfer, format_duration, format_rate, format_size, time_left
 
 PREPARE = (
     "import sys; from rayflow.workloads.presets import cifar_data as data\n"
@@ -346,7 +346,7 @@ def test_off_a_terminal_a_job_prints_no_colour_codes(capsys):
     handler = logging.StreamHandler(io.StringIO())
     ray_log.addHandler(handler)
     try:
-        with progress.plain_ray_logs(io.StringIO()):
+        with ray_logs.plain_ray_logs(io.StringIO()):
             print("(train_cifar pid=1) saved\x1b[32m [repeated 5x across cluster]\x1b[0m")
             print("\x1b[36mray::ImplicitFunc.train()\x1b[39m failed", file=sys.stderr)
             ray_log.warning(

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rayflow.runtime import progress
-from rayflow.runtime.progress import autoscaler_line, autoscaler_lines, level, tune_verbose
+from rayflow.runtime.verbosity import autoscaler_line, autoscaler_lines, level, tune_verbose
 
 # Lines Tune's own output prints (ray.tune.experimental.output): its status table and its boxes.
 TUNE_TABLE = re.compile(

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from rayflow.security.redaction import REDACTED, drop_redacted, is_secret_name, mask_text, redact
+from rayflow.security.redaction import REDACTED, drop_redacted, mask_text, redact
+from rayflow.security.secret_names import is_secret_name
 
 SECRET_NAMES = [
     "token",

@@ -16,7 +16,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from rayflow.backends import REGISTRY as BACKENDS
 from rayflow.backends import backend_keys
 from rayflow.launcher.keys import JobResources, Launcher
-from rayflow.reference import _section
+from rayflow.reference.config import _section
 from rayflow.schema.kinds import Kind
 from rayflow.schema.root import Compute, Mlflow, NoTracking, Root
 from rayflow.workloads import REGISTRY as WORKLOADS

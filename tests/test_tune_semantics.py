@@ -93,7 +93,7 @@ def test_only_trials_restarted_from_a_checkpoint_count_as_restarted(tmp_path):
 def test_the_hyperband_plot_title_counts_errored_trials_even_without_a_folder(tmp_path):
     """An errored trial is named in the plot's title, also one that errored before it wrote its
     folder (only Tune's state holds it, as when an actor could not be reused)."""
-    from rayflow.results.plots import tune_figures
+    from rayflow.results.plots.make import tune_figures
 
     for trial_id, status in [("h_00000", "TERMINATED"), ("h_00001", "ERROR")]:
         folder = tmp_path / f"MyTrainableClass_{trial_id}_0"

@@ -13,7 +13,7 @@ import yaml
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ConfigError
-from rayflow.runtime.progress import shutdown_ray
+from rayflow.runtime.ray_logs import shutdown_ray
 from rayflow.security.auth import NODE_SERVERS, is_loopback, owned_privately, refuse_auth_off
 from rayflow.security.redaction import mask_text
 

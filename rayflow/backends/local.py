@@ -16,7 +16,8 @@ from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ClusterError
 from rayflow.runtime.environment import scoped_env
-from rayflow.runtime.progress import phase, shutdown_ray
+from rayflow.runtime.progress import phase
+from rayflow.runtime.ray_logs import shutdown_ray
 from rayflow.security import ports
 from rayflow.security.auth import (
     NO_LOOPBACK,

@@ -26,8 +26,8 @@ from rayflow.launcher.settings import (
     rayflow_config,
     read_settings,
 )
-from rayflow.runtime.progress import level
 from rayflow.runtime.run_log import quiet_libraries
+from rayflow.runtime.verbosity import level
 from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text
 

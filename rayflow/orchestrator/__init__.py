@@ -7,6 +7,7 @@
 - preflight: every check of every job, once, before any starts: a `Plan` per job
 - resume: an experiment's own config again, the command line's keys on top
 - submission, job_logs, job_files: the one protocol of a Ray Job (runs and Hydra sweeps), its log,
-  and the user's files that go with it
+  and the user's files that go with it; upload_check, upload_size: those files checked before
+  anything starts, and their size as Ray would pack them
 - compose: Hydra's composition, the points of a sweep, and each section's model
 """

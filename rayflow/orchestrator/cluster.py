@@ -140,7 +140,7 @@ def _cluster_output(backend: ClusterBackend, dry_run: bool) -> Iterator[None]:
         return
     import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)
 
-    from rayflow.runtime.progress import plain_ray_logs
+    from rayflow.runtime.ray_logs import plain_ray_logs
 
     colour = (
         {} if sys.stdout.isatty() else {"RAY_COLOR_PREFIX": os.environ.get("RAY_COLOR_PREFIX", "0")}

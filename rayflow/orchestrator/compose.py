@@ -123,7 +123,7 @@ def unparsable(override: str, hydra_says: str) -> ConfigError:
     """An override Hydra's grammar refused, naming its key. Hydra's message quotes the value from
     where parsing failed to its end: where the key names a secret (`+workload.hf_token=[secret`),
     no part of the value is shown, only what is open in it."""
-    from rayflow.security.redaction import is_secret_name, secret_word
+    from rayflow.security.secret_names import is_secret_name, secret_word
 
     found = _OVERRIDE_KEY.match(override)
     key = found.group("key") if found else "config"

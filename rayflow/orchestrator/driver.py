@@ -42,9 +42,10 @@ from rayflow.results.storage import join as storage_join
 from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.node_usage import NodePeak
 from rayflow.runtime.placement import PlacementWatch
-from rayflow.runtime.progress import level, plain_ray_logs
+from rayflow.runtime.ray_logs import plain_ray_logs
 from rayflow.runtime.run_log import RunLog, run_log
 from rayflow.runtime.signals import termination_exit_code
+from rayflow.runtime.verbosity import level
 from rayflow.schema.values import to_container
 from rayflow.security.redaction import redact
 from rayflow.security.result_channel import emit

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from rayflow.runtime.progress import autoscaler_lines
+from rayflow.runtime.verbosity import autoscaler_lines
 from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text
 
@@ -44,7 +44,7 @@ class LogStream(threading.Thread):
     """Follows a job's logs (the Jobs API's websocket) onto this terminal, whole lines at a time,
     leaving out the lines that start with `hidden` (what the job says to this side, not to the
     user), and with the autoscaler's lines summarised unless `verbose` asks for them
-    (progress.autoscaler_lines). A line longer than LOG_CAP_BYTES is shown in pieces of it."""
+    (verbosity.autoscaler_lines). A line longer than LOG_CAP_BYTES is shown in pieces of it."""
 
     def __init__(
         self, client: Any, job_id: str, hidden: str | None = None, verbose: int | bool = 0

@@ -22,9 +22,9 @@ from omegaconf import DictConfig
 from rayflow.backends import ClusterBackend, WorkerPreload, backend_for
 from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config, config_errors, sweep_points, validate
-from rayflow.orchestrator.job_files import check_upload
 from rayflow.orchestrator.resume import resumed
 from rayflow.orchestrator.submission import SUBMITTED_BY
+from rayflow.orchestrator.upload_check import check_upload
 from rayflow.results.experiment import locate, read_state
 from rayflow.runtime.placement import Bundle, check_fits, copies_at_once
 from rayflow.tracking.tracker import check_uri, missing_run

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from rayflow.results.experiment import Experiment
 from rayflow.runtime.node_usage import NodePeak
-from rayflow.runtime.progress import settle_ray_logs
+from rayflow.runtime.ray_logs import settle_ray_logs
 from rayflow.tracking.tracker import Tracker
 
 
@@ -64,7 +64,7 @@ def plots(cfg: DictConfig, tracker: Tracker, experiment: Experiment, workload: A
     table."""
     path = experiment.dir
     try:
-        from rayflow.results.plots import FOLDER, make_plots
+        from rayflow.results.plots.make import FOLDER, make_plots
 
         files = make_plots(workload.figures(cfg, path), path)
         if files:

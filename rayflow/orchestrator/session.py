@@ -21,9 +21,9 @@ from rayflow.orchestrator.preflight import Plan, local_files_ok, storage_refusal
 from rayflow.orchestrator.remote_run import run_submitted
 from rayflow.results.experiment import claimed_experiment
 from rayflow.results.run_result import RunResult
-from rayflow.runtime.progress import level
 from rayflow.runtime.run_log import quiet_libraries
 from rayflow.runtime.signals import reset_termination
+from rayflow.runtime.verbosity import level
 from rayflow.security.redaction import literal_secrets_note
 from rayflow.tracking.tracker import Tracker, is_local_store
 

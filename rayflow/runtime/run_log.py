@@ -189,7 +189,7 @@ class RunLog:
             worker.print_to_stdstream(data, ignore_prefix)
             return
         # all of them shown from verbose=1; the raylet's and the autoscaler's always (an OOM
-        # kill, a scale-up: rayflow.runtime.progress.autoscaler_lines summarises those)
+        # kill, a scale-up: rayflow.runtime.verbosity.autoscaler_lines summarises those)
         split = (
             self._workers.split(pid, lines)
             if self.quiet and str(pid).isdigit()

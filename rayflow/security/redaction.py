@@ -14,326 +14,24 @@ listing known keys:
 Every config, spec, tag, param and message goes through `redact` / `mask_text` on its way out.
 `mask_text` runs on every streamed log line: its patterns are linear (each name starts only where
 a word starts, every repeat is bounded by a character it cannot contain).
+
+This module holds the masking, in text and in structures; which names are secret is decided in
+rayflow.security.secret_names, from the words of rayflow.security.secret_words.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any
 
+from rayflow.security.secret_names import is_secret_name, masks, name_word, secret_word
+
 REDACTED = "***"
-
-# --- names ------------------------------------------------------------------------------------
-# A name is split into words on '.', '_', '-', '/', spaces and camelCase humps. A word is secret
-# when it is one of _SECRET_WORDS, or a concatenation ending in one (dbpassword, githubtoken,
-# sessioncookie, basicauth; secretaccesskey and apikeys through _KEY_PREFIXES).
-_SECRET_WORDS = {
-    "password",
-    "passwords",
-    "passwd",
-    "pwd",
-    "passphrase",
-    "pass",
-    "secret",
-    "secrets",
-    "token",
-    "tokens",
-    "key",
-    "keys",
-    "apikey",
-    "apikeys",
-    "credential",
-    "credentials",
-    "cred",
-    "creds",
-    "cookie",
-    "cookies",
-    "bearer",
-    "auth",
-    "authorization",
-    "pat",
-    "pats",
-    "sas",
-    "otp",
-}
-_SECRET_ENDINGS = (
-    "password",
-    "passwords",
-    "passwd",
-    "pwd",
-    "passphrase",
-    "secret",
-    "secrets",
-    "token",
-    "tokens",
-    "credential",
-    "credentials",
-    "cookie",
-    "cookies",
-    "auth",
-    "authorization",
-)
-# "...key" is secret only after these (apikey, privatekey, secretaccesskey; not monkey, hockey)
-_KEY_PREFIXES = (
-    "api",
-    "private",
-    "secret",
-    "access",
-    "master",
-    "signing",
-    "encryption",
-    "ssh",
-    "hmac",
-    "auth",
-    "license",
-    "client",
-    "account",
-    "storage",
-    "session",
-    "shared",
-    "admin",
-    "root",
-    "sas",
-    "service",
-    "crypt",
-    "crypto",
-    "aes",
-    "rsa",
-    "jwt",
-    "pass",
-    "app",
-    "user",
-    "db",
-)
-# "...pass" is secret (mysqlpass, dbpass) except in these words
-_NOT_PASS = {
-    "bypass",
-    "compass",
-    "encompass",
-    "surpass",
-    "trespass",
-    "overpass",
-    "underpass",
-    "multipass",
-    "onepass",
-    "twopass",
-    "firstpass",
-    "secondpass",
-    "singlepass",
-}
-# A word after the secret word says the value is about the secret, not the secret itself:
-# ray_auth_mode, auth.ssh_user, secretName, password_file, token_url, authOptions.mode.
-_DESCRIPTORS = {
-    "mode",
-    "type",
-    "kind",
-    "method",
-    "scheme",
-    "user",
-    "username",
-    "file",
-    "filename",
-    "files",
-    "path",
-    "paths",
-    "dir",
-    "directory",
-    "name",
-    "names",
-    "namespace",
-    "env",
-    "var",
-    "enabled",
-    "enable",
-    "disabled",
-    "required",
-    "provider",
-    "providers",
-    "url",
-    "uri",
-    "endpoint",
-    "host",
-    "port",
-    "arn",
-    "ttl",
-    "timeout",
-    "expiry",
-    "expires",
-    "expiration",
-    "length",
-    "len",
-    "size",
-    "count",
-    "limit",
-    "format",
-    "algorithm",
-    "version",
-    "prefix",
-    "rotation",
-    "command",
-    "check",
-    "checking",
-}
-# Words before a secret word that make it a count or a non-secret kind of key or token:
-# max_tokens, num_keys, pad_token, public_key, primary_key, sort_key.
-_COUNTS = {"max", "min", "num", "n", "count", "number", "total", "limit"}
-_NOT_KEY = {
-    "public",
-    "primary",
-    "foreign",
-    "sort",
-    "partition",
-    "hash",
-    "cache",
-    "dict",
-    "group",
-    "join",
-    "label",
-    "input",
-    "output",
-    "image",
-    "text",
-    "target",
-    "metric",
-    "feature",
-    "column",
-    "row",
-    "index",
-    "lookup",
-    "shard",
-    "routing",
-    "idempotency",
-    "object",
-    "dedup",
-    "unique",
-    "composite",
-    "map",
-    "config",
-    "param",
-    "state",
-    "result",
-    "batch",
-    "sample",
-    "sorting",
-    "grouping",
-    "full",
-    "host",
-}
-_NOT_TOKEN = {
-    "pad",
-    "bos",
-    "eos",
-    "unk",
-    "sep",
-    "cls",
-    "mask",
-    "special",
-    "stop",
-    "start",
-    "end",
-    "extra",
-    "additional",
-    "new",
-    "input",
-    "output",
-    "prompt",
-    "completion",
-    "vocab",
-    "image",
-    "text",
-}
-# A parent key that is secret only for its own value: Ray's `auth:` section holds ssh_user and
-# ssh_proxy_command as well as the key's path.
-_WEAK = {"auth"}
-# A secret word whose numeric value is a count or a seed, not a secret (keys: 3, pass: 2)
-_AMBIGUOUS_FOR_NUMBERS = {"key", "keys", "tokens", "pass", "pats", "pat", "auth"}
-
-_HUMP = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-_SPLIT = re.compile(r"[._\-/\s]+")
-
-
-def words(name: str) -> list[str]:
-    return [w for w in _SPLIT.split(_HUMP.sub("_", str(name)).lower()) if w]
-
-
-def _secret_word(word: str) -> bool:
-    if (
-        word in _SECRET_WORDS
-        or word.endswith(_SECRET_ENDINGS)
-        or "password" in word
-        or "passwd" in word
-    ):
-        return True
-    stem = word[:-1] if word.endswith("keys") else word
-    if stem.endswith("key") and stem[:-3].endswith(_KEY_PREFIXES):
-        return True
-    return word.endswith("pass") and word not in _NOT_PASS
-
-
-def _negated(before: list[str], word: str) -> bool:
-    if any(w in _COUNTS for w in before):
-        return True
-    last = before[-1] if before else ""
-    if word in ("key", "keys"):
-        return last in _NOT_KEY
-    return word.startswith("token") and last in _NOT_TOKEN
-
-
-def _verdict(ws: list[str]) -> str | None:
-    """The secret word that decides a name ('' when a descriptor after it clears it; None when
-    the name has neither)."""
-    found = None
-    for i, word in enumerate(ws):
-        if word in _DESCRIPTORS:
-            found = ""
-        elif _secret_word(word) and not _negated(ws[:i], word):
-            found = word
-    return found
-
-
-def secret_word(path: tuple[str, ...]) -> str | None:
-    """The word that makes the value at this key path secret, or None. Each part's words decide
-    in order: a secret word marks it, a later descriptor clears it, a neutral part keeps it (the
-    account under `fs.azure.account.key`) unless the mark was weak (`auth`); a reference part
-    (`secretKeyRef`, `valueFrom`) names where a secret is, so nothing under it is one."""
-    found = None
-    for part in path:
-        ws = words(part)
-        if ws and ws[-1] in ("ref", "from"):
-            return None
-        verdict = _verdict(ws)
-        if verdict is not None:
-            found = verdict or None
-        elif found in _WEAK:
-            found = None
-    return found
-
-
-@lru_cache(maxsize=4096)  # mask_text asks about the same few names on every log line
-def name_word(name: str) -> str | None:
-    return secret_word((name,))
-
-
-def is_secret_name(name: str) -> bool:
-    return name_word(str(name)) is not None
-
-
-def _masks(word: str | None, value: Any) -> bool:
-    """Whether a value under the secret word `word` is masked: never a flag or a null, and a
-    number only under an unambiguous name (password: 1234, not max_tokens: 100 or keys: 3)."""
-    if word is None or value is None or isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)) or (isinstance(value, str) and _NUMBER.fullmatch(value)):
-        return word not in _AMBIGUOUS_FOR_NUMBERS
-    return True
-
 
 # --- text -------------------------------------------------------------------------------------
 # Values in text that hold no secret: help's `key=value`, a YAML null, a value masked already
 _PLACEHOLDERS = {"value", "values", "null", "none", "true", "false", "...", REDACTED}
-_NUMBER = re.compile(r"[+-]?\d{1,30}(?:\.\d{1,30})?")
 # A name starts only where a word starts: not inside a word, a path (~/.ray/auth_token: PATH
 # stays) or an interpolation; so each run of name characters is scanned once.
 _START = r"(?<![\w.\-/~$%])"
@@ -418,7 +116,7 @@ def _named(match: re.Match) -> str:
     if _EXCEPTION_CLASS.fullmatch(match.group("name").lstrip("-").rsplit(".", 1)[-1]):
         return match.group(0)
     word = name_word(match.group("name").lstrip("-"))
-    if not _masks(word, value.strip("'\"")) or _placeholder(value.strip("'\"")):
+    if not masks(word, value.strip("'\"")) or _placeholder(value.strip("'\"")):
         return match.group(0)
     return match.group(0)[: match.start("value") - match.start()] + _masked(value)
 
@@ -514,7 +212,7 @@ def redact(value: Any, path: tuple[str, ...] = ()) -> Any:
                 mask_text(v)
                 if k == label and isinstance(v, str)
                 else REDACTED
-                if inner is not None and k == inner and secret and _masks("value", v)
+                if inner is not None and k == inner and secret and masks("value", v)
                 else redact(v, (*path, str(k)))
             )
             for k, v in value.items()
@@ -524,12 +222,12 @@ def redact(value: Any, path: tuple[str, ...] = ()) -> Any:
         for i in range(1, len(items)):
             if (
                 _is_secret_flag(value[i - 1])
-                and _masks("value", value[i])
+                and masks("value", value[i])
                 and not str(value[i]).startswith("-")
             ):
                 items[i] = REDACTED
         return items
-    if _masks(secret_word(path), value) and not names_a_file(path):
+    if masks(secret_word(path), value) and not names_a_file(path):
         return REDACTED
     if isinstance(value, str):
         return mask_text(value)

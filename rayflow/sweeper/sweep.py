@@ -189,8 +189,8 @@ def _search(plan: Any, own: dict, search: Search, sweep_dir: str, in_place: bool
     """The search as rayflow's run, then the sweep dir's outputs, also of a failed or interrupted
     one; failed trials within max_failure_rate end it as a success."""
     from rayflow.orchestrator.session import run_jobs
-    from rayflow.runtime.progress import level
     from rayflow.runtime.run_log import quiet_libraries
+    from rayflow.runtime.verbosity import level
     from rayflow.sweeper.outputs import write_outputs
 
     result = None

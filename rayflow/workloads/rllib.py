@@ -265,7 +265,7 @@ def run(cfg, ctx) -> RLlibSummary:
 
 
 def figures(cfg, experiment_dir: Path) -> list:
-    from rayflow.results.plots import returns
+    from rayflow.results.plots.curves import returns
     from rayflow.results.records import tune_trials
 
     goal = (to_container(cfg.workload.get("stop")) or {}).get(RETURN)

@@ -101,7 +101,7 @@ class RLlibSummary:
     keys: tuple[str, ...] = field(default_factory=tuple)
 
     def _no_return_line(self) -> str:
-        from rayflow.workloads.tune_runner import no_success_line
+        from rayflow.workloads.tune_summary import no_success_line
 
         if self.iterations and not self.errored and not self.interrupted:
             # iterations ran, and none ended an episode: RLlib's return is the mean over ended

@@ -283,7 +283,7 @@ def run(cfg, ctx):
 
 
 def figures(cfg, experiment_dir: Path) -> list:
-    from rayflow.results.plots import reports
+    from rayflow.results.plots.training import reports
     from rayflow.results.records import train_epochs
     from rayflow.workloads import tune as tune_kind
 

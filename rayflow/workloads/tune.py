@@ -17,10 +17,11 @@ from pathlib import Path
 from rayflow.errors import ConfigError
 from rayflow.results.records import trial_restarts
 from rayflow.runtime.placement import Bundle, section_bundle
-from rayflow.runtime.progress import tune_verbose
+from rayflow.runtime.verbosity import tune_verbose
 from rayflow.schema.values import to_container
 from rayflow.workloads import user_code
-from rayflow.workloads.tune_runner import TuneJob, TuneSummary, run_tune, summarize
+from rayflow.workloads.tune_runner import TuneJob, run_tune
+from rayflow.workloads.tune_summary import TuneSummary, summarize
 
 KIND = "tune"
 
@@ -142,7 +143,7 @@ def progress(scheduler_value, stop: dict | None) -> tuple[str, str, int | None, 
         max_t = min(max_t, limit) if max_t else limit
     rungs = []
     if name == "asha":
-        from rayflow.results.plots import asha_rungs
+        from rayflow.results.plots.curves import asha_rungs
 
         rungs = asha_rungs(
             int(settings.get("grace_period", 1)),
@@ -214,7 +215,7 @@ def run(cfg, ctx) -> TuneSummary:
 def figures(cfg, experiment_dir: Path, keys: tuple[str, ...] | None = None) -> list:
     """Learning curves of the chosen metric over the scheduler's time attribute, and the search
     view (of the config's `keys`; None: every key that varies)."""
-    from rayflow.results.plots import tune_figures
+    from rayflow.results.plots.make import tune_figures
 
     w = cfg.workload
     name, time_attr, max_t, rungs = progress(

@@ -2,26 +2,33 @@
 
 It adds what rayflow needs around a plain Tuner and nothing per result: experiment
 folders that `resume=true` can find, Tuner.restore for them, actor reuse (a reused
-trial process keeps its loaded data set), and the end-of-run summary.
+trial process keeps its loaded data set). What goes around Tuner.fit() (callbacks, the
+process's state while it runs, the interrupt) is rayflow.workloads.tune_fit; the end-of-run
+summary is rayflow.workloads.tune_summary.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
-import signal
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayflow.results import signing, storage, verification
 from rayflow.results.experiment import Experiment
-from rayflow.results.records import RAN_TO_END, TUNE_AUTO_KEYS
+from rayflow.results.records import TUNE_AUTO_KEYS
 from rayflow.runtime.environment import scoped_env
 from rayflow.security.printable import printable_line
+from rayflow.workloads.tune_fit import (
+    first_result_wait,
+    fit_watching_interrupts,
+    notebook_reporter,
+    result_files,
+    trials_in_prestarted_workers,
+    without_rays_resume_hint,
+)
 
 if TYPE_CHECKING:
     from ray.tune import Tuner
@@ -104,65 +111,6 @@ def _saved_results(location: str):
         quiet.setLevel(level)
 
 
-def _first_result_wait():
-    """A Tune callback that shows the wait for the first trial's first result: the trial's
-    process starts and imports torch (and RLlib) before it reports, seconds with nothing printed."""
-    from ray.tune import Callback
-
-    from rayflow.runtime.progress import phase
-
-    class FirstResult(Callback):
-        def __init__(self):
-            self._phase = None
-
-        def __getstate__(self):
-            # Tune pickles its callbacks with the experiment; a live phase is not state
-            return {"_phase": None}
-
-        def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
-            self._phase = phase(
-                "waiting for the first trial's first result (its process starts and imports the "
-                "trainable's modules)",
-                "tune",
-            )
-            self._phase.__enter__()
-
-        def _close(self, instead: str | None = None):
-            """End the line: `... done` on a first result, else what ended the wait instead."""
-            if self._phase is not None:
-                if instead:
-                    self._phase.done(instead)
-                self._phase.__exit__(None, None, None)
-                self._phase = None
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            self._close()
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            self._close(f"no first result: trial {trial.trial_id} errored")
-
-        def on_experiment_end(self, trials, **info):
-            if trials and all(t.status == "TERMINATED" for t in trials):
-                self._close("every trial had finished already (nothing left to run)")
-            else:
-                self._close("the search ended before a trial's first result was taken")
-
-    return FirstResult()
-
-
-def _notebook_reporter():
-    """In a Jupyter kernel Tune draws its progress table as HTML, and by default clears the
-    cell's output first, which would wipe rayflow's lines above it (the Spark session used,
-    each start-up phase): keep them. None elsewhere (Tune's own terminal output)."""
-    from ray.tune.experimental.output import IS_NOTEBOOK
-
-    if not IS_NOTEBOOK:
-        return None
-    from ray.tune import JupyterNotebookReporter
-
-    return JupyterNotebookReporter(overwrite=False)
-
-
 def run_tune(job: TuneJob, experiment: Experiment, resume: bool = False, env=None):
     """Run (or continue) the experiment; returns (ResultGrid, interrupted). Tune writes to its
     location (a folder, or an object store: then its mirror is pulled once fit() is over, for what
@@ -193,9 +141,9 @@ def run_tune(job: TuneJob, experiment: Experiment, resume: bool = False, env=Non
 
     try:
         with (
-            _trials_in_prestarted_workers(env or {}),
+            trials_in_prestarted_workers(env or {}),
             scoped_env(_tune_env(job)),
-            _without_rays_resume_hint(),
+            without_rays_resume_hint(),
         ):
             outcome = fit_watching_interrupts(tuner)
     except TuneError as err:
@@ -240,9 +188,9 @@ def _new_tuner(job: TuneJob, experiment: Experiment, trainable: Any) -> Tuner:
                 checkpoint_at_end=job.checkpoint_at_end,
             ),
             stop=job.stop,
-            callbacks=[*(job.callbacks or []), *_result_files(), _first_result_wait()],
+            callbacks=[*(job.callbacks or []), *result_files(), first_result_wait()],
             verbose=job.verbose,
-            progress_reporter=_notebook_reporter(),
+            progress_reporter=notebook_reporter(),
         ),
     )
 
@@ -252,7 +200,7 @@ def _tune_env(job: TuneJob) -> dict[str, str]:
     # Tune adds its CSV, JSON and TensorBoard loggers unless told not to; the TensorBoard one
     # imports tensorboardX and with it torch in the driver (1.5-2 s before the first trial
     # starts, every run). rayflow's results go to MLflow: only the files Tune's ResultGrid and
-    # resume read are kept (_result_files), and the driver imports no torch for them.
+    # resume read are kept (tune_fit.result_files), and the driver imports no torch for them.
     env = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
     # Tune's new output prints its experiment box even when silent; its legacy one, nothing
     if job.verbose == 0:
@@ -280,243 +228,3 @@ def note_restarts(path: str) -> None:
             "start",
             flush=True,
         )
-
-
-# What Tune logs (ray.tune.tune) when a run is interrupted: its own `Tuner.restore(...)` call.
-# rayflow prints the one instruction that works for its runs, `python -m rayflow resume=PATH`.
-RAY_RESUME_HINTS = ("Resume experiment with:", "Resume training with:")
-
-
-class _NoResumeHint(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(hint in record.getMessage() for hint in RAY_RESUME_HINTS)
-
-
-@contextlib.contextmanager
-def _without_rays_resume_hint():
-    """Ray Tune's resume instruction left out of its log while the run lasts."""
-    logger, hint = logging.getLogger("ray.tune.tune"), _NoResumeHint()
-    logger.addFilter(hint)
-    try:
-        yield
-    finally:
-        logger.removeFilter(hint)
-
-
-def _result_files() -> list:
-    """progress.csv and result.json per trial: ResultGrid's metrics, plots and resume read them."""
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-
-    return [CSVLoggerCallback(), JsonLoggerCallback()]
-
-
-@contextlib.contextmanager
-def _trials_in_prestarted_workers(env: dict[str, str]):
-    """Tune gives every trial actor the runtime_env {"env_vars": {"PL_DISABLE_FORK": "1"}}
-    (ray.tune.execution.class_cache: a PyTorch Lightning workaround; rayflow's workloads do not
-    use Lightning). Any runtime_env makes Ray start a new process for the actor rather than give
-    it one of the idle workers its raylet prestarted (and that imported the workload's modules:
-    LocalCluster.preload_worker_imports), which puts 2-5 s of process start and imports in front
-    of every trial. Without the variable the trial's runtime_env is empty and those workers fit.
-    Variables Tune forwards from the driver's environment (AWS keys, Ray Train's) still go, and
-    `env` with them (then in a new process)."""
-    from ray.tune.execution import class_cache
-
-    saved = dict(class_cache.DEFAULT_ENV_VARS)
-    class_cache.DEFAULT_ENV_VARS.pop("PL_DISABLE_FORK", None)
-    class_cache.DEFAULT_ENV_VARS.update(env)
-    try:
-        yield
-    finally:
-        class_cache.DEFAULT_ENV_VARS.clear()
-        class_cache.DEFAULT_ENV_VARS.update(saved)
-
-
-def _sigint_sentinel(signum, frame):
-    raise KeyboardInterrupt  # Python's default: a second Ctrl-C stops Tune's last save
-
-
-def fit_watching_interrupts(tuner):
-    """tuner.fit(), and whether Ctrl-C (or SIGUSR1) made Tune stop early and save its state.
-
-    Tune swaps in its own SIGINT handler for the run; on a stop signal it puts back the
-    handler it found, and otherwise leaves its own in place. The trials it stops are
-    marked TERMINATED, so the handler is the only trace of an interrupt after fit().
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return tuner.fit(), False
-    previous = signal.signal(signal.SIGINT, _sigint_sentinel)
-    try:
-        results = tuner.fit()
-        return results, signal.getsignal(signal.SIGINT) is _sigint_sentinel
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def no_success_line(
-    trials: int, errored: int, error: str | None, interrupted: bool, metric: str = ""
-) -> str:
-    """The one line of a run with no best trial: why (every trial errored, with the first error;
-    the interrupt; no report of the metric), in place of empty best-of headings."""
-    what = f"reported {metric}" if metric else "reported a result"
-    if errored:
-        first = f"; the first error: {error}" if error else ""
-        return f"no trial succeeded: {errored} of {trials} errored{first}"
-    if interrupted:
-        return f"no trial {what} before the interrupt ({trials} trials; resume continues them)"
-    return f"no trial {what} ({trials} trials)"
-
-
-@dataclass
-class TuneSummary:
-    """The outcome of a Tune experiment, whatever the trainable (rayflow.workloads.Summary)."""
-
-    best_config: dict
-    best_metrics: dict
-    best_checkpoint: str | None
-    trials: int
-    errored: int
-    interrupted: bool  # Ctrl-C stopped the experiment; its state is saved for resume
-    stopped_early: int
-    trial_epochs: int  # progress used by every trial together, in `unit`s
-    budget_epochs: int  # 0: no budget known (no max_t)
-    devices: list[str]
-    error: str | None = None  # the first errored trial's error, one line
-    metric: str = ""
-    shown_metrics: tuple[str, ...] = ()
-    scheduler_label: str | None = None
-    unit: str = "epoch"
-    restarted: int = 0  # trial restarts after a failure (a lost node), from their last checkpoint
-    restart_reason: str | None = None  # the first failure's line
-    reported_instead: tuple[str, ...] | None = None  # the metric was missing; these were there
-
-    def parent_metrics(self) -> dict[str, float]:
-        """What the invocation's parent MLflow run records about the whole search."""
-        shown = self.shown_metrics or (self.metric,)
-        best = {f"best_{k}": v for k, v in self.best_metrics.items() if k in shown}
-        metrics = {
-            **best,
-            f"trial_{self.unit}s": self.trial_epochs,
-            "trial_restarts": self.restarted,
-        }
-        if self.scheduler_label:
-            metrics["trials_stopped_early"] = self.stopped_early
-        return metrics
-
-    def table(self) -> str:
-        width = max(len(str(k)) for k in self.best_config) if self.best_config else 0
-        lines = ["", "== rayflow results =="]
-        # no trial reported the metric: no best trial, nothing under a heading
-        if not self.best_metrics:
-            return "\n".join([*lines, self._no_best_line()])
-        if self.best_config:
-            lines += [
-                "best config:",
-                *(f"  {k:<{width}} = {v}" for k, v in self.best_config.items()),
-            ]
-        for name in self.shown_metrics or (self.metric,):
-            value = self.best_metrics.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                lines.append(f"best {name:<13} {value:.4f}")
-        by = f" by {self.scheduler_label}" if self.scheduler_label else ""
-        if self.interrupted:
-            lines.append(
-                f"trials: {self.trials} ({self.errored} errored; interrupted before the search "
-                "finished)"
-            )
-        elif self.scheduler_label:
-            lines.append(
-                f"trials: {self.trials} ({self.stopped_early} stopped early{by}, {self.errored} "
-                "errored)"
-            )
-        else:
-            lines.append(f"trials: {self.trials} ({self.errored} errored)")
-        if self.budget_epochs:
-            share = self.trial_epochs / self.budget_epochs
-            lines.append(
-                f"trial-{self.unit}s used: {self.trial_epochs} of {self.budget_epochs} "
-                f"({share:.0%})"
-            )
-        else:
-            lines.append(f"trial-{self.unit}s used: {self.trial_epochs}")
-        return "\n".join([*lines, *self._restarts()])
-
-    def _no_best_line(self) -> str:
-        if self.reported_instead is not None:
-            return f"no trial reported {self.metric} ({self.trials} trials); {self.reports_line()}"
-        return no_success_line(self.trials, self.errored, self.error, self.interrupted, self.metric)
-
-    def reports_line(self) -> str:
-        keys = ", ".join(self.reported_instead or ()) or "only Tune's own counters"
-        return f"they report: {keys}"
-
-    def _restarts(self) -> list[str]:
-        if not self.restarted:
-            return []
-        why = f"; the first failure: {self.restart_reason}" if self.restart_reason else ""
-        return [f"trials restarted: {self.restarted} (each from its last checkpoint{why})"]
-
-
-def _best_checkpoint(best) -> str | None:
-    """Where the best trial's checkpoint is: a folder, or a URI on an object store. A trial that
-    ran a Ray Train run reports where that run keeps its checkpoints."""
-    if best is None:
-        return None
-    if best.checkpoint is None:
-        return (best.metrics or {}).get("checkpoint_path")
-    return storage.checkpoint_uri(best.checkpoint)
-
-
-def summarize(
-    results, job: TuneJob, interrupted: bool, restarts: tuple[int, str | None] = (0, None)
-) -> TuneSummary:
-    from rayflow.errors import first_error_line
-
-    metric, mode, time_attr = job.metric, job.mode, job.time_attr
-    done = [
-        r for r in results if r.metrics and metric in r.metrics and r.error is None
-    ]  # trials that reported
-    best = results.get_best_result(metric=metric, mode=mode, scope="last") if done else None
-    progress = [int((r.metrics or {}).get(time_attr, 0) or 0) for r in results]
-    # With no limit set (the scheduler's default max_t is not one a trainable knows of), the
-    # furthest any trial got is the limit: a trial that ended short of it was stopped early.
-    max_t = job.max_t or (max(progress, default=0) or None if job.scheduler_label else None)
-    numbers = (
-        {
-            k: v
-            for k, v in (best.metrics or {}).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in TUNE_AUTO_KEYS
-        }
-        if best
-        else {}
-    )
-    return TuneSummary(
-        best_config=dict(best.config) if best else {},
-        best_metrics=numbers,
-        best_checkpoint=_best_checkpoint(best),
-        trials=len(results),
-        errored=results.num_errors,
-        interrupted=interrupted,
-        stopped_early=sum(
-            1
-            for r in done
-            if max_t
-            and r.metrics.get(time_attr, max_t) < max_t
-            and not r.metrics.get(RAN_TO_END)  # a trial that said it ran to its end
-        )
-        if job.scheduler_label
-        else 0,
-        trial_epochs=sum(progress),
-        budget_epochs=len(results) * job.max_t
-        if job.max_t
-        else 0,  # grid_search multiplies num_samples
-        devices=sorted({str(r.metrics["device"]) for r in done if "device" in r.metrics}),
-        error=first_error_line(results.errors[0]) if results.errors else None,
-        metric=metric,
-        shown_metrics=job.shown_metrics,
-        scheduler_label=job.scheduler_label,
-        unit="epoch" if time_attr == "epoch" else "iteration",
-        restarted=restarts[0],
-        restart_reason=restarts[1],
-        reported_instead=job.reported_instead,
-    )

@@ -171,7 +171,7 @@ class Rayflow:
 
     def plots(self, client, run) -> dict[str, dict]:
         """{PNG name: the summary it stores} of the plots/ artifacts of an MLflow run (rayflow.results.plots)."""
-        from rayflow.results.plots import read_meta
+        from rayflow.results.plots.make import read_meta
 
         names = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
         folder = self.workdir / "downloaded" / run.info.run_id

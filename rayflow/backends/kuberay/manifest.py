@@ -287,10 +287,10 @@ def cluster_of(manifest: Mapping) -> Mapping:
 
 def literal_secrets(value: Any, path: str = "") -> list[tuple[str, str]]:
     """(path, variable) of each `env` item anywhere in the manifest whose name says it is secret
-    (rayflow.security.redaction.is_secret_name) and whose value is written in it: the object stored
-    in the API server would hold it in clear for anyone who may read it. valueFrom items are
-    fine."""
-    from rayflow.security.redaction import is_secret_name
+    (rayflow.security.secret_names.is_secret_name) and whose value is written in it: the object
+    stored in the API server would hold it in clear for anyone who may read it. valueFrom items
+    are fine."""
+    from rayflow.security.secret_names import is_secret_name
 
     out: list[tuple[str, str]] = []
     if isinstance(value, Mapping):

@@ -38,7 +38,8 @@ from rayflow.backends.spark import kept as kept_holder
 from rayflow.backends.spark import processes
 from rayflow.backends.spark.plan import active_session, sizing_plan
 from rayflow.errors import ConfigError
-from rayflow.runtime.progress import phase, shutdown_ray
+from rayflow.runtime.progress import phase
+from rayflow.runtime.ray_logs import shutdown_ray
 from rayflow.schema.values import flatten, renamed_key_error
 from rayflow.security.auth import (
     NO_LOOPBACK,

@@ -85,7 +85,7 @@ def job(cfg, ctx):
     """workload=cifar's keys as the TuneJob workload=tune runs (rayflow.workloads.tune)."""
     from ray import tune
 
-    from rayflow.runtime.progress import tune_verbose
+    from rayflow.runtime.verbosity import tune_verbose
     from rayflow.workloads import user_code
     from rayflow.workloads.tune import resources
     from rayflow.workloads.tune_runner import TuneJob
@@ -124,7 +124,7 @@ def run(cfg, ctx):
 
 
 def figures(cfg, experiment_dir):
-    from rayflow.results.plots import tune_figures
+    from rayflow.results.plots.make import tune_figures
     from rayflow.workloads.tune import progress
 
     w = cfg.workload

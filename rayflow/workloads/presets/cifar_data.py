@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from rayflow.errors import DataError
-from rayflow.runtime import progress
+from rayflow.runtime import progress, transfer
 from rayflow.security.redaction import mask_text
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -180,7 +180,7 @@ def download(
     name = Path(urllib.parse.urlsplit(url).path).name or "cifar-10-python.tar.gz"
     with (
         tempfile.TemporaryDirectory(dir=root) as tmp,
-        progress.Transfer(f"downloading {name}", "data") as bar,
+        transfer.Transfer(f"downloading {name}", "data") as bar,
     ):
         archive = Path(tmp) / "cifar-10-python.tar.gz"
         digest = hashlib.md5()

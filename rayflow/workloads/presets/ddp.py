@@ -39,7 +39,9 @@ def params(cfg) -> None:
 
 
 def figures(cfg, experiment_dir):
-    from rayflow.results.plots import asha_rungs, training, tune_figures
+    from rayflow.results.plots.curves import asha_rungs
+    from rayflow.results.plots.make import tune_figures
+    from rayflow.results.plots.training import training
     from rayflow.results.records import train_epochs
 
     w = cfg.workload

@@ -59,7 +59,7 @@ def params(cfg) -> tuple[str, ...]:
 
 
 def figures(cfg, experiment_dir):
-    from rayflow.results.plots import returns
+    from rayflow.results.plots.curves import returns
     from rayflow.results.records import tune_trials
 
     goal = cfg.workload.stop.get("episode_return_mean")
