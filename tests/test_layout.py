@@ -72,20 +72,37 @@ def test_the_circle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def _engines() -> tuple[set[str], set[str]]:
+    """The backends' homes, read from the registry (the one list of backends): the engine
+    packages (rayflow.backends.<engine>.<module>) and the single modules (rayflow.backends.<name>)."""
+    from rayflow.backends import REGISTRY
+
+    parts = [entry.backend.partition(":")[0].split(".") for entry in REGISTRY.values()]
+    return {p[2] for p in parts if len(p) == 4}, {p[2] for p in parts if len(p) == 3}
+
+
 def test_one_package_per_engine_and_no_prefixed_modules():
     backends = REPO / "rayflow" / "backends"
-    for engine in ("spark", "vm", "kuberay"):
+    engines, single = _engines()
+    assert engines and single, (engines, single)
+    for engine in engines:
         assert (backends / engine / "__init__.py").is_file(), engine
         assert not (backends / f"{engine}.py").exists()
-    assert sorted(p.name for p in backends.glob("*.py")) == [
-        "__init__.py",
-        "attach.py",
-        "base.py",
-        "handle.py",
-        "kept.py",
-        "keys.py",
-        "local.py",
-    ]
+    # the contract's modules (base, handle, kept, keys), the registry, and the one-module backends
+    assert sorted(p.stem for p in backends.glob("*.py")) == sorted(
+        {"__init__", "base", "handle", "kept", "keys", *single}
+    )
+
+
+def test_every_engine_is_independent_of_the_others():
+    """pyproject's import-linter contract names the engines: a new one is in it, or it could
+    import another engine unseen."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [independence] = [c for c in contracts["contracts"] if c["type"] == "independence"]
+    engines, _ = _engines()
+    assert set(independence["modules"]) == {f"rayflow.backends.{e}" for e in engines}
 
 
 def _is_shim(path: Path) -> bool:

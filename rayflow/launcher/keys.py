@@ -9,6 +9,7 @@ import math
 
 from pydantic import Field
 
+from rayflow.backends import REGISTRY
 from rayflow.schema.kinds import (
     NUMBER_MAX,
     Bytes,
@@ -59,7 +60,7 @@ class JobResources(Part):
 
 
 class Launcher(Section):
-    backend: OneOf("local", "attach", "spark", "vm", "kuberay") = Field(
+    backend: OneOf(*REGISTRY) = Field(
         description="where the jobs run; that backend's keys may be set beside this one (null: "
         "its default)"
     )

@@ -12,7 +12,6 @@ from importlib import resources
 
 import yaml
 
-BACKENDS = ("local", "attach", "spark", "vm", "kuberay")
 # Backend keys the launcher sets itself: `name` is `backend`; the device follows the jobs' GPUs.
 DERIVED = ("name", "compute_device")
 
@@ -40,8 +39,10 @@ def backend_defaults(name: str) -> dict:
 @functools.cache
 def backend_keys() -> dict[str, tuple[str, ...]]:
     """Every backend key the launcher takes -> the backends that have it."""
+    from rayflow.backends import REGISTRY  # the one list of backends (no engine is imported)
+
     found: dict[str, list[str]] = {}
-    for name in BACKENDS:
+    for name in REGISTRY:
         for key in backend_defaults(name):
             if key not in DERIVED:
                 found.setdefault(key, []).append(name)
