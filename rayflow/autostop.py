@@ -51,17 +51,12 @@ def dashboard_url(spec: dict[str, Any]) -> str:
     """The dashboard of the cluster this job runs on, as its GCS records it (the head's own port,
     whatever a user's manifest or cluster YAML made it), else the spec's guess. A GCS client is
     not a driver: asking counts as no activity."""
-    from ray._private import ray_constants
-    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # a Cython class
+    from rayflow.runtime import ray_internals
 
-    address = os.environ.get(ray_constants.RAY_ADDRESS_ENVIRONMENT_VARIABLE)
+    address = os.environ.get(ray_internals.ray_address_env_var())
     if not address or "://" in address:
         return str(spec["dashboard"])
-    found = GcsClient(address=address).internal_kv_get(
-        ray_constants.DASHBOARD_ADDRESS.encode(),
-        namespace=ray_constants.KV_NAMESPACE_DASHBOARD,
-        timeout=30,
-    )
+    found = ray_internals.dashboard_address_from_gcs(address, timeout_s=30)
     if not found:
         return str(spec["dashboard"])
     host, _, port = found.decode().rpartition(":")

@@ -27,6 +27,7 @@ from rayflow.errors import (
     RunInterrupted,
 )
 from rayflow.orchestrator.compose import CONFIG_MODULE, CONFIG_NAME
+from rayflow.runtime import hydra_internals
 from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text, masked_message, redact
 
@@ -96,10 +97,10 @@ def hydra_shows_redacted():
     strings): each config Hydra composes here has its secrets masked before it is printed."""
     from unittest import mock
 
-    from hydra._internal.hydra import Hydra
     from omegaconf import OmegaConf
 
-    compose = Hydra.compose_config
+    hydra_app = hydra_internals.hydra_class()
+    compose = hydra_app.compose_config
 
     def redacted(self, *args, **kwargs):
         cfg = compose(self, *args, **kwargs)
@@ -108,7 +109,7 @@ def hydra_shows_redacted():
         return cfg
 
     # Hydra has no hook between composing and printing: its method is swapped while the block runs
-    with mock.patch.object(Hydra, "compose_config", redacted):
+    with mock.patch.object(hydra_app, "compose_config", redacted):
         yield
 
 
@@ -139,8 +140,6 @@ def masked_traceback(kind, value, tb) -> None:
 
 
 def _main() -> None:
-    from hydra._internal.utils import get_args_parser
-
     from rayflow.commands import COMMANDS
 
     if sys.argv[1:2] and sys.argv[1] in COMMANDS:  # a word, never an override (key=value)
@@ -150,7 +149,7 @@ def _main() -> None:
         return
 
     with masked("stdout"):  # argparse's usage error quotes the arguments
-        args = get_args_parser().parse_args(sys.argv[1:])
+        args = hydra_internals.args_parser().parse_args(sys.argv[1:])
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
         with masked("stdout"), hydra_shows_redacted():
             _informational()

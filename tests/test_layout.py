@@ -1,5 +1,6 @@
 """The house's shape: the layers of [tool.importlinter] hold, no import circle anywhere in rayflow/
-(inside packages too), one package per engine, and no module left that only re-exports others."""
+(inside packages too), one package per engine, no module left that only re-exports others, and
+Ray's and Hydra's private modules used through their doors only."""
 
 from __future__ import annotations
 
@@ -141,6 +142,103 @@ def test_no_shim_modules():
         if p not in allowed and _is_shim(p)
     ]
     assert shims == []
+
+
+# The doors to Ray's and Hydra's private modules (issue 47): every import of one (`ray._private`,
+# `ray.autoscaler._private`, `ray._raylet`, `hydra._internal`, a `_name` of theirs) and every
+# private attribute of theirs read (`cluster_init._active_ray_cluster`) is in one of these, so an
+# upgrade of either is checked in one place.
+PRIVATE_DOORS = {
+    "rayflow/runtime/ray_internals.py",
+    "rayflow/runtime/hydra_internals.py",
+    "rayflow/backends/vm/internals.py",
+}
+ENGINES = ("ray", "hydra")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) for each private module or name of Ray or Hydra a module imports (a part of
+    the module's path, or an imported name, starting with one underscore), and each private
+    attribute read of a name it imported from them (`ray._private.worker`, `cluster_init._x`)."""
+    found, bound = [], set()  # bound: the names Ray's and Hydra's imports bind, anywhere in it
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] in ENGINES:
+                    bound.add(alias.asname or parts[0])
+                    if any(map(_private, parts)):
+                        found.append((node.lineno, f"import {alias.name}"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] in ENGINES:
+                bound.update(alias.asname or alias.name for alias in node.names)
+                names = [a.name for a in node.names]
+                if any(map(_private, parts)) or any(map(_private, names)):
+                    found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_rays_and_hydras_private_parts_are_used_through_their_doors_only():
+    used = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for path in sorted((REPO / "rayflow").rglob("*.py"))
+        if path.relative_to(REPO).as_posix() not in PRIVATE_DOORS
+        for line, what in _private_uses(ast.parse(path.read_text()))
+    ]
+    assert used == [], (
+        "Ray's and Hydra's private modules and names go through their doors (a function there, "
+        f"saying why no public API does it): {sorted(PRIVATE_DOORS)}"
+    )
+
+
+def test_the_private_use_finder_finds_them():
+    code = """
+import ray
+import ray._private.services as services
+from hydra._internal.utils import get_args_parser
+from ray.autoscaler.sdk import _helper
+from ray.util.spark import cluster_init, setup_ray_cluster
+from rayflow.runtime import _ours
+import ray.util
+
+
+def f():
+    return ray._private.worker, cluster_init._active_ray_cluster, ray.util.get_node_ip_address
+"""
+    assert [line for line, _ in _private_uses(ast.parse(code))] == [3, 4, 5, 12, 12]
+
+
+def test_the_doors_import_their_engine_when_called_and_nothing_of_rayflow():
+    """Importing rayflow imports no Ray and no Hydra through a door; and a door imports nothing of
+    rayflow, so that any layer may call it (rayflow.security does: pyproject's ignore_imports)."""
+    for door in sorted(PRIVATE_DOORS):
+        tree = ast.parse((REPO / door).read_text())
+        top = [
+            alias.name if isinstance(node, ast.Import) else node.module
+            for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        ]
+        assert not [m for m in top if m and m.split(".")[0] in ENGINES], door
+        every = [
+            alias.name if isinstance(node, ast.Import) else node.module
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        ]
+        assert not [m for m in every if m and m.split(".")[0] == "rayflow"], door
 
 
 def test_tests_never_import_conftest_as_a_module():

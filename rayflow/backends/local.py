@@ -15,6 +15,7 @@ import yaml
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ClusterError
+from rayflow.runtime import ray_internals
 from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.progress import phase
 from rayflow.runtime.ray_logs import shutdown_ray
@@ -222,9 +223,8 @@ class LocalCluster(ClusterBackend):
                 context = ray.init(**kwargs, log_to_driver=True)
         if token:
             secure_token_file()  # and the file itself 0600
-        # the GCS, raylet and dashboard this call started; ray declares it `_global_node = None`,
-        # so mypy reads it as always None
-        node = ray._private.worker._global_node
+        # the GCS, raylet and dashboard this call started
+        node = ray_internals.local_node()
         # Undo steps run newest first: a clean shutdown, then whatever of the node it left.
         handle.on_stop(
             "kill what is left of the local Ray node",

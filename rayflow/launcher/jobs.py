@@ -17,6 +17,7 @@ from omegaconf import DictConfig, open_dict, read_write
 
 from rayflow.errors import RunFailed
 from rayflow.launcher.outputs import pack
+from rayflow.runtime import hydra_internals
 from rayflow.runtime.placement import PlacementWatch
 
 
@@ -122,7 +123,7 @@ def job_failed(finished: Finished) -> str | None:
     if finished.error:
         return finished.error
     if finished.job_return is not None and finished.job_return.status == JobStatus.FAILED:
-        return _first_line(finished.job_return._return_value)
+        return _first_line(hydra_internals.job_return_value(finished.job_return))
     return None
 
 

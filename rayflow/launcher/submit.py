@@ -24,6 +24,7 @@ from typing import Any
 from rayflow.backends import ClusterHandle
 from rayflow.errors import RunFailed
 from rayflow.launcher.jobs import Finished, HydraJob, Shared
+from rayflow.runtime import hydra_internals
 
 BUNDLE = "rayflow-sweep.pkl"
 MARKER = "[rayflow-sweep] "  # the head's last line: MAC and JSON of every job's Finished
@@ -158,6 +159,7 @@ def finished_data(finished: Finished) -> dict:
     job_return = None
     if ret is not None:
         failed = ret.status == JobStatus.FAILED
+        value = hydra_internals.job_return_value(ret)  # what it returned, or what it raised
         job_return = {
             "overrides": list(ret.overrides or []),
             "cfg": _container(ret.cfg),
@@ -165,10 +167,8 @@ def finished_data(finished: Finished) -> dict:
             "working_dir": ret.working_dir,
             "task_name": ret.task_name,
             "status": ret.status.name,
-            "error": _error_data(ret._return_value)
-            if failed and isinstance(ret._return_value, BaseException)
-            else None,
-            "value": None if failed else returned_value(ret._return_value),
+            "error": _error_data(value) if failed and isinstance(value, BaseException) else None,
+            "value": None if failed else returned_value(value),
         }
     return {
         "idx": finished.idx,

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from rayflow.backends import backend_keys
 from rayflow.errors import ConfigError
+from rayflow.runtime import hydra_internals
 from rayflow.schema.values import renamed_key_error
 from rayflow.workloads import workload_keys
 
@@ -187,7 +188,6 @@ def sweep_points(overrides: list[str], multirun: bool) -> list[list[str]]:
     (every point: a sweep is never cut short); hydra.* overrides are Hydra's, not a job's, but
     for hydra.searchpath: `hydra.searchpath=[file://conf]` adds the user's own options (a
     conf/workload/my_search.yaml) to every job's composition."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     def is_hydra(
@@ -199,7 +199,7 @@ def sweep_points(overrides: list[str], multirun: bool) -> list[list[str]]:
     if not multirun:
         return [[o for o in overrides if not is_hydra(o)]]
     parsed = OverridesParser.create().parse_overrides(overrides)
-    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    batches = hydra_internals.sweep_batches(parsed)
     return [[o for o in point if not is_hydra(o)] for batch in batches for point in batch]
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from rayflow.runtime import ray_internals
 from rayflow.runtime.verbosity import autoscaler_lines
 from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text
@@ -139,9 +140,7 @@ def _read_jobs_api(client: Any, job_id: str) -> str:
     kept, total, complete = bytearray(), 0, True
     with requests.get(
         f"{client.get_address()}/api/jobs/{job_id}/logs",
-        headers=client._headers,
-        cookies=client._cookies,
-        verify=client._verify,
+        **ray_internals.jobs_client_request_options(client),
         stream=True,
         timeout=30,
     ) as answer:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -23,6 +24,7 @@ from rayflow.orchestrator.job_files import (
     working_dir_path,
 )
 from rayflow.orchestrator.upload_size import check_size, upload_limit
+from rayflow.runtime import ray_internals
 
 
 def check_upload(cfg: DictConfig, limit: int | None = None, in_place: bool = False) -> None:
@@ -68,9 +70,7 @@ _CREDENTIALS_SHOWN = 5
 def credential_files(names: list[str]) -> list[str]:
     """The names (as in the zip: a/b/c) that CREDENTIAL_EXCLUDES would drop, a folder's tree
     included (`.aws/credentials` through `.aws`)."""
-    from ray._private.thirdparty.pathspec import PathSpec  # Ray's own copy, as Ray matches
-
-    spec = PathSpec.from_lines("gitwildmatch", CREDENTIAL_EXCLUDES)
+    spec = ray_internals.ray_pathspec(CREDENTIAL_EXCLUDES)  # Ray's own copy, as Ray matches
 
     def matches(name: str) -> bool:
         parts = name.rstrip("/").split("/")
@@ -100,10 +100,7 @@ def _name_credentials(key: str, names: list[str], parent: bool, path: Path) -> N
 
 def _ray_default_excludes() -> list[str]:
     """What Ray itself drops from a working_dir (.git, .venv, venv, __pycache__ in Ray 2.60)."""
-    from ray._private import ray_constants
-
-    get = getattr(ray_constants, "get_runtime_env_default_excludes", None)
-    return list(get()) if get is not None else []
+    return ray_internals.default_excludes()
 
 
 def _rayflow_files() -> list[str]:
@@ -126,24 +123,20 @@ def _rayflow_files() -> list[str]:
 def _check_own_package(patterns: list[str]) -> None:
     """Ray applies a job's `excludes` to every package it packs, rayflow's own too: a pattern that
     drops a file of rayflow's (`*.yaml` would drop its configs) is refused."""
-    # Ray's own copy: its negation differs from pathspec 1.x
-    from ray._private.thirdparty.pathspec import PathSpec
 
-    def dropped(
-        spec: PathSpec, rel: str
-    ) -> bool:  # as Ray walks: each folder on the way, then the file
+    # Ray's own copy of pathspec: its negation differs from pathspec 1.x
+    def dropped(spec: Any, rel: str) -> bool:  # as Ray walks: each folder on the way, then the file
         parts = rel.split("/")
         return any(spec.match_file("/".join(parts[: i + 1])) for i in range(len(parts)))
 
-    spec = PathSpec.from_lines("gitwildmatch", patterns)
+    spec = ray_internals.ray_pathspec(patterns)
     for rel in _rayflow_files():
         if dropped(spec, rel):
             culprit = next(
                 (
                     p
                     for p in patterns
-                    if not p.startswith("!")
-                    and dropped(PathSpec.from_lines("gitwildmatch", [p]), rel)
+                    if not p.startswith("!") and dropped(ray_internals.ray_pathspec([p]), rel)
                 ),
                 patterns[-1],
             )

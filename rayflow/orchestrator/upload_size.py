@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 from rayflow.errors import ConfigError
+from rayflow.runtime import ray_internals
 
 # A submitted job's packages go to the head in one HTTP request each, whose body the dashboard
 # refuses above this (ray/_private/ray_constants.py DASHBOARD_CLIENT_MAX_SIZE, aiohttp's
@@ -40,12 +41,9 @@ _quiet = logging.Logger("rayflow.orchestrator.upload_size.quiet", level=logging.
 def upload_limit() -> int:
     """The largest package Ray takes with a submitted job (bytes): the dashboard's request limit
     or the GCS's, whichever is lower."""
-    from ray._private import ray_constants
-    from ray._private.runtime_env.packaging import GCS_STORAGE_MAX_SIZE
-
     return min(
-        int(getattr(ray_constants, "DASHBOARD_CLIENT_MAX_SIZE", DASHBOARD_BODY_LIMIT)),
-        int(GCS_STORAGE_MAX_SIZE),
+        ray_internals.dashboard_body_limit(DASHBOARD_BODY_LIMIT),
+        ray_internals.gcs_package_limit(),
     )
 
 
@@ -55,11 +53,8 @@ def upload_entries(
     """What Ray packs of `path` (a folder, or one .py file) with these excludes and this side's
     .gitignore setting: ([(name in the zip, bytes the entry takes in the zip)], the zip's size,
     whether counting stopped at `stop_at` bytes). Ray's own traversal decides what goes in."""
-    from ray._private.ray_constants import RAY_RUNTIME_ENV_IGNORE_GITIGNORE
-    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
-
     # as the Jobs client reads it
-    include_gitignore = os.environ.get(RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
+    include_gitignore = os.environ.get(ray_internals.ignore_gitignore_env_var(), "0") != "1"
     root = Path(path).absolute()
     base = root.parent if root.is_file() else root
     entries: list[tuple[str, int]] = []
@@ -89,12 +84,8 @@ def upload_entries(
 
     stopped = False
     try:
-        _dir_travel(
-            root,
-            [_get_excludes(root, list(patterns))],
-            handler,
-            include_gitignore=include_gitignore,
-            logger=_quiet,
+        ray_internals.walk_package(
+            root, list(patterns), handler, include_gitignore=include_gitignore, logger=_quiet
         )
     except _Enough:
         stopped = True

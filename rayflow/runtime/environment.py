@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterator
+
+from rayflow.runtime import ray_internals
 
 
 def apply_auth_mode(mode: str) -> None:
@@ -24,8 +25,7 @@ def apply_auth_mode(mode: str) -> None:
 
 def reread_ray_config() -> None:
     """Make an imported Ray re-read its C++ config (the auth mode) from the environment."""
-    if "ray._raylet" in sys.modules:
-        sys.modules["ray._raylet"].Config.initialize("")
+    ray_internals.reread_config_if_imported()
 
 
 @contextlib.contextmanager

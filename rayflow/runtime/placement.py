@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from rayflow.errors import ConfigError
+from rayflow.runtime import ray_internals
 
 RESOURCE_KEYS = {"CPU": "cpu", "GPU": "gpu", "memory": "memory"}
 
@@ -152,11 +153,9 @@ class PlacementWatch:
         )
 
     def _run(self) -> None:
-        import ray
         from ray.autoscaler.v2.sdk import get_cluster_resource_state
 
-        # Ray sets gcs_client on its Worker when the driver connects; the class does not declare it
-        gcs = ray._private.worker.global_worker.gcs_client
+        gcs = ray_internals.driver_gcs_client()
         since, nodes_seen = None, -1
         while not self._stop.wait(self.interval_s):
             # Broad on purpose: a watch that fails must never fail the run it watches; whatever the

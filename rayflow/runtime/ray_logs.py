@@ -17,6 +17,7 @@ import sys
 import time
 from typing import TextIO
 
+from rayflow.runtime import ray_internals
 from rayflow.runtime.progress import interactive
 
 # A terminal's colour and cursor codes (rayflow.runtime.verbosity reads the autoscaler's lines
@@ -89,35 +90,26 @@ def settle_ray_logs(quiet_s: float = LOGS_QUIET_S, max_s: float = LOGS_WAIT_MAX_
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return
-    from ray._private import ray_logging, worker
-
     arrived = [time.monotonic()]
     name = "rayflow_settle_logs"
-    ray_logging.global_worker_stdstream_dispatcher.add_handler(
-        name, lambda data: arrived.__setitem__(0, time.monotonic())
-    )
+    dispatcher = ray_internals.worker_log_dispatcher()
+    dispatcher.add_handler(name, lambda data: arrived.__setitem__(0, time.monotonic()))
     deadline = time.monotonic() + max_s
     try:
         while time.monotonic() < deadline and time.monotonic() - arrived[0] < quiet_s:
             time.sleep(0.05)
     finally:
-        ray_logging.global_worker_stdstream_dispatcher.remove_handler(name)
-    _flush_deduplicated(ray_logging, worker)
+        dispatcher.remove_handler(name)
+    _flush_deduplicated()
 
 
-def _flush_deduplicated(ray_logging, worker) -> None:
+def _flush_deduplicated() -> None:
     """What ray.shutdown prints of the deduplicators (ray._private.worker.disconnect), now, under
     the dispatcher's lock: the log thread prints nothing meanwhile."""
-    lock = (
-        getattr(ray_logging.global_worker_stdstream_dispatcher, "_lock", None)
-        or contextlib.nullcontext()
-    )
-    ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker)
+    lock = ray_internals.worker_log_lock()
+    ignore_prefix = ray_internals.ignore_worker_log_prefix()
     with lock:
-        for leftover in ray_logging.stdout_deduplicator.flush():
-            worker.print_worker_logs(leftover, sys.stdout, ignore_prefix)
-        for leftover in ray_logging.stderr_deduplicator.flush():
-            worker.print_worker_logs(leftover, sys.stderr, ignore_prefix)
+        ray_internals.flush_worker_log_deduplicators(ignore_prefix)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
 
@@ -127,11 +119,10 @@ def shutdown_ray() -> None:
     (an actor's `__del__` cut short by the SIGTERM: a traceback ending in `SystemExit: 1`, under
     a run's results). What they printed before the stop is let through first (settle_ray_logs)."""
     import ray
-    from ray._private import ray_logging
 
     settle_ray_logs(quiet_s=0.2, max_s=LOGS_WAIT_MAX_S)
     # the handler ray.init(log_to_driver=True) adds, and ray.shutdown removes
-    ray_logging.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+    ray_internals.worker_log_dispatcher().remove_handler("ray_print_logs")
     ray.shutdown()
 
 

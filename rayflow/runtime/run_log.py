@@ -34,6 +34,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from rayflow.runtime import ray_internals
 from rayflow.security.redaction import mask_text
 
 # Libraries that print through a stream handler of their own (their loggers do not propagate)
@@ -166,15 +167,12 @@ class RunLog:
         """Ray's printer of its workers' lines (ray.init(log_to_driver=True)) replaced by this
         log's, once Ray is connected: every line into the file, the shown ones printed as Ray
         does (its deduplication included)."""
-        from ray._private import ray_logging, worker
-
-        dispatcher = ray_logging.global_worker_stdstream_dispatcher
-        with dispatcher._lock:
-            printers = [h for name, h in dispatcher.handlers if name == "ray_print_logs"]
+        dispatcher = ray_internals.worker_log_dispatcher()
+        printers = ray_internals.worker_log_handlers("ray_print_logs")
         if not printers or self._rays_printer is not None:
             return  # not connected with log_to_driver, or taken already
         self._rays_printer = printers[0]
-        ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker)
+        ignore_prefix = ray_internals.ignore_worker_log_prefix()
         dispatcher.remove_handler("ray_print_logs")
         # by Ray's name: ray.shutdown removes it as it removes its own
         dispatcher.add_handler(
@@ -182,11 +180,9 @@ class RunLog:
         )
 
     def _worker_batch(self, data: dict, ignore_prefix: bool) -> None:
-        from ray._private import worker
-
         lines, pid = list(data.get("lines") or []), data.get("pid")
         if pid == "autoscaler":  # the monitor's whole log: Ray prints its events only
-            worker.print_to_stdstream(data, ignore_prefix)
+            ray_internals.print_worker_lines(data, ignore_prefix)
             return
         # all of them shown from verbose=1; the raylet's and the autoscaler's always (an OOM
         # kill, a scale-up: rayflow.runtime.verbosity.autoscaler_lines summarises those)
@@ -200,23 +196,19 @@ class RunLog:
             self.write(f"({who} pid={pid}, ip={data.get('ip')}) {line}", hidden)
         shown = [line for line, hidden in split if not hidden]
         if shown:
-            worker.print_to_stdstream({**data, "lines": shown}, ignore_prefix)
+            ray_internals.print_worker_lines({**data, "lines": shown}, ignore_prefix)
 
     def give_back_worker_lines(self) -> None:
         """Ray's own printer back, where this log's is still in place (the cluster outlives the
         job); what an unfinished `Exception ignored` block held, printed."""
-        from ray._private import ray_logging
-
         held = self._workers.held()
         if held:
             print("\n".join(held), file=sys.stderr)
         printer, self._rays_printer = self._rays_printer, None
         if printer is None:
             return
-        dispatcher = ray_logging.global_worker_stdstream_dispatcher
-        with dispatcher._lock:
-            ours = any(name == "ray_print_logs" for name, _ in dispatcher.handlers)
-        if ours:
+        if ray_internals.worker_log_handlers("ray_print_logs"):
+            dispatcher = ray_internals.worker_log_dispatcher()
             dispatcher.remove_handler("ray_print_logs")
             dispatcher.add_handler("ray_print_logs", printer)
 

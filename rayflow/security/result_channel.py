@@ -52,16 +52,19 @@ def take_key() -> bytes | None:
 def scrub_job_config(name: str) -> None:
     """The environment variable `name` out of the job config Ray hands this driver's workers
     (a key handed to the driver is the driver's alone)."""
-    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+    # Ray's private name, through its door: the one import of this package from a layer above
+    # (pyproject.toml's ignore_imports), made when called, as Ray's own import was
+    from rayflow.runtime.ray_internals import job_config_env_var
 
-    text = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
+    variable = job_config_env_var()
+    text = os.environ.get(variable)
     if not text:
         return
     config = json.loads(text)
     env_vars = (config.get("runtime_env") or {}).get("env_vars") or {}
     if name in env_vars:
         del env_vars[name]
-        os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(config)
+        os.environ[variable] = json.dumps(config)
 
 
 def _mac(key: bytes, marker: str, payload: str) -> str:

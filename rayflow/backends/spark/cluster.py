@@ -39,6 +39,7 @@ from rayflow.backends.spark import processes
 from rayflow.backends.spark.plan import active_session, sizing_plan
 from rayflow.errors import ConfigError
 from rayflow.runtime.progress import phase
+from rayflow.runtime.ray_internals import active_ray_on_spark_cluster
 from rayflow.runtime.ray_logs import shutdown_ray
 from rayflow.schema.values import flatten, renamed_key_error
 from rayflow.security.auth import (
@@ -378,7 +379,7 @@ class SparkCluster(ClusterBackend):
     def _ray_on_spark(self, steps: ClusterHandle) -> str:
         """The Ray cluster inside Spark (setup_ray_cluster): its head here, its workers in Spark
         tasks (`steps` shuts it down)."""
-        from ray.util.spark import cluster_init, setup_ray_cluster, shutdown_ray_cluster
+        from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
 
         args = self.setup_args()
         low = (
@@ -396,7 +397,7 @@ class SparkCluster(ClusterBackend):
             step.status(
                 lambda: (
                     "waiting for worker nodes"
-                    if cluster_init._active_ray_cluster is not None
+                    if active_ray_on_spark_cluster() is not None
                     else "starting the head node"
                 )
             )
@@ -404,7 +405,7 @@ class SparkCluster(ClusterBackend):
                 address, _ = setup_ray_cluster(**args)
                 secure_token_file()  # whatever Ray wrote meanwhile: 0600 in a 0700 ~/.ray
             finally:  # a setup that failed halfway may still have left its head node running
-                cluster = cluster_init._active_ray_cluster
+                cluster = active_ray_on_spark_cluster()
                 if cluster is not None:
                     # its processes read now too: once its launcher is gone, what it left is
                     # no longer found under it
@@ -430,9 +431,7 @@ class SparkCluster(ClusterBackend):
     def _keep(self, handle: ClusterHandle, steps: ClusterHandle) -> None:
         """Hand the cluster just started to this process's holder, under its idle timer; the
         run's handle then only disconnects its driver."""
-        from ray.util.spark import cluster_init
-
-        ray_cluster = cluster_init._active_ray_cluster
+        ray_cluster = active_ray_on_spark_cluster()
         host = handle.address.rsplit(":", 1)[0]
         me = psutil.Process()
         where = {

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from rayflow.runtime import ray_internals
+
 GIB = 1024**3
 
 
@@ -21,23 +23,16 @@ def active_session():
 
 def _worker_facts(num_cpus, num_gpus, heap, object_store) -> dict:
     """Run on a Spark worker: its cores, GPUs, memory and Ray's sizing of one Ray node there."""
-    from ray.util.spark.utils import (
-        _get_avail_mem_per_ray_worker_node,
-        _get_cpu_cores,
-        _get_num_physical_gpus,
-        _get_spark_worker_total_physical_memory,
-    )
-
-    cores, gpus = _get_cpu_cores(), _get_num_physical_gpus()
+    cores, gpus = ray_internals.spark_worker_cores(), ray_internals.spark_worker_gpus()
     cpus = num_cpus if num_cpus is not None else cores
     gpus_per_node = num_gpus if num_gpus is not None else gpus
-    heap_bytes, store_bytes, err, warning = _get_avail_mem_per_ray_worker_node(
+    heap_bytes, store_bytes, err, warning = ray_internals.ray_on_spark_node_memory(
         cpus, gpus_per_node, heap, object_store
     )
     return {
         "cores": cores,
         "gpus": gpus,
-        "memory_bytes": _get_spark_worker_total_physical_memory(),
+        "memory_bytes": ray_internals.spark_worker_memory(),
         "node_cpus": cpus,
         "node_gpus": gpus_per_node,
         "heap_bytes": heap_bytes,

@@ -24,6 +24,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from rayflow.backends.vm import internals
+
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 15
 # What EC2 and IAM answer to keys they do not know or whose signature does not match.
@@ -172,10 +174,8 @@ def _filled(types: str, head: str, provider: str, region: str, account: tuple) -
         "provider": {**json.loads(provider), "region": region},
     }
     probe(region, instance_types(doc))
-    from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
-
     # Ray's launcher says what it does on stdout ("Creating AWS resource ec2"): a dry run's
     # stdout is the cluster YAML alone
     with contextlib.redirect_stdout(io.StringIO()):
-        filled = AWSNodeProvider.fillout_available_node_types_resources(doc)
+        filled = internals.fill_aws_node_resources(doc)
     return copy.deepcopy(filled["available_node_types"])

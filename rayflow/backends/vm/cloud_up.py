@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayflow.backends.vm import internals
 from rayflow.errors import ClusterError
 
 # Long enough for an in-flight create call to come back and its VM to be listed.
@@ -84,11 +85,10 @@ def _on_event(data: dict[str, Any]) -> None:
 def _register() -> None:
     global _registered
     from ray.autoscaler import sdk
-    from ray.autoscaler._private.event_system import CreateClusterEvent
 
     with _REGISTERED:
         if not _registered:
-            for event in CreateClusterEvent:
+            for event in internals.create_cluster_events():
                 sdk.register_callback_handler(event, _on_event)
             _registered = True
 

@@ -40,7 +40,16 @@ import yaml
 from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
-from rayflow.backends.vm import cloud_up, kept_ops, owned, owner, state, tunnel, user_file
+from rayflow.backends.vm import (
+    cloud_up,
+    internals,
+    kept_ops,
+    owned,
+    owner,
+    state,
+    tunnel,
+    user_file,
+)
 from rayflow.backends.vm.checks import (
     check,
     check_cluster_name,
@@ -376,10 +385,10 @@ class VMCluster(ClusterBackend):
     def _fake_head(self, run: _Start) -> str:
         """`ray start --head` of a fake_multinode cluster in its temp dir; its dashboard URL once it
         answers."""
-        import ray._private.services as services
+        from ray.util import get_node_ip_address
 
         port, dashboard, *others = _free_ports(6)
-        config = self.cluster_config(gcs_address=f"{services.get_node_ip_address()}:{port}")
+        config = self.cluster_config(gcs_address=f"{get_node_ip_address()}:{port}")
         run.config_file = os.path.join(run.temp_dir, "autoscaling.yaml")
         Path(run.config_file).write_text(yaml.safe_dump(config))
         command = [
@@ -609,10 +618,9 @@ class VMCluster(ClusterBackend):
 def _head_running(config: dict) -> bool:
     """Whether the provider knows a live head of this cluster's name (Ray's own view: cloud tags,
     the local provider's cluster-NAME.state)."""
-    from ray.autoscaler._private.providers import _get_node_provider
     from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
-    provider = _get_node_provider(config["provider"], config["cluster_name"])
+    provider = internals.node_provider(config["provider"], config["cluster_name"])
     return bool(provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 
 from omegaconf import DictConfig
 
+from rayflow.backends.vm import internals
 from rayflow.backends.vm.defaults import placeholder, with_defaults
 from rayflow.backends.vm.keys import CLOUDS
 from rayflow.runtime.requirements import runtime_requirements
@@ -240,8 +241,8 @@ def launcher_output() -> Iterator[None]:
     import sys
 
     import colorful  # what Ray's cli_logger colours with (its `cf` proxies it)
-    from ray.autoscaler._private.cli_logger import cli_logger
 
+    cli_logger = internals.launcher_logger()
     saved = dict(vars(cli_logger))
     colours = colorful.colorful.colormode  # the module's own attribute would not reach it
     terminal = sys.stdout.isatty()

@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rayflow.backends.vm import internals
 from rayflow.backends.vm.checks import (
     placeholders,
 )
@@ -281,7 +282,6 @@ def validate(config: Mapping) -> None:
 
     import click
     import jsonschema
-    from ray.autoscaler._private.util import prepare_config, validate_config
 
     plain: dict[str, Any] = copy.deepcopy(dict(config))
     provider = (
@@ -291,8 +291,8 @@ def validate(config: Mapping) -> None:
     )
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            prepared = plain if provider == "fake_multinode" else prepare_config(plain)
-            validate_config(prepared)
+            prepared = plain if provider == "fake_multinode" else internals.prepare_config(plain)
+            internals.validate_config(prepared)
     # Ray's refusals: the schema's, its node-type rules' (ValueError), an unknown provider
     # (NotImplementedError) or out-of-date defaults (RuntimeError), its launcher's abort (click).
     except (jsonschema.ValidationError, ValueError, RuntimeError, click.ClickException) as err:

@@ -22,7 +22,7 @@ from typing import Any
 
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
-from rayflow.backends.vm import owned, owner
+from rayflow.backends.vm import internals, owned, owner
 from rayflow.backends.vm.commands import launcher_output
 from rayflow.errors import ClusterError
 from rayflow.runtime.activity import reachable
@@ -262,9 +262,6 @@ def _stop_hosts(config: dict[str, Any]) -> None:
     teardown finds the head through its provider's state in /tmp, which a reboot or a tmp
     cleaner removes); then Ray's record of them, if still there and this user's, marked
     stopped."""
-    from ray.autoscaler._private.local.config import get_state_path
-    from ray.autoscaler._private.providers import _get_node_provider
-
     settings = config["provider"]
     hosts = {**settings, "worker_ips": [*(settings.get("worker_ips") or []), settings["head_ip"]]}
     unreached = stop_local_workers({**config, "provider": hosts}) or []
@@ -274,8 +271,9 @@ def _stop_hosts(config: dict[str, Any]) -> None:
             "still run there; run `ray stop` on those hosts by hand"
         )
     name = config["cluster_name"]
-    if os.path.lexists(get_state_path(name)) and owned.ray_local_state_problem(name) is None:
-        provider = _get_node_provider(settings, name)
+    state_path = internals.local_state_path(name)
+    if os.path.lexists(state_path) and owned.ray_local_state_problem(name) is None:
+        provider = internals.node_provider(settings, name)
         provider.terminate_nodes(provider.non_terminated_nodes({}))
 
 

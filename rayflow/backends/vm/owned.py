@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from rayflow.backends.vm import internals
 from rayflow.errors import ClusterError
 from rayflow.security.auth import owned_privately, private_folder
 
@@ -162,7 +163,5 @@ def ray_local_state_problem(name: str) -> str | None:
     """Why Ray's own record of a local (SSH hosts) cluster of this name, which its local node
     provider reads and writes in Ray's temp dir (/tmp/ray/cluster-NAME.state, a folder anyone
     may write), is not this user's to trust; None when it is, or is not there."""
-    from ray.autoscaler._private.local.config import get_state_path
-
-    why = problem(get_state_path(name), folder=False)
+    why = problem(internals.local_state_path(name), folder=False)
     return f"Ray's record of the SSH-hosts cluster {name}: {why}" if why else None

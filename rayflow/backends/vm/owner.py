@@ -26,6 +26,7 @@ import copy
 import time
 from typing import Any
 
+from rayflow.backends.vm import internals
 from rayflow.errors import ClusterError, ConfigError
 
 OWNER_TAG = "rayflow-owner"
@@ -68,9 +69,7 @@ def owner_of(config: dict[str, Any]) -> str | None:
 
 
 def provider_of(config: dict[str, Any], **overrides: Any) -> Any:
-    from ray.autoscaler._private.providers import _get_node_provider
-
-    return _get_node_provider({**config["provider"], **overrides}, config["cluster_name"])
+    return internals.node_provider({**config["provider"], **overrides}, config["cluster_name"])
 
 
 def nodes(provider: Any, owner: str, kind: str | None = None) -> list[str]:

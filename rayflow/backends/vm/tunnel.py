@@ -39,10 +39,10 @@ CHUNK = 1 << 16
 def ssh_auth(config: Mapping) -> dict:
     """The cluster's SSH settings as Ray's launcher uses them: its bootstrapped config (an AWS
     key pair Ray made is filled in there), else the file's own `auth`."""
-    from ray.autoscaler._private.commands import _bootstrap_config
+    from ray.autoscaler import sdk
 
     try:
-        return dict(_bootstrap_config(dict(config), no_config_cache=True).get("auth") or {})
+        return dict(sdk.bootstrap_config(dict(config), no_config_cache=True).get("auth") or {})
     except (KeyError, ValueError, RuntimeError):  # a provider that bootstraps nothing of auth
         return dict(config.get("auth") or {})
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rayflow.backends.vm import user_file
+from rayflow.backends.vm import internals, user_file
 from rayflow.backends.vm.commands import (
     dashboard_host,
     launcher_env,
@@ -115,9 +115,7 @@ def _start_commands(doc: dict, kind: str, b: Mapping, auth_mode: str, path: str)
 
 
 def _ray_defaults(kind: str) -> dict:
-    from ray.autoscaler._private.providers import _get_default_config
-
-    return _get_default_config({"type": kind})
+    return internals.provider_defaults(kind)
 
 
 def _setup(doc: dict, raw: Mapping, kind: str, ray_version: str) -> str | None:

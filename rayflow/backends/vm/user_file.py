@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from rayflow.backends.vm import internals
 from rayflow.backends.vm.keys import cluster_name_problem, ssh_target_problem
 from rayflow.errors import ConfigError
 from rayflow.security.redaction import REDACTED
@@ -227,7 +228,6 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
     example.yaml the wheel lacks)."""
     import click
     import jsonschema
-    from ray.autoscaler._private.util import check_legacy_fields, prepare_config, validate_config
 
     check_filled(doc, path, kind)
     bad_target = ssh_target_problem(doc)  # hosts and user become ssh destinations
@@ -239,10 +239,12 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
             contextlib.redirect_stdout(io.StringIO()),
             contextlib.redirect_stderr(io.StringIO()),
         ):
-            prepared = dict(doc) if kind == "fake_multinode" else prepare_config(dict(doc))
-            validate_config(_with_resources_left_to_ray_up(prepared, kind))
+            prepared = (
+                dict(doc) if kind == "fake_multinode" else internals.prepare_config(dict(doc))
+            )
+            internals.validate_config(_with_resources_left_to_ray_up(prepared, kind))
             if kind != "fake_multinode":
-                check_legacy_fields(prepared)
+                internals.check_legacy_fields(prepared)
     except (jsonschema.ValidationError, ValueError, RuntimeError, click.ClickException) as err:
         where, message = _ray_message(err)
         raise refuse(path, where, f"Ray refuses it: {message}") from None
