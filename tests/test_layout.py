@@ -345,3 +345,17 @@ def test_the_wheel_lists_every_package_of_the_tree():
     assert {p for p in listed if p.startswith(("rayflow.", "hydra_plugins."))} - found <= {
         name for name in listed if name.startswith(("rayflow.conf", "rayflow.cluster_defs"))
     }, "listed packages that are not in the tree"
+
+
+def test_each_engine_packages_docstring_names_its_modules():
+    """An engine package's docstring is its map: every module in it is named there (`name`)."""
+    import importlib
+
+    engines, _ = _engines()
+    unnamed = []
+    for engine in sorted(engines):
+        doc = importlib.import_module(f"rayflow.backends.{engine}").__doc__ or ""
+        for module in sorted((REPO / "rayflow" / "backends" / engine).glob("*.py")):
+            if module.stem != "__init__" and f"`{module.stem}`" not in doc:
+                unnamed.append(f"{engine}/{module.name}")
+    assert unnamed == []
