@@ -77,3 +77,34 @@ def test_config_folders_past_the_limit_are_refused_naming_the_file(loader, tmp_p
     with pytest.raises(ConfigError, match=r"over 0 MiB of YAML \(at .*config\.yaml\)") as err:
         shipping.ship_configs(config_loader, tmp_path / "bundle")
     assert err.value.key == "hydra.searchpath"
+
+
+def test_a_composer_pickled_on_a_head_unpickles_at_the_resumed_jobs_own_bundle(
+    loader, tmp_path, monkeypatch
+):
+    """Tune keeps the search algorithm, this composer with it, in the experiment's tuner.pkl; the
+    first job's bundle goes with its cluster, so a resumed search (a new cluster, a new job)
+    composes from its own bundle, not the path the pickle was written at (seen on vm: "Primary
+    config directory not found" at the first cluster's folder)."""
+    import pickle
+
+    from hydra.types import HydraContext
+
+    from rayflow.sweeper.sweep import JobComposer
+    from rayflow.workloads import hydra_sweep
+
+    config_loader, _ = loader
+    shipped = shipping.ship_configs(config_loader, tmp_path / "first")
+    composer = JobComposer(
+        HydraContext(config_loader=config_loader, callbacks=None),
+        OmegaConf.create({}),
+        None,
+        str(tmp_path / "sweep"),
+        shipped,
+    )
+    first = composer.at(tmp_path / "first")
+    resumed = composer.at(tmp_path / "second")
+    monkeypatch.setattr(hydra_sweep, "shipped_spec", lambda: type("Spec", (), {"compose": resumed}))
+    assert pickle.loads(pickle.dumps(first)).bundle == str(tmp_path / "second")
+    # here, where nothing was shipped, a composer pickles as itself
+    assert pickle.loads(pickle.dumps(composer)).sweep_dir == composer.sweep_dir

@@ -21,7 +21,7 @@ from rayflow.testing.backends import JobSubmissionSuite, LifecycleSuite
 from rayflow.testing.processes import ray_daemon_pids, wait_until
 from tests.harness.cli import Rayflow
 from tests.harness.examples import USER_TUNE, copy_example
-from tests.harness.hydra_app import KeptCluster, search_comes_home, sweep_comes_home
+from tests.harness.hydra_app import KeptCluster, SweepApp, jobs_came_home, sweep_comes_home
 from tests.harness.node_loss import NodeKiller
 
 pytestmark = pytest.mark.slow
@@ -514,40 +514,31 @@ def test_a_hydra_app_outside_the_repository_sweeps_on_vm(tmp_path):
     assert out.returncode == 0
 
 
-def test_a_hydra_apps_search_runs_as_a_job_on_the_head_and_its_jobs_come_home(tmp_path):
+def test_ctrl_c_stops_a_search_on_the_head_and_its_printed_resume_finishes_it_there(tmp_path):
     """hydra/sweeper=rayflow on backend=vm: the search's driver is a Ray Job on the head, which
-    composes each trial's job from the app's config files shipped with it."""
-    search_comes_home(
-        tmp_path / "app",
-        [
-            "hydra.sweeper.backend=vm",
-            "hydra.sweeper.cluster_name=rf-search",
-            "hydra.sweeper.worker={cpu: {num_cpus: 1}}",
-            "hydra.sweeper.min_worker_nodes=1",
-            "hydra.sweeper.max_worker_nodes=1",
-        ],
-    )
-
-
-def test_ctrl_c_stops_a_search_on_the_head_and_says_how_the_sweep_continues(tmp_path):
-    """Ctrl-C while the search runs as a job on the head: the job is stopped, the cluster torn
-    down, and the line printed is the sweep's own resume, never rayflow's command line."""
-    from tests.harness.hydra_app import SweepApp
+    composes each trial's job from the app's config files shipped with it. Ctrl-C while it runs:
+    the job is stopped, the cluster torn down, and the line printed is the sweep's own resume,
+    never rayflow's command line. That resume, on a new cluster, finishes the search: every
+    trial's job comes home."""
 
     app = SweepApp(tmp_path / "app")
     before = ray_daemon_pids()
-    argv = app.argv(
+    search = [
         "hydra.sweeper.backend=vm",
-        "hydra.sweeper.cluster_name=rf-search-stop",
+        "hydra.sweeper.cluster_name=rf-search",
         "hydra.sweeper.worker={cpu: {num_cpus: 1}}",
-        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.min_worker_nodes=1",
+        "hydra.sweeper.max_worker_nodes=1",
+        "hydra.sweeper.n_trials=3",
         "hydra.sweeper.max_concurrent=1",
-        "steps=20",
-        "step_s=1.0",
-    )
+        "steps=10",
+        "step_s=0.5",
+    ]
     log = tmp_path / "sweep.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(argv, cwd=app.folder, env=app.env, stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            app.argv(*search), cwd=app.folder, env=app.env, stdout=out, stderr=out
+        )
     try:
         reports = app.sweep_dir / "search"  # a trial has begun to report (it is being written)
         assert wait_until(
@@ -560,11 +551,14 @@ def test_ctrl_c_stops_a_search_on_the_head_and_says_how_the_sweep_continues(tmp_
             proc.kill()
     said = log.read_text()
     assert "the job was stopped" in said, said[-3000:]
-    assert (
-        f"Continue the search with the same command and: hydra.sweep.dir={app.sweep_dir} "
-        "hydra.sweeper.resume=true" in said
-    ), said[-3000:]
+    hint = said.split("Continue the search with the same command and: ")[-1].splitlines()[0]
+    assert hint == f"hydra.sweep.dir={app.sweep_dir} hydra.sweeper.resume=true", said[-3000:]
     assert "rayflow resume=" not in said  # rayflow's own command line would not continue it
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "left running"
+
+    out = app.run(*search, *hint.split(), timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs_came_home(app, 3)
     assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "left running"
 
 

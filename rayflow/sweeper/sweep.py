@@ -49,6 +49,7 @@ class JobComposer:
     search: Search
     sweep_dir: str  # resolved once: `${now:...}` in it is this sweep's time, not each trial's
     shipped: Any = None  # rayflow.sweeper.shipping.ShippedConfigs, once the search is shipped
+    bundle: str | None = None  # where the shipped bundle is, on the cluster's head (at())
 
     def at(self, bundle: Any) -> JobComposer:
         """This composer where the bundle it was shipped in is (a cluster's head): its config
@@ -59,7 +60,17 @@ class JobComposer:
 
         loader = loader_at(self.hydra_context.config_loader, bundle, self.shipped)
         context = HydraContext(config_loader=loader, callbacks=self.hydra_context.callbacks)
-        return dataclasses.replace(self, hydra_context=context)
+        return dataclasses.replace(self, hydra_context=context, bundle=str(bundle))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled on a head (Tune keeps the search algorithm, and so this composer, in the
+        experiment's tuner.pkl), it is found again where a resumed search's own bundle is: the
+        first job's bundle went with its cluster."""
+        if self.bundle is None:
+            return super().__reduce_ex__(protocol)
+        from rayflow.workloads.hydra_sweep import shipped_composer
+
+        return (shipped_composer, ())
 
     def __call__(self, trial_config: Any, num: int) -> str:
         from rayflow.workloads.hydra_sweep import packed_job

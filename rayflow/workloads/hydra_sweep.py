@@ -91,6 +91,12 @@ def shipped_spec() -> TrialSpec:
     return spec
 
 
+def shipped_composer() -> Any:
+    """The job composer of the search this process drives, from the bundle it was shipped (what
+    a shipped composer unpickles to: rayflow.sweeper.sweep.JobComposer.__reduce__)."""
+    return shipped_spec().compose
+
+
 def params(cfg) -> tuple[str, ...]:
     """The searched keys (not the composed job a trial carries)."""
     return tuple(cfg.workload.search_space or ())

@@ -190,8 +190,16 @@ def search_comes_home(folder: Path, backend: list[str], env: dict | None = None)
     app.env.update(env or {})
     out = app.run(*backend, "hydra.sweeper.n_trials=3", "steps=2", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs_came_home(app, 3)
+    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "left running"
+    return app
+
+
+def jobs_came_home(app: SweepApp, n_trials: int) -> None:
+    """Each of the search's `n_trials` trials completed, its job run in its Tune trial's folder
+    on its node and copied home into the sweep dir; the best value is the best of the table."""
     rows = app.table()
-    assert [r["state"] for r in rows] == ["completed"] * 3, rows
+    assert [r["state"] for r in rows] == ["completed"] * n_trials, rows
     for row in rows:
         job = app.sweep_dir / row["job"]
         ran_in = OmegaConf.load(job / ".hydra" / "hydra.yaml").hydra.runtime.output_dir
@@ -199,5 +207,3 @@ def search_comes_home(folder: Path, backend: list[str], env: dict | None = None)
         assert ran_in.endswith(f"/job/{row['job']}") and not ran_in.startswith(str(app.sweep_dir))
         assert f"x={float(row['x'])} y={row['y']}" in (job / "sphere.log").read_text()
     assert app.results()["best_value"] == min(float(r["objective"]) for r in rows)
-    assert wait_until(lambda: not (ray_daemon_pids() - before), timeout=60), "left running"
-    return app
