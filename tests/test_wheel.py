@@ -82,9 +82,11 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_elsewhere(tmp_path, data
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def in_venv(code: str) -> list[str]:  # what `python -c code` prints there, run from elsewhere
-        return subprocess.run(
-            [str(python), "-c", code], cwd=work, env=env, capture_output=True, text=True, check=True
-        ).stdout.splitlines()
+        done = subprocess.run(
+            [str(python), "-c", code], cwd=work, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]  # why the installed package failed
+        return done.stdout.splitlines()
 
     where = in_venv(
         "import rayflow, importlib.resources as r; print(rayflow.__file__); "
