@@ -24,10 +24,8 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import psutil
 import yaml
 from omegaconf import OmegaConf
 
@@ -426,63 +424,16 @@ class SparkCluster(ClusterBackend):
             ray.init(address=handle.address, log_to_driver=True)
         handle.on_stop("ray.shutdown() of this driver", shutdown_ray)
 
-    # --- a kept cluster: kept in this process, joined by its next run here --------------------
+    # --- a kept cluster: kept in this process, joined by its next run here (spark/kept.py) ----
 
     def _keep(self, handle: ClusterHandle, steps: ClusterHandle) -> None:
-        """Hand the cluster just started to this process's holder, under its idle timer; the
-        run's handle then only disconnects its driver."""
-        ray_cluster = active_ray_on_spark_cluster()
-        host = handle.address.rsplit(":", 1)[0]
-        me = psutil.Process()
-        where = {
-            "pid": str(me.pid),
-            "pid_started": repr(me.create_time()),
-            "url": f"http://{host}:{ray_cluster.ray_dashboard_port}",
-        }
-        if ray_cluster.temp_dir:
-            where["temp_dir"] = str(ray_cluster.temp_dir)
         token = auth_token() if self.auth_mode == "token" else None
-        kept = kept_holder.Kept(
-            key=self.cluster_key(),
-            name=f"spark-{me.pid}",
-            owner_run=uuid.uuid4().hex,
-            address=handle.address,
-            where=where,
-            tags=dict(handle.tags),
-            steps=steps,
-            head=ray_cluster.head_proc,
-            headers={"Authorization": f"Bearer {token}"} if token else {},
-            minutes=autostop_minutes(self.section, kept=True),
-        )
-        steps.kept = True  # the run's teardown now leaves it (kept_holder.stop_unless_kept)
-        kept_holder.hold(kept)
-        self._as_kept(handle, kept)
-        kept_holder.kept_note(kept)
-
-    @staticmethod
-    def _as_kept(handle: ClusterHandle, kept: kept_holder.Kept) -> None:
-        """The run's handle on the kept cluster: what its record says, and, when the run ends,
-        its idle timer starting again."""
-        handle.kept, handle.name, handle.owner_run = True, kept.name, kept.owner_run
-        handle.where = dict(kept.where)
-        handle.on_stop("let go of the kept Ray-on-Spark cluster", kept_holder.done_with, kept)
+        minutes = autostop_minutes(self.section, kept=True)
+        kept_holder.keep(self.cluster_key(), handle, steps, token, minutes)
 
     def _join(self, handle: ClusterHandle) -> bool:
-        """Join the cluster this process keeps, if it was started with this backend section (a
-        driver connected, no second setup_ray_cluster); False when there is none to join."""
-        held = kept_holder.alive_held()
-        with kept_holder.lock:
-            if held is None or held.done.is_set() or held.key != self.cluster_key():
-                return False  # (a cluster of another section: refused by check())
-            held.users += 1  # the idle timer leaves it alone from now on
-        handle.address, handle.joined = held.address, True
-        handle.tags.update(held.tags)
-        self._as_kept(handle, held)
-        print(
-            f"[rayflow] spark: joining the Ray-on-Spark cluster {held.name} this process keeps "
-            f"(head {mask_text(held.address)}); it keeps running after this run",
-            flush=True,
-        )
+        if not kept_holder.join(self.cluster_key(), handle):
+            return False
         self._connect(handle)
         return True
 

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import urllib.error
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ import psutil
 
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster, idle_minutes
+from rayflow.runtime import ray_internals
 from rayflow.runtime.activity import activity, reachable
 from rayflow.runtime.processes import (
     GONE,
@@ -32,6 +34,7 @@ from rayflow.runtime.processes import (
     stop_processes_mentioning,
     terminate,
 )
+from rayflow.security.redaction import mask_text
 
 # What a kept cluster's idle timer does how often: its head is a child of this process (a poll is
 # free); its dashboard is asked over HTTP, as rayflow.autostop's watcher asks a vm cluster's.
@@ -258,3 +261,63 @@ def down(kept: KeptCluster) -> None:
     terminate(launchers, timeout_s=30)
     stop_processes_mentioning(temp_dir)
     kill_processes_mentioning(temp_dir)
+
+
+def keep(
+    key: str, handle: ClusterHandle, steps: ClusterHandle, token: str | None, minutes: float | None
+) -> None:
+    """Hand the cluster just started (the run's `handle`, its own undo `steps`) to this process's
+    holder, under its idle timer; the run's handle then only disconnects its driver."""
+    ray_cluster = ray_internals.active_ray_on_spark_cluster()
+    host = handle.address.rsplit(":", 1)[0]
+    me = psutil.Process()
+    where = {
+        "pid": str(me.pid),
+        "pid_started": repr(me.create_time()),
+        "url": f"http://{host}:{ray_cluster.ray_dashboard_port}",
+    }
+    if ray_cluster.temp_dir:
+        where["temp_dir"] = str(ray_cluster.temp_dir)
+    kept = Kept(
+        key=key,
+        name=f"spark-{me.pid}",
+        owner_run=uuid.uuid4().hex,
+        address=handle.address,
+        where=where,
+        tags=dict(handle.tags),
+        steps=steps,
+        head=ray_cluster.head_proc,
+        headers={"Authorization": f"Bearer {token}"} if token else {},
+        minutes=minutes,
+    )
+    steps.kept = True  # the run's teardown now leaves it (stop_unless_kept)
+    hold(kept)
+    _as_kept(handle, kept)
+    kept_note(kept)
+
+
+def join(key: str, handle: ClusterHandle) -> bool:
+    """Join the cluster this process keeps, if it was started with the same backend section
+    (`key`): the run's handle on it, its driver still to connect; False when there is none."""
+    held = alive_held()
+    with lock:
+        if held is None or held.done.is_set() or held.key != key:
+            return False  # (a cluster of another section: refused by check())
+        held.users += 1  # the idle timer leaves it alone from now on
+    handle.address, handle.joined = held.address, True
+    handle.tags.update(held.tags)
+    _as_kept(handle, held)
+    print(
+        f"[rayflow] spark: joining the Ray-on-Spark cluster {held.name} this process keeps "
+        f"(head {mask_text(held.address)}); it keeps running after this run",
+        flush=True,
+    )
+    return True
+
+
+def _as_kept(handle: ClusterHandle, kept: Kept) -> None:
+    """The run's handle on the kept cluster: what its record says, and, when the run ends, its
+    idle timer starting again."""
+    handle.kept, handle.name, handle.owner_run = True, kept.name, kept.owner_run
+    handle.where = dict(kept.where)
+    handle.on_stop("let go of the kept Ray-on-Spark cluster", done_with, kept)
