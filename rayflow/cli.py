@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
@@ -30,6 +31,9 @@ from rayflow.orchestrator.compose import CONFIG_MODULE, CONFIG_NAME
 from rayflow.runtime import hydra_internals
 from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text, masked_message, redact
+
+if TYPE_CHECKING:
+    from rayflow.orchestrator.submission import OnHead
 
 # Exit codes (docs: "Exit codes"): 0 done, 1 the run failed, 2 bad input (nothing
 # started), 128 + N stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
@@ -126,10 +130,12 @@ def _log_like_hydra() -> None:
     )
 
 
-def main() -> None:
+def main(on_head: OnHead | None = None) -> None:
+    """`python -m rayflow`; `on_head`: this process is a submitted run's job on its cluster's head
+    (rayflow.job_entry)."""
     sys.excepthook = masked_traceback  # printed after main() returns, past masked("stderr")
     with masked("stderr"):
-        _main()
+        _main(on_head)
 
 
 def masked_traceback(kind, value, tb) -> None:
@@ -139,7 +145,7 @@ def masked_traceback(kind, value, tb) -> None:
     sys.stderr.write(mask_text("".join(traceback.format_exception(kind, value, tb))))
 
 
-def _main() -> None:
+def _main(on_head: OnHead | None) -> None:
     from rayflow.commands import COMMANDS
 
     if sys.argv[1:2] and sys.argv[1] in COMMANDS:  # a word, never an override (key=value)
@@ -157,7 +163,7 @@ def _main() -> None:
     from rayflow.orchestrator.preflight import preflight
 
     try:
-        jobs = preflight(args.overrides, args.multirun)
+        jobs = preflight(args.overrides, args.multirun, on_head)
     except ConfigError as err:
         fail(err)
     _log_like_hydra()

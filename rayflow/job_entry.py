@@ -16,7 +16,7 @@ import sys
 
 
 def main() -> None:
-    from rayflow.orchestrator.submission import read_request
+    from rayflow.orchestrator.submission import on_head, read_request
     from rayflow.results.trust import take_delegate
     from rayflow.security.result_channel import take_key
 
@@ -26,7 +26,7 @@ def main() -> None:
     sys.argv = [sys.argv[0], *request["overrides"]]
     from rayflow.cli import main as cli_main
 
-    cli_main()
+    cli_main(on_head())  # what the submitting side said, read here once, goes with each Plan
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ the terminating signals become the exceptions the CLI and rayflow.run turn into 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
@@ -28,12 +27,6 @@ from rayflow.orchestrator.resume import (
     group_choices,
     resume_command,
     resumed_keys,
-)
-from rayflow.orchestrator.submission import (
-    SUBMITTED_BY,
-    SUBMITTED_FROM,
-    SUBMITTED_METRICS,
-    SUBMITTED_SPEC,
 )
 from rayflow.results.experiment import Experiment, read_state, write_state
 from rayflow.results.run_result import RunResult, result_line
@@ -94,7 +87,7 @@ def run_here(plan: Plan, cluster: SharedCluster, experiment: Experiment) -> RunR
             _log_kept(log, experiment, tracker)
             tracker.end(status)
             # a submitted job: its result, for the side that submitted it
-            if os.environ.get(SUBMITTED_BY):
+            if plan.on_head is not None:
                 emit(result_line(result, status))  # one write: Ray's log thread prints meanwhile
 
 
@@ -153,15 +146,16 @@ def _start_tracking(
     """The MLflow parent run: a new one, or on resume the experiment's own; the cluster's start-up
     figures where this job started it; then the experiment's state, for a later resume."""
     cfg = plan.cfg
-    spec = os.environ.get(SUBMITTED_SPEC) or spec  # a submitted run records the cluster it ran on
+    on_head = plan.on_head
+    spec = on_head.spec if on_head and on_head.spec else spec  # the cluster a submitted run ran on
     tracker.start(
         cfg,
         spec,
-        tags={**_parent_tags(cfg, experiment.location), **handle.tags},
+        tags={**_parent_tags(plan, experiment.location), **handle.tags},
         resume_run_id=state.get("mlflow_run_id"),
     )
-    if os.environ.get(SUBMITTED_METRICS):  # the start-up of the cluster that submitted this job
-        tracker.log_metrics(json.loads(os.environ[SUBMITTED_METRICS]))
+    if on_head and on_head.metrics:  # the start-up of the cluster that submitted this job
+        tracker.log_metrics(on_head.metrics)
     elif started:
         tracker.log_metrics(handle.metrics)
     # what a resume composes again (rayflow.orchestrator.resume): the choices and the keys it may
@@ -174,17 +168,16 @@ def _start_tracking(
         "choices": choices,
         "config": kept,
         "asks": _carried(plan)[1],
-        "project": _project(),  # the folder it was run from: resume=true picks this folder's
+        "project": _project(plan),  # the folder it was run from: resume=true picks this folder's
     }
     write_state(experiment, {**state, **redact(saved)})  # keeps what the workload saved (resume)
 
 
-def _project() -> str:
+def _project(plan: Plan) -> str:
     """The folder the run was started from: a submitted job's, its submitter's."""
-    if os.environ.get(SUBMITTED_FROM):
-        origin = json.loads(os.environ[SUBMITTED_FROM])
-        if isinstance(origin.get("project"), str):
-            return str(origin["project"])
+    origin = plan.on_head.origin if plan.on_head else {}
+    if isinstance(origin.get("project"), str):
+        return str(origin["project"])
     return os.getcwd()
 
 
@@ -201,11 +194,13 @@ def _torch_version() -> str:
         return str(torch.__version__)
 
 
-def _parent_tags(cfg: DictConfig, path: str) -> dict[str, Any]:
+def _parent_tags(plan: Plan, path: str) -> dict[str, Any]:
     import ray
 
+    cfg = plan.cfg
     return {
-        "backend": os.environ.get(SUBMITTED_BY) or cfg.backend.name,  # vm, not the job's attach
+        # vm, not the job's attach
+        "backend": plan.on_head.backend if plan.on_head else cfg.backend.name,
         "workload": cfg.workload.name,
         "ray_version": ray.__version__,
         "torch_version": _torch_version(),
@@ -247,7 +242,7 @@ def _node_env(plan: Plan, experiment: Experiment) -> dict[str, str]:
     rayflow.orchestrator.submission), not the nodes this process started (they inherit it)."""
     from rayflow.results.storage import STORAGE_ENV
 
-    if not experiment.remote or plan.backend.shares_filesystem or os.environ.get(SUBMITTED_BY):
+    if not experiment.remote or plan.backend.shares_filesystem or plan.on_head is not None:
         return {}
     return {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
 
@@ -256,8 +251,8 @@ def _carried(plan: Plan) -> tuple[list[str], list[str]]:
     """What the resume command carries (rayflow.orchestrator.resume.carried), and the keys of the
     secrets it leaves out: this invocation's own; a submitted run's, the side's that submitted it
     (its backend, not the job's `attach`)."""
-    if os.environ.get(SUBMITTED_FROM):
-        origin = json.loads(os.environ[SUBMITTED_FROM])
+    if plan.on_head is not None:
+        origin = plan.on_head.origin
         return list(origin.get("carried", [])), list(origin.get("asks", []))
     return carried(plan.overrides)
 

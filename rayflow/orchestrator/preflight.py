@@ -13,7 +13,6 @@ the cluster may preload for it).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ from rayflow.backends import ClusterBackend, WorkerPreload, backend_for
 from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config, config_errors, sweep_points, validate
 from rayflow.orchestrator.resume import resumed
-from rayflow.orchestrator.submission import SUBMITTED_BY
+from rayflow.orchestrator.submission import OnHead
 from rayflow.orchestrator.upload_check import check_upload
 from rayflow.results.experiment import locate, read_state
 from rayflow.runtime.placement import Bundle, check_fits, copies_at_once
@@ -48,6 +47,8 @@ class Plan:
     # package folders a submitted run's job takes besides its own files (runtime_env py_modules):
     # what hydra/sweeper=rayflow ships its search in (rayflow.sweeper.shipping)
     shipped: tuple[str, ...] = ()
+    # a submitted run's job on the head: what its submitter said (None: a run started here)
+    on_head: OnHead | None = None
 
 
 def local_files_ok(backend: ClusterBackend) -> bool:
@@ -65,7 +66,7 @@ def check_backend(cfg: DictConfig) -> ClusterBackend:
     return backend
 
 
-def plan_job(cfg: DictConfig, overrides: list[str]) -> Plan:
+def plan_job(cfg: DictConfig, overrides: list[str], on_head: OnHead | None = None) -> Plan:
     """Every check of one job (ConfigError on the first that fails); starts and changes nothing."""
     backend = check_backend(cfg)
     if backend.submits_jobs:
@@ -86,22 +87,21 @@ def plan_job(cfg: DictConfig, overrides: list[str]) -> Plan:
     # share this machine's files cannot write a local SQLite or file store.
     # A dry run only notes it (a provider's defaults alone still render).
     check_uri(cfg, local_files_ok=local_files_ok(backend) or bool(cfg.dry_run))
-    check_storage(cfg, backend)  # may wait storage.PROBE_TIMEOUT_S for an object store
+    check_storage(cfg, backend, on_head)  # may wait storage.PROBE_TIMEOUT_S for an object store
     if not cfg.dry_run:
         backend.probe()  # a cloud account, within a bounded wait
     if cfg.resume is not False and cfg.tracking.enabled:
         _check_resumed_run(cfg)
     slots = _slots(bundles, nodes)
-    return Plan(
-        overrides, cfg, backend, workload, bundles, _preload(workload, cfg, bundles, slots), slots
-    )
+    preload = _preload(workload, cfg, bundles, slots)
+    return Plan(overrides, cfg, backend, workload, bundles, preload, slots, on_head=on_head)
 
 
 # Folders a Databricks cluster mounts on every node: shared without storage_shared=true.
 SHARED_PREFIXES = ("/dbfs/", "/Volumes/")
 
 
-def check_storage(cfg: DictConfig, backend: ClusterBackend) -> None:
+def check_storage(cfg: DictConfig, backend: ClusterBackend, on_head: OnHead | None = None) -> None:
     """storage_path where every node of the cluster reaches it: an object store that answers
     (probed within storage.PROBE_TIMEOUT_S), or a folder one machine holds for all its nodes, or
     one the user says every node mounts. A dry run probes nothing, and only notes a folder the
@@ -118,19 +118,21 @@ def check_storage(cfg: DictConfig, backend: ClusterBackend) -> None:
         except storage.StorageError as err:
             raise ConfigError("storage_path", str(err)) from None
         return
-    refusal = storage_refusal(cfg, backend)
+    refusal = storage_refusal(cfg, backend, on_head)
     if refusal:
         raise ConfigError("storage_path", refusal)
 
 
-def storage_refusal(cfg: DictConfig, backend: ClusterBackend) -> str | None:
+def storage_refusal(
+    cfg: DictConfig, backend: ClusterBackend, on_head: OnHead | None = None
+) -> str | None:
     """Why a folder storage_path does not do for the backend's nodes, or None."""
     from rayflow.results.experiment import where_kept
 
     where = where_kept(cfg)
     if "://" in where or backend.single_machine or cfg.storage_shared:
         return None
-    if os.environ.get(SUBMITTED_BY):  # a job on a head: the side that submitted it checked this
+    if on_head is not None:  # a job on a head: the side that submitted it checked this
         return None
     if where.startswith(SHARED_PREFIXES):
         return None
@@ -215,16 +217,19 @@ def _check_resumed_run(cfg: DictConfig) -> None:
         )
 
 
-def preflight(overrides: list[str], multirun: bool = False) -> list[Plan]:
+def preflight(
+    overrides: list[str], multirun: bool = False, on_head: OnHead | None = None
+) -> list[Plan]:
     """Compose and check every job of the command line before any starts: bad input anywhere in
-    a sweep is one ConfigError naming the key, with nothing started."""
+    a sweep is one ConfigError naming the key, with nothing started. `on_head`: this is a
+    submitted run's job on its cluster's head."""
     points = config_errors(lambda: sweep_points(list(overrides), multirun))
-    return [config_errors(functools.partial(_plan_point, point)) for point in points]
+    return [config_errors(functools.partial(_plan_point, point, on_head)) for point in points]
 
 
-def _plan_point(point: list[str]) -> Plan:
+def _plan_point(point: list[str], on_head: OnHead | None) -> Plan:
     """One point of the command line: composed (a resume: the experiment's own config), checked."""
     cfg = compose_config(*point)
     if cfg.resume is not False:  # a submitted run's head: its submitter asked for the secrets
-        point, cfg = resumed(point, cfg, asks=not os.environ.get(SUBMITTED_BY))
-    return plan_job(cfg, point)
+        point, cfg = resumed(point, cfg, asks=on_head is None)
+    return plan_job(cfg, point, on_head)

@@ -75,7 +75,7 @@ def dry_run(plan: Plan, spec: str) -> None:
             "tracking.uri: a real run needs a tracking server (http(s)://, databricks): "
             "the cluster's nodes do not share this machine's files"
         )
-    refusal = storage_refusal(plan.cfg, plan.backend)
+    refusal = storage_refusal(plan.cfg, plan.backend, plan.on_head)
     if refusal:  # first: the backend's own summary stays the last line
         notes.insert(0, f"storage_path: a real run refuses it: {refusal}")
     for note in notes:

@@ -61,6 +61,33 @@ SUBMITTED_BY, SUBMITTED_SPEC, SUBMITTED_METRICS = (
 # And the backend it was submitted from, as a resume composes it again (its group choice and its
 # section, masked): the experiment's state records that one, not the job's own `attach`.
 SUBMITTED_FROM = "RAYFLOW_SUBMITTED_FROM"
+
+
+@dataclass(frozen=True)
+class OnHead:
+    """A submitted run's job on its cluster's head: what the side that submitted it said, read
+    once from the job's environment where the job starts (rayflow.job_entry) and carried in each
+    Plan from there."""
+
+    backend: str  # the submitting side's backend (vm, kuberay), not the job's own `attach`
+    spec: str  # the cluster's spec, redacted, which the MLflow parent run records
+    metrics: dict[str, Any]  # the cluster's start-up figures, for the job that started it
+    origin: dict[str, Any]  # the submitting invocation: its folder, what its resume carries, asks
+
+
+def on_head() -> OnHead | None:
+    """This process's OnHead, from the environment the submitting side gave its job; None for a
+    run started here."""
+    if not os.environ.get(SUBMITTED_BY):
+        return None
+    return OnHead(
+        backend=os.environ[SUBMITTED_BY],
+        spec=os.environ.get(SUBMITTED_SPEC, ""),
+        metrics=json.loads(os.environ.get(SUBMITTED_METRICS) or "{}"),
+        origin=json.loads(os.environ.get(SUBMITTED_FROM) or "{}"),
+    )
+
+
 RAY_UPLOAD_LIMIT = 100 * 2**20  # Ray refuses a runtime_env package larger than this
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 UNREACHABLE_S = 30.0  # a head busy enough to drop connections answers again well within this
