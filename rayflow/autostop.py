@@ -15,7 +15,7 @@ demand waiting); after
 - `node_provider` (vm aws/gcp): the cluster's nodes that carry its owner tag (`owner` in the spec)
   terminated through Ray's node provider, with the head's own instance role or service account;
 - `raycluster` (kuberay): the RayCluster deleted through the Kubernetes API as the head pod's
-  service account, whose Role allows that one object (rayflow.backends.kuberay.autostop).
+  service account, whose Role allows that one object (rayflow.backends.kuberay.kept).
 
 The spec comes in the environment (RAYFLOW_AUTOSTOP, JSON), never on the command line, which names
 only the cluster (so `rayflow down` of a fake cluster finds the watcher among its processes).
@@ -113,7 +113,7 @@ def watch(spec: dict[str, Any]) -> bool:
 
 
 def _stop_processes(spec: dict[str, Any]) -> None:
-    from rayflow.backends.vm.kept_ops import not_rayflows, stop_fake
+    from rayflow.backends.vm.kept import not_rayflows, stop_fake
 
     # never stop processes by, or remove, a path that is not this user's fake cluster's
     problem = not_rayflows(spec["temp_dir"], fake=True)
@@ -129,7 +129,7 @@ def _stop_ssh_hosts(spec: dict[str, Any]) -> None:
     even where a worker could not be reached."""
     import yaml
 
-    from rayflow.backends.vm.kept_ops import stop_local_workers
+    from rayflow.backends.vm.kept import stop_local_workers
 
     config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
     try:

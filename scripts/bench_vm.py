@@ -103,7 +103,8 @@ def _connect(handle) -> None:
     import ray
     import yaml
 
-    temp_dir = handle.teardown_command.rsplit(" ", 1)[-1]  # python -m rayflow.teardown <temp dir>
+    # python -m rayflow.backends.vm.teardown <temp dir>
+    temp_dir = handle.teardown_command.rsplit(" ", 1)[-1]
     config = yaml.safe_load((Path(temp_dir) / "autoscaling.yaml").read_text())
     ray.init(address=config["provider"]["gcs_address"], log_to_driver=False)
 

@@ -65,6 +65,18 @@ def test_no_function_of_the_package_is_over_sixty_lines():
     assert long == []
 
 
+LONGEST_MODULE = 500  # lines: past it a module holds more than one purpose; split it by purpose
+
+
+def test_no_module_of_the_package_is_over_five_hundred_lines():
+    long = [
+        f"{path.relative_to(REPO)} ({n} lines)"
+        for path in sorted((REPO / "rayflow").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > LONGEST_MODULE
+    ]
+    assert long == []
+
+
 def test_at_most_twelve_modules_sit_directly_under_rayflow():
     modules = sorted(p.name for p in (REPO / "rayflow").glob("*.py"))
     assert len(modules) <= 12, modules

@@ -366,16 +366,16 @@ def test_kubernetes_token_auth_without_a_bearer_token_is_one_line():
     from types import SimpleNamespace
 
     from rayflow.backends import ClusterHandle
-    from rayflow.backends.kuberay.cluster import _Applied
+    from rayflow.backends.kuberay.applied import Applied, relay
     from rayflow.errors import ClusterError
 
     b = backend_for_check(*K8S_AUTH)
     kube = SimpleNamespace(auth_headers=dict)  # a client certificate: nothing to pass on
-    run = _Applied(ClusterHandle("kuberay"), "run-1", b.manifest(), kube)
+    run = Applied(ClusterHandle("kuberay"), "run-1", b.manifest(), kube)
     with pytest.raises(
         ClusterError, match="hold no bearer token .a client certificate cannot be passed on"
     ):
-        b._relay(run, "rayflow")
+        relay(b.section, run, "rayflow")
 
 
 def test_the_relay_sends_the_kubernetes_credential_in_place_of_any_ray_token():

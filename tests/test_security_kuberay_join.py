@@ -56,7 +56,7 @@ def test_a_cluster_with_kubernetes_token_auth_is_reached_only_through_the_api_se
     kubeconfig's credentials, never to the head service's URL."""
     from rayflow.backends import ClusterHandle
     from rayflow.backends.kuberay import kube as kube_module
-    from rayflow.backends.kuberay.cluster import _Applied
+    from rayflow.backends.kuberay.applied import Applied, relay
     from rayflow.errors import ConfigError
     from tests.test_security_kuberay import backend_for_check
 
@@ -69,18 +69,18 @@ def test_a_cluster_with_kubernetes_token_auth_is_reached_only_through_the_api_se
         ),
     )
     manifest = backend_for_check(*K8S_AUTH).manifest()
-    run = _Applied(ClusterHandle("kuberay"), "run-1", manifest, kube)
+    run = Applied(ClusterHandle("kuberay"), "run-1", manifest, kube)
     service = backend_for_check("backend.dashboard_access=service")
     with pytest.raises(ConfigError) as refused_service:
-        service._relay(run, "rayflow")
+        relay(service.section, run, "rayflow")
     assert refused_service.value.key == "backend.dashboard_access"
     monkeypatch.setattr(kube_module, "in_cluster", lambda: True)
-    relay = backend_for_check()._relay(run, "rayflow")
+    made = relay(backend_for_check().section, run, "rayflow")
     assert (
-        relay.upstream
+        made.upstream
         == f"{api}/api/v1/namespaces/default/services/rayflow-head-svc:dashboard/proxy"
     )
-    assert relay.k8s_token_auth and relay.upstream_headers() == {"Authorization": "Bearer k8s"}
+    assert made.k8s_token_auth and made.upstream_headers() == {"Authorization": "Bearer k8s"}
 
 
 # --- class 8: the autostop's RBAC on a ServiceAccount of rayflow's own --------------------------

@@ -85,7 +85,7 @@ def nobody_listens(
 
 def test_a_port_another_user_took_first_is_refused_before_anything_is_sent():
     need_root()
-    from rayflow.backends.vm.cluster import wait_for_dashboard
+    from rayflow.backends.vm.start import wait_for_dashboard
 
     with nobody_listens() as (port, heard):
         url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,7 @@
 """Nothing from a shared place is executed or trusted (issue 43, classes 4 and 6), without a
 cluster: cluster YAMLs and folders in /tmp that are not privately this user's are refused by
-`rayflow status`, `logs`, `down` and `python -m rayflow.teardown`, which run nothing and delete
-nothing; a kept cluster's record outlives a /tmp wipe; `down` never says "torn down" for what it
+`rayflow status`, `logs`, `down` and `python -m rayflow.backends.vm.teardown`, which run nothing
+and delete nothing; a kept cluster's record outlives a /tmp wipe; `down` never says "torn down" for what it
 did not reach; every cloud VM carries its run's owner tag. The same selection against an EC2 API
 is in tests/test_vm_aws.py (its emulator's turn)."""
 
@@ -146,9 +146,9 @@ def test_another_users_cluster_folder_is_refused_by_status_logs_down_and_teardow
     )
     assert [r.name for r in kept.records()] == [name]
 
-    teardown = command(str(planted), module="rayflow.teardown")
+    teardown = command(str(planted), module="rayflow.backends.vm.teardown")
     assert teardown.returncode == 2 and _lines(teardown) == [
-        f"rayflow.teardown: {why}: nothing stopped"
+        f"rayflow.backends.vm.teardown: {why}: nothing stopped"
     ], teardown.stderr
     assert not marker.exists(), "the planted proxy command ran"
     assert planted.is_file() and shared_tmp.stat().st_uid == NOBODY  # nothing deleted
@@ -161,7 +161,7 @@ def test_a_cluster_yaml_not_privately_yours_is_read_by_nothing(
     """The same refusal where the folder is yours but others may write it (they can swap the
     file), or the file in your folder is another user's: in process, as `rayflow.status()`,
     `logs()`, `down()` and the teardown's main() see it."""
-    from rayflow import teardown
+    from rayflow.backends.vm import teardown
     from rayflow.errors import ClusterError
     from rayflow.orchestrator import clusters
 
@@ -195,7 +195,8 @@ def test_a_fake_clusters_temp_dir_others_may_write_is_neither_stopped_nor_remove
     """A fake_multinode cluster's temp dir (in /tmp, kept short for Ray's socket paths) that
     others may write: `down`, the teardown command and the head's autostop stop no process by it
     and remove nothing."""
-    from rayflow import autostop, teardown
+    from rayflow import autostop
+    from rayflow.backends.vm import teardown
     from rayflow.errors import ClusterError
     from rayflow.orchestrator import clusters
 
@@ -216,7 +217,7 @@ def test_a_fake_clusters_temp_dir_others_may_write_is_neither_stopped_nor_remove
         )
         why = f"{shared_tmp} is writable by others (mode 0777)"
         assert teardown.main([str(shared_tmp)]) == 2
-        assert f"rayflow.teardown: {why}: nothing stopped" in capsys.readouterr().err
+        assert f"rayflow.backends.vm.teardown: {why}: nothing stopped" in capsys.readouterr().err
         autostop.TEARDOWNS["processes"]({"temp_dir": str(shared_tmp)})
         assert f"[autostop] {why}" in capsys.readouterr().out
         with pytest.raises(ClusterError) as refused:
@@ -257,17 +258,18 @@ def test_a_kept_ssh_cluster_is_found_and_torn_down_after_tmp_is_wiped(cache, tmp
     from ray.autoscaler import sdk
 
     from rayflow.backends import backend_for
-    from rayflow.backends.vm import cluster, kept_ops, tunnel
+    from rayflow.backends.vm import kept as vm_kept
+    from rayflow.backends.vm import sdk_start, tunnel
     from rayflow.errors import ClusterError
     from rayflow.orchestrator import clusters
     from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", "a-test-token")
-    monkeypatch.setattr(cluster, "_head_running", lambda config: False)
+    monkeypatch.setattr(sdk_start, "_head_running", lambda config: False)
     monkeypatch.setattr(sdk, "create_or_update_cluster", lambda *a, **k: None)
     monkeypatch.setattr(sdk, "get_head_node_ip", lambda config: "10.99.0.11")
-    monkeypatch.setattr(cluster.VMCluster, "_tunnel", lambda self, h, c, ip: "http://127.0.0.1:9")
+    monkeypatch.setattr(sdk_start, "_tunnel", lambda vm, h, c, ip: "http://127.0.0.1:9")
     before = set(os.listdir(tempfile.gettempdir()))
     cfg = compose_config(
         *_local_hosts(tmp_path, "backend.cluster_name=rf-hosts", "backend.keep_cluster=true")
@@ -292,7 +294,7 @@ def test_a_kept_ssh_cluster_is_found_and_torn_down_after_tmp_is_wiped(cache, tmp
 
     stopped = []
     monkeypatch.setattr(
-        kept_ops, "stop_local_workers", lambda c: stopped.append(c) or ["10.99.0.12"]
+        vm_kept, "stop_local_workers", lambda c: stopped.append(c) or ["10.99.0.12"]
     )
     done, failed = clusters.down_each("rf-hosts", force=True)
     assert done == [] and [r.name for r in kept.records()] == ["rf-hosts"]
@@ -301,7 +303,7 @@ def test_a_kept_ssh_cluster_is_found_and_torn_down_after_tmp_is_wiped(cache, tmp
         "cluster rf-hosts: SSH did not reach 10.99.0.12: Ray may still run there; run `ray stop` "
         "on those hosts by hand; rf-hosts is not torn down, its record is kept"
     ), line
-    monkeypatch.setattr(kept_ops, "stop_local_workers", lambda c: stopped.append(c) or [])
+    monkeypatch.setattr(vm_kept, "stop_local_workers", lambda c: stopped.append(c) or [])
     assert clusters.down("rf-hosts", force=True) == ["rf-hosts"]
     assert stopped[-1]["provider"]["worker_ips"] == ["10.99.0.12", "10.99.0.11"]  # head last
     assert kept.records() == [] and not Path(config_file).exists()
@@ -375,7 +377,7 @@ def test_a_cloud_run_tags_its_vms_and_tears_down_only_those(cache, tmp_path, mon
     from ray.autoscaler import sdk
 
     from rayflow.backends import backend_for
-    from rayflow.backends.vm import cluster, owner, state
+    from rayflow.backends.vm import owner, sdk_start, state
     from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
 
@@ -397,7 +399,7 @@ def test_a_cloud_run_tags_its_vms_and_tears_down_only_those(cache, tmp_path, mon
         "terminate",
         lambda config, who, stop_cached, busy=None, settle_s=0: seen["terminated"].append(who),
     )
-    monkeypatch.setattr(cluster.VMCluster, "_tunnel", lambda self, h, c, ip: "http://127.0.0.1:9")
+    monkeypatch.setattr(sdk_start, "_tunnel", lambda vm, h, c, ip: "http://127.0.0.1:9")
     section = [
         "backend=vm",
         "backend.provider=aws",

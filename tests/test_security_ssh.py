@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from rayflow.backends.vm import kept_ops, tunnel
+from rayflow.backends.vm import kept as vm_kept
+from rayflow.backends.vm import tunnel
 from rayflow.errors import ClusterError, ConfigError
 from rayflow.security import ports, ssh
 from tests.harness.needs import need
@@ -56,9 +57,9 @@ def test_every_ssh_command_ends_its_options_before_the_host_and_pins_keys_per_cl
         ran.append(argv)
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(kept_ops.subprocess, "run", run)
+    monkeypatch.setattr(vm_kept.subprocess, "run", run)
     config = {"cluster_name": "my-hosts", "auth": auth, "provider": {"worker_ips": ["w1", "::1"]}}
-    kept_ops.stop_local_workers(config)
+    vm_kept.stop_local_workers(config)
     for argv, host, after in (
         (forward, "me@10.0.0.5", []),
         (ran[0], "me@w1", ["bash --login -c -i 'ray stop'"]),
@@ -136,9 +137,9 @@ def test_a_bad_host_in_a_users_cluster_yaml_or_a_record_never_reaches_ssh(tmp_pa
         f"backend.cluster_yaml: my.yaml: provider.worker_ips: '-oProxyCommand=x' {BAD_HOST}"
     )
     # a config read back later (the head's own copy, a record): refused before ssh runs
-    monkeypatch.setattr(kept_ops.subprocess, "run", lambda *a, **k: pytest.fail("ssh ran"))
+    monkeypatch.setattr(vm_kept.subprocess, "run", lambda *a, **k: pytest.fail("ssh ran"))
     with pytest.raises(ClusterError, match=f"^provider.worker_ips: '-oProxyCommand=x' {BAD_HOST}"):
-        kept_ops.stop_local_workers(doc)
+        vm_kept.stop_local_workers(doc)
     with pytest.raises(ClusterError, match="^auth.ssh_user: '-l' is not a user name"):
         ssh.command({"ssh_user": "-l"}, "10.0.0.1", "mine")
 
@@ -271,7 +272,7 @@ def test_the_tunnel_pins_the_heads_key_and_refuses_one_that_changed(head, cache,
         f"with `{fix}` and run again"
     )
     # stopping Ray on worker hosts checks the same pins (from here, and from the head's autostop)
-    kept_ops.stop_local_workers(
+    vm_kept.stop_local_workers(
         {
             "cluster_name": "rf-pinned",
             "auth": sshd.auth,

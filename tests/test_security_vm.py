@@ -124,7 +124,8 @@ def test_a_live_cluster_nobody_kept_is_refused_not_joined(other_run, tmp_path):
         stop=temp_dir,
     )
     with pytest.raises(
-        ConfigError, match=r"no run of yours kept.*python -m rayflow.teardown .*rf-vm-other"
+        ConfigError,
+        match=r"no run of yours kept.*python -m rayflow\.backends\.vm\.teardown .*rf-vm-other",
     ):
         running(backend_for(compose_config("backend=vm", "ray_auth_mode=token"))).__enter__()
     assert other_run.poll() is None
@@ -159,10 +160,12 @@ def test_sdk_providers_never_run_ray_up_over_a_live_cluster_this_run_did_not_sta
 ):
     from ray.autoscaler import sdk
 
-    from rayflow.backends.vm import cluster
+    from rayflow.backends.vm import sdk_start
 
     calls = []
-    monkeypatch.setattr(cluster, "_head_running", lambda config: True)  # a head of this name is up
+    monkeypatch.setattr(
+        sdk_start, "_head_running", lambda config: True
+    )  # a head of this name is up
     monkeypatch.setattr(sdk, "create_or_update_cluster", lambda *a, **k: calls.append(("up", k)))
     monkeypatch.setattr(sdk, "teardown_cluster", lambda *a, **k: calls.append(("down", a)))
     cfg = compose_config(
@@ -180,9 +183,7 @@ def test_sdk_providers_never_run_ray_up_over_a_live_cluster_this_run_did_not_sta
     config_file.parent.mkdir()
     write_state("shared", provider="local", kept=True, holder=None, stop=str(config_file))
     monkeypatch.setattr(sdk, "get_head_node_ip", lambda path: "10.99.0.11")
-    monkeypatch.setattr(
-        cluster.VMCluster, "_tunnel", lambda self, handle, config, ip: "http://127.0.0.1:9"
-    )
+    monkeypatch.setattr(sdk_start, "_tunnel", lambda vm, handle, config, ip: "http://127.0.0.1:9")
     with running(backend_for(cfg)) as handle:
         assert handle.address == "http://127.0.0.1:9"
         assert state.read("shared")["holder"]["pid"] == os.getpid()
@@ -195,18 +196,16 @@ def test_a_kept_sdk_cluster_joined_without_a_recorded_config_is_never_torn_down(
 ):
     from ray.autoscaler import sdk
 
-    from rayflow.backends.vm import cluster
+    from rayflow.backends.vm import sdk_start
 
     calls = []
-    monkeypatch.setattr(cluster, "_head_running", lambda config: True)
+    monkeypatch.setattr(sdk_start, "_head_running", lambda config: True)
     monkeypatch.setattr(
         sdk, "create_or_update_cluster", lambda *a, **k: calls.append(("up", k["no_restart"]))
     )
     monkeypatch.setattr(sdk, "teardown_cluster", lambda *a, **k: calls.append(("down",)))
     monkeypatch.setattr(sdk, "get_head_node_ip", lambda path: "10.99.0.11")
-    monkeypatch.setattr(
-        cluster.VMCluster, "_tunnel", lambda self, handle, config, ip: "http://127.0.0.1:9"
-    )
+    monkeypatch.setattr(sdk_start, "_tunnel", lambda vm, handle, config, ip: "http://127.0.0.1:9")
     # its run died before it recorded its config
     write_state("kept", provider="local", kept=True, holder=None)
     with running(
@@ -225,10 +224,10 @@ def test_a_new_sdk_cluster_is_recorded_while_it_starts_and_forgotten_after_its_t
 ):
     from ray.autoscaler import sdk
 
-    from rayflow.backends.vm import cluster
+    from rayflow.backends.vm import sdk_start
 
     seen = {}
-    monkeypatch.setattr(cluster, "_head_running", lambda config: False)
+    monkeypatch.setattr(sdk_start, "_head_running", lambda config: False)
     monkeypatch.setattr(
         sdk,
         "create_or_update_cluster",
@@ -236,10 +235,8 @@ def test_a_new_sdk_cluster_is_recorded_while_it_starts_and_forgotten_after_its_t
     )
     monkeypatch.setattr(sdk, "teardown_cluster", lambda path: seen.update(down=path))
     monkeypatch.setattr(sdk, "get_head_node_ip", lambda path: "10.99.0.11")
-    monkeypatch.setattr(cluster, "stop_local_workers", lambda config: None)
-    monkeypatch.setattr(
-        cluster.VMCluster, "_tunnel", lambda self, handle, config, ip: "http://127.0.0.1:9"
-    )
+    monkeypatch.setattr(sdk_start, "stop_local_workers", lambda config: None)
+    monkeypatch.setattr(sdk_start, "_tunnel", lambda vm, handle, config, ip: "http://127.0.0.1:9")
     with running(
         backend_for(
             compose_config(
@@ -412,12 +409,13 @@ def test_a_tunnel_that_fails_is_one_line(tmp_path):
 
 
 def test_teardown_stops_only_a_folder_rayflow_made(tmp_path):
-    """`python -m rayflow.teardown PATH` removes the folder: never one that is not a fake cluster's."""
+    """`python -m rayflow.backends.vm.teardown PATH` removes the folder: never one that is not a
+    fake cluster's."""
     folder = tmp_path / "precious"
     folder.mkdir()
     (folder / "keep.txt").write_text("mine")
     out = subprocess.run(
-        [sys.executable, "-m", "rayflow.teardown", str(folder)],
+        [sys.executable, "-m", "rayflow.backends.vm.teardown", str(folder)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -425,7 +423,7 @@ def test_teardown_stops_only_a_folder_rayflow_made(tmp_path):
     assert out.returncode == 2 and (folder / "keep.txt").is_file()
     assert (
         out.stderr.strip()
-        == f"rayflow.teardown: {folder} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its autoscaling.yaml): nothing stopped"
+        == f"rayflow.backends.vm.teardown: {folder} is not a fake_multinode cluster's temp dir of yours (rf-vm-*, with its autoscaling.yaml): nothing stopped"
     )
 
 
@@ -437,7 +435,7 @@ def test_a_job_on_aws_vms_gets_no_keys_of_this_machine(monkeypatch):
 
     from rayflow.backends import ClusterHandle
     from rayflow.backends.handle import Submission
-    from rayflow.backends.vm.kept_ops import NODE_IDENTITY
+    from rayflow.backends.vm.kept import NODE_IDENTITY
     from rayflow.orchestrator import remote_run
 
     for name, value in {

@@ -400,7 +400,7 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_toke
     from rayflow.backends import backend_for
     from rayflow.backends.kept import records as kept_records
     from rayflow.backends.vm import state
-    from rayflow.backends.vm.cluster import wait_for_dashboard
+    from rayflow.backends.vm.start import wait_for_dashboard
     from rayflow.orchestrator.cluster import running
     from rayflow.orchestrator.compose import compose_config
 
@@ -475,7 +475,8 @@ def test_two_runs_with_one_cluster_name_leave_each_other_intact_and_a_wrong_toke
         )
     finally:  # whatever failed above: the command every error path prints
         subprocess.run(
-            [sys.executable, "-m", "rayflow.teardown", kept.rsplit(" ", 1)[-1]], timeout=120
+            [sys.executable, "-m", "rayflow.backends.vm.teardown", kept.rsplit(" ", 1)[-1]],
+            timeout=120,
         )
     assert (
         wait_until(lambda: not (ray_daemon_pids() - before), timeout=60)

@@ -398,7 +398,7 @@ def test_a_spot_worker_type_reaches_run_instances_with_its_market_options(ec2, u
 KEPT = """
 import sys
 from rayflow.backends import backend_for, kept
-from rayflow.backends.vm import kept_ops, owned, owner
+from rayflow.backends.vm import kept as vm_kept, owned, owner
 from rayflow.orchestrator.compose import compose_config
 from rayflow.schema.values import to_container
 name, run, bootstrap = sys.argv[1:]
@@ -408,7 +408,7 @@ path = owned.cluster_file(name)
 owned.write(path, config)
 owned.write(bootstrap, config)  # as Ray's launcher leaves it on the head, for its autostop
 kept.keep(kept.KeptCluster(backend="vm", name=name, owner_run=run,
-    section=dict(to_container(backend.section)), where=kept_ops.where_sdk("aws", str(path))))
+    section=dict(to_container(backend.section)), where=vm_kept.where_sdk("aws", str(path))))
 """
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from rayflow.backends.vm import checks, commands, defaults
 from rayflow.backends.vm import config as vm_config
-from rayflow.backends.vm.keys import REMOVED
+from rayflow.backends.vm.rules import REMOVED
 from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config
 from rayflow.runtime import requirements as deps
@@ -712,7 +712,7 @@ def test_a_dashboard_that_never_answers_is_a_cluster_error_naming_the_key():
     a RuntimeError with a traceback."""
     import socket
 
-    from rayflow.backends.vm.cluster import wait_for_dashboard
+    from rayflow.backends.vm.start import wait_for_dashboard
     from rayflow.errors import ClusterError
 
     with socket.socket() as s:  # a port nothing listens on

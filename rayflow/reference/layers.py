@@ -21,7 +21,6 @@ ROLES = {
     "rayflow.reference": "the docs' generated parts: the config reference, this page's blocks",
     "rayflow.cli": "the command line: Hydra's flags, the preflight, the jobs, exit codes",
     "rayflow.api": "`rayflow.run`, `compose`, `dry_run`: the same run as a Python call",
-    "rayflow.teardown": "`python -m rayflow.teardown PATH`: stop a cluster whose client died",
     "rayflow.launcher": "`hydra/launcher=rayflow`: any Hydra app's sweep as Ray tasks",
     "rayflow.sweeper": "`hydra/sweeper=rayflow`: any Hydra app's parameter search as one "
     "asynchronous Ray Tune run",

@@ -1,6 +1,6 @@
 """Every ssh command rayflow runs itself, built in one place: the tunnel to a remote head's
 dashboard (rayflow.backends.vm.tunnel) and `ray stop` on SSH worker hosts, from this machine or
-from the autostop watcher on the head (rayflow.backends.vm.kept_ops.stop_local_workers).
+from the autostop watcher on the head (rayflow.backends.vm.kept.stop_local_workers).
 
 - The destination comes after `--`, and its host and user are checked first (an IP address, or a
   host name of RFC 1123 labels; a user name of letters, digits, `.`, `_`, `-`), so a value such as

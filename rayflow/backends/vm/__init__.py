@@ -1,12 +1,18 @@
-"""backend=vm: Ray's cluster launcher. `cluster` (VMCluster: `ray up`, or a fake_multinode head,
-then the run submitted as a Ray Job), `keys` (its keys and the rules between them), `config` (the
-`backend:` section -> the cluster YAML), `checks` (its keys, the written document's cluster name
-and the head's exposure, before anything starts), `commands` (what runs on the nodes) and
+"""backend=vm: Ray's cluster launcher. `cluster` (VMCluster: a cluster started, its run submitted
+as a Ray Job; a kept one reached and stopped), which starts it as `fake_start` (a fake_multinode
+head on this machine, its worker nodes processes here) or `sdk_start` (local, aws, gcp: `ray up`
+through Ray's SDK, the head reached through an SSH tunnel), both sharing `start` (one start's
+files, its teardown command, the wait for a head's dashboard); `keys` (the `backend:` section's
+model: its keys) and `rules` (the rules between them, the helpers that read a section), `config`
+(the `backend:` section -> the cluster YAML), `checks` (its keys, the written document's cluster
+name and the head's exposure, before anything starts), `commands` (what runs on the nodes) and
 `defaults` (the providers' defaults rayflow fills in); `user_file` (backend.cluster_yaml: the
 user's own cluster YAML, read and checked as `ray up` would) and `user_additions` (what rayflow
 applies over it); `state` (clusters have owners: this user's record of which run started, kept and
 holds each cluster name), `owned` (cluster YAMLs and folders used only as this user's own) and
 `owner` (every VM tagged with its run's owner); `aws` (the EC2 API asked first: region, resources,
-account) and `cloud_up` (aws/gcp: `ray up` with an end, every VM of the run terminated);
-`kept_ops` (a kept cluster from its record: reached, torn down, autostopped), `tunnel` (a remote
-head's dashboard through SSH) and `internals` (the one door to Ray's private autoscaler modules)."""
+account) and `cloud_up` (aws/gcp: `ray up` with an end, every VM of the run terminated); `kept` (a
+kept cluster from its record: reached, torn down, autostopped), `teardown` (`python -m
+rayflow.backends.vm.teardown PATH`: a cluster stopped after the process that started it died),
+`tunnel` (a remote head's dashboard through SSH) and `internals` (the one door to Ray's private
+autoscaler modules)."""

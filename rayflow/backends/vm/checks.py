@@ -1,7 +1,7 @@
 """backend=vm: the checks of the `backend:` section, before anything starts.
 
-`check` holds the section to its schema (rayflow.backends.vm.keys: every key's kind and the rules
-between keys, keys of outdated guides named with what replaced them) and then to what `ray up`
+`check` holds the section to its schema (rayflow.backends.vm.keys: every key's kind; vm.rules: the
+rules between keys, keys of outdated guides named with what replaced them) and then to what `ray up`
 needs on this machine; `placeholders` lists what only the user can fill in, `placeholder_note`
 is the line a dry run prints about them, and `require_filled` refuses them before a real start.
 Nothing started, no cloud credentials read.
@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from omegaconf import DictConfig
 
 from rayflow.backends.vm.defaults import gcp_zone, plain_section, with_defaults
-from rayflow.backends.vm.keys import Vm, cloud_region, cluster_name_problem
+from rayflow.backends.vm.keys import Vm
+from rayflow.backends.vm.rules import cloud_region, cluster_name_problem
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
 from rayflow.security.auth import NO_LOOPBACK, NODE_SERVERS, refuse_auth_off

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from rayflow.backends.vm import internals
 from rayflow.backends.vm.defaults import placeholder, with_defaults
-from rayflow.backends.vm.keys import CLOUDS
+from rayflow.backends.vm.rules import CLOUDS
 from rayflow.runtime.requirements import runtime_requirements
 from rayflow.security.auth import NODE_TOKEN_MODES
 

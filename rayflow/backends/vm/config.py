@@ -43,7 +43,7 @@ from rayflow.backends.vm.defaults import (
     placeholder,
     with_defaults,
 )
-from rayflow.backends.vm.keys import cloud_region, node_type_bounds, rendered_kinds
+from rayflow.backends.vm.rules import cloud_region, node_type_bounds, rendered_kinds
 from rayflow.errors import ConfigError
 from rayflow.runtime.requirements import installed_version
 from rayflow.schema.values import merge_overrides

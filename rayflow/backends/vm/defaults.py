@@ -1,10 +1,10 @@
 """backend=vm: what the checks (vm.checks), the node commands (vm.commands) and the rendering
-(vm.config) share; imports no other vm module.
+(vm.config) share; imports no other vm module but vm.rules.
 
 The node type names, the provider defaults for keys left null, and how a section is read: over
 the shipped `backend:` section (conf/backend/vm.yaml), with the zone it implies. The providers,
-the region and the per-node-type worker bounds are the schema's (rayflow.backends.vm.keys), which
-holds the rules on them.
+the region and the per-node-type worker bounds are the schema's (rayflow.backends.vm.rules, which
+holds the rules on them; rayflow.backends.vm.keys applies them).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from rayflow.backends.vm.keys import cloud_region, deep_merge, shipped_defaults
+from rayflow.backends.vm.rules import cloud_region, deep_merge, shipped_defaults
 
 # The fake provider names its head node type itself (FAKE_HEAD_NODE_TYPE in Ray's
 # fake_multi_node/node_provider.py); GCP puts node type names into labels, which allow no dots.

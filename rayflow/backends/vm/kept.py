@@ -1,6 +1,6 @@
 """backend=vm: a kept cluster, acted on again from its record (rayflow.backends.kept) once the run
 that kept it is gone: reached for `rayflow status` and `logs`, torn down by `rayflow down` and
-`python -m rayflow.teardown`, and how the autostop watcher on its head stops it.
+`python -m rayflow.backends.vm.teardown`, and how the autostop watcher on its head stops it.
 
 What a record holds of a vm cluster (`where`): the provider, and the fake cluster's temp dir and
 dashboard URL, or the cluster YAML the run wrote in this user's cache (rayflow.backends.vm.owned;

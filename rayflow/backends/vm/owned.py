@@ -130,7 +130,7 @@ def folder_usable(path: str | Path) -> bool:
 def made_by_rayflow(config_file: str | Path) -> bool:
     """Whether a cluster YAML lies where rayflow writes them: its per-name cache folder, or a temp
     dir `rf-vm-*` (where runs before this version wrote them)."""
-    from rayflow.backends.vm.keys import cluster_name_problem
+    from rayflow.backends.vm.rules import cluster_name_problem
 
     path = Path(config_file)
     if path.parent.name.startswith(FAKE_PREFIX):

@@ -14,10 +14,10 @@ the cluster down reads its owner from the file it is given.
 
 Every selection rayflow makes filters on both the name and the owner: the start's teardown
 (start timeout, Ctrl-C, a failed start, the end of a run), `rayflow down` and
-`python -m rayflow.teardown`, the head's autostop, and the head a tunnel is opened to. A start is
-refused (`check_name_free`) while any VM of its name exists in the account that is not the kept
-cluster of this user's it joins: Ray's launcher and the head's autoscaler act on every VM of the
-name, so two clusters of one name must never run at once.
+`python -m rayflow.backends.vm.teardown`, the head's autostop, and the head a tunnel is opened to.
+A start is refused (`check_name_free`) while any VM of its name exists in the account that is not
+the kept cluster of this user's it joins: Ray's launcher and the head's autoscaler act on every
+VM of the name, so two clusters of one name must never run at once.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ a kept cluster that no live run holds, or is refused in one line naming backend.
 tears down only a cluster it started and did not keep; at its end it lets go of the name
 (`release`).
 
-Names are validated (rayflow.backends.vm.keys.cluster_name_problem) before they name a file here.
+Names are validated (rayflow.backends.vm.rules.cluster_name_problem) before they name a file here.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import TypeGuard
 
 import psutil
 
-from rayflow.backends.vm.keys import cluster_name_problem
+from rayflow.backends.vm.rules import cluster_name_problem
 from rayflow.errors import ClusterError, ConfigError
 from rayflow.security.auth import cache_dir
 from rayflow.security.redaction import redact
@@ -148,7 +148,7 @@ def claim(
                     "and never restarts or stops "
                     "another's; give this run a name of its own (backend.cluster_name=...)"
                     + (
-                        f", or stop it: python -m rayflow.teardown {state['stop']}"
+                        f", or stop it: python -m rayflow.backends.vm.teardown {state['stop']}"
                         if state and state.get("stop")
                         else ""
                     ),
@@ -193,7 +193,8 @@ def release(name: str, run_id: str) -> None:
 
 
 def forget(stop_path: str) -> None:
-    """`python -m rayflow.teardown PATH` stopped a cluster: drop the records that name PATH."""
+    """`python -m rayflow.backends.vm.teardown PATH` stopped a cluster: drop the records that name
+    PATH."""
     folder = cache_dir() / "vm"
     for path in folder.glob("*.json") if folder.is_dir() else []:
         try:

@@ -1,4 +1,5 @@
-"""`python -m rayflow.teardown PATH`: stop a cluster rayflow started, after its client died.
+"""`python -m rayflow.backends.vm.teardown PATH`: stop a vm cluster rayflow started, after its
+client died.
 
 rayflow prints this command on every error path of a backend=vm run (a kept cluster is stopped
 with `rayflow down NAME`, which reads its record; this needs none). PATH is what that run left:
@@ -11,6 +12,10 @@ PATH is trusted only as this user's own: the folder and the file are checked (ne
 link; owned by this user, writable by no one else) before anything is read, run, stopped or
 removed by them (rayflow.backends.vm.owned). Another user's folder, even one recreated under a
 path a record names, is refused in one line and left as it is.
+
+Records and error lines of older rayflow versions name `python -m rayflow.teardown PATH`: that
+command is only printed for a person to run, so it has no module any more (no alias of this one);
+run this one with the same PATH.
 """
 
 from __future__ import annotations
@@ -23,16 +28,19 @@ import sys
 def _fail(message: str, code: int = 2) -> int:
     from rayflow.security.redaction import mask_text
 
-    print(f"rayflow.teardown: {mask_text(message)}", file=sys.stderr)
+    print(f"rayflow.backends.vm.teardown: {mask_text(message)}", file=sys.stderr)
     return code
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m rayflow.teardown CLUSTER_TEMP_DIR_OR_YAML", file=sys.stderr)
+        print(
+            "usage: python -m rayflow.backends.vm.teardown CLUSTER_TEMP_DIR_OR_YAML",
+            file=sys.stderr,
+        )
         return 2
     path = argv[0]
-    from rayflow.backends.vm import kept_ops
+    from rayflow.backends.vm import kept as vm_kept
     from rayflow.backends.vm.state import forget
     from rayflow.errors import ClusterError
 
@@ -42,7 +50,7 @@ def main(argv: list[str]) -> int:
         return _fail(f"{path} does not exist (already torn down?)", 1)
     if stat.S_ISDIR(info.st_mode):
         # only what rayflow made: its processes are stopped and the folder removed
-        problem = kept_ops.not_rayflows(path, fake=True)
+        problem = vm_kept.not_rayflows(path, fake=True)
         if problem:
             if not os.path.basename(path.rstrip("/")).startswith("rf-vm-"):
                 problem = (
@@ -50,13 +58,13 @@ def main(argv: list[str]) -> int:
                     "with its autoscaling.yaml)"
                 )
             return _fail(f"{problem}: nothing stopped")
-        kept_ops.stop_fake(path)
+        vm_kept.stop_fake(path)
     else:
-        problem = kept_ops.not_rayflows(path, fake=False)
+        problem = vm_kept.not_rayflows(path, fake=False)
         if problem:  # not where rayflow writes them, or not (only) yours: never read
             return _fail(f"{problem}: nothing stopped")
         try:
-            kept_ops.stop_sdk(path)
+            vm_kept.stop_sdk(path)
         except ClusterError as err:  # not reached: what is left, and how to finish by hand
             return _fail(str(err), 1)
     forget(path)

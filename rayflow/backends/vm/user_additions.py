@@ -29,7 +29,7 @@ from rayflow.backends.vm.commands import (
     setup_commands,
 )
 from rayflow.backends.vm.defaults import with_defaults
-from rayflow.backends.vm.keys import shipped_defaults
+from rayflow.backends.vm.rules import shipped_defaults
 from rayflow.schema.values import merge_overrides
 
 TOKEN_MOUNT = "~/.ray/auth_token"

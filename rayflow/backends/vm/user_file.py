@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from rayflow.backends.vm import internals
-from rayflow.backends.vm.keys import cluster_name_problem, ssh_target_problem
+from rayflow.backends.vm.rules import cluster_name_problem, ssh_target_problem
 from rayflow.errors import ConfigError
 from rayflow.security.redaction import REDACTED
 
