@@ -105,34 +105,34 @@ class TestAttach(LifecycleSuite, DriverConnectionSuite):
 
 
 def test_the_backend_contract_is_small():
-    """What every backend answers (render, check, capacity, start -> handle, stop), the one choice
-    that shapes a run (submits_jobs), whether its nodes see this machine's files and whether they
-    are one machine's (a folder for storage_path), and whether it keeps a cluster for later runs
-    (keeps_clusters: reach and down, from the kept cluster's record), whether it starts nothing
-    (joins_running: attach); the rest is its config. A
-    cluster's run state is the handle's, not the backend's."""
-    from rayflow.backends import ClusterBackend, ClusterHandle
+    """What every backend answers (render, check, probe, capacity, start -> handle, stop), and
+    what it does that shapes a run (its traits: the job submitted or driven here, whether its
+    nodes see this machine's files or are one machine's, whether it starts nothing); the rest is
+    its config. Keeping clusters for later runs is a capability beside it (KeepsClusters: reach
+    and down, from the kept cluster's record), which the engines that can add. A cluster's run
+    state is the handle's, not the backend's."""
+    import dataclasses
+
+    from rayflow.backends import REGISTRY, ClusterBackend, ClusterHandle, KeepsClusters, Traits
 
     members = {name for name in dir(ClusterBackend) if not name.startswith("_")}
-    assert members == {
-        "check",
-        "probe",
-        "render",
-        "capacity",
-        "start",
-        "stop",
+    assert members == {"check", "probe", "render", "capacity", "start", "stop", "traits", "name"}
+    assert len(members) <= 8
+    assert {f.name for f in dataclasses.fields(Traits)} == {
         "submits_jobs",
         "shares_filesystem",
         "single_machine",
-        "keeps_clusters",
         "joins_running",
-        "reach",
-        "down",
-        "name",
     }
+    assert {name for name in dir(KeepsClusters) if not name.startswith("_")} == {"reach", "down"}
+    keepers = {
+        name
+        for name in REGISTRY
+        if isinstance(backend_for(compose_config(f"backend={name}")), KeepsClusters)
+    }
+    assert keepers == {"spark", "vm", "kuberay"}
     backend = backend_for(compose_config())
     assert set(vars(backend)) == {"section", "auth_mode"}
-    import dataclasses
 
     held = {f.name for f in dataclasses.fields(ClusterHandle)}
     assert {

@@ -201,7 +201,7 @@ def test_a_bug_in_a_check_is_not_reported_as_bad_input(monkeypatch):
     """Only configuration errors become `rayflow: error: <key>`; a bug keeps its traceback."""
     import rayflow.orchestrator.preflight
 
-    def broken_check(cfg, overrides):
+    def broken_check(cfg, overrides, on_head=None):
         raise ZeroDivisionError("a bug in rayflow")
 
     monkeypatch.setattr(rayflow.orchestrator.preflight, "plan_job", broken_check)

@@ -163,7 +163,9 @@ def test_a_job_without_a_key_prints_no_line_anyone_would_believe(monkeypatch):
 
 
 class FakeBackend:
-    name, shares_filesystem, submits_jobs = "vm", False, True
+    from rayflow.backends import Traits
+
+    name, traits = "vm", Traits(submits_jobs=True)
 
 
 def fake_handle():

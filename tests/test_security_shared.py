@@ -195,7 +195,7 @@ def test_a_fake_clusters_temp_dir_others_may_write_is_neither_stopped_nor_remove
     """A fake_multinode cluster's temp dir (in /tmp, kept short for Ray's socket paths) that
     others may write: `down`, the teardown command and the head's autostop stop no process by it
     and remove nothing."""
-    from rayflow import autostop
+    from rayflow.backends import idle_stop
     from rayflow.backends.vm import teardown
     from rayflow.errors import ClusterError
     from rayflow.orchestrator import clusters
@@ -218,7 +218,8 @@ def test_a_fake_clusters_temp_dir_others_may_write_is_neither_stopped_nor_remove
         why = f"{shared_tmp} is writable by others (mode 0777)"
         assert teardown.main([str(shared_tmp)]) == 2
         assert f"rayflow.backends.vm.teardown: {why}: nothing stopped" in capsys.readouterr().err
-        autostop.TEARDOWNS["processes"]({"temp_dir": str(shared_tmp)})
+        # the watcher's teardown on the head, found as the watcher finds it (the registry)
+        idle_stop("vm")({"backend": "vm", "kind": "processes", "temp_dir": str(shared_tmp)})
         assert f"[autostop] {why}" in capsys.readouterr().out
         with pytest.raises(ClusterError) as refused:
             clusters.down("rf-fake", force=True)

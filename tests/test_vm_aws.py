@@ -452,7 +452,10 @@ def test_another_partys_vms_of_the_name_are_never_selected(ec2, user):
     ours = _vms(ec2, "shared", "kept-run", kind="worker") + _vms(ec2, "shared", "kept-run")
     stopped = subprocess.run(
         ec2.argv(sys.executable, "-m", "rayflow.autostop", "--now", "shared"),
-        env={**user.env, "RAYFLOW_AUTOSTOP": '{"kind": "node_provider", "owner": "kept-run"}'},
+        env={
+            **user.env,
+            "RAYFLOW_AUTOSTOP": '{"backend": "vm", "kind": "node_provider", "owner": "kept-run"}',
+        },
         capture_output=True,
         text=True,
         timeout=300,

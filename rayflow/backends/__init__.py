@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.base import ClusterBackend, KeepsClusters, Rendered, Traits, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
 from rayflow.errors import ConfigError
@@ -26,6 +26,9 @@ class Entry:
     backend: str  # "module:Class", a ClusterBackend
     keys: str  # "module:Model", the schema of its config section
     extra: str | None = None  # the pip extra that provides its dependencies
+    # "module:function" that tears one of its clusters down from the cluster's own head, given
+    # the watcher's spec (rayflow.autostop, once the cluster is idle); None: it has no watcher
+    stop_idle: str | None = None
 
 
 REGISTRY: dict[str, Entry] = {
@@ -34,11 +37,16 @@ REGISTRY: dict[str, Entry] = {
     "spark": Entry(
         "rayflow.backends.spark.cluster:SparkCluster", "rayflow.backends.spark.keys:Spark", "spark"
     ),
-    "vm": Entry("rayflow.backends.vm.cluster:VMCluster", "rayflow.backends.vm.keys:Vm"),
+    "vm": Entry(
+        "rayflow.backends.vm.cluster:VMCluster",
+        "rayflow.backends.vm.keys:Vm",
+        stop_idle="rayflow.backends.vm.kept:stop_idle",
+    ),
     "kuberay": Entry(
         "rayflow.backends.kuberay.cluster:KubeRayCluster",
         "rayflow.backends.kuberay.keys:Kuberay",
         "kuberay",
+        stop_idle="rayflow.backends.kuberay.kept:stop_idle",
     ),
 }
 
@@ -65,6 +73,15 @@ def backend_keys(name: str) -> Any:
     return _load(name, _entry(name).keys)
 
 
+def idle_stop(name: str) -> Any:
+    """The function that tears a cluster of backend `name` down from its own head (its watcher's
+    spec in hand), as its registry entry names it."""
+    target = _entry(name).stop_idle
+    if target is None:
+        raise ConfigError("backend", f"backend {name!r} has no clusters that stop themselves")
+    return _load(name, target)
+
+
 def backend_for(cfg: DictConfig) -> ClusterBackend:
     """The backend a config chooses, built from its own section and the auth mode, nothing else of
     the run's config."""
@@ -89,8 +106,10 @@ __all__ = [
     "ClusterBackend",
     "ClusterHandle",
     "Entry",
+    "KeepsClusters",
     "Rendered",
     "Submission",
+    "Traits",
     "WorkerPreload",
     "backend_for",
     "backend_of",

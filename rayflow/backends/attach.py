@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.base import ClusterBackend, Rendered, Traits, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ConfigError
 from rayflow.runtime.ray_logs import shutdown_ray
@@ -70,8 +70,6 @@ class AttachedCluster(ClusterBackend):
     """Joins a running cluster; its stop() disconnects this process and leaves the cluster
     running."""
 
-    joins_running = True
-
     def target(self) -> str:
         address = str(self.section.address or "").strip()
         if not address:
@@ -88,13 +86,13 @@ class AttachedCluster(ClusterBackend):
             return found
         return address
 
-    # The contract's class attribute, a property here: a cluster reached on loopback (or `auto`,
-    # the one `ray start` left here) is taken as this machine's processes; one at another
-    # address, as separate machines.
+    # A property here: a cluster reached on loopback (or `auto`, the one `ray start` left here)
+    # is taken as this machine's processes; one at another address, as separate machines.
     @property
-    def single_machine(self) -> bool:  # type: ignore[override]
+    def traits(self) -> Traits:  # type: ignore[override]
         address = str(self.section.address or "").strip()
-        return address == "auto" or is_loopback(_host_port(address.removeprefix("ray://"))[0])
+        here = address == "auto" or is_loopback(_host_port(address.removeprefix("ray://"))[0])
+        return Traits(single_machine=here, joins_running=True)
 
     def check(self) -> None:
         # Refused wherever the cluster is, its address on loopback too: rayflow started none of

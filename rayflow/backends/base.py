@@ -4,7 +4,8 @@ few members, heavy imports (ray, pyspark, kubernetes) inside them.
 A backend is built from its own `backend:` config section and the run's auth mode, nothing else (as
 Hydra hands a launcher only its own config), and keeps only that: what one cluster does while it
 lives is in the `ClusterHandle` its `start()` returns (rayflow.backends.handle). Callers ask what a
-backend can do (`submits_jobs`, `shares_filesystem`, `single_machine`), never what it is called.
+backend does (its `traits`: `submits_jobs`, `shares_filesystem`, `single_machine`) and what it can
+(a capability such as `KeepsClusters`), never what it is called.
 
 Each step of `start()` that leaves something behind registers its undo on the handle the moment it
 succeeds (`handle.on_stop`); a start that fails unwinds what it had started before it raises
@@ -55,9 +56,12 @@ class WorkerPreload:
     threads: int = 1
 
 
-class ClusterBackend(abc.ABC):
-    # The one choice that shapes a run: False, this process connects to the cluster (ray.init) and
-    # runs the job as its driver; True, the job goes to the cluster as a Ray Job (vm, kuberay).
+@dataclass(frozen=True)
+class Traits:
+    """What a backend does that shapes a run: its callers ask these, never its name."""
+
+    # The one choice that shapes a run: False, this process connects to the cluster (ray.init)
+    # and runs the job as its driver; True, the job goes to the cluster as a Ray Job (vm, kuberay).
     submits_jobs: bool = False
     # Its nodes see this machine's files (data prepared here, SQLite).
     shares_filesystem: bool = False
@@ -65,11 +69,14 @@ class ClusterBackend(abc.ABC):
     # node's, so Tune's checkpoints may go to one; else storage_path must be an object store or a
     # folder every node mounts (rayflow.orchestrator.preflight.check_storage).
     single_machine: bool = False
-    # It can leave its cluster running for later runs (backend.keep_cluster) and act on it again
-    # from its record alone (`reach`, `down`: rayflow status, down and logs).
-    keeps_clusters: bool = False
     # It starts no cluster: it connects to one that runs already (attach), so a run says so.
     joins_running: bool = False
+
+
+class ClusterBackend(abc.ABC):
+    # What it does that shapes a run (a property where the config decides: a vm provider, a Spark
+    # master, an attach address).
+    traits: Traits = Traits()
 
     def __init__(self, section: DictConfig, auth_mode: str = "token") -> None:
         self.section = section  # the `backend:` config section
@@ -102,17 +109,24 @@ class ClusterBackend(abc.ABC):
     def start(self, preload: WorkerPreload | None = None) -> ClusterHandle:
         """Start (or join) the cluster; this process left connected to it unless `submits_jobs`."""
 
-    def reach(self, kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
-        """A handle on the kept cluster of `kept` for its Jobs API (`headers`: what its requests
-        carry; its undo steps close what reaching it opened), or None when the cluster is gone.
-        Starts and changes nothing. Only where `keeps_clusters`."""
-        raise NotImplementedError(f"backend {self.name} keeps no cluster")
-
-    def down(self, kept: KeptCluster) -> None:
-        """Tear down the kept cluster of `kept`: what the run that kept it started, and only
-        that. Idempotent. Only where `keeps_clusters`."""
-        raise NotImplementedError(f"backend {self.name} keeps no cluster")
-
     def stop(self, handle: ClusterHandle) -> None:
         """Stop what `start()` left of the cluster behind `handle`, and only that. Idempotent."""
         handle.unwind()
+
+
+class KeepsClusters(abc.ABC):
+    """The kept-cluster capability, beside the contract (as fsspec's filesystems add what they
+    support): a backend that can leave its cluster running for later runs (backend.keep_cluster)
+    and act on it again from its record alone (rayflow status, down, logs). Callers ask
+    `isinstance(backend, KeepsClusters)`, never a backend's name."""
+
+    @abc.abstractmethod
+    def reach(self, kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
+        """A handle on the kept cluster of `kept` for its Jobs API (`headers`: what its requests
+        carry; its undo steps close what reaching it opened), or None when the cluster is gone.
+        Starts and changes nothing."""
+
+    @abc.abstractmethod
+    def down(self, kept: KeptCluster) -> None:
+        """Tear down the kept cluster of `kept`: what the run that kept it started, and only
+        that. Idempotent."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.base import ClusterBackend, Rendered, Traits, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.errors import ClusterError
 from rayflow.runtime import ray_internals
@@ -91,8 +91,7 @@ def total_memory_bytes() -> int:
 
 
 class LocalCluster(ClusterBackend):
-    shares_filesystem = True  # its one node is this machine
-    single_machine = True
+    traits = Traits(shares_filesystem=True, single_machine=True)  # its one node is this machine
 
     def check(self) -> None:
         # whatever backend.dashboard_host says: the node's own servers listen beyond loopback

@@ -122,7 +122,7 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
     quiet = quiet_libraries(level(cfg.get("verbose")), ("ray",))
     with quiet, _cluster(cfg, backend) as cluster:
         handle, _ = cluster.acquire()
-        in_place = not backend.submits_jobs and backend.shares_filesystem
+        in_place = not backend.traits.submits_jobs and backend.traits.shares_filesystem
         shared = Shared(
             launcher.hydra_context, launcher.task_function, Singleton.get_state(), in_place, cwd
         )
@@ -130,7 +130,7 @@ def _launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_i
             ship_app_modules(
                 os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else cwd
             )
-        if backend.submits_jobs:
+        if backend.traits.submits_jobs:
             from rayflow.launcher.submit import submit_batch
 
             finished = submit_batch(handle, shared, jobs, settings)

@@ -96,7 +96,9 @@ class SharedCluster:
                 flush=True,
             )
             return self.handle, False
-        if self.backend.joins_running:  # attach, and a submitted job on its own cluster's head
+        if (
+            self.backend.traits.joins_running
+        ):  # attach, and a submitted job on its own cluster's head
             print(f"[rayflow] connecting to the running cluster ({self.backend.name})", flush=True)
         else:
             print(f"[rayflow] starting the {self.backend.name} cluster", flush=True)
@@ -135,7 +137,7 @@ def _cluster_output(backend: ClusterBackend, dry_run: bool) -> Iterator[None]:
     """What a cluster this process is connected to prints while it lives, its shutdown included
     (Ray flushes its workers' last deduplicated lines then): without colour codes where stdout
     is not a terminal. (A submitted run's output is the job's, streamed as it comes.)"""
-    if dry_run or backend.submits_jobs:
+    if dry_run or backend.traits.submits_jobs:
         yield
         return
     import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)

@@ -25,7 +25,7 @@ KEY = "rayflow logs"  # a bad job or name is reported under the command
 def _drives_ray(kept: KeptCluster) -> None:
     """A backend whose runs are drivers in the process that started them (spark) submits no Ray
     Job: their output is that process's (a notebook's cells), not a log to show here."""
-    if not backend_of(kept).submits_jobs:
+    if not backend_of(kept).traits.submits_jobs:
         raise ConfigError(
             KEY,
             f"{kept.name} runs no Ray Jobs: a {kept.backend} run drives Ray from the process "

@@ -18,7 +18,7 @@ import time
 import urllib.error
 from dataclasses import asdict, dataclass
 
-from rayflow.backends import ClusterBackend, ClusterHandle, backend_of
+from rayflow.backends import ClusterBackend, ClusterHandle, KeepsClusters, backend_of
 from rayflow.backends import kept as registry
 from rayflow.backends.kept import KeptCluster
 from rayflow.errors import ClusterError, ConfigError
@@ -51,6 +51,15 @@ class ClusterStatus:
         return asdict(self)
 
 
+def _keeper(kept: KeptCluster) -> KeepsClusters:
+    """The backend of a kept cluster's record, by its capability: only a KeepsClusters backend
+    writes one (record(), below)."""
+    backend = backend_of(kept)
+    if not isinstance(backend, KeepsClusters):
+        raise ClusterError(f"{kept.name}: backend {kept.backend!r} keeps no cluster")
+    return backend
+
+
 def kept_started(backend: ClusterBackend, handle: ClusterHandle) -> None:
     """A cluster a run started or joined: its autostop armed and, when it is kept, its record
     written (a cluster this run started only), so it can be seen and stopped once the run is
@@ -60,7 +69,7 @@ def kept_started(backend: ClusterBackend, handle: ClusterHandle) -> None:
     # Only the run that started a kept cluster records it: a joined one's record is its first
     # run's (when it started, its autostop, how to stop it), and a cluster rayflow did not make
     # (kuberay) is not rayflow's to list or stop.
-    if handle.joined or not (handle.kept and backend.keeps_clusters and handle.name):
+    if handle.joined or not (handle.kept and isinstance(backend, KeepsClusters) and handle.name):
         return
     record = handle.record()
     registry.keep(
@@ -74,7 +83,7 @@ def kept_started(backend: ClusterBackend, handle: ClusterHandle) -> None:
             # none where a cluster run as submitted jobs has no watcher to stop it (kuberay:
             # autostop off, said why); one a run keeps in its own process (spark) times itself
             autostop_idle_minutes=(
-                minutes if handle.autostop is not None or not backend.submits_jobs else None
+                minutes if handle.autostop is not None or not backend.traits.submits_jobs else None
             ),
             where=record["where"],
         )
@@ -132,7 +141,7 @@ def status_of(kept: KeptCluster) -> ClusterStatus:
 def _asked(kept: KeptCluster) -> ClusterStatus:
     """The kept cluster as it is now, its record left as it is."""
     try:
-        handle = backend_of(kept).reach(kept, _headers(kept))
+        handle = _keeper(kept).reach(kept, _headers(kept))
     except ClusterError as err:
         return _row(kept, "unreachable", str(err))
     if handle is None:
@@ -204,7 +213,7 @@ def down_each(name: str | None = None, force: bool = False) -> tuple[list[str], 
     done, failed = [], []
     for kept in chosen:
         try:
-            backend_of(kept).down(kept)
+            _keeper(kept).down(kept)
         except ClusterError as err:  # not reached, or not all of it: never "torn down"
             failed.append(_not_torn_down(kept, err))
             continue
@@ -239,7 +248,7 @@ def logs(name: str, job: str | None = None, follow: bool = False) -> str:
 
 
 def _reach(kept: KeptCluster) -> ClusterHandle | None:
-    handle = backend_of(kept).reach(kept, _headers(kept))
+    handle = _keeper(kept).reach(kept, _headers(kept))
     if handle is None:
         registry.forget(kept)
         kept.gone_at = time.time()

@@ -51,7 +51,7 @@ def run_here(plan: Plan, cluster: SharedCluster, experiment: Experiment) -> RunR
     its RunResult. Raises RunFailed, RunInterrupted or Terminated after its own clean-up."""
     cfg = plan.cfg
     # missing data fails before Ray starts
-    plan.workload.prepare(cfg, here=plan.backend.shares_filesystem)
+    plan.workload.prepare(cfg, here=plan.backend.traits.shares_filesystem)
     tracker = Tracker(cfg)
     result = _new_result(plan, experiment, tracker)
     # the experiment's state, read once
@@ -242,7 +242,7 @@ def _node_env(plan: Plan, experiment: Experiment) -> dict[str, str]:
     rayflow.orchestrator.submission), not the nodes this process started (they inherit it)."""
     from rayflow.results.storage import STORAGE_ENV
 
-    if not experiment.remote or plan.backend.shares_filesystem or plan.on_head is not None:
+    if not experiment.remote or plan.backend.traits.shares_filesystem or plan.on_head is not None:
         return {}
     return {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
 

@@ -54,7 +54,7 @@ class Plan:
 def local_files_ok(backend: ClusterBackend) -> bool:
     """Whether MLflow can write a file on this machine: this process writes it, or the nodes
     share it."""
-    return not backend.submits_jobs or backend.shares_filesystem
+    return not backend.traits.submits_jobs or backend.traits.shares_filesystem
 
 
 def check_backend(cfg: DictConfig) -> ClusterBackend:
@@ -69,7 +69,7 @@ def check_backend(cfg: DictConfig) -> ClusterBackend:
 def plan_job(cfg: DictConfig, overrides: list[str], on_head: OnHead | None = None) -> Plan:
     """Every check of one job (ConfigError on the first that fails); starts and changes nothing."""
     backend = check_backend(cfg)
-    if backend.submits_jobs:
+    if backend.traits.submits_jobs:
         _no_python_objects(cfg, backend)
     workload = workload_for(cfg.workload)
     workload.check(cfg)
@@ -81,8 +81,8 @@ def plan_job(cfg: DictConfig, overrides: list[str], on_head: OnHead | None = Non
     if cfg.resume is not False:
         locate(cfg)
     # the files that go with the job fit Ray's upload limit
-    if backend.submits_jobs and not cfg.dry_run:
-        check_upload(cfg, in_place=backend.shares_filesystem)
+    if backend.traits.submits_jobs and not cfg.dry_run:
+        check_upload(cfg, in_place=backend.traits.shares_filesystem)
     # last: it may wait tracking.timeout_s for a server. A run submitted to nodes that do not
     # share this machine's files cannot write a local SQLite or file store.
     # A dry run only notes it (a provider's defaults alone still render).
@@ -130,7 +130,7 @@ def storage_refusal(
     from rayflow.results.experiment import where_kept
 
     where = where_kept(cfg)
-    if "://" in where or backend.single_machine or cfg.storage_shared:
+    if "://" in where or backend.traits.single_machine or cfg.storage_shared:
         return None
     if on_head is not None:  # a job on a head: the side that submitted it checked this
         return None

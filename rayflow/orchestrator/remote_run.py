@@ -59,7 +59,7 @@ def _request(plan: Plan, tracker: Tracker) -> dict[str, list[str]]:
     this machine's files (`~` is the head's own elsewhere), and the tracking URI made absolute."""
     cfg = plan.cfg
     absolute = {"ray_auth_mode": str(cfg.ray_auth_mode)}
-    if plan.backend.shares_filesystem:
+    if plan.backend.traits.shares_filesystem:
         absolute.update(
             {
                 key: str(Path(str(value)).expanduser().resolve())

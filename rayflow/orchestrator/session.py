@@ -52,7 +52,7 @@ def run_job(plan: Plan, cluster: SharedCluster) -> RunResult | None:
     if plan.cfg.dry_run:
         dry_run(plan, cluster.spec)
         return None
-    if plan.backend.submits_jobs:  # the job keeps the run's log (its own run_here)
+    if plan.backend.traits.submits_jobs:  # the job keeps the run's log (its own run_here)
         with quiet_libraries(level(plan.cfg.get("verbose")), Tracker(plan.cfg).libraries):
             return run_submitted(plan, cluster)
     with claimed_experiment(plan.cfg) as experiment:  # made (new) and held while this job runs

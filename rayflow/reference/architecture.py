@@ -17,8 +17,10 @@ from typing import Any
 from rayflow.backends import (
     ClusterBackend,
     ClusterHandle,
+    KeepsClusters,
     Rendered,
     Submission,
+    Traits,
     WorkerPreload,
 )
 from rayflow.reference.layers import layers_block, summary
@@ -156,7 +158,9 @@ def architecture_blocks() -> dict[str, str]:
 
     return {
         "layers": layers_block(),
-        "backend-contract": _classes_block(ClusterBackend, Rendered, WorkerPreload),
+        "backend-contract": _classes_block(
+            ClusterBackend, Traits, KeepsClusters, Rendered, WorkerPreload
+        ),
         "cluster-handle": _classes_block(ClusterHandle, Submission),
         "plan": _classes_block(Plan),
         "workload": _classes_block(Workload, RunContext),

@@ -188,8 +188,8 @@ def _plan(search: Any, spec: Any, staging: str) -> Any:
     from rayflow.sweeper.shipping import ship_search
 
     backend = config_errors(lambda: check_backend(search.cfg))
-    spec.in_place = not backend.submits_jobs and backend.shares_filesystem
-    if not backend.submits_jobs:
+    spec.in_place = not backend.traits.submits_jobs and backend.traits.shares_filesystem
+    if not backend.traits.submits_jobs:
         return config_errors(lambda: plan_job(search.cfg, search.overrides))
     package = ship_search(search, spec, staging)
     plan = config_errors(lambda: plan_job(search.cfg, search.overrides))

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.base import ClusterBackend, KeepsClusters, Rendered, Traits, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster, autostop_minutes
 from rayflow.backends.kuberay import applied as kuberay_applied
@@ -41,9 +41,8 @@ RUN_LABEL = ownership.RUN_LABEL  # the run that created the object (informationa
 KEPT_LABEL = ownership.KEPT_LABEL  # "true": created with backend.keep_cluster=true
 
 
-class KubeRayCluster(ClusterBackend):
-    submits_jobs = True
-    keeps_clusters = True
+class KubeRayCluster(ClusterBackend, KeepsClusters):
+    traits = Traits(submits_jobs=True)
 
     @property
     def keeps_cluster(self) -> bool:

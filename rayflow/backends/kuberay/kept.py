@@ -28,7 +28,10 @@ its job: it gets none.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from rayflow.backends.handle import ClusterHandle, Submission
@@ -279,6 +282,7 @@ def watcher_spec(cluster: dict[str, Any]) -> dict[str, str]:
     under the name is not it)."""
     meta = cluster["metadata"]
     return {
+        "backend": "kuberay",
         "kind": "raycluster",
         "namespace": str(meta["namespace"]),
         "name": str(meta["name"]),
@@ -325,3 +329,40 @@ def allow_autostop(run: Applied, created: dict[str, Any]) -> None:
         print(f"rayflow: warning: {warn}", file=sys.stderr, flush=True)
         return
     run.handle.autostop = watcher_spec(created)
+
+
+# --- from the head: what the watcher of an idle RayCluster (rayflow.autostop) runs -----------
+
+# Where Kubernetes mounts a pod's service account (its token, the API server's CA)
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def stop_idle(spec: dict[str, Any]) -> None:
+    """DELETE this RayCluster (by uid) as the head pod's service account, the way in-cluster
+    clients reach the API server; its Role allows exactly that."""
+    import ssl
+    import urllib.request
+
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+    host = f"[{host}]" if ":" in host else host
+    url = (
+        f"https://{host}:{port}/apis/ray.io/v1/namespaces/{spec['namespace']}"
+        f"/rayclusters/{spec['name']}"
+    )
+    options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+    options.update(propagationPolicy="Background", preconditions={"uid": spec["uid"]})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(options).encode(),
+        method="DELETE",
+        headers={
+            "Authorization": f"Bearer {(SERVICE_ACCOUNT / 'token').read_text().strip()}",
+            "Content-Type": "application/json",
+        },
+    )
+    context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+            print(f"[autostop] deleted RayCluster {spec['name']} ({answer.status})", flush=True)
+    except urllib.error.HTTPError as err:  # 404: gone already; 409: another of the name
+        print(f"[autostop] the API server answered {err.code}: {err.read()[:300]!r}", flush=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.base import ClusterBackend, KeepsClusters, Rendered, Traits, WorkerPreload
 from rayflow.backends.handle import ClusterHandle
 from rayflow.backends.kept import KeptCluster, autostop_minutes
 from rayflow.backends.spark import kept as kept_holder
@@ -72,18 +72,18 @@ SUPPORTED_MASTER = re.compile(r"^(local(\[[^\]]*\])?|local-cluster\[.*\]|spark:/
 HOOK = "rayflow.backends.spark.hook.RayflowStartHook"
 
 
-class SparkCluster(ClusterBackend):
-    # backend.keep_cluster=true: the cluster stays in this process (a notebook kernel) for its next
-    # run, under an idle timer; `rayflow status` and `down` reach it by its record.
-    keeps_clusters = True
+class SparkCluster(ClusterBackend, KeepsClusters):
+    # KeepsClusters: with backend.keep_cluster=true the cluster stays in this process (a notebook
+    # kernel) for its next run, under an idle timer; `rayflow status` and `down` reach it by its
+    # record.
 
-    # The contract's class attribute, a property here: Spark's local and local-cluster masters
-    # (a Databricks single-node cluster among them) run every worker on one machine.
+    # A property here: Spark's local and local-cluster masters (a Databricks single-node cluster
+    # among them) run every worker on one machine.
     @property
-    def single_machine(self) -> bool:  # type: ignore[override]
+    def traits(self) -> Traits:  # type: ignore[override]
         active = active_session()
         master = str(active.sparkContext.master if active else self.section.master)
-        return master.startswith("local")
+        return Traits(single_machine=master.startswith("local"))
 
     def spark_conf(self) -> dict[str, str]:
         """spark_conf with dotted keys: on the command line Hydra nests `spark.task.cpus` as

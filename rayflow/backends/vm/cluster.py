@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from rayflow.backends.base import ClusterBackend, Rendered, WorkerPreload
+from rayflow.backends.base import ClusterBackend, KeepsClusters, Rendered, Traits, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
 from rayflow.backends.vm import fake_start, sdk_start, user_file
@@ -46,10 +46,7 @@ from rayflow.errors import ConfigError
 from rayflow.security.auth import ensure_token
 
 
-class VMCluster(ClusterBackend):
-    submits_jobs = True
-    keeps_clusters = True
-
+class VMCluster(ClusterBackend, KeepsClusters):
     @property
     def cluster_yaml(self) -> str | None:
         """The user's own cluster YAML (backend.cluster_yaml), or None: rayflow renders one."""
@@ -62,15 +59,12 @@ class VMCluster(ClusterBackend):
             return user_file.provider_type(user_file.load(self.cluster_yaml), self.cluster_yaml)
         return str(self.section.provider)
 
-    # The contract's class attribute, a property here: fake nodes are processes on this machine,
-    # other providers' nodes other machines (mypy refuses a read-only property over an attribute).
+    # A property here: fake nodes are processes on this machine, other providers' nodes other
+    # machines (mypy refuses a read-only property over an attribute).
     @property
-    def shares_filesystem(self) -> bool:  # type: ignore[override]
-        return self.provider == "fake_multinode"
-
-    @property
-    def single_machine(self) -> bool:  # type: ignore[override]
-        return self.provider == "fake_multinode"
+    def traits(self) -> Traits:  # type: ignore[override]
+        fake = self.provider == "fake_multinode"
+        return Traits(submits_jobs=True, shares_filesystem=fake, single_machine=fake)
 
     @property
     def keeps_cluster(self) -> bool:

@@ -53,7 +53,7 @@ def where_sdk(provider: str, config_file: str) -> dict[str, str]:
 def autostop_fake(temp_dir: str, url: str) -> dict[str, str]:
     """The watcher stops the head's own processes (every one naming the temp dir) on this
     machine, as `rayflow down` does."""
-    return {"kind": "processes", "temp_dir": temp_dir, "dashboard": url}
+    return {"backend": "vm", "kind": "processes", "temp_dir": temp_dir, "dashboard": url}
 
 
 def autostop_sdk(provider: str, dashboard_port: int, owner_run: str = "") -> dict[str, str]:
@@ -62,7 +62,7 @@ def autostop_sdk(provider: str, dashboard_port: int, owner_run: str = "") -> dic
     the cluster's owner tag (`owner_run`) are terminated through its node provider, with the
     head's own role or service account."""
     kind = "ssh_hosts" if provider == "local" else "node_provider"
-    spec = {"kind": kind, "dashboard": f"http://127.0.0.1:{dashboard_port}"}
+    spec = {"backend": "vm", "kind": kind, "dashboard": f"http://127.0.0.1:{dashboard_port}"}
     return {**spec, "owner": owner_run} if kind == "node_provider" else spec
 
 
@@ -313,3 +313,60 @@ def stop_local_workers(config: dict) -> list[str]:
             )
             unreached.append(ip)
     return unreached
+
+
+# --- from the head: what the watcher of an idle cluster (rayflow.autostop) runs --------------
+
+
+def stop_idle(spec: dict[str, Any]) -> None:
+    """Tear the cluster down from its own head, as its spec says (autostop_fake, autostop_sdk):
+    `processes`, `ssh_hosts` or `node_provider`."""
+    {
+        "processes": _stop_processes,
+        "ssh_hosts": _stop_ssh_hosts,
+        "node_provider": _stop_node_provider,
+    }[spec["kind"]](spec)
+
+
+def _stop_processes(spec: dict[str, Any]) -> None:
+    # never stop processes by, or remove, a path that is not this user's fake cluster's
+    problem = not_rayflows(spec["temp_dir"], fake=True)
+    if problem:
+        print(f"[autostop] {problem}", flush=True)
+        return
+    stop_fake(spec["temp_dir"])
+
+
+def _stop_ssh_hosts(spec: dict[str, Any]) -> None:
+    """`ray stop` on each worker host over SSH, the hosts' keys pinned per cluster in the head
+    user's own cache (rayflow.security.ssh, as from the client), then on the head, which stops
+    even where a worker could not be reached."""
+    import yaml
+
+    config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
+    try:
+        stop_local_workers(config)  # its auth names the key the launcher copied to the head
+    except ClusterError as err:  # a worker address that is not a host: never passed to ssh
+        print(f"[autostop] {err}", flush=True)
+    subprocess.run(["ray", "stop"], timeout=300, check=False)
+
+
+def _stop_node_provider(spec: dict[str, Any]) -> None:
+    """The cluster's VMs that carry its owner tag (rayflow.backends.vm.owner), workers first,
+    then the head itself; another party's VMs of the same name are never selected."""
+    import yaml
+    from ray.autoscaler.tags import NODE_KIND_HEAD
+
+    run_owner = str(spec.get("owner") or "")
+    if not run_owner:
+        print(f"[autostop] no {owner.OWNER_TAG} in the spec: nothing terminated", flush=True)
+        return
+    config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
+    provider = owner.provider_of(config)
+    found = owner.nodes(provider, run_owner)
+    heads = set(owner.nodes(provider, run_owner, NODE_KIND_HEAD))
+    workers = [node for node in found if node not in heads]
+    if workers:
+        provider.terminate_nodes(workers)
+    if heads:  # itself last
+        provider.terminate_nodes(sorted(heads))
