@@ -147,13 +147,13 @@ def _cfg(*overrides: str):
     return compose_config("tracking=none", *overrides)
 
 
-def _refused(call) -> str:
-    """The one line a ConfigError naming `resume` says."""
+def _refused(call, key: str = "resume") -> str:
+    """The one line a ConfigError naming `key` says."""
     from rayflow.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         call()
-    assert err.value.key == "resume", str(err.value)
+    assert err.value.key == key, str(err.value)
     assert "\n" not in str(err.value)
     return str(err.value)
 
@@ -567,3 +567,23 @@ def test_the_resume_command_carries_what_a_resume_does_not_restore():
     ]
     assert asks == ["backend.api_token", "tracking.uri"]
     assert "s3cr3t" not in command and "pa55" not in command
+
+
+def test_a_sweeps_outputs_are_made_only_from_an_experiment_verified_as_the_users(tmp_path, s3):
+    """hydra/sweeper=rayflow with an object store: the sweep dir's table, best params and job
+    folders are made from the search's experiment read back from the bucket, so it is verified
+    first; one planted under its name (unsigned) or changed since its run signed it is refused in
+    one line naming the key, and nothing of it is read."""
+    from types import SimpleNamespace
+
+    from rayflow.sweeper.outputs import _experiment_here
+
+    KEY = "hydra.sweeper.storage_path"
+    planted = _experiment(s3.uri(f"{tmp_path.name}/planted/search"))
+    line = _refused(lambda: _experiment_here(SimpleNamespace(experiment=planted)), KEY)
+    assert "is not signed" in line
+    ours = _own(s3.uri(f"{tmp_path.name}/ours/search"))
+    assert (_experiment_here(SimpleNamespace(experiment=ours)) / "rayflow.json").is_file()
+    _put(ours, "train_cifar_00000/result.json", b'{"loss": -1e9}\n')  # a better "best"
+    line = _refused(lambda: _experiment_here(SimpleNamespace(experiment=ours)), KEY)
+    assert "changed since it was signed" in line and "result.json (changed)" in line

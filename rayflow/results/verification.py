@@ -83,7 +83,7 @@ def verify(location: str, extra: Any = (), key: str = "resume") -> Verified:
         raise ConfigError(
             key,
             f"{location} is not signed ({MANIFEST} missing or not a valid signature): rayflow "
-            "resumes only experiments signed by this user's key or one in trusted_signers",
+            "reads back only experiments signed by this user's key or one in trusted_signers",
         )
     if status == "untrusted":
         raise ConfigError(

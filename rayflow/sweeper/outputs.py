@@ -68,12 +68,16 @@ def write_outputs(
 
 def _experiment_here(result: Any) -> Path:
     """The search's experiment folder on this machine: on an object store, its mirror pulled
-    afresh (a search whose driver was a job on a cluster's head left none here)."""
+    afresh (a search whose driver was a job on a cluster's head left none here), once verified as
+    this user's: a bucket others can write to may hold anything under its name, and the sweep
+    dir's outputs (the table, the best params, the job folders) are made from what is read."""
+    from rayflow.results import verification
     from rayflow.results.experiment import Experiment
     from rayflow.results.storage import is_uri
 
     where = getattr(result, "experiment", None)
     if where and is_uri(str(where)):
+        verification.verify(str(where), key="hydra.sweeper.storage_path")
         return Experiment(str(where)).pull("hydra.sweeper.storage_path")
     return Path(result.experiment_dir)
 
