@@ -27,7 +27,7 @@ from rayflow.errors import (
     RunFailed,
     RunInterrupted,
 )
-from rayflow.orchestrator.compose import CONFIG_MODULE, CONFIG_NAME
+from rayflow.orchestrator.compose import CONFIG_MODULE, CONFIG_NAME, plugin_options
 from rayflow.runtime import hydra_internals
 from rayflow.security.printable import printable
 from rayflow.security.redaction import mask_text, masked_message, redact
@@ -157,6 +157,10 @@ def _main(on_head: OnHead | None) -> None:
     with masked("stdout"):  # argparse's usage error quotes the arguments
         args = hydra_internals.args_parser().parse_args(sys.argv[1:])
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+        try:  # a backend plugin's option, for Hydra to compose (`--help`: every plugin's, listed)
+            plugin_options(args.overrides, every=bool(args.help))
+        except ConfigError as err:
+            fail(err)
         with masked("stdout"), hydra_shows_redacted():
             _informational()
         return

@@ -75,7 +75,9 @@ def test_the_circle_finder_finds_a_circle():
 
 def _engines() -> tuple[set[str], set[str]]:
     """The backends' homes, read from the registry (the one list of backends): the engine
-    packages (rayflow.backends.<engine>.<module>) and the single modules (rayflow.backends.<name>)."""
+    packages (rayflow.backends.<engine>.<module>) and the single modules (rayflow.backends.<name>).
+    rayflow's own backends only: plugins (entry points, rayflow.backends.backends()) live in
+    their own packages, outside this tree."""
     from rayflow.backends import REGISTRY
 
     parts = [entry.backend.partition(":")[0].split(".") for entry in REGISTRY.values()]

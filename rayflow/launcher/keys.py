@@ -60,6 +60,7 @@ class JobResources(Part):
 
 
 class Launcher(Section):
+    # rayflow's own backends, as the launcher's node has their keys only (rayflow.launcher.node)
     backend: OneOf(*REGISTRY) = Field(
         description="where the jobs run; that backend's keys may be set beside this one (null: "
         "its default)"

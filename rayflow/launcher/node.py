@@ -39,7 +39,11 @@ def backend_defaults(name: str) -> dict:
 @functools.cache
 def backend_keys() -> dict[str, tuple[str, ...]]:
     """Every backend key the launcher takes -> the backends that have it."""
-    from rayflow.backends import REGISTRY  # the one list of backends (no engine is imported)
+    # rayflow's own backends only, not plugins (rayflow.backends.backends()): this node is built
+    # when Hydra discovers the launcher, in every Hydra app, used or not, from YAML alone; a
+    # plugin's keys are in its model (pydantic, its package imported, perhaps broken). Its
+    # `backend` choice is the same list (rayflow.launcher.keys.Launcher).
+    from rayflow.backends import REGISTRY  # no engine is imported
 
     found: dict[str, list[str]] = {}
     for name in REGISTRY:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig
 
-from rayflow.backends import backend_keys
+from rayflow.backends import REGISTRY as BACKENDS
+from rayflow.backends import backend_keys, backends, plugin_defaults
 from rayflow.errors import ConfigError
 from rayflow.runtime import hydra_internals
 from rayflow.schema.values import renamed_key_error
@@ -32,6 +33,7 @@ def compose_config(*overrides: str) -> DictConfig:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import ConfigCompositionException
 
+    plugin_options(overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"), _app_schema_aside():
@@ -45,6 +47,33 @@ def compose_config(*overrides: str) -> DictConfig:
         raise unknown_key_error(found.group(1), list(overrides), compose_config) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def plugin_options(overrides: Sequence[str], every: bool = False) -> None:
+    """The option `backend/<name>` of each backend plugin that `overrides` choose (`every`: of every
+    plugin installed, for `--help`'s list), stored in Hydra's ConfigStore, where Hydra finds it
+    beside rayflow's own options (conf/backend/*.yaml): its keys at the defaults its keys' model
+    declares (rayflow.backends.plugin_defaults). Plugins are looked for only when a name chosen is
+    not rayflow's own."""
+    chosen = {
+        name.strip()
+        for override in overrides
+        if "=" in override and override.split("=", 1)[0].lstrip("+~") == "backend"
+        for name in override.split("=", 1)[1].split(",")
+    }
+    if not every and chosen <= set(BACKENDS):
+        return
+    from hydra.core.config_store import ConfigStore
+
+    plugins = [name for name in backends() if name not in BACKENDS]
+    for name in plugins if every else sorted(chosen & set(plugins)):
+        try:
+            node = plugin_defaults(name)
+        except ConfigError:
+            if every:  # `--help` lists what composes; a broken plugin is refused where chosen
+                continue
+            raise
+        ConfigStore.instance().store(group="backend", name=name, node=node, provider="rayflow")
 
 
 @contextlib.contextmanager
@@ -153,9 +182,10 @@ def one_line(err: Exception) -> ConfigError:
     if isinstance(err, MissingConfigException) and err.options is not None:
         group = (err.missing_cfg_file or "").split("/")[0]
         name = (err.missing_cfg_file or "").split("/")[-1]
-        return ConfigError(
-            f"{group}={name}", f"unknown option; choose from {', '.join(err.options)}"
-        )
+        options = list(err.options)
+        if group == "backend":  # plugins not chosen are not Hydra's options (plugin_options)
+            options += [n for n in backends() if n not in options]
+        return ConfigError(f"{group}={name}", f"unknown option; choose from {', '.join(options)}")
     match = re.search(r"Could not (?:override|append to|delete from) '([^']+)'", text)
     renamed = renamed_key_error(match.group(1)) if match else None
     if renamed is not None:
@@ -207,7 +237,6 @@ def section_models(cfg: dict[str, Any]) -> dict[str, Any]:
     """The model of each section of a composed config (plain, resolved): the root's own keys,
     compute and tracking (rayflow.schema.root), the chosen backend's and workload's (their
     registries), and the root sections the workload brings (cifar and ddp: `data`)."""
-    from rayflow.backends import REGISTRY as BACKENDS
     from rayflow.schema import root_models
     from rayflow.workloads import KINDS
     from rayflow.workloads import REGISTRY as WORKLOADS
@@ -219,8 +248,10 @@ def section_models(cfg: dict[str, Any]) -> dict[str, Any]:
         model = workload_keys(workload)
         models["workload"] = model
         models.update(getattr(model, "sections", {}))
-    if cfg.get("backend", {}).get("name") in BACKENDS:
-        models["backend"] = backend_keys(cfg["backend"]["name"])
+    # rayflow's own or a plugin's (those looked for only when the name is not rayflow's)
+    name = cfg.get("backend", {}).get("name")
+    if name in BACKENDS or name in backends():
+        models["backend"] = backend_keys(name)
     return models
 
 

@@ -63,6 +63,8 @@ def _join(parent: str, leaf: str) -> str:
 
 
 def _options(group: str) -> list[str]:
+    # rayflow's own options (conf/GROUP/*.yaml): a backend plugin's keys (its model's, not a YAML)
+    # are not searched for the backend a key given beside another belongs to
     folder = resources.files("rayflow.conf").joinpath(group)
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 

@@ -211,6 +211,8 @@ def markdown() -> str:
             section,
             note,
         )
+    # rayflow's own backends: the reference is rayflow's page, the same whatever is installed (a
+    # plugin's keys are documented by its own package)
     for name in BACKENDS:
         text += _table(
             f"`backend={name}`",

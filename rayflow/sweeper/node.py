@@ -36,5 +36,5 @@ def sweeper_node() -> dict:
     return {
         "defaults": ["_self_", {"sampler": None}],
         **own_keys(),
-        **dict.fromkeys(backend_keys()),
+        **dict.fromkeys(backend_keys()),  # rayflow's own backends', as the launcher's node
     }

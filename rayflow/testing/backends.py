@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayflow.backends import REGISTRY, ClusterBackend, backend_for
+from rayflow.backends import ClusterBackend, backend_for, backends
 from rayflow.orchestrator.cluster import running
 from rayflow.orchestrator.compose import compose_config
 from rayflow.testing.processes import ray_daemon_pids, wait_until
@@ -87,7 +87,8 @@ class LifecycleSuite(BackendSuite):
 
     def test_is_registered_under_its_config_name(self, backend):
         assert isinstance(backend, ClusterBackend)
-        assert backend.name == self.name and self.name in REGISTRY
+        # rayflow's own, or a plugin's (an entry point of the group rayflow.backends)
+        assert backend.name == self.name and self.name in backends()
 
     def test_check_and_render_start_nothing(self, backend):
         before = ray_daemon_pids()
