@@ -86,9 +86,8 @@ def test_a_composer_pickled_on_a_head_unpickles_at_the_resumed_jobs_own_bundle(
     first job's bundle goes with its cluster, so a resumed search (a new cluster, a new job)
     composes from its own bundle, not the path the pickle was written at (seen on vm: "Primary
     config directory not found" at the first cluster's folder)."""
-    import pickle
-
-    from hydra.types import HydraContext
+    import cloudpickle  # as Tune writes tuner.pkl and the sweeper its spec (Hydra reloads its
+    from hydra.types import HydraContext  # plugins' modules: their classes travel by value)
 
     from rayflow.sweeper.sweep import JobComposer
     from rayflow.workloads import hydra_sweep
@@ -105,6 +104,6 @@ def test_a_composer_pickled_on_a_head_unpickles_at_the_resumed_jobs_own_bundle(
     first = composer.at(tmp_path / "first")
     resumed = composer.at(tmp_path / "second")
     monkeypatch.setattr(hydra_sweep, "shipped_spec", lambda: type("Spec", (), {"compose": resumed}))
-    assert pickle.loads(pickle.dumps(first)).bundle == str(tmp_path / "second")
+    assert cloudpickle.loads(cloudpickle.dumps(first)).bundle == str(tmp_path / "second")
     # here, where nothing was shipped, a composer pickles as itself
-    assert pickle.loads(pickle.dumps(composer)).sweep_dir == composer.sweep_dir
+    assert cloudpickle.loads(cloudpickle.dumps(composer)).sweep_dir == composer.sweep_dir

@@ -61,6 +61,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_elsewhere(tmp_path, data
     ]
     with open(os.path.join(target, "_borrowed_deps.pth"), "w") as f:
         f.write("\n".join(dict.fromkeys(borrowed)) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run(
         [
             sys.executable,
@@ -75,11 +76,13 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_from_elsewhere(tmp_path, data
         ],
         check=True,
         timeout=300,
+        # a PYTHONPATH holding the checkout (its rayflow.egg-info, left by the build) made pip
+        # take rayflow as installed already and install nothing
+        env=env,
     )
 
     work = tmp_path / "elsewhere"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def in_venv(code: str) -> list[str]:  # what `python -c code` prints there, run from elsewhere
         done = subprocess.run(
