@@ -3,9 +3,10 @@ submitted run on the head, which is `backend=attach` there), in the experiment f
 
 Read top-down, one step a function: the workload prepares what it needs here; the cluster is
 acquired and `compute=auto` resolved; the MLflow parent run starts (or, on resume, goes on) and the
-experiment's state is written (its state read once); the workload runs under the watches (the
-placement watch, the node peak); the outcome is reported; what did not finish raises, Ctrl-C and
-the terminating signals become the exceptions the CLI and rayflow.run turn into exit codes.
+experiment's state is written (on resume, onto the state the preflight read: Plan.resumed); the
+workload runs under the watches (the placement watch, the node peak); the outcome is reported;
+what did not finish raises, Ctrl-C and the terminating signals become the exceptions the CLI and
+rayflow.run turn into exit codes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rayflow.orchestrator.resume import (
     resume_command,
     resumed_keys,
 )
-from rayflow.results.experiment import Experiment, read_state, write_state
+from rayflow.results.experiment import Experiment, held_state, write_state
 from rayflow.results.run_result import RunResult, result_line
 from rayflow.results.signing import RUN_LOG
 from rayflow.results.storage import join as storage_join
@@ -54,8 +55,9 @@ def run_here(plan: Plan, cluster: SharedCluster, experiment: Experiment) -> RunR
     plan.workload.prepare(cfg, here=plan.backend.traits.shares_filesystem)
     tracker = Tracker(cfg)
     result = _new_result(plan, experiment, tracker)
-    # the experiment's state, read once
-    state = read_state(experiment) if cfg.resume is not False else {}
+    # the experiment's state, as the preflight read it (read again only where another run
+    # changed it since: held_state)
+    state = held_state(plan.resumed) if plan.resumed else {}
     hint = _resume_hint(plan, experiment.location)
     status = "FAILED"
     import ray  # noqa: F401  (its log handler exists before plain_ray_logs filters it)

@@ -7,7 +7,7 @@ description: the backend's own checks, the workload's, its demand against the cl
 experiment to resume, the tracking store (network probes included, once). Bad input anywhere is one
 ConfigError naming the key, with nothing started. It changes nothing: what it found out is the
 `Plan` of each job, which the run consumes (the backend, the workload, its resource bundles, what
-the cluster may preload for it).
+the cluster may preload for it, a resume's experiment with its state: located and read once).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rayflow.orchestrator.compose import compose_config, config_errors, sweep_po
 from rayflow.orchestrator.resume import resumed
 from rayflow.orchestrator.submission import OnHead
 from rayflow.orchestrator.upload_check import check_upload
-from rayflow.results.experiment import locate, read_state
+from rayflow.results.experiment import Resumed, located, resumed_folder
 from rayflow.runtime.placement import Bundle, check_fits, copies_at_once
 from rayflow.tracking.tracker import check_uri, missing_run
 from rayflow.workloads import workload_for
@@ -49,6 +49,8 @@ class Plan:
     shipped: tuple[str, ...] = ()
     # a submitted run's job on the head: what its submitter said (None: a run started here)
     on_head: OnHead | None = None
+    # a resume's experiment, located and its state read once, here (None: a new experiment)
+    resumed: Resumed | None = None
 
 
 def local_files_ok(backend: ClusterBackend) -> bool:
@@ -66,8 +68,14 @@ def check_backend(cfg: DictConfig) -> ClusterBackend:
     return backend
 
 
-def plan_job(cfg: DictConfig, overrides: list[str], on_head: OnHead | None = None) -> Plan:
-    """Every check of one job (ConfigError on the first that fails); starts and changes nothing."""
+def plan_job(
+    cfg: DictConfig,
+    overrides: list[str],
+    on_head: OnHead | None = None,
+    found: Resumed | None = None,
+) -> Plan:
+    """Every check of one job (ConfigError on the first that fails); starts and changes nothing.
+    `found`: a resume's experiment as composing it located it (else located here)."""
     backend = check_backend(cfg)
     if backend.traits.submits_jobs:
         _no_python_objects(cfg, backend)
@@ -79,7 +87,7 @@ def plan_job(cfg: DictConfig, overrides: list[str], on_head: OnHead | None = Non
     if nodes is not None:  # else the running cluster is watched (PlacementWatch)
         check_fits(bundles, nodes, backend.name)
     if cfg.resume is not False:
-        locate(cfg)
+        found = located(cfg, found)
     # the files that go with the job fit Ray's upload limit
     if backend.traits.submits_jobs and not cfg.dry_run:
         check_upload(cfg, in_place=backend.traits.shares_filesystem)
@@ -90,11 +98,13 @@ def plan_job(cfg: DictConfig, overrides: list[str], on_head: OnHead | None = Non
     check_storage(cfg, backend, on_head)  # may wait storage.PROBE_TIMEOUT_S for an object store
     if not cfg.dry_run:
         backend.probe()  # a cloud account, within a bounded wait
-    if cfg.resume is not False and cfg.tracking.enabled:
-        _check_resumed_run(cfg)
+    if found is not None and cfg.tracking.enabled:
+        _check_resumed_run(cfg, found)
     slots = _slots(bundles, nodes)
     preload = _preload(workload, cfg, bundles, slots)
-    return Plan(overrides, cfg, backend, workload, bundles, preload, slots, on_head=on_head)
+    return Plan(
+        overrides, cfg, backend, workload, bundles, preload, slots, on_head=on_head, resumed=found
+    )
 
 
 # Folders a Databricks cluster mounts on every node: shared without storage_shared=true.
@@ -200,11 +210,11 @@ def _slots(bundles: list[Bundle], nodes: list[dict[str, float]] | None) -> int |
     return copies_at_once(bundles[0], nodes)
 
 
-def _check_resumed_run(cfg: DictConfig) -> None:
+def _check_resumed_run(cfg: DictConfig, found: Resumed) -> None:
     """A resumed experiment logs into its first run's MLflow parent run: the store must hold it
     (a relative sqlite:///mlflow.db from another directory is another store). Refused rather than
     started anew, so a resumed experiment's MLflow history stays in one run."""
-    run_id = read_state(locate(cfg)).get("mlflow_run_id")
+    run_id = found.state.get("mlflow_run_id")
     if not run_id:
         return
     reason = missing_run(cfg, str(run_id))
@@ -230,6 +240,9 @@ def preflight(
 def _plan_point(point: list[str], on_head: OnHead | None) -> Plan:
     """One point of the command line: composed (a resume: the experiment's own config), checked."""
     cfg = compose_config(*point)
-    if cfg.resume is not False:  # a submitted run's head: its submitter asked for the secrets
-        point, cfg = resumed(point, cfg, asks=on_head is None)
-    return plan_job(cfg, point, on_head)
+    if cfg.resume is False:
+        return plan_job(cfg, point, on_head)
+    found = resumed_folder(cfg)  # located and its state read: once, for the whole job
+    # a submitted run's head: its submitter asked for the secrets
+    point, cfg = resumed(point, cfg, asks=on_head is None, found=found)
+    return plan_job(cfg, point, on_head, found)

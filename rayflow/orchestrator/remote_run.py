@@ -201,7 +201,8 @@ def _returned(plan: Plan, cluster: SharedCluster, tracker: Tracker, done: Submit
     """The RunResult the job's signed line gives back; a failed job's last lines, then RunFailed.
     A failed job's line is read for its MLflow parent run only, so its log goes there."""
     cfg, outcome = plan.cfg, done.outcome
-    located = locate(cfg)
+    # a resume's as the preflight located it; a new one's is where it goes (nothing read)
+    located = plan.resumed.experiment if plan.resumed else locate(cfg)
     base = RunResult(
         str(cfg.workload.name),
         None,

@@ -20,13 +20,14 @@ where the job's files or the data come from). The experiment is verified (rayflo
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig
 
 from rayflow.errors import ConfigError
 from rayflow.orchestrator.compose import compose_config
-from rayflow.results.experiment import Experiment, read_state, resumed_folder
+from rayflow.results.experiment import Experiment, Resumed, resumed_folder
 from rayflow.workloads import workload_keys
 
 GROUPS = ("backend", "workload", "compute", "tracking")  # the defaults list's choices
@@ -107,14 +108,17 @@ def _within(key: str, keys: tuple[str, ...] | set[str]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in keys)
 
 
-def resumed(point: list[str], cfg: DictConfig, asks: bool = True) -> tuple[list[str], DictConfig]:
+def resumed(
+    point: list[str], cfg: DictConfig, asks: bool = True, found: Resumed | None = None
+) -> tuple[list[str], DictConfig]:
     """A resume's overrides and config: the experiment's group choices and every key its state
     recorded, with the keys the command line gives on top. A key that shapes the trials and
     differs from the experiment's is refused, naming it; a secret the state holds masked comes
     from the command line or the environment (its interpolation), or is refused. `resume` becomes
-    the folder, so every later look-up finds this same experiment."""
-    path = resumed_folder(cfg)  # found, and verified before anything of it is read
-    state = read_state(path)
+    the folder, so every later look-up finds this same experiment. `found`: the experiment as
+    the preflight located it, its state read (resumed_folder), else located now."""
+    found = found or resumed_folder(cfg)  # verified before anything of it is read
+    path, state = found.experiment, found.state
     saved = state.get("config", {})
     saved = saved if isinstance(saved, dict) else {}
     choices = _saved_choices(state, saved, group_choices(point), path)
@@ -139,7 +143,7 @@ def resumed(point: list[str], cfg: DictConfig, asks: bool = True) -> tuple[list[
 KEY = re.compile(r"[A-Za-z_][\w\-]{0,99}(?:\.[A-Za-z_][\w\-]{0,99}){0,9}")  # a config key's path
 
 
-def _asks(cfg: DictConfig, state: dict[str, Any], given: set[str]) -> None:
+def _asks(cfg: DictConfig, state: Mapping[str, Any], given: set[str]) -> None:
     """A secret the experiment's run was given, and its resume command leaves out (`carried`):
     refused, naming it, unless given now (the state records its key, never its value)."""
     from omegaconf import OmegaConf
@@ -161,7 +165,7 @@ def _asks(cfg: DictConfig, state: dict[str, Any], given: set[str]) -> None:
 
 
 def _saved_choices(
-    state: dict[str, Any], saved: dict[str, Any], given: dict[str, str], path: Experiment
+    state: Mapping[str, Any], saved: dict[str, Any], given: dict[str, str], path: Experiment
 ) -> dict[str, str]:
     """The experiment's group choices it may set again (RESUMED_GROUPS); the command line may not
     choose another workload or compute."""

@@ -55,7 +55,8 @@ def run_job(plan: Plan, cluster: SharedCluster) -> RunResult | None:
     if plan.backend.traits.submits_jobs:  # the job keeps the run's log (its own run_here)
         with quiet_libraries(level(plan.cfg.get("verbose")), Tracker(plan.cfg).libraries):
             return run_submitted(plan, cluster)
-    with claimed_experiment(plan.cfg) as experiment:  # made (new) and held while this job runs
+    found = plan.resumed.experiment if plan.resumed else None  # as the preflight located it
+    with claimed_experiment(plan.cfg, found) as experiment:  # made (new) and held while it runs
         return run_here(plan, cluster, experiment)
 
 

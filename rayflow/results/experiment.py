@@ -21,9 +21,10 @@ import contextlib
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rayflow.errors import ConfigError
 from rayflow.results import lease, signing, storage, verification
@@ -40,7 +41,7 @@ STATE_MAX = 8 * 2**20  # bytes of a STATE_FILE rayflow reads
 SUFFIXES_MAX = 1000  # `-1` ... `-999` after an experiment_name whose folder exists
 # What the mirror of an experiment (its files but its checkpoints') may hold
 MIRROR_FILES_MAX, MIRROR_BYTES_MAX = 100_000, 4 * 2**30
-__all__ = ["LOCK_FILE", "STATE_FILE", "Experiment"]
+__all__ = ["LOCK_FILE", "STATE_FILE", "Experiment", "Resumed"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,20 @@ class Experiment:
         if self.remote:
             return storage.modified(storage.join(self.location, relative)) is not None
         return (self.dir / relative).exists()
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The experiment a resume goes on with, as the preflight found it: located (checked and
+    verified) and its state read, once (each a network call on an object store). The run takes
+    both from its Plan rather than finding and reading them again."""
+
+    experiment: Experiment
+    state: Mapping[str, Any]  # its STATE_FILE as read_state read it
+    workload: str | None  # the workload its signature names (None: it names none)
+    # STATE_FILE's entry in the verification `state` was read under: held_state reads the state
+    # again only where the run's own verification, once it holds the experiment, differs
+    read_under: dict | None = None
 
 
 def where_kept(cfg) -> str:
@@ -159,14 +174,18 @@ def locate(cfg) -> Experiment:
     if cfg.resume is True:
         return _verified(cfg, _latest(cfg, base))
     found, saved = _named(cfg)
-    name = str(cfg.workload.name)
+    _check_workload(found, saved, str(cfg.workload.name))
+    return _verified(cfg, found)
+
+
+def _check_workload(found: Experiment, saved: str | None, name: str) -> None:
+    """An experiment of workload `saved` (its signature's) is resumed by a job of that workload."""
     if saved not in (None, name):  # its config would be merged into another workload's keys
         raise ConfigError(
             "resume",
             f"{found} is an experiment of workload {saved}, not {name}; resume it with "
             f"workload={saved}",
         )
-    return _verified(cfg, found)
 
 
 def _verified(cfg, found: Experiment) -> Experiment:
@@ -260,13 +279,41 @@ def experiment_dir(cfg) -> Path:
     return locate(cfg).dir
 
 
-def resumed_folder(cfg) -> Experiment:
+def resumed_folder(cfg) -> Resumed:
     """The experiment `resume` names, whatever its workload (the resume composes its config from
-    it: rayflow.orchestrator.resume.resumed), verified. resume=true: the latest of the workload
-    the command line composes to."""
-    if cfg.resume is True:
-        return locate(cfg)
-    return _verified(cfg, _named(cfg)[0])
+    it: rayflow.orchestrator.resume.resumed), verified, with its state. resume=true: the latest of
+    the workload the command line composes to."""
+    return _resumed(locate(cfg) if cfg.resume is True else _verified(cfg, _named(cfg)[0]))
+
+
+def located(cfg, found: Resumed | None = None) -> Resumed:
+    """The experiment a resume's job goes on with, checked against the job's workload: `found`
+    (composing the resume located it), else located and its state read now (a config given whole:
+    rayflow.dry_run's, the Hydra sweeper's)."""
+    if found is None:
+        return _resumed(locate(cfg))
+    _check_workload(found.experiment, found.workload, str(cfg.workload.name))
+    return found
+
+
+def _resumed(experiment: Experiment) -> Resumed:
+    """`experiment`, verified, with its state: the one read of it a resume makes."""
+    state = read_state(experiment)
+    # after the read: a state signed again since is read under a verification made afresh
+    verified = verification.baseline(experiment.location)
+    if verified is None:
+        return Resumed(experiment, state, None)
+    return Resumed(experiment, state, verified.workload, verified.files.get(STATE_FILE))
+
+
+def held_state(found: Resumed) -> dict:
+    """The state a resumed run goes on from, now that it holds the experiment (claimed_experiment
+    verified it again): as the preflight read it, where the state is still that; else read again,
+    as it was changed meanwhile by another run (an earlier job of this sweep, another process)."""
+    held = verification.baseline(found.experiment.location)
+    if held is not None and held.files.get(STATE_FILE) == found.read_under:
+        return dict(found.state)
+    return read_state(found.experiment)
 
 
 def _named(cfg) -> tuple[Experiment, str | None]:
@@ -284,14 +331,18 @@ def _named(cfg) -> tuple[Experiment, str | None]:
         )
     if status != "signed":  # its refusal, in words
         verification.verify(found.location, trusted_signers(cfg))
+    _refuse_running(cfg, found)
+    saved = manifest.get("workload")
+    return found, str(saved) if saved else None
+
+
+def _refuse_running(cfg, found: Experiment) -> None:
     if is_running(found, trusted_signers(cfg)):
         raise ConfigError(
             "resume",
             f"{found} is running now (another run holds {_join(found.location, LOCK_FILE)}); "
             "resume it once that run has ended",
         )
-    saved = manifest.get("workload")
-    return found, str(saved) if saved else None
 
 
 def is_running(experiment: Experiment | Path, trusted: tuple[str, ...] = ()) -> bool:
@@ -315,13 +366,14 @@ def is_running(experiment: Experiment | Path, trusted: tuple[str, ...] = ()) -> 
 
 
 @contextlib.contextmanager
-def claimed_experiment(cfg) -> Iterator[Experiment]:
+def claimed_experiment(cfg, where: Experiment | None = None) -> Iterator[Experiment]:
     """The experiment of this run, held while the block runs, and signed (rayflow.results
     .signing): a new one (two runs started in the same second get two folders, the second with a
-    suffix), or the one `resume` names, verified again once held. A new folder the run left empty
-    (it failed before it began) goes again."""
+    suffix), or the one `resume` names (`where`: as the preflight located it; else located now),
+    verified again once held. A new folder the run left empty (it failed before it began) goes
+    again."""
     holder = _leased if on_object_store(cfg) else _locked
-    with holder(cfg) as experiment:
+    with holder(cfg, where) as experiment:
         baseline = None
         if cfg.resume is not False:  # held now: what it holds is what the run goes on from
             baseline = verification.verify(experiment.location, trusted_signers(cfg))
@@ -334,11 +386,11 @@ def claimed_experiment(cfg) -> Iterator[Experiment]:
 
 
 @contextlib.contextmanager
-def _locked(cfg) -> Iterator[Experiment]:
+def _locked(cfg, where: Experiment | None = None) -> Iterator[Experiment]:
     """A folder of this machine, held with its flock while the block runs."""
     from filelock import FileLock, Timeout
 
-    path = _new_folder(cfg) if cfg.resume is False else Path(locate(cfg).location)
+    path = _new_folder(cfg) if cfg.resume is False else Path((where or locate(cfg)).location)
     lock = FileLock(str(path / LOCK_FILE))
     try:
         lock.acquire(timeout=0)
@@ -363,7 +415,7 @@ def _locked(cfg) -> Iterator[Experiment]:
 
 
 @contextlib.contextmanager
-def _leased(cfg) -> Iterator[Experiment]:
+def _leased(cfg, where: Experiment | None = None) -> Iterator[Experiment]:
     """An object-store experiment held by a lease renewed in a thread while the block runs; the
     mirror pulled. A new experiment takes the first free name (no atomic create on a store: two
     runs naming one folder in the same instant is not guarded against)."""
@@ -376,8 +428,13 @@ def _leased(cfg) -> Iterator[Experiment]:
         if not free:
             raise ConfigError("experiment_name", f"{base} holds {name} and its suffixes")
         experiment = Experiment(storage.join(base, free[0]))
-    else:
+    elif where is None:
         experiment = locate(cfg)
+    else:
+        # a store has no lock to take at once: whether a run holds it is asked again now, not
+        # taken from the preflight (an earlier job of a sweep may have run for hours since)
+        experiment = where
+        _refuse_running(cfg, experiment)
     with lease.leased(experiment.location):
         experiment.pull("resume" if cfg.resume is not False else "storage_path")
         yield experiment

@@ -179,6 +179,7 @@ def run_training(train: TrainJob, ctx, mlflow_params: dict) -> TrainSummary:
 def _nested_run(ctx, mlflow_params: dict) -> str | None:
     """The Train run's nested MLflow run, marked running: the one the resumed experiment started,
     else a new one under the parent run; None where there is none (tracking off)."""
+    # read again, not the preflight's: the driver wrote the state since (its MLflow parent run)
     state = read_state(ctx.experiment)
     tracker = ctx.tracker
     run_id = state.get("train_run_id") if ctx.resume else None
