@@ -255,7 +255,7 @@ def test_tests_never_import_conftest_as_a_module():
 # docs/architecture.md, "Layout": a code block of the tree. An entry is a line with its name
 # before LAYOUT_COLUMN (two spaces of indent per level, a folder's name ending in "/"), its
 # description from LAYOUT_COLUMN on; a line blank up to LAYOUT_COLUMN goes on with the entry above.
-LAYOUT_COLUMN = 24
+LAYOUT_COLUMN = 28
 
 
 def _layout_lines() -> list[str]:
@@ -295,13 +295,13 @@ def _layout_paths(lines: list[str]) -> list[str]:
 
 def test_the_layout_reader_reads_a_tree():
     lines = [
-        "rayflow/                the package",
-        "  api.py                rayflow.run,",
-        "                        continued",
-        "  schema/               every key",
-        "    kinds.py            kinds",
-        "  cli.py                the command line",
-        "docs/                   this site",
+        "rayflow/                    the package",
+        "  api.py                    rayflow.run,",
+        "                            continued",
+        "  schema/                   every key",
+        "    kinds.py                kinds",
+        "  cli.py                    the command line",
+        "docs/                       this site",
     ]
     assert _layout_paths(lines) == [
         "rayflow/",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayflow.backends.vm import checks, commands, defaults
+from rayflow.backends.vm import checks, commands, defaults, providers
 from rayflow.backends.vm import config as vm_config
 from rayflow.backends.vm.rules import REMOVED
 from rayflow.errors import ConfigError
@@ -357,7 +357,7 @@ def test_every_ray_start_exports_the_auth_mode(provider, auth_mode):
 
 
 def test_fake_multinode_gets_the_auth_mode_from_the_launcher(token_file):
-    env = commands.launcher_env(section(), "token", str(token_file))
+    env = vm_config.launcher_env(section(), "token", str(token_file))
     assert env == {
         "RAY_AUTH_MODE": "token",
         "RAY_FAKE_CLUSTER": "1",
@@ -368,7 +368,7 @@ def test_fake_multinode_gets_the_auth_mode_from_the_launcher(token_file):
 
 def test_local_provider_runs_autoscaler_v1_and_names_node_addresses(ssh_tools, key_file):
     b = section("backend.provider=local", *filled("local", key_file))
-    assert commands.launcher_env(b, "token")["RAY_UP_enable_autoscaler_v2"] == "0"
+    assert vm_config.launcher_env(b, "token")["RAY_UP_enable_autoscaler_v2"] == "0"
     config = vm_config.render(b, False, "token")
     assert config["metadata"]["rayflow"]["autoscaler"] == "v1"
     head, worker = start_commands(config)
@@ -674,7 +674,7 @@ def test_starting_points_pass_rays_validation_once_filled_in(name):
     text = path.read_text()
     head = "\n".join(text.splitlines()[:12])
     assert "Fill in" in head and "ray up" in head  # says at the top what to fill in
-    expected = [k for k in checks.USER_KEYS.get(name, ())]
+    expected = [k for k in providers.get(name).user_keys]
     assert sorted(set(re.findall(r"<fill in: (backend\.[^>]+)>", text))) == sorted(
         f"backend.{k}" for k in expected
     )

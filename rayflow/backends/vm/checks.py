@@ -1,10 +1,11 @@
 """backend=vm: the checks of the `backend:` section, before anything starts.
 
 `check` holds the section to its schema (rayflow.backends.vm.keys: every key's kind; vm.rules: the
-rules between keys, keys of outdated guides named with what replaced them) and then to what `ray up`
-needs on this machine; `placeholders` lists what only the user can fill in, `placeholder_note`
-is the line a dry run prints about them, and `require_filled` refuses them before a real start.
-Nothing started, no cloud credentials read.
+rules between keys, keys of outdated guides named with what replaced them; vm.providers: the
+provider's own) and then to what `ray up` needs on this machine; `placeholders` lists what only
+the user can fill in (the provider says what), `placeholder_note` is the line a dry run prints
+about them, and `require_filled` refuses them before a real start. Nothing started, no cloud
+credentials read.
 """
 
 from __future__ import annotations
@@ -16,18 +17,13 @@ from collections.abc import Mapping
 
 from omegaconf import DictConfig
 
-from rayflow.backends.vm.defaults import gcp_zone, plain_section, with_defaults
+from rayflow.backends.vm import providers
+from rayflow.backends.vm.defaults import plain_section, with_defaults
 from rayflow.backends.vm.keys import Vm
-from rayflow.backends.vm.rules import cloud_region, cluster_name_problem
+from rayflow.backends.vm.rules import cluster_name_problem
 from rayflow.errors import ConfigError
 from rayflow.schema import validate_section
 from rayflow.security.auth import NO_LOOPBACK, NODE_SERVERS, refuse_auth_off
-
-# What only the user can fill in, per provider.
-USER_KEYS = {
-    "gcp": ("project_id",),
-    "local": ("head_ip", "worker_ips", "ssh_user", "ssh_private_key"),
-}
 
 
 def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") -> None:
@@ -55,15 +51,11 @@ def check(section: DictConfig | Mapping, gpu: bool, auth_mode: str = "token") ->
                 "backend.ssh_private_key",
                 "cannot be read: no such file, not a file, or no permission to read it",
             )
-    # a file's provider: check_tools
-    if b["provider"] != "fake_multinode" and b.get("cluster_yaml") is None:
-        check_tools(b["provider"])
-    if b["provider"] == "aws" and b.get("cluster_yaml") is None:
-        from rayflow.backends.vm import aws
-
-        problem = aws.check_region(cloud_region(b))
-        if problem:
-            raise ConfigError("backend.region", problem)
+    if b.get("cluster_yaml") is None:  # a file's provider: VMCluster.check, once it is read
+        provider = providers.get(b["provider"])
+        if not provider.in_place:
+            check_tools(provider.name)
+        provider.check_here(b)
 
 
 def check_tools(provider: str, key: str = "backend.provider") -> None:
@@ -85,14 +77,7 @@ def placeholders(section: DictConfig | Mapping) -> list[str]:
     """The keys only the user can fill in that are still unset (`backend.project_id`, ...),
     in the order they should be filled in."""
     b = with_defaults(section)
-    keys = [
-        f"backend.{key}"
-        for key in USER_KEYS.get(b.get("provider", ""), ())
-        if b.get(key) in (None, "", [])
-    ]
-    if b.get("provider") == "gcp" and gcp_zone(b) is None:
-        keys.append("backend.availability_zone")
-    return keys
+    return providers.get(b.get("provider", "")).placeholders(b)
 
 
 def placeholder_note(section: DictConfig | Mapping) -> str | None:
@@ -141,9 +126,9 @@ def check_cluster_name(doc: Mapping, section: Mapping) -> str:
 
 def listening(provider: str | None) -> str:
     """What of a vm cluster listens beyond loopback, for the auth-off refusal."""
-    if provider == "fake_multinode":
+    if provider and providers.get(provider).in_place:
         return (
-            f"with provider=fake_multinode the {NODE_SERVERS} of its head and nodes on this "
+            f"with provider={provider} the {NODE_SERVERS} of its head and nodes on this "
             f"machine listen on all interfaces or its address ({NO_LOOPBACK})"
         )
     who = f"provider={provider}" if provider else "the cluster of backend.cluster_yaml"
@@ -161,7 +146,7 @@ def check_exposure(doc: Mapping, section: Mapping, auth_mode: str) -> None:
     whatever the dashboard does. fake_multinode: rayflow starts the head itself."""
     provider = (doc.get("provider") or {}).get("type")
     refuse_auth_off(auth_mode, listening(provider))
-    if provider == "fake_multinode":
+    if providers.get(provider).in_place:
         return
     overrides = section.get("overrides") or {}
     if "head_start_ray_commands" in overrides:

@@ -7,7 +7,8 @@ So `launch` runs Ray's `create_or_update_cluster` in a daemon thread and this pr
 thread waits for it, at most `start_timeout_s`, taking Ctrl-C and SIGTERM (rayflow.runtime.signals)
 at any moment. Whatever ends the wait early, the run's undo stack then calls `terminate_all`: every
 VM of the cluster, found by its name and its run's owner tag (rayflow.backends.vm.owner) through
-Ray's own node provider, is terminated, and while
+Ray's own node provider, is terminated (its provider's one way, rayflow.backends.vm.providers),
+and while
 the launcher is inside creating the head (between Ray's `acquiring_new_head_node` and
 `head_node_acquired` events) the search goes on, so a VM whose create call was in flight when the
 stop came is terminated too; a launcher that has not begun creating never does (its event
@@ -22,11 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayflow.backends.vm import internals
+from rayflow.backends.vm import internals, owner, providers
+from rayflow.backends.vm.providers.base import Stop
 from rayflow.errors import ClusterError
-
-# Long enough for an in-flight create call to come back and its VM to be listed.
-SETTLE_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -137,14 +136,11 @@ def _one_line(err: BaseException, what: str) -> BaseException:
     return ClusterError(f"{what}: `ray up` failed: the cloud API answered: {text[:400]}")
 
 
-def terminate_all(
-    config: dict[str, Any], handed: Launch, settle_s: float = SETTLE_TIMEOUT_S
-) -> None:
+def terminate_all(config: dict[str, Any], handed: Launch) -> None:
     """Terminate every VM of the cluster that carries its run's owner tag (rayflow.backends.vm.
-    owner) until none is left and the launcher is not inside a create call (at most settle_s).
+    owner), by its provider, until none is left and the launcher is not inside a create call
+    (owner.SETTLE_TIMEOUT_S at most: long enough for one to come back and its VM to be listed).
     Another party's VMs of the same name are never selected."""
-    from rayflow.backends.vm import owner
-
     with _STATE:  # from here on the launcher creates no VM; one being created is waited for
         handed.cancelled = True
     run_owner = owner.owner_of(config)
@@ -153,15 +149,13 @@ def terminate_all(
             f"cluster {config['cluster_name']}: its config carries no {owner.OWNER_TAG} tag: "
             "nothing terminated"
         )
-    # Ray's aws default stops VMs (their disks billing on) where the file does not say: a run
-    # terminates what it made, unless the file asks for stopping and the cluster came up
-    cache = handed.up and config["provider"].get("cache_stopped_nodes") is True
-    owner.terminate(
-        config,
-        run_owner,
-        stop_cached=cache,
-        busy=lambda: handed.alive() and handed.creating,
-        settle_s=settle_s,
+    providers.get(config["provider"]["type"]).terminate(
+        Stop(
+            config=config,
+            owner=run_owner,
+            came_up=handed.up,
+            busy=lambda: handed.alive() and handed.creating,
+        )
     )
 
 

@@ -7,7 +7,8 @@ processes that name it. `local` (SSH hosts), `aws` and `gcp` go through Ray's SD
 (`create_or_update_cluster`, `teardown_cluster`), the library behind `ray up`/`ray down`.
 The run itself is submitted to the head (rayflow.orchestrator.submission); nothing connects this
 driver. A head on another machine is reached through an SSH tunnel to its loopback (vm.tunnel).
-Its two ways of starting are vm.fake_start and vm.sdk_start; vm.start holds what they share.
+Its two ways of starting are vm.fake_start and vm.sdk_start; vm.start holds what they share, and
+what differs by provider is the provider's (vm.providers).
 With `backend.cluster_yaml` the user's own cluster YAML is the cluster (vm.user_file,
 vm.user_additions), started the same way by its provider.
 
@@ -28,7 +29,7 @@ import yaml
 from rayflow.backends.base import ClusterBackend, KeepsClusters, Rendered, Traits, WorkerPreload
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
-from rayflow.backends.vm import fake_start, sdk_start, user_file
+from rayflow.backends.vm import fake_start, providers, sdk_start, user_file
 from rayflow.backends.vm import kept as vm_kept
 from rayflow.backends.vm.checks import (
     check,
@@ -37,9 +38,10 @@ from rayflow.backends.vm.checks import (
     check_tools,
     placeholder_note,
 )
-from rayflow.backends.vm.commands import head_args, launch_note, launcher_env
-from rayflow.backends.vm.config import render
+from rayflow.backends.vm.commands import head_args, launch_note
+from rayflow.backends.vm.config import launcher_env, render
 from rayflow.backends.vm.defaults import with_defaults
+from rayflow.backends.vm.rules import shipped_defaults
 from rayflow.backends.vm.start import Start, token_file
 from rayflow.backends.vm.user_additions import render_file
 from rayflow.errors import ConfigError
@@ -63,7 +65,7 @@ class VMCluster(ClusterBackend, KeepsClusters):
     # machines (mypy refuses a read-only property over an attribute).
     @property
     def traits(self) -> Traits:  # type: ignore[override]
-        fake = self.provider == "fake_multinode"
+        fake = providers.get(self.provider).in_place
         return Traits(submits_jobs=True, shares_filesystem=fake, single_machine=fake)
 
     @property
@@ -82,22 +84,16 @@ class VMCluster(ClusterBackend, KeepsClusters):
         check_cluster_name(config, section)  # wherever it came from, before it names a file
         # the head's dashboard beyond loopback without auth
         check_exposure(config, section, self.auth_mode)
-        if self.cluster_yaml and self.provider != "fake_multinode":
+        if self.cluster_yaml and not providers.get(self.provider).in_place:
             check_tools(self.provider, "backend.cluster_yaml")
 
     def probe(self) -> None:
-        """aws: the account can start this cluster: credentials EC2 takes, an endpoint that
-        answers, the instance types offered in the region (rayflow.backends.vm.aws)."""
-        if self.provider != "aws":
-            return
-        from rayflow.backends.vm import aws
-
-        config = self.cluster_config()
-        try:
-            aws.probe(str(config["provider"]["region"]), aws.instance_types(config))
-        except aws.AwsError as err:
+        """The account can start this cluster, as its provider asks its cloud (aws: credentials
+        EC2 takes, an endpoint that answers, the instance types offered in the region)."""
+        why = providers.get(self.provider).probe(self.cluster_config)
+        if why:
             key = "backend.cluster_yaml" if self.cluster_yaml else "backend.provider"
-            raise ConfigError(key, f"aws: {err}") from None
+            raise ConfigError(key, f"{self.provider}: {why}")
 
     def capacity(self, resources: set[str]) -> list[dict[str, float]] | None:
         """The head and max_worker_nodes workers of the type the run uses, where sizes are set."""
@@ -150,13 +146,15 @@ class VMCluster(ClusterBackend, KeepsClusters):
         except fake_multinode's, which the `ray start --head` that rayflow runs here takes."""
         config, notes = self._config_and_notes()
         provider = config["provider"]["type"]
-        head = head_args(config) if provider == "fake_multinode" else []
+        in_place = providers.get(provider).in_place
+        head = head_args(config) if in_place else []
         mounted = "~/.ray/auth_token" in (config.get("file_mounts") or {})
         launch = launch_note(
             provider,
             launcher_env(self.section, self.auth_mode, token_file(), provider=provider),
             head,
             mounted,
+            in_place,
         )
         return Rendered(yaml.safe_dump(config, sort_keys=False), lambda: (*notes, launch))
 
@@ -171,7 +169,7 @@ class VMCluster(ClusterBackend, KeepsClusters):
         with handle.unwound_on_error():
             if self.auth_mode == "token":
                 ensure_token()  # one token for this client, the head and every worker
-            in_place = self.provider == "fake_multinode"
+            in_place = providers.get(self.provider).in_place
             way = fake_start if in_place else sdk_start
             handle.address = way.start(self, run)
             handle.submission = Submission(
@@ -187,7 +185,8 @@ class VMCluster(ClusterBackend, KeepsClusters):
         return vm_kept.reach(kept, headers)
 
     def down(self, kept: KeptCluster) -> None:
-        provider = kept.where.get("provider", "fake_multinode")
+        # a record without one is of the default provider's
+        provider = kept.where.get("provider", shipped_defaults()["provider"])
         vm_kept.down(kept, launcher_env(self.section, self.auth_mode, token_file(), provider))
 
 

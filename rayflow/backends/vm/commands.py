@@ -1,10 +1,11 @@
-"""backend=vm: what runs on the nodes, and what the launcher runs under.
+"""backend=vm: what runs on the nodes, and what the launcher runs under, the same for every
+provider (each provider's own part: rayflow.backends.vm.providers).
 
-`setup_commands` (pinning this machine's versions on cloud nodes, `runtime_requirements`;
-checking Ray's on your hosts), `start_commands` (`ray start` on head and workers),
-`head_start_args` (the head's resources as `ray start` arguments; `head_args`: from a cluster
-YAML's head node type), `dashboard_port`, `launcher_env` (the environment of `ray up`, or of `ray
-start --head` for fake_multinode) and `launch_note` (how to start a dry run's file yourself).
+`start_commands` (`ray start` on head and workers, with what a provider adds), `head_start_args`
+(the head's resources as `ray start` arguments; `head_args`: from a cluster YAML's head node type),
+`pin_command` (this machine's versions of Ray and rayflow's runtime dependencies),
+`private_token_setup`, `dashboard_host` and `dashboard_port`, `launcher_output` (what Ray's
+launcher prints) and `launch_note` (how to start a dry run's file yourself).
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from omegaconf import DictConfig
 
 from rayflow.backends.vm import internals
-from rayflow.backends.vm.defaults import placeholder, with_defaults
-from rayflow.backends.vm.rules import CLOUDS
+from rayflow.backends.vm.defaults import with_defaults
 from rayflow.runtime.requirements import runtime_requirements
 from rayflow.security.auth import NODE_TOKEN_MODES
 
@@ -50,42 +49,27 @@ def head_start_args(section: DictConfig | Mapping) -> list[str]:
     ]
 
 
-def _local_worker_args(b: dict, gpu: bool) -> list[str]:
-    t = b["worker"]["gpu" if gpu else "cpu"]
-    args = []
-    for key, flag in (
-        ("num_cpus", "--num-cpus"),
-        ("num_gpus", "--num-gpus"),
-        ("memory", "--memory"),
-        ("object_store_memory", "--object-store-memory"),
-    ):
-        if t.get(key) is not None:
-            args.append(f"{flag}={int(t[key])}")
-    return args
-
-
-def start_commands(b: dict, gpu: bool, auth_mode: str) -> tuple[list[str], list[str]]:
-    provider = b["provider"]
-    env = _auth_env(auth_mode)
+def start_commands(
+    b: Mapping,
+    auth_mode: str,
+    prefix: str = "",
+    head_extra: Iterable[str] = (),
+    worker_extra: Iterable[str] = (),
+) -> tuple[list[str], list[str]]:
+    """`ray stop`, then `ray start` on the head and on the workers, the auth mode exported before
+    it (and `prefix` after that), with what the provider adds to each."""
     head = [
         "ray start --head --port=6379 --object-manager-port=8076",
         "--autoscaling-config=~/ray_bootstrap_config.yaml",
         *head_start_args(b),
         f"--dashboard-host={dashboard_host(b, auth_mode)}",
+        *head_extra,
     ]
-    worker = ["ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076"]
-    if provider == "local":
-        # Without --node-ip-address Ray finds no route on such hosts and advertises 127.0.0.1.
-        head.append(
-            f"--node-ip-address={shlex.quote(str(b.get('head_ip') or placeholder('head_ip')))}"
-        )
-        worker += ["--node-ip-address=$(hostname -I | cut -d' ' -f1)", *_local_worker_args(b, gpu)]
-        prefix = env  # hosts you run: no ulimit raise that may need privileges
-    else:  # cloud: resources reach `ray start` from the node type (RAY_OVERRIDE_RESOURCES)
-        prefix = f"{env} ulimit -n 65536;"
+    worker = ["ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076", *worker_extra]
+    lead = f"{_auth_env(auth_mode)}{prefix}"
     return (
-        ["ray stop", f"{prefix} {' '.join(head)}"],
-        ["ray stop", f"{prefix} {' '.join(worker)}"],
+        ["ray stop", f"{lead} {' '.join(head)}"],
+        ["ray stop", f"{lead} {' '.join(worker)}"],
     )
 
 
@@ -105,81 +89,21 @@ def pin_command(ray_version: str) -> str:
     return "pip install -U " + " ".join(f'"{pin}"' for pin in runtime_requirements(ray_version))
 
 
-def setup_commands(b: Mapping, ray_version: str) -> dict[str, list[str]]:
-    provider = b["provider"]
-    if provider in CLOUDS:
-        # Ray's defaults put the image's conda env on PATH, then install a nightly wheel: keep
-        # the first, replace the second with this machine's versions.
-        path = {
-            "aws": (
-                "(stat $HOME/anaconda3/envs/tensorflow2_p310/ &> /dev/null && "
-                "echo 'export PATH=\"$HOME/anaconda3/envs/tensorflow2_p310/bin:$PATH\"' "
-                ">> ~/.bashrc) || true"
-            ),
-            "gcp": (
-                "(stat /opt/conda/bin/ &> /dev/null && "
-                "echo 'export PATH=\"/opt/conda/bin:$PATH\"' >> ~/.bashrc) || true"
-            ),
-        }[provider]
-        sdk = {
-            "aws": "pip install 'boto3>=1.4.8'",
-            "gcp": "pip install google-api-python-client==1.7.8",
-        }[provider]
-        return {
-            "setup_commands": [path, pin_command(ray_version)],
-            "head_setup_commands": [sdk],  # the head's autoscaler talks to the cloud API
-            "worker_setup_commands": [],
-        }
-    if provider == "local":
-        # Your hosts, maybe without internet: check the versions instead of installing.
-        check = (
-            f"test \"$(python -c 'import ray; print(ray.__version__)')\" = {ray_version} || "
-            f'{{ echo "rayflow: this host needs ray {ray_version}, as the launcher: '
-            f'pip install -U \\"ray[default,tune]=={ray_version}\\"" >&2; exit 1; }}'
-        )
-        return {"setup_commands": [check], "head_setup_commands": [], "worker_setup_commands": []}
-    # this machine's venv
-    return {
-        "setup_commands": [],
-        "head_setup_commands": [],
-        "worker_setup_commands": [],
-    }
-
-
-def launcher_env(
-    section: DictConfig | Mapping,
-    auth_mode: str,
-    token_file: str | None = None,
-    provider: str | None = None,
-) -> dict[str, str]:
-    """Environment for the process that starts the cluster (`ray up`, or `ray start --head`
-    for fake_multinode), on top of this process's own. provider: the cluster's, where a user's
-    cluster YAML (backend.cluster_yaml) names it rather than the section."""
-    provider = provider or with_defaults(section)["provider"]
-    env = {"RAY_AUTH_MODE": str(auth_mode)}
-    if provider == "fake_multinode":
-        env["RAY_FAKE_CLUSTER"] = "1"  # the head's monitor builds FakeMultiNodeProvider only then
-        # v2 would run prepare_config, which needs Ray's example.yaml (not in the wheel)
-        env["RAY_enable_autoscaler_v2"] = "0"
-        if auth_mode == "token" and token_file:
-            # worker processes start from the head's monitor
-            env["RAY_AUTH_TOKEN_PATH"] = str(token_file)
-    if provider == "local":
-        # Autoscaler v2 loses fresh local-provider hosts (Ray 2.60, ray#59905): `ray up` runs v1.
-        env["RAY_UP_enable_autoscaler_v2"] = "0"
-    return env
-
-
 def launch_note(
-    provider: str, env: Mapping[str, str], head_args: list[str], token_mounted: bool = False
+    provider: str,
+    env: Mapping[str, str],
+    head_args: list[str],
+    token_mounted: bool = False,
+    in_place: bool = False,
 ) -> str:
     """The one line a dry run prints on its provider and how to start the printed cluster YAML
-    without rayflow. token_mounted: the file's `file_mounts` names this machine's token file."""
+    without rayflow. token_mounted: the file's `file_mounts` names this machine's token file;
+    in_place: the provider's head is started by rayflow here (`ray start --head`), not `ray up`."""
     prefix = " ".join(f"{k}={v}" for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH")
     # `ray up` would run prepare_config, which needs an example.yaml the wheel lacks
-    if provider == "fake_multinode":
+    if in_place:
         return (
-            "rayflow: dry run: provider: fake_multinode (started by rayflow on this machine; "
+            f"rayflow: dry run: provider: {provider} (started by rayflow on this machine; "
             "not a file for ray up: try backend.provider=aws, gcp or local); "
             f"to start it yourself: {prefix} ray start --head "
             f"--autoscaling-config=cluster.yaml {' '.join(head_args)} --dashboard-host=127.0.0.1"

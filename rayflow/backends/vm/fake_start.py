@@ -3,15 +3,15 @@ autoscaler as processes here.
 
 rayflow starts the head itself (`RAY_FAKE_CLUSTER=1 ray start --head`, with an autoscaling config
 it writes completely) in a temp dir of its own, on ports it chooses, and stops exactly the
-processes that name that dir. A cluster not kept is this run's alone and needs no record; a kept
-one is recorded (vm.state), so a later run that names it joins it, and never stops it.
+processes that name that dir (its provider's stop, rayflow.backends.vm.providers.fake_multinode).
+A cluster not kept is this run's alone and needs no record; a kept one is recorded (vm.state), so
+a later run that names it joins it, and never stops it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,8 +22,10 @@ from typing import Any
 import yaml
 
 from rayflow.backends.vm import kept as vm_kept
-from rayflow.backends.vm import owned, state
-from rayflow.backends.vm.commands import head_args, launcher_env
+from rayflow.backends.vm import owned, providers, state
+from rayflow.backends.vm.commands import head_args
+from rayflow.backends.vm.config import launcher_env
+from rayflow.backends.vm.providers.base import Stop
 from rayflow.backends.vm.start import (
     Start,
     Starting,
@@ -33,11 +35,7 @@ from rayflow.backends.vm.start import (
     wait_for_dashboard,
 )
 from rayflow.errors import ClusterError
-from rayflow.runtime.processes import (
-    kill_processes_mentioning,
-    pids_mentioning,
-    stop_processes_mentioning,
-)
+from rayflow.runtime.processes import pids_mentioning
 from rayflow.runtime.progress import phase
 from rayflow.security.redaction import mask_text
 
@@ -74,7 +72,7 @@ def start(vm: Starting, run: Start) -> str:
     kept = state.claim(
         run.name,
         run.run_id,
-        "fake_multinode",
+        vm.provider,
         vm.keeps_cluster,
         running,
         record_new=vm.keeps_cluster,
@@ -85,10 +83,10 @@ def start(vm: Starting, run: Start) -> str:
     # a short name: Ray's socket paths in it stay < 108 chars; 0700 (mkdtemp), holding the
     # autoscaling config and Ray's own temp dir, which Ray makes 0777 (vm.owned.RAY_TEMP)
     run.temp_dir = tempfile.mkdtemp(prefix="rf-vm-")
-    teardown_is(run, "fake_multinode")
+    teardown_is(run, run.temp_dir)
     _register_teardown(vm, run)
     url = _head(vm, run)
-    run.handle.where = vm_kept.where_fake(run.temp_dir, url)
+    run.handle.where = vm_kept.where_fake(vm.provider, run.temp_dir, url)
     run.handle.autostop = vm_kept.autostop_fake(run.temp_dir, url)
     if vm.keeps_cluster:
         state.update(run.name, run.run_id, temp_dir=run.temp_dir, url=url, stop=run.temp_dir)
@@ -99,10 +97,10 @@ def start(vm: Starting, run: Start) -> str:
 def _join(run: Start, kept: dict[str, Any]) -> str:
     """The dashboard URL of the kept fake cluster this run now holds (it never stops it)."""
     run.temp_dir, url = kept["temp_dir"], kept.get("url")
-    teardown_is(run, "fake_multinode")
+    teardown_is(run, run.temp_dir)
     run.handle.kept = run.handle.joined = True
     run.handle.owner_run = kept.get("owner_run") or run.handle.owner_run
-    run.handle.where = vm_kept.where_fake(run.temp_dir, str(url or ""))
+    run.handle.where = vm_kept.where_fake(str(kept["provider"]), run.temp_dir, str(url or ""))
     try:
         if not url:  # the run that kept it died before its head answered
             raise ClusterError("no dashboard recorded")
@@ -122,19 +120,12 @@ def _join(run: Start, kept: dict[str, Any]) -> str:
 
 
 def _register_teardown(vm: Starting, run: Start) -> None:
+    """Its provider's stop, each step on the undo stack (the first runs first, and a step that
+    fails keeps none of the others from running)."""
     if not vm.keeps_cluster:  # keep_cluster=true leaves it for a later run that names it
-        run.handle.on_stop(
-            "remove the fake cluster's temp dir",
-            shutil.rmtree,
-            run.temp_dir,
-            ignore_errors=True,
-        )
-        run.handle.on_stop(
-            "kill what is left of the fake cluster", kill_processes_mentioning, run.temp_dir
-        )
-        run.handle.on_stop(
-            "stop the fake cluster's processes", stop_processes_mentioning, run.temp_dir
-        )
+        steps = providers.get(vm.provider).stop_steps(Stop(path=run.temp_dir))
+        for what, step in reversed(steps):
+            run.handle.on_stop(what, step)
 
 
 def _head(vm: Starting, run: Start) -> str:
@@ -162,7 +153,7 @@ def _head(vm: Starting, run: Start) -> str:
     ]
     env = dict(
         os.environ,
-        **launcher_env(vm.section, vm.auth_mode, token_file(), provider="fake_multinode"),
+        **launcher_env(vm.section, vm.auth_mode, token_file(), provider=vm.provider),
     )
     # jobs on this head run `python`: this venv's, as the fake nodes do
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")

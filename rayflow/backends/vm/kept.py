@@ -6,14 +6,15 @@ What a record holds of a vm cluster (`where`): the provider, and the fake cluste
 dashboard URL, or the cluster YAML the run wrote in this user's cache (rayflow.backends.vm.owned;
 records older than the cache name a temp dir). Nothing is read, run or torn down by what those
 name unless it is this user's own, writable by no one else (vm.owned), and a cloud's VMs are
-selected by their owner tag as well as their name (vm.owner). `down` raises ClusterError, one
-line saying what it could not reach and how to finish by hand, rather than return as if done.
+selected by their owner tag as well as their name (vm.owner). What stops a cluster is its
+provider's one way (`Provider.terminate`, rayflow.backends.vm.providers), from this machine and
+from the head alike. `down` raises ClusterError, one line saying what it could not reach and how
+to finish by hand, rather than return as if done.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,28 +23,30 @@ from typing import Any
 
 from rayflow.backends.handle import ClusterHandle, Submission
 from rayflow.backends.kept import KeptCluster
-from rayflow.backends.vm import internals, owned, owner
-from rayflow.backends.vm.commands import launcher_output
+from rayflow.backends.vm import owned, owner, providers
+from rayflow.backends.vm.providers.base import Stop
 from rayflow.errors import ClusterError
 from rayflow.runtime.activity import reachable
 from rayflow.runtime.environment import scoped_env
-from rayflow.runtime.processes import (
-    kill_processes_mentioning,
-    pids_mentioning,
-    stop_processes_mentioning,
-)
+from rayflow.runtime.processes import pids_mentioning
 
 REACH_TIMEOUT_S = 20.0  # a status or logs call waits this long for a kept head's dashboard
 
-# The keys of this side a job on the provider's VMs is not handed: the nodes have their own
-# identity (aws: the instance profile of Ray's bootstrap role, which may use EC2 and S3).
-NODE_IDENTITY = {"aws": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+# The keys of this side a job on the provider's VMs is not handed, by provider: the nodes have
+# their own identity (aws: the instance profile of Ray's bootstrap role, which may use EC2 and S3).
+NODE_IDENTITY = {p.name: p.withheld for p in providers.each() if p.withheld}
 # The SDK providers' own errors, raised from their API calls (an endpoint away, keys refused).
 CLOUD_ERRORS = ("botocore.", "googleapiclient.", "google.auth.", "google.api_core.")
 
 
-def where_fake(temp_dir: str, url: str) -> dict[str, str]:
-    return {"provider": "fake_multinode", "temp_dir": temp_dir, "url": url}
+def _in_place(where: dict[str, Any]) -> bool:
+    """Whether a record's cluster is of the provider whose nodes are processes of this machine
+    (kept by its temp dir), not one `ray up` started (kept by its cluster YAML)."""
+    return providers.get(where.get("provider")).in_place
+
+
+def where_fake(provider: str, temp_dir: str, url: str) -> dict[str, str]:
+    return {"provider": provider, "temp_dir": temp_dir, "url": url}
 
 
 def where_sdk(provider: str, config_file: str) -> dict[str, str]:
@@ -61,7 +64,7 @@ def autostop_sdk(provider: str, dashboard_port: int, owner_run: str = "") -> dic
     hosts get `ray stop` on each worker over SSH, then on the head; a cloud's nodes that carry
     the cluster's owner tag (`owner_run`) are terminated through its node provider, with the
     head's own role or service account."""
-    kind = "ssh_hosts" if provider == "local" else "node_provider"
+    kind = "ssh_hosts" if providers.get(provider).hosts else "node_provider"
     spec = {"backend": "vm", "kind": kind, "dashboard": f"http://127.0.0.1:{dashboard_port}"}
     return {**spec, "owner": owner_run} if kind == "node_provider" else spec
 
@@ -72,7 +75,7 @@ def reach(kept: KeptCluster, headers: dict[str, str]) -> ClusterHandle | None:
     where it cannot be asked: SSH failed, or what its record names is not this user's own."""
     where = kept.where
     handle = ClusterHandle(kept.backend, name=kept.name, owner_run=kept.owner_run, kept=True)
-    if where.get("provider") == "fake_multinode":
+    if _in_place(where):
         temp_dir, url = where.get("temp_dir", ""), where.get("url", "")
         if os.path.lexists(temp_dir):
             problem = owned.fake_dir_problem(temp_dir)
@@ -106,31 +109,18 @@ def kept_config(kept: KeptCluster) -> dict[str, Any]:
 
 
 def _machines(provider: str, name: str) -> str:
-    if provider == "local":
+    if providers.get(provider).hosts:
         return "hosts (`ray stop` on each)"
     return f"VMs (tagged ray-cluster-name={name}: terminate them in the cloud console)"
 
 
 def _head_ip(config: dict[str, Any]) -> str | None:
-    """The head's address, or None when its provider knows no head of the cluster: SSH hosts'
-    from the file (Ray's local provider state in /tmp may be gone), a cloud's only among the VMs
-    that carry the cluster's owner tag."""
-    from ray.autoscaler import sdk
-
-    kind = config["provider"]["type"]
-    if kind == "local":
-        return str(config["provider"].get("external_head_ip") or config["provider"]["head_ip"])
-    if kind in owner.TAGGED:
-        run_owner = owner.owner_of(config)
-        if not run_owner:  # its VMs are known by name only: another party's head would pass
-            raise ClusterError(
-                f"cluster {config['cluster_name']}: its cluster YAML carries no "
-                f"{owner.OWNER_TAG} tag (kept by an older rayflow): not asked"
-            )
-        return owner.head_ip(config, run_owner)
+    """The head's address, as its provider finds it (SSH hosts' from the file; a cloud's only
+    among the VMs that carry the cluster's owner tag), or None when it knows no head."""
+    provider = providers.get(config["provider"]["type"])
     try:
-        return str(sdk.get_head_node_ip(config))
-    except RuntimeError:  # the provider knows no head of this name
+        return provider.head_ip(config, owner.owner_of(config))
+    except RuntimeError:  # Ray's view: the provider knows no head of this name
         return None
 
 
@@ -176,24 +166,22 @@ def not_rayflows(path: str, fake: bool) -> str | None:
 
 
 def down(kept: KeptCluster, launcher_env: dict[str, str]) -> None:
-    """Tear down what the run that kept it started: the fake cluster's processes and temp dir, or
-    the VMs or hosts its cluster YAML names (`stop_sdk`). The name's vm record goes with it.
-    A fake cluster whose temp dir is gone is stopped by the processes that name it, if any still
-    run; anything it cannot reach, or that is not this user's own, is a ClusterError (one line:
-    what was not done, how to finish by hand), and nothing is removed."""
+    """Tear down what the run that kept it started, by its provider: the fake cluster's processes
+    and temp dir, or the VMs or hosts its cluster YAML names (`stop_sdk`). The name's vm record
+    goes with it. A fake cluster whose temp dir is gone is stopped by the processes that name it,
+    if any still run; anything it cannot reach, or that is not this user's own, is a ClusterError
+    (one line: what was not done, how to finish by hand), and nothing is removed."""
     from rayflow.backends.vm import state
 
-    fake = kept.where.get("provider") == "fake_multinode"
+    fake = _in_place(kept.where)
     path = kept.where.get("temp_dir" if fake else "config_file", "")
     if fake:
         if os.path.lexists(path):
             problem = not_rayflows(path, fake=True)
             if problem:
                 raise ClusterError(f"vm cluster {kept.name}: {problem}: nothing stopped")
-            stop_fake(path)
-        elif path:  # a reboot or a tmp cleaner took the folder: its processes go by the name
-            stop_processes_mentioning(path)
-            kill_processes_mentioning(path)
+        if path:  # where a reboot or a tmp cleaner took the folder, its processes go by the name
+            providers.get(kept.where["provider"]).terminate(Stop(path=path))
     else:
         kept_config(kept)  # gone, or not this user's: one line, nothing stopped
         with scoped_env(launcher_env):
@@ -201,80 +189,31 @@ def down(kept: KeptCluster, launcher_env: dict[str, str]) -> None:
     state.forget(path)
 
 
-def stop_fake(temp_dir: str) -> None:
-    """Stop a fake cluster's processes and remove its temp dir (checked by the caller to be
-    this user's own: `not_rayflows`)."""
-    stop_processes_mentioning(temp_dir)
-    kill_processes_mentioning(temp_dir)
-    shutil.rmtree(temp_dir, ignore_errors=True)
-
-
 def stop_sdk(config_file: str) -> None:
-    """Tear down the cluster of a cluster YAML rayflow wrote, read as this user's own: a cloud's
-    VMs that carry its owner tag, terminated (stopped where the file says
+    """Tear down the cluster of a cluster YAML rayflow wrote, read as this user's own, by its
+    provider: a cloud's VMs that carry its owner tag, terminated (stopped where the file says
     `cache_stopped_nodes: true`); SSH hosts' Ray stopped on every host; any other provider by
     Ray's teardown. Then the folder rayflow made for it goes. ClusterError where the file is not
     this user's, or something was not reached: nothing removed."""
-    from ray.autoscaler import sdk
-
     problem = not_rayflows(config_file, fake=False)
     if problem:
         raise ClusterError(f"{problem}: nothing stopped")
     config = owned.load(config_file)
-    kind = config["provider"]["type"]
-    if kind in owner.TAGGED:
-        _terminate_owned(config)
-    elif kind == "local":
-        _stop_hosts(config)
-    else:
-        with launcher_output():
-            sdk.teardown_cluster(config)
-    owned.remove_folder(config_file)
-
-
-def _terminate_owned(config: dict[str, Any]) -> None:
-    name = config["cluster_name"]
-    run_owner = owner.owner_of(config)
-    if not run_owner:
-        raise ClusterError(
-            f"cluster {name}: its cluster YAML carries no {owner.OWNER_TAG} tag (started by a "
-            "rayflow before owner tags, or not by rayflow): nothing terminated; terminate its VMs "
-            f"by hand (`ray down` of the file terminates every VM named {name} in the account, "
-            "another user's too)"
-        )
+    stop = Stop(path=config_file, config=config, owner=owner.owner_of(config) or "")
     try:
-        stop = config["provider"].get("cache_stopped_nodes") is True
-        owner.terminate(config, run_owner, stop_cached=stop)
+        providers.get(config["provider"]["type"]).terminate(stop)
     except Exception as err:  # the cloud SDKs' own errors only; the rest re-raised
         if not type(err).__module__.startswith(CLOUD_ERRORS):
             raise
         from rayflow.security.redaction import mask_text
 
+        name = config["cluster_name"]
         raise ClusterError(
             f"cluster {name}: the cloud API refused or did not answer "
             f"({mask_text(' '.join(str(err).split()))[:300]}): nothing terminated; terminate "
-            f"its VMs by hand (tags ray-cluster-name={name} and {owner.OWNER_TAG}={run_owner})"
+            f"its VMs by hand (tags ray-cluster-name={name} and {owner.OWNER_TAG}={stop.owner})"
         ) from None
-
-
-def _stop_hosts(config: dict[str, Any]) -> None:
-    """`ray stop` over SSH on every host of an SSH-hosts cluster, the head last (Ray's own
-    teardown finds the head through its provider's state in /tmp, which a reboot or a tmp
-    cleaner removes); then Ray's record of them, if still there and this user's, marked
-    stopped."""
-    settings = config["provider"]
-    hosts = {**settings, "worker_ips": [*(settings.get("worker_ips") or []), settings["head_ip"]]}
-    unreached = stop_local_workers({**config, "provider": hosts}) or []
-    if unreached:
-        raise ClusterError(
-            f"cluster {config['cluster_name']}: SSH did not reach {', '.join(unreached)}: Ray may "
-            "still run there; run `ray stop` on those hosts by hand"
-        )
-    name = config["cluster_name"]
-    state_path = internals.local_state_path(name)
-    if os.path.lexists(state_path) and owned.ray_local_state_problem(name) is None:
-        provider = internals.node_provider(settings, name)
-        provider.terminate_nodes(provider.non_terminated_nodes({}))
+    owned.remove_folder(config_file)
 
 
 def stop_local_workers(config: dict) -> list[str]:
@@ -320,11 +259,12 @@ def stop_local_workers(config: dict) -> list[str]:
 
 def stop_idle(spec: dict[str, Any]) -> None:
     """Tear the cluster down from its own head, as its spec says (autostop_fake, autostop_sdk):
-    `processes`, `ssh_hosts` or `node_provider`."""
+    `processes` (by the temp dir), `ssh_hosts` or `node_provider` (by the config Ray's launcher
+    left on the head), each by its provider's one way of stopping it."""
     {
         "processes": _stop_processes,
-        "ssh_hosts": _stop_ssh_hosts,
-        "node_provider": _stop_node_provider,
+        "ssh_hosts": _stop_launched,
+        "node_provider": _stop_launched,
     }[spec["kind"]](spec)
 
 
@@ -334,39 +274,18 @@ def _stop_processes(spec: dict[str, Any]) -> None:
     if problem:
         print(f"[autostop] {problem}", flush=True)
         return
-    stop_fake(spec["temp_dir"])
+    providers.in_place().terminate(Stop(path=spec["temp_dir"]))
 
 
-def _stop_ssh_hosts(spec: dict[str, Any]) -> None:
-    """`ray stop` on each worker host over SSH, the hosts' keys pinned per cluster in the head
-    user's own cache (rayflow.security.ssh, as from the client), then on the head, which stops
-    even where a worker could not be reached."""
+def _stop_launched(spec: dict[str, Any]) -> None:
+    """A cloud's nodes are selected by the cluster's owner tag (`owner` in the spec), never
+    another party's of the same name; SSH hosts by the hosts the config names."""
     import yaml
-
-    config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
-    try:
-        stop_local_workers(config)  # its auth names the key the launcher copied to the head
-    except ClusterError as err:  # a worker address that is not a host: never passed to ssh
-        print(f"[autostop] {err}", flush=True)
-    subprocess.run(["ray", "stop"], timeout=300, check=False)
-
-
-def _stop_node_provider(spec: dict[str, Any]) -> None:
-    """The cluster's VMs that carry its owner tag (rayflow.backends.vm.owner), workers first,
-    then the head itself; another party's VMs of the same name are never selected."""
-    import yaml
-    from ray.autoscaler.tags import NODE_KIND_HEAD
 
     run_owner = str(spec.get("owner") or "")
-    if not run_owner:
+    if spec["kind"] == "node_provider" and not run_owner:
         print(f"[autostop] no {owner.OWNER_TAG} in the spec: nothing terminated", flush=True)
         return
     config = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
-    provider = owner.provider_of(config)
-    found = owner.nodes(provider, run_owner)
-    heads = set(owner.nodes(provider, run_owner, NODE_KIND_HEAD))
-    workers = [node for node in found if node not in heads]
-    if workers:
-        provider.terminate_nodes(workers)
-    if heads:  # itself last
-        provider.terminate_nodes(sorted(heads))
+    stop = Stop(config=config, owner=run_owner, on_head=True)
+    providers.get(config["provider"]["type"]).terminate(stop)

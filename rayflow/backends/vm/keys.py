@@ -1,8 +1,9 @@
 """backend=vm: every key of conf/backend/vm.yaml, its kind and meaning: `Vm`, the model of the
 `backend:` section, with its node types. The rules between keys (worker bounds overall and per
-node type, keys that apply to some providers only, zones in the region, the hosts of
-provider=local, keys of outdated guides named with their replacement) are declared in
-rayflow.backends.vm.rules, and `Vm`'s validators apply them.
+node type, keys of outdated guides named with their replacement) are declared in
+rayflow.backends.vm.rules, those that depend on the provider (keys that apply to some providers
+only, zones in the region, the hosts of provider=local) in rayflow.backends.vm.providers, and
+`Vm`'s validators apply them.
 
 What needs this machine (`ssh` and `rsync` on PATH, the SSH key file readable) stays in
 rayflow/backends/vm/checks.py, and Ray's own validation checks the cluster YAML rendered from
@@ -15,15 +16,13 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
 
+from rayflow.backends.vm import providers
 from rayflow.backends.vm.rules import (
-    PROVIDERS,
     REMOVED,
     cluster_name_problem,
     deep_merge,
     hosts_problem,
     min_workers_rule,
-    node_type_rules,
-    provider_rules,
     rendering_keys_unset,
     shipped_defaults,
     ssh_target_problem,
@@ -198,7 +197,7 @@ class Vm(Section):
         "`head_ip`, `region`, `worker`, ...) are then refused, and the others apply on top "
         "of the file only where they differ from their default (docs/backends/vm.md)"
     )
-    provider: OneOf(*PROVIDERS) = Field(
+    provider: OneOf(*providers.TYPES) = Field(
         description="`fake_multinode`: Ray's real autoscaler launching worker nodes as processes "
         "on this machine (no cloud, no SSH); `local`: your hosts over SSH (`head_ip`, "
         "`worker_ips`); `aws`, `gcp`: VMs the launcher creates with your cloud credentials"
@@ -320,14 +319,14 @@ class Vm(Section):
             rendering_keys_unset(b)
             return self
         for kind_ in ("cpu", "gpu"):
-            node_type_rules(b, kind_, gpu)
+            providers.node_type_rules(b, kind_, gpu)
         if gpu and self.worker.gpu.num_gpus < 1:
             raise KeyedError(
                 "worker.gpu.num_gpus",
                 "must be >= 1 for the GPU node type with compute=gpu; got "
                 f"{self.worker.gpu.num_gpus!r}",
             )
-        if provider != "local":
+        if not providers.get(provider).hosts:  # the hosts are the one node type
             min_workers_rule(b, gpu, low, high)
-        provider_rules(b)
+        providers.section_rules(b)
         return self

@@ -25,7 +25,6 @@ from typing import Any
 
 import yaml
 
-from rayflow.backends.vm import internals
 from rayflow.errors import ClusterError
 from rayflow.security.auth import owned_privately, private_folder
 
@@ -157,11 +156,3 @@ def fake_dir_problem(temp_dir: str | Path) -> str | None:
     if why is None and not os.path.lexists(made):
         return f"{temp_dir} holds no autoscaling.yaml: not a fake_multinode cluster's temp dir"
     return why or problem(made, folder=False)
-
-
-def ray_local_state_problem(name: str) -> str | None:
-    """Why Ray's own record of a local (SSH hosts) cluster of this name, which its local node
-    provider reads and writes in Ray's temp dir (/tmp/ray/cluster-NAME.state, a folder anyone
-    may write), is not this user's to trust; None when it is, or is not there."""
-    why = problem(internals.local_state_path(name), folder=False)
-    return f"Ray's record of the SSH-hosts cluster {name}: {why}" if why else None

@@ -7,10 +7,10 @@ user's cluster of that name is "the cluster" to Ray. So at start every node type
 gets `rayflow-owner: OWNER` (OWNER: the `owner_run` of the run that started the cluster, 128
 random bits; a run that joins a kept cluster renders the kept one's, so Ray's launch-config hash
 is unchanged and the head is never replaced), where Ray passes it on at create time, for the
-head that `ray up` creates and the workers the head's autoscaler creates: aws `TagSpecifications`
-(ResourceType `instance`, merged by Ray's AWSNodeProvider into its own tags), gcp `labels`
-(merged into the instance's labels). The tag travels inside the cluster YAML, so whatever tears
-the cluster down reads its owner from the file it is given.
+head that `ray up` creates and the workers the head's autoscaler creates; where a node's config
+carries it is its provider's (rayflow.backends.vm.providers: `tag_node`, `node_owner`). The tag
+travels inside the cluster YAML, so whatever tears the cluster down reads its owner from the file
+it is given.
 
 Every selection rayflow makes filters on both the name and the owner: the start's teardown
 (start timeout, Ctrl-C, a failed start, the end of a run), `rayflow down` and
@@ -26,11 +26,10 @@ import copy
 import time
 from typing import Any
 
-from rayflow.backends.vm import internals
+from rayflow.backends.vm import internals, providers
 from rayflow.errors import ClusterError, ConfigError
 
 OWNER_TAG = "rayflow-owner"
-TAGGED = ("aws", "gcp")  # the providers whose node_config carries it
 SETTLE_TIMEOUT_S = 120.0  # terminate calls until the API lists none of the cluster's VMs
 POLL_S = 1.0
 
@@ -38,19 +37,9 @@ POLL_S = 1.0
 def tag(config: dict[str, Any], owner: str) -> dict[str, Any]:
     """The cluster config with every node type's VMs tagged `rayflow-owner: owner` (a copy)."""
     tagged = copy.deepcopy(config)
-    kind = tagged["provider"]["type"]
+    provider = providers.get(tagged["provider"]["type"])
     for node_type in (tagged.get("available_node_types") or {}).values():
-        node = node_type.setdefault("node_config", {})
-        if kind == "aws":
-            specs = node.setdefault("TagSpecifications", [])
-            instance = next((s for s in specs if s.get("ResourceType") == "instance"), None)
-            if instance is None:
-                instance = {"ResourceType": "instance", "Tags": []}
-                specs.append(instance)
-            tags = [t for t in instance.get("Tags") or [] if t.get("Key") != OWNER_TAG]
-            instance["Tags"] = [*tags, {"Key": OWNER_TAG, "Value": owner}]
-        elif kind == "gcp":
-            node["labels"] = {**(node.get("labels") or {}), OWNER_TAG: owner}
+        provider.tag_node(node_type.setdefault("node_config", {}), owner)
     return tagged
 
 
@@ -58,14 +47,7 @@ def owner_of(config: dict[str, Any]) -> str | None:
     """The owner tag the head's node type carries in this cluster config, or None."""
     types = config.get("available_node_types") or {}
     node = (types.get(config.get("head_node_type")) or {}).get("node_config") or {}
-    if config["provider"]["type"] == "gcp":
-        return (node.get("labels") or {}).get(OWNER_TAG)
-    for spec in node.get("TagSpecifications") or []:
-        if spec.get("ResourceType") == "instance":
-            for pair in spec.get("Tags") or []:
-                if pair.get("Key") == OWNER_TAG:
-                    return str(pair.get("Value"))
-    return None
+    return providers.get(config["provider"]["type"]).node_owner(node)
 
 
 def provider_of(config: dict[str, Any], **overrides: Any) -> Any:
@@ -126,9 +108,10 @@ def terminate(
     busy: Any = lambda: False,
     settle_s: float = SETTLE_TIMEOUT_S,
 ) -> None:
-    """Terminate the VMs of the cluster that carry `owner` until the API lists none and `busy()`
-    (a create call in flight) is false, at most settle_s (ClusterError past it). Stopped instead
-    of terminated only where `stop_cached` (the file's `cache_stopped_nodes: true`)."""
+    """Terminate the VMs of the cluster that carry `owner`, the head last, until the API lists
+    none and `busy()` (a create call in flight) is false, at most settle_s (ClusterError past it).
+    Stopped instead of terminated only where `stop_cached` (the file's `cache_stopped_nodes:
+    true`)."""
     provider = provider_of(config, cache_stopped_nodes=stop_cached)
     deadline = time.monotonic() + settle_s
     while True:
@@ -137,7 +120,7 @@ def terminate(
         creating = busy()
         found = nodes(provider, owner)
         if found:
-            provider.terminate_nodes(found)
+            _terminate(provider, owner, found)
         elif not creating:
             return
         if time.monotonic() > deadline:
@@ -148,3 +131,15 @@ def terminate(
                 f"{OWNER_TAG}={owner})"
             )
         time.sleep(POLL_S)
+
+
+def _terminate(provider: Any, owner: str, found: list[str]) -> None:
+    """The workers, then the head: on the head, the autostop watcher is what terminates them."""
+    from ray.autoscaler.tags import NODE_KIND_HEAD
+
+    heads = set(nodes(provider, owner, NODE_KIND_HEAD))
+    workers = [node for node in found if node not in heads]
+    if workers:
+        provider.terminate_nodes(workers)
+    if heads:
+        provider.terminate_nodes(sorted(heads))

@@ -1,12 +1,12 @@
 """backend=vm: the rules between the keys of conf/backend/vm.yaml, which the `backend:` section's
-model (rayflow.backends.vm.keys) applies: worker bounds overall and per node type, keys that apply
-to some providers only, zones in the region, keys of outdated guides named with their replacement,
-the rendering's keys refused beside backend.cluster_yaml; and what any cluster name and ssh
-destination must be, wherever they come from.
+model (rayflow.backends.vm.keys) applies: worker bounds overall and per node type, keys of
+outdated guides named with their replacement, the rendering's keys refused beside
+backend.cluster_yaml; and what any cluster name and ssh destination must be, wherever they come
+from. The rules that depend on the provider (which keys apply to it, zones in its region, its
+hosts) are the providers' (rayflow.backends.vm.providers).
 
-The pure helpers the renderer shares (shipped_defaults, node_type_bounds, cloud_region) live here
-too, so that the rules and the rendering read a section the same way. Imports no other vm
-module."""
+The pure helpers the renderer shares (shipped_defaults, node_type_bounds) live here too, so that
+the rules and the rendering read a section the same way. Imports no other vm module."""
 
 from __future__ import annotations
 
@@ -21,10 +21,6 @@ import yaml
 
 from rayflow.schema.kinds import KeyedError
 from rayflow.security import ssh
-
-PROVIDERS = ("fake_multinode", "local", "aws", "gcp")
-CLOUDS = ("aws", "gcp")
-DEFAULT_REGION = {"aws": "us-west-2", "gcp": "us-west1"}
 
 # Keys of cluster YAMLs from older guides and Ray versions, and what replaced them.
 REMOVED = {
@@ -74,20 +70,6 @@ REMOVED = {
     "num_worker_nodes": "backend.max_worker_nodes and backend.min_worker_nodes",
 }
 
-# Keys that apply to some providers only: set on another they would silently do nothing.
-ONLY_FOR = {
-    "region": CLOUDS,
-    "availability_zone": CLOUDS,
-    "head_instance_type": CLOUDS,
-    "cache_stopped_nodes": CLOUDS,
-    "ami": ("aws",),
-    "project_id": ("gcp",),
-    "source_image": ("gcp",),
-    "head_ip": ("local",),
-    "worker_ips": ("local",),
-    "ssh_user": ("local", "aws", "gcp"),
-    "ssh_private_key": ("local", "aws", "gcp"),
-}
 # Keys that only say what rayflow renders: with backend.cluster_yaml the file says it instead.
 RENDERING_KEYS = (
     "provider",
@@ -104,13 +86,6 @@ RENDERING_KEYS = (
     "head_ip",
     "worker_ips",
 )
-TYPE_ONLY_FOR = {
-    "instance_type": CLOUDS,
-    "accelerator_type": ("gcp",),
-    "spot": CLOUDS,
-    "min_workers": ("fake_multinode", "aws", "gcp"),
-    "max_workers": ("fake_multinode", "aws", "gcp"),
-}
 
 
 @functools.lru_cache(maxsize=1)
@@ -144,17 +119,6 @@ def node_type_bounds(b: Mapping, kind: str, gpu: bool) -> tuple[int, int]:
 
 def rendered_kinds(gpu: bool) -> tuple[str, ...]:
     return ("cpu", "gpu") if gpu else ("cpu",)
-
-
-def cloud_region(b: Mapping) -> str:
-    """backend.region, else the region of the first availability zone, else the provider's
-    default."""
-    if b.get("region"):
-        return str(b["region"])
-    zone = str(b.get("availability_zone") or "").split(",")[0].strip()
-    if zone:
-        return zone[:-1] if b["provider"] == "aws" else zone.rsplit("-", 1)[0]
-    return DEFAULT_REGION[b["provider"]]
 
 
 # Any cluster name, wherever it comes from (backend.cluster_name, a user's cluster YAML,
@@ -219,36 +183,6 @@ def min_workers_rule(b: dict, gpu: bool, low: int, high: int) -> None:
         )
 
 
-def provider_rules(b: dict) -> None:
-    """Keys of other providers left at their default; zones inside the region; provider=local's
-    hosts, enough of them and the head not among the workers (b: the validated section)."""
-    provider, high = b["provider"], b["max_worker_nodes"]
-    for key, providers in ONLY_FOR.items():
-        if b[key] not in (None, shipped_defaults().get(key)) and provider not in providers:
-            raise KeyedError(
-                key,
-                f"has no effect with provider={provider} (it applies to {', '.join(providers)})",
-            )
-    if provider in CLOUDS:
-        region = cloud_region(b)
-        for zone in str(b["availability_zone"] or "").split(","):
-            if zone.strip() and not zone.strip().startswith(
-                region if provider == "aws" else f"{region}-"
-            ):
-                raise KeyedError(
-                    "availability_zone", f"{zone.strip()!r} is not in backend.region {region!r}"
-                )
-    workers = b["worker_ips"]
-    if provider == "local" and workers is not None:
-        if b["head_ip"] in workers:
-            raise KeyedError("worker_ips", "lists the head (backend.head_ip) as a worker")
-        if workers and high > len(workers):
-            raise KeyedError(
-                "max_worker_nodes",
-                f"({high}) is more than the {len(workers)} hosts in backend.worker_ips",
-            )
-
-
 def _changed(b: Mapping, shipped: Mapping, prefix: str = "") -> list[str]:
     """Keys of `b` (dotted, nested ones too) whose value differs from the shipped default."""
     keys = []
@@ -274,27 +208,9 @@ def rendering_keys_unset(b: Mapping) -> None:
         )
 
 
-def node_type_rules(b: dict, kind_: str, gpu: bool) -> None:
-    """A node type against the provider and the overall bounds."""
-    t, prefix, provider = b["worker"][kind_], f"worker.{kind_}", b["provider"]
-    if t["num_cpus"] is None and provider == "fake_multinode":
-        raise KeyedError(
-            f"{prefix}.num_cpus",
-            "must be set with provider=fake_multinode (its worker nodes are processes here: "
-            "nothing to detect)",
-        )
-    for key, providers in TYPE_ONLY_FOR.items():
-        if t.get(key) not in (None, False) and provider not in providers:
-            hint = (
-                "; the hosts are the node type: use backend.min_worker_nodes / max_worker_nodes"
-                if provider == "local" and "workers" in key
-                else ""
-            )
-            raise KeyedError(
-                f"{prefix}.{key}",
-                f"has no effect with provider={provider} (it applies to "
-                f"{', '.join(providers)}){hint}",
-            )
+def worker_bounds_rule(b: dict, kind_: str, gpu: bool) -> None:
+    """A node type's min_workers and max_workers against each other and the overall bounds."""
+    t, prefix = b["worker"][kind_], f"worker.{kind_}"
     low, high = node_type_bounds(b, kind_, gpu)
     if low > high:
         if t["min_workers"] is not None:

@@ -1,6 +1,7 @@
 """backend=vm provider=local, aws, gcp: the cluster from Ray's cluster launcher through its SDK
 (`create_or_update_cluster`, `teardown_cluster`, the library behind `ray up`/`ray down`), its head
-reached through an SSH tunnel to its loopback (vm.tunnel).
+reached through an SSH tunnel to its loopback (vm.tunnel); what differs by provider, its
+(rayflow.backends.vm.providers).
 
 Cloud and host clusters are found by name (tags, Ray's cluster-NAME.state): `ray up` never runs
 over a live cluster this run did not start; one is joined (`no_restart=True`) only when a run of
@@ -20,12 +21,14 @@ from typing import Any
 import yaml
 
 from rayflow.backends.handle import ClusterHandle
-from rayflow.backends.vm import cloud_up, internals, owned, owner, state, tunnel
+from rayflow.backends.vm import cloud_up, internals, owned, owner, providers, state, tunnel
 from rayflow.backends.vm import kept as vm_kept
 from rayflow.backends.vm.checks import require_filled
-from rayflow.backends.vm.commands import dashboard_port, launcher_env, launcher_output
+from rayflow.backends.vm.commands import dashboard_port, launcher_output
+from rayflow.backends.vm.config import launcher_env
 from rayflow.backends.vm.kept import stop_local_workers
-from rayflow.backends.vm.rules import CLOUDS
+from rayflow.backends.vm.providers import Provider
+from rayflow.backends.vm.providers.base import ray_down
 from rayflow.backends.vm.start import (
     Start,
     Starting,
@@ -34,7 +37,7 @@ from rayflow.backends.vm.start import (
     token_file,
     wait_for_dashboard,
 )
-from rayflow.errors import ClusterError, ConfigError
+from rayflow.errors import ClusterError
 from rayflow.runtime.environment import scoped_env
 from rayflow.runtime.progress import phase
 from rayflow.security import ssh
@@ -46,7 +49,7 @@ def start(vm: Starting, run: Start) -> str:
     one it joins."""
     if not vm.cluster_yaml:
         require_filled(vm.section)
-    config = vm.cluster_config()
+    config, provider = vm.cluster_config(), providers.get(vm.provider)
     # Cloud and host clusters are found by name (tags, Ray's cluster-NAME.state): one is
     # joined only when a run of this user kept it and none holds it, else refused; on a
     # cloud, so is any VM of the name that is not that kept cluster's (vm.owner).
@@ -55,12 +58,12 @@ def start(vm: Starting, run: Start) -> str:
         run.run_id,
         vm.provider,
         vm.keeps_cluster,
-        lambda recorded: _running(vm.provider, config, recorded),
+        lambda recorded: _running(provider, config, recorded),
     )
     run.handle.on_stop("let go of the cluster's name", state.release, run.name, run.run_id)
     if kept:
         run.handle.owner_run = kept.get("owner_run") or run.handle.owner_run
-    if vm.provider in owner.TAGGED:  # every VM it makes carries the cluster's owner
+    if provider.tagged:  # every VM it makes carries the cluster's owner
         config = owner.tag(config, str(run.handle.owner_run))
     _config_file(vm, run, config, kept)
     _ray_up(vm, run, bool(kept))
@@ -71,22 +74,15 @@ def start(vm: Starting, run: Start) -> str:
     if kept or vm.keeps_cluster:
         run.handle.kept, run.handle.joined = True, bool(kept)
         kept_note(run)
-    return _tunnel(vm, run.handle, config, _head_ip(vm.provider, run, config))
+    return _tunnel(vm, run.handle, config, _head_ip(provider, run, config))
 
 
-def _running(provider: str, config: dict[str, Any], recorded: dict[str, Any] | None) -> bool:
-    """Whether a head of this cluster's name runs (the provider's own view); on a cloud,
-    refused in one line while a VM of the name runs that the kept cluster of `recorded`
-    did not start (vm.owner)."""
-    if provider in owner.TAGGED:
-        stop = (recorded or {}).get("stop")
-        hint = f", or stop yours: python -m rayflow.backends.vm.teardown {stop}" if stop else ""
-        return owner.check_name_free(config, recorded, hint)
-    if provider == "local":  # Ray reads and writes it in /tmp/ray, a folder anyone writes
-        why = owned.ray_local_state_problem(str(config["cluster_name"]))
-        if why:
-            raise ConfigError("backend.cluster_name", f"{why}: give this run a name of its own")
-    return _head_running(config)
+def _running(provider: Provider, config: dict[str, Any], recorded: dict[str, Any] | None) -> bool:
+    """Whether a head of this cluster's name runs: the provider's own view (on a cloud, refused
+    in one line while a VM of the name runs that the kept cluster of `recorded` did not start:
+    vm.owner), else Ray's."""
+    found = provider.running(config, recorded)
+    return _head_running(config) if found is None else found
 
 
 def _head_running(config: dict) -> bool:
@@ -98,17 +94,13 @@ def _head_running(config: dict) -> bool:
     return bool(provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
 
 
-def _head_ip(provider: str, run: Start, config: dict[str, Any]) -> str:
-    """The head the tunnel goes to: on a cloud, the one VM of the name that carries the
-    cluster's owner tag, never another party's of the same name."""
-    from ray.autoscaler import sdk
-
-    if provider not in owner.TAGGED:
-        return str(sdk.get_head_node_ip(run.config_file))
-    ip = owner.head_ip(config, str(run.handle.owner_run))
+def _head_ip(provider: Provider, run: Start, config: dict[str, Any]) -> str:
+    """The head the tunnel goes to, as its provider finds it: on a cloud, the one VM of the
+    name that carries the cluster's owner tag, never another party's of the same name."""
+    ip = provider.head_ip(config, str(run.handle.owner_run))
     if ip is None:
         raise ClusterError(
-            f"backend=vm provider={provider}: `ray up` finished, yet no head VM of "
+            f"backend=vm provider={provider.name}: `ray up` finished, yet no head VM of "
             f"cluster {run.name} carries its owner tag ({owner.OWNER_TAG})"
         )
     return ip
@@ -130,21 +122,22 @@ def _config_file(
     run.config_file = recorded if usable else str(owned.cluster_file(run.name))
     run.temp_dir = os.path.dirname(run.config_file)
     owned.write(run.config_file, config)
-    teardown_is(run, vm.provider)
+    teardown_is(run, run.config_file)
     # the teardown command names this file, and a later run's refusal names that command
     state.update(run.name, run.run_id, stop=run.config_file)
     if kept or vm.keeps_cluster:
         return
     run.handle.on_stop("remove the cluster config's folder", owned.remove_folder, run.config_file)
-    if vm.provider in owner.TAGGED:
+    provider = providers.get(vm.provider)
+    if provider.tagged:
         return
-    if vm.provider == "local":
+    if provider.hosts:
         run.handle.on_stop(
             "stop Ray on the worker hosts (ray down stops only the head)",
             stop_local_workers,
             config,
         )
-    run.handle.on_stop(f"tear down cluster {run.name}", _ray_down, run.config_file)
+    run.handle.on_stop(f"tear down cluster {run.name}", ray_down, run.config_file)
 
 
 def _ray_up(vm: Starting, run: Start, kept: bool) -> None:
@@ -168,7 +161,7 @@ def _ray_up(vm: Starting, run: Start, kept: bool) -> None:
 
     with scoped_env(env), launcher_output(), phase(what, "vm"):
         try:
-            if vm.provider in CLOUDS and not kept:  # VMs: an end, and a search by tags
+            if providers.get(vm.provider).tagged and not kept:  # an end, and a search by tags
                 _launch_vms(vm, run, up)
             else:
                 up()
@@ -208,7 +201,7 @@ def _tunnel(vm: Starting, handle: ClusterHandle, config: dict[str, Any], head_ip
     """The head's dashboard through an SSH tunnel to its loopback (vm.tunnel), stopped with the
     run."""
     cluster = str(config.get("cluster_name", "default"))
-    if vm.provider in CLOUDS and not handle.joined:
+    if providers.get(vm.provider).tagged and not handle.joined:
         # new VMs, whose addresses earlier ones of the name may have had: pinned afresh
         ssh.forget_hosts(cluster)
     opened, url = tunnel.open_tunnel(
@@ -229,11 +222,3 @@ def _tunnel(vm: Starting, handle: ClusterHandle, config: dict[str, Any], head_ip
             except ClusterError:
                 if time.monotonic() > deadline:
                     raise
-
-
-def _ray_down(config_file: str) -> None:
-    """`ray down` through Ray's SDK, printing as `ray up` did (launcher_output)."""
-    from ray.autoscaler import sdk
-
-    with launcher_output():
-        sdk.teardown_cluster(config_file)

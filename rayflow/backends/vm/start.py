@@ -53,11 +53,6 @@ class Start:
     temp_dir: str = ""
     config_file: str = ""
 
-    def stop_path(self, provider: str) -> str:
-        """What `python -m rayflow.backends.vm.teardown` takes: the fake cluster's temp dir, else
-        its cluster YAML."""
-        return self.temp_dir if provider == "fake_multinode" else self.config_file
-
 
 def token_file() -> str | None:
     """The token's file, mounted on every node by path (its value never enters the config)."""
@@ -65,12 +60,10 @@ def token_file() -> str | None:
     return str(path) if auth_token() is not None and path.is_file() else None
 
 
-def teardown_is(run: Start, provider: str) -> None:
+def teardown_is(run: Start, path: str) -> None:
     """The command that stops this cluster should this process die first (printed on error
-    paths)."""
-    run.handle.teardown_command = (
-        f"python -m rayflow.backends.vm.teardown {run.stop_path(provider)}"
-    )
+    paths); `path`, what it takes: a fake cluster's temp dir, else its cluster YAML."""
+    run.handle.teardown_command = f"python -m rayflow.backends.vm.teardown {path}"
 
 
 def kept_note(run: Start) -> None:

@@ -5,8 +5,10 @@ rayflow prints this command on every error path of a backend=vm run (a kept clus
 with `rayflow down NAME`, which reads its record; this needs none). PATH is what that run left:
 the temp dir of a fake_multinode cluster (every process naming it is stopped), or the cluster
 YAML of a local/aws/gcp cluster in this user's cache (a cloud's VMs that carry its owner tag are
-terminated; `ray stop` runs on every host of an SSH-hosts cluster). The cluster's records in this
-user's state folders (rayflow.backends.vm.state, rayflow.backends.kept) go with it.
+terminated; `ray stop` runs on every host of an SSH-hosts cluster): its provider's one way of
+stopping it (rayflow.backends.vm.providers), as `rayflow down` and the autostop watcher stop it.
+The cluster's records in this user's state folders (rayflow.backends.vm.state,
+rayflow.backends.kept) go with it.
 
 PATH is trusted only as this user's own: the folder and the file are checked (never followed if a
 link; owned by this user, writable by no one else) before anything is read, run, stopped or
@@ -41,6 +43,8 @@ def main(argv: list[str]) -> int:
         return 2
     path = argv[0]
     from rayflow.backends.vm import kept as vm_kept
+    from rayflow.backends.vm import providers
+    from rayflow.backends.vm.providers.base import Stop
     from rayflow.backends.vm.state import forget
     from rayflow.errors import ClusterError
 
@@ -58,7 +62,7 @@ def main(argv: list[str]) -> int:
                     "with its autoscaling.yaml)"
                 )
             return _fail(f"{problem}: nothing stopped")
-        vm_kept.stop_fake(path)
+        providers.in_place().terminate(Stop(path=path))
     else:
         problem = vm_kept.not_rayflows(path, fake=False)
         if problem:  # not where rayflow writes them, or not (only) yours: never read

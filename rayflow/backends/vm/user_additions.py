@@ -20,15 +20,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rayflow.backends.vm import internals, user_file
-from rayflow.backends.vm.commands import (
-    dashboard_host,
-    launcher_env,
-    pin_command,
-    private_token_setup,
-    setup_commands,
-)
+from rayflow.backends.vm import internals, providers, user_file
+from rayflow.backends.vm.commands import dashboard_host, private_token_setup
+from rayflow.backends.vm.config import launcher_env
 from rayflow.backends.vm.defaults import with_defaults
+from rayflow.backends.vm.providers import Provider
 from rayflow.backends.vm.rules import shipped_defaults
 from rayflow.schema.values import merge_overrides
 
@@ -118,19 +114,12 @@ def _ray_defaults(kind: str) -> dict:
     return internals.provider_defaults(kind)
 
 
-def _setup(doc: dict, raw: Mapping, kind: str, ray_version: str) -> str | None:
+def _setup(doc: dict, raw: Mapping, provider: Provider, ray_version: str) -> str | None:
     """rayflow's pinned setup where the file has none of its own; else a note on what it must
     provide."""
-    if kind == "fake_multinode":
+    if provider.in_place:
         return None  # the nodes are processes of this machine's venv
-    if kind == "azure":
-        # Ray's defaults (a conda env), with this machine's versions for the nightly wheel
-        ours = [
-            pin_command(ray_version) if "pip install" in c and "ray" in c else c
-            for c in _ray_defaults(kind)["setup_commands"]
-        ]
-    else:
-        ours = setup_commands({"provider": kind}, ray_version)["setup_commands"]
+    ours = provider.setup_commands(ray_version)["setup_commands"]
     if "setup_commands" not in raw:
         doc["setup_commands"] = ours
         return None
@@ -138,7 +127,7 @@ def _setup(doc: dict, raw: Mapping, kind: str, ray_version: str) -> str | None:
         return None  # rayflow's own (a dry run's output, fed back)
     need = (
         f"ray {ray_version} on the hosts (rayflow checks, never installs, on hosts you run)"
-        if kind == "local"
+        if provider.hosts
         else f'"ray[default,tune]=={ray_version}" '
         "and rayflow's runtime dependencies at this machine's versions "
         f"(rayflow.runtime.requirements.runtime_requirements)"
@@ -150,7 +139,7 @@ def _setup(doc: dict, raw: Mapping, kind: str, ray_version: str) -> str | None:
 
 
 def _apply_users_keys(
-    doc: dict, b: Mapping, user: set[str], kind: str, gpu: bool, path: str
+    doc: dict, b: Mapping, user: set[str], provider: Provider, gpu: bool, path: str
 ) -> dict[str, str]:
     """rayflow's keys the user set, over the file's; returns the node types the run uses."""
     for key, (target, kind_of) in TOP_LEVEL.items():
@@ -158,7 +147,7 @@ def _apply_users_keys(
             doc[target] = kind_of(b[key])
     chosen = node_types(doc, gpu, path)
     if "min_worker_nodes" in user:
-        if kind == "local":
+        if provider.hosts:
             # Ray moves it onto the hosts' node type
             doc["min_workers"] = int(b["min_worker_nodes"])
         elif chosen.get("gpu" if gpu else "cpu"):
@@ -181,7 +170,7 @@ def _apply_users_keys(
 def _add_run_needs(
     doc: dict,
     b: Mapping,
-    kind: str,
+    provider: Provider,
     auth_mode: str,
     token_file: str | None,
     gcs_address: str | None,
@@ -189,7 +178,7 @@ def _add_run_needs(
 ) -> None:
     """What a submitted run needs of the nodes: the token file mounted, every `ray start` set up
     (_start_commands); for fake_multinode, where the head's GCS listens."""
-    if kind == "fake_multinode":
+    if provider.in_place:
         if gcs_address:
             doc["provider"]["gcs_address"] = gcs_address
         return
@@ -198,11 +187,15 @@ def _add_run_needs(
         mounts = {}
     if auth_mode == "token" and token_file:
         doc["file_mounts"] = {**mounts, TOKEN_MOUNT: str(token_file)}
-    _start_commands(doc, kind, b, auth_mode, path)
+    _start_commands(doc, provider.name, b, auth_mode, path)
 
 
 def _add_metadata(
-    doc: dict, kind: str, versions: tuple[str, str], env: dict[str, str], chosen: dict[str, str]
+    doc: dict,
+    provider: Provider,
+    versions: tuple[str, str],
+    env: dict[str, str],
+    chosen: dict[str, str],
 ) -> None:
     """`metadata.rayflow`, beside the file's own metadata (Ray keeps metadata, never reads it)."""
     ray_version, python_version = versions
@@ -212,10 +205,10 @@ def _add_metadata(
     doc["metadata"] = {
         **kept,
         "rayflow": {
-            "provider": kind,
+            "provider": provider.name,
             "ray_version": ray_version,
             "python_version": python_version,
-            "autoscaler": "v1" if kind in ("local", "fake_multinode") else "v2",
+            "autoscaler": provider.autoscaler,
             "launcher_env": env,
             "node_types": chosen,
             "placeholders": [],
@@ -224,11 +217,16 @@ def _add_metadata(
 
 
 def _added(
-    b: Mapping, raw: Mapping, kind: str, auth_mode: str, token_file: str | None, ray_version: str
+    b: Mapping,
+    raw: Mapping,
+    provider: Provider,
+    auth_mode: str,
+    token_file: str | None,
+    ray_version: str,
 ) -> list[str]:
     """What rayflow adds to the file, as the dry run's note says it."""
     added = []
-    if kind != "fake_multinode":
+    if not provider.in_place:
         if auth_mode == "token":
             added.append(
                 (
@@ -242,35 +240,12 @@ def _added(
             f"`export RAY_AUTH_MODE={auth_mode};` before every `ray start`",
             f"--dashboard-host={dashboard_host(b, auth_mode)} on the head",
         ]
-    if "setup_commands" not in raw and kind != "fake_multinode":
+    if "setup_commands" not in raw and not provider.in_place:
         added.append(
             f"setup_commands pinning ray {ray_version} "
-            f"({'checked' if kind == 'local' else 'with its runtime dependencies'})"
+            f"({'checked' if provider.hosts else 'with its runtime dependencies'})"
         )
     return added
-
-
-def _fill_resources(doc: dict, kind: str, path: str) -> str | None:
-    """aws: every node type's `resources` filled from the EC2 API as `ray up` fills them, the
-    file's own values winning (rayflow.backends.vm.aws); where it does not answer, the note a dry
-    run prints: `ray up` fills them at start, and the start's probe checks first that it can.
-    (gcp: Ray fills only a TPU pod's head resource, at start; a GCP file states its own.)"""
-    if kind != "aws":
-        return None
-    from rayflow.backends.vm import aws
-
-    region = str((doc.get("provider") or {}).get("region") or "")
-    problem = aws.check_region(region)
-    if problem:
-        raise user_file.refuse(path, "provider.region", problem)
-    why = aws.fill_resources(doc, region)
-    if why is None:
-        return None
-    return (
-        f"rayflow: backend.cluster_yaml: `ray up` fills the resources of "
-        f"{', '.join(aws.unfilled(doc))} from EC2's instance types at start (not asked now: "
-        f"{why})"
-    )
 
 
 def render_file(
@@ -288,18 +263,21 @@ def render_file(
     path = str(b["cluster_yaml"])
     raw = user_file.load(path)
     kind = user_file.check_raw(raw, path)
+    provider = providers.get(kind)
     doc, user = copy.deepcopy(raw), set_by_user(b)
 
-    chosen = _apply_users_keys(doc, b, user, kind, gpu, path)
-    _add_run_needs(doc, b, kind, auth_mode, token_file, gcs_address, path)
-    setup_note = _setup(doc, raw, kind, ray_version)
+    chosen = _apply_users_keys(doc, b, user, provider, gpu, path)
+    _add_run_needs(doc, b, provider, auth_mode, token_file, gcs_address, path)
+    setup_note = _setup(doc, raw, provider, ray_version)
     env = launcher_env(b, auth_mode, token_file, provider=kind)
-    _add_metadata(doc, kind, (ray_version, python_version), env, chosen)
+    _add_metadata(doc, provider, (ray_version, python_version), env, chosen)
     doc = private_token_setup(merge_overrides(doc, b.get("overrides") or {}))
-    fill_note = _fill_resources(doc, kind, path)
+    # what `ray up` fills in from the cloud's API, filled here too (gcp: Ray fills only a TPU
+    # pod's head resource, at start; a GCP file states its own)
+    fill_note = provider.fill_resources(doc, path)
     user_file.check_final(doc, path, kind)
 
-    added = _added(b, raw, kind, auth_mode, token_file, ray_version)
+    added = _added(b, raw, provider, auth_mode, token_file, ray_version)
     applied = [
         f"backend.{k}"
         for k in sorted(user & {*TOP_LEVEL, "min_worker_nodes", "ssh_user", "ssh_private_key"})

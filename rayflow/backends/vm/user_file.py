@@ -25,20 +25,11 @@ from typing import Any
 
 import yaml
 
-from rayflow.backends.vm import internals
+from rayflow.backends.vm import internals, providers
+from rayflow.backends.vm.providers.base import refuse
 from rayflow.backends.vm.rules import cluster_name_problem, ssh_target_problem
-from rayflow.errors import ConfigError
 from rayflow.security.redaction import REDACTED
 
-KEY = "backend.cluster_yaml"
-# what rayflow starts from a user's file
-LAUNCHED = (
-    "fake_multinode",
-    "local",
-    "aws",
-    "gcp",
-    "azure",
-)
 NOT_LAUNCHED = {
     "spark": (
         "Ray on Spark's own provider "
@@ -47,7 +38,6 @@ NOT_LAUNCHED = {
     "kuberay": "KubeRay's (its operator starts the pods): use backend=kuberay",
     "readonly": "a read-only provider for a cluster that is already running: use backend=attach",
 }
-FAKE_HEAD_TYPE = "ray.head.default"  # Ray's fake provider names its head node type so
 # Keys of Ray 1 cluster files, with what Ray 2 reads instead (a top-level min_workers is the
 # local provider's own and stays).
 LEGACY = {
@@ -77,10 +67,6 @@ PLACEHOLDER = re.compile(
     + re.escape(REDACTED)
     + r"|TODO\b.*|CHANGE_?ME|REPLACE_?ME"
 )
-
-
-def refuse(path: str, where: str, message: str) -> ConfigError:
-    return ConfigError(KEY, f"{path}: {where}: {message}" if where else f"{path}: {message}")
 
 
 def load(path: str) -> dict:
@@ -141,7 +127,7 @@ def check_raw(doc: Mapping, path: str) -> str:
     if problem:
         raise refuse(path, "cluster_name", problem)
     kind = provider_type(doc, path)
-    if kind not in LAUNCHED:
+    if kind not in providers.LAUNCHED:
         why = (
             NOT_LAUNCHED.get(kind)
             or "rayflow starts aws, gcp, azure, local and fake_multinode clusters from a file"
@@ -151,7 +137,10 @@ def check_raw(doc: Mapping, path: str) -> str:
 
 
 def _is_local(doc: Mapping) -> bool:
-    return isinstance(doc.get("provider"), Mapping) and doc["provider"].get("type") == "local"
+    """Whether the file's provider is your hosts (provider local): a top-level min_workers is its
+    own."""
+    section = doc.get("provider")
+    return isinstance(section, Mapping) and providers.get(section.get("type")).hosts
 
 
 def placeholders(doc: Mapping | list, prefix: str = "") -> list[str]:
@@ -185,27 +174,13 @@ def _unfilled(value: Any) -> bool:
 
 
 def check_filled(doc: Mapping, path: str, kind: str) -> None:
-    """What only the user can fill in: refused naming the first key left as a placeholder."""
-    provider = doc["provider"]
-    if kind == "local":
-        if _unfilled(provider.get("head_ip")):
-            raise refuse(
-                path,
-                "provider.head_ip",
-                f"{_shown(provider.get('head_ip'))}: fill in the head host's address",
-            )
-        if not isinstance(provider.get("worker_ips"), list):
-            raise refuse(
-                path,
-                "provider.worker_ips",
-                "missing: list the worker hosts (an empty list: the head alone)",
-            )
-    if kind == "gcp" and _unfilled(provider.get("project_id")):
-        raise refuse(
-            path,
-            "provider.project_id",
-            f"{_shown(provider.get('project_id'))}: fill in your GCP project id",
-        )
+    """What only the user can fill in: refused naming the first key left as a placeholder, the
+    provider's own first (its `file_keys`, then its `check_file`)."""
+    provider, section = providers.get(kind), doc["provider"]
+    for key, what in provider.file_keys:
+        if _unfilled(section.get(key)):
+            raise refuse(path, f"provider.{key}", f"{_shown(section.get(key))}: {what}")
+    provider.check_file(doc, path)
     for where in placeholders(doc):
         value = _at(doc, where)
         raise refuse(path, where, f"{value!r} is a placeholder: fill it in")
@@ -229,6 +204,7 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
     import click
     import jsonschema
 
+    provider = providers.get(kind)
     check_filled(doc, path, kind)
     bad_target = ssh_target_problem(doc)  # hosts and user become ssh destinations
     if bad_target:
@@ -239,30 +215,15 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
             contextlib.redirect_stdout(io.StringIO()),
             contextlib.redirect_stderr(io.StringIO()),
         ):
-            prepared = (
-                dict(doc) if kind == "fake_multinode" else internals.prepare_config(dict(doc))
-            )
-            internals.validate_config(_with_resources_left_to_ray_up(prepared, kind))
-            if kind != "fake_multinode":
+            prepared = dict(doc) if provider.in_place else internals.prepare_config(dict(doc))
+            internals.validate_config(_with_resources_left_to_ray_up(prepared, provider))
+            if not provider.in_place:
                 internals.check_legacy_fields(prepared)
     except (jsonschema.ValidationError, ValueError, RuntimeError, click.ClickException) as err:
         where, message = _ray_message(err)
         raise refuse(path, where, f"Ray refuses it: {message}") from None
-    if kind == "fake_multinode":
-        if doc.get("head_node_type") != FAKE_HEAD_TYPE:
-            raise refuse(
-                path,
-                "head_node_type",
-                f"must be {FAKE_HEAD_TYPE!r} with provider fake_multinode "
-                "(Ray's fake provider names its head so)",
-            )
-        if doc["provider"].get("disable_node_updaters") is not True:
-            raise refuse(
-                path,
-                "provider.disable_node_updaters",
-                "must be true with provider fake_multinode "
-                "(its nodes are processes here, not SSH hosts)",
-            )
+    if provider.in_place:
+        _check_in_place(doc, path, provider)
     else:
         key_file = (doc.get("auth") or {}).get("ssh_private_key")
         if isinstance(key_file, str) and not os.access(os.path.expanduser(key_file), os.R_OK):
@@ -275,10 +236,29 @@ def check_final(doc: Mapping, path: str, kind: str) -> dict:
     return prepared
 
 
-def _with_resources_left_to_ray_up(prepared: dict, kind: str) -> dict:
+def _check_in_place(doc: Mapping, path: str, provider: providers.Provider) -> None:
+    """What Ray's fake provider needs of the file: its head node type's name, no node updaters."""
+    if doc.get("head_node_type") != provider.head_type:
+        raise refuse(
+            path,
+            "head_node_type",
+            f"must be {provider.head_type!r} with provider {provider.name} "
+            "(Ray's fake provider names its head so)",
+        )
+    if doc["provider"].get("disable_node_updaters") is not True:
+        raise refuse(
+            path,
+            "provider.disable_node_updaters",
+            f"must be true with provider {provider.name} "
+            "(its nodes are processes here, not SSH hosts)",
+        )
+
+
+def _with_resources_left_to_ray_up(prepared: dict, provider: providers.Provider) -> dict:
     """aws: `ray up` fills a node type's missing `resources` from EC2 before it validates (what
-    rayflow.backends.vm.aws could not fill here, the API not answering): validated as filled."""
-    if kind != "aws":
+    rayflow.backends.vm.providers.aws could not fill here, the API not answering): validated as
+    filled."""
+    if not provider.fills_resources:
         return prepared
     checked = copy.deepcopy(prepared)
     for node_type in (checked.get("available_node_types") or {}).values():

@@ -1,5 +1,6 @@
-"""backend=vm provider=aws: what `ray up` asks the EC2 API before it creates anything, asked here
-first, so that a file `ray up` accepts is accepted and a wrong account is one line.
+"""backend=vm provider=aws (providers.aws): what `ray up` asks the EC2 API before it creates
+anything, asked here first, so that a file `ray up` accepts is accepted and a wrong account is one
+line.
 
 - `check_region`: the region against the ones botocore knows (offline: its endpoint data).
 - `fill_resources`: every node type gets its `resources` as `ray up` fills them, by Ray's own
