@@ -27,33 +27,47 @@ def ray_head(num_cpus: int = 1):
     from rayflow.runtime.processes import stop_processes_mentioning
 
     ray_cli = str(Path(sys.executable).parent / "ray")
-    port = _free_port()
     # short: Ray's socket paths must stay < 108 chars
     temp_dir = tempfile.mkdtemp(prefix="rf-head-")
     env = dict(os.environ, RAY_AUTH_MODE="token")
     try:
-        subprocess.run(
-            [
-                ray_cli,
-                "start",
-                "--head",
-                f"--port={port}",
-                "--node-ip-address=127.0.0.1",
-                f"--num-cpus={num_cpus}",
-                "--include-dashboard=false",
-                "--disable-usage-stats",
-                f"--temp-dir={temp_dir}",
-                f"--dashboard-agent-listen-port={_free_port()}",
-                f"--ray-client-server-port={_free_port()}",
-                f"--metrics-export-port={_free_port()}",
-                f"--runtime-env-agent-port={_free_port()}",
-            ],
-            check=True,
-            env=env,
-            capture_output=True,
-            timeout=120,
-        )
+        for attempt in range(1, TRIES + 1):
+            port = _free_port()
+            started = subprocess.run(
+                [ray_cli, "start", "--head", f"--port={port}", *_options(num_cpus, temp_dir)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if started.returncode == 0:
+                break
+            # a port chosen free was taken before Ray bound it (another worker's cluster
+            # starting at the same moment): what this try started goes, the next chooses anew
+            stop_processes_mentioning(temp_dir)
+            if attempt == TRIES:
+                raise RuntimeError(
+                    f"ray start --head failed {TRIES} times; its last stderr:\n"
+                    f"{started.stderr[-3000:]}"
+                )
         yield f"127.0.0.1:{port}"
     finally:
         stop_processes_mentioning(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+TRIES = 3
+
+
+def _options(num_cpus: int, temp_dir: str) -> list[str]:
+    return [
+        "--node-ip-address=127.0.0.1",
+        f"--num-cpus={num_cpus}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--ray-client-server-port={_free_port()}",
+        f"--metrics-export-port={_free_port()}",
+        f"--runtime-env-agent-port={_free_port()}",
+    ]
