@@ -1,6 +1,7 @@
 """The house's shape: the layers of [tool.importlinter] hold, no import circle anywhere in rayflow/
-(inside packages too), one package per engine, no module left that only re-exports others, and
-Ray's and Hydra's private modules used through their doors only."""
+(inside packages too), one package per engine, no module left that only re-exports others,
+Ray's and Hydra's private modules used through their doors only, and no module global rebound by a
+`global` statement."""
 
 from __future__ import annotations
 
@@ -241,6 +242,47 @@ def test_the_doors_import_their_engine_when_called_and_nothing_of_rayflow():
             for alias in node.names
         ]
         assert not [m for m in every if m and m.split(".")[0] == "rayflow"], door
+
+
+def _global_statements(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, the names) of each `global` statement in a module, at any depth."""
+    return sorted(
+        (node.lineno, ", ".join(node.names))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Global)
+    )
+
+
+def test_no_module_rebinds_a_global():
+    """Mutable state lives in the object that owns it (issue 47): a run's on its session, cluster
+    or handle; what is the process's in one instance of a small class whose docstring says why.
+    Never in a module global that a function rebinds."""
+    found = [
+        f"{path.relative_to(REPO)}:{line}: global {names}"
+        for path in sorted((REPO / "rayflow").rglob("*.py"))
+        for line, names in _global_statements(ast.parse(path.read_text()))
+    ]
+    assert found == [], (
+        "a `global` statement in rayflow/: move the state into the object that owns it "
+        f"(a small class, one instance held by the module): {found}"
+    )
+
+
+def test_the_global_finder_finds_them():
+    code = """
+_a = None
+
+
+def f():
+    global _a
+    _a = 1
+
+
+class C:
+    def g(self):
+        global _a, _b
+"""
+    assert _global_statements(ast.parse(code)) == [(6, "_a"), (12, "_a, _b")]
 
 
 def test_tests_never_import_conftest_as_a_module():

@@ -58,7 +58,7 @@ def job_key(monkeypatch):
     monkeypatch.setenv(result_channel.KEY_ENV, KEY.hex())
     result_channel.take_key()
     yield KEY
-    monkeypatch.setattr(result_channel, "_taken", None)
+    monkeypatch.setattr(result_channel._TAKEN, "key", None)
 
 
 def test_the_result_line_rebuilds_the_run_result_on_the_submitting_side(tmp_path, job_key):

@@ -142,7 +142,7 @@ def test_the_key_leaves_the_drivers_environment_and_its_workers_job_config(monke
     }
     monkeypatch.setenv(result_channel.KEY_ENV, KEY.hex())
     monkeypatch.setenv(RAY_JOB_CONFIG_JSON_ENV_VAR, json.dumps(config))
-    monkeypatch.setattr(result_channel, "_taken", None)
+    monkeypatch.setattr(result_channel._TAKEN, "key", None)
     assert result_channel.take_key() == KEY
     assert result_channel.KEY_ENV not in os.environ
     assert json.loads(os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR])["runtime_env"]["env_vars"] == {
@@ -154,7 +154,7 @@ def test_the_key_leaves_the_drivers_environment_and_its_workers_job_config(monke
 def test_a_job_without_a_key_prints_no_line_anyone_would_believe(monkeypatch):
     from rayflow.results.run_result import result_line
 
-    monkeypatch.setattr(result_channel, "_taken", None)
+    monkeypatch.setattr(result_channel._TAKEN, "key", None)
     line = result_line(RunResult("tune", None, Path("/nowhere")), "FINISHED")
     assert not line.startswith(RESULT_MARKER)
 
@@ -406,11 +406,11 @@ def test_a_launcher_jobs_end_travels_as_json():
         Finished(3, _hydra_return("FAILED", type("AppError", (Exception,), {})("custom"))),
         Finished(4, error="not started: job #2 failed and hydra.launcher.on_failure=stop"),
     ]
-    result_channel._taken = KEY
+    result_channel._TAKEN.key = KEY
     try:
         line = result_line(finished)
     finally:
-        result_channel._taken = None
+        result_channel._TAKEN.key = None
     assert line.startswith(MARKER) and "\n" not in line
     back = read_result(f"job output\n{line}\n", KEY)
     assert (

@@ -390,7 +390,7 @@ def test_a_run_on_a_cluster_signs_with_a_key_this_user_delegated_for_that_experi
             for name in ("cifar-20261128-2", "cifar-other"):
                 sign_folder(_experiment(str(tmp_path / name)), "cifar")
     finally:
-        trust._delegate = None
+        trust._DELEGATE.taken = None
     assert verify(str(tmp_path / "cifar-20261128-2")).issuer == public_id()
     assert signature(str(tmp_path / "cifar-other"))[0] == "unsigned"  # not the name it was for
 

@@ -36,9 +36,6 @@ log = logging.getLogger(__name__)
 # Where a job's files written outside its output folder (hydra.job.chdir=false) come back: inside
 # it.
 CWD_FOLDER = "cwd"
-# Clusters kept running between launches inside keep_clusters(): cluster key -> (its scope, the
-# cluster)
-_kept: dict[str, tuple[contextlib.ExitStack, Any]] | None = None
 
 
 class LauncherError(CompactHydraException):
@@ -46,38 +43,57 @@ class LauncherError(CompactHydraException):
     traceback)."""
 
 
-@contextlib.contextmanager
-def keep_clusters() -> Iterator[None]:
-    global _kept
-    if _kept is not None:  # nested: the outer block stops them
-        yield
-        return
-    _kept = {}
-    try:
-        yield
-    finally:
-        kept, _kept = _kept, None
-        for stack, _ in reversed(list(kept.values())):
-            stack.close()
+class _KeptClusters:
+    """The clusters kept running between launches inside `keep_clusters()`: cluster key -> (its
+    scope, the cluster); None outside the block. Process-wide: Hydra makes a new launcher for each
+    launch and hands it nothing of the last one, so what outlives a launch is the block's, the
+    process's; its one instance is `_KEPT`."""
+
+    def __init__(self) -> None:
+        self.clusters: dict[str, tuple[contextlib.ExitStack, Any]] | None = None
+
+    @contextlib.contextmanager
+    def keeping(self) -> Iterator[None]:
+        if self.clusters is not None:  # nested: the outer block stops them
+            yield
+            return
+        self.clusters = {}
+        try:
+            yield
+        finally:
+            kept, self.clusters = self.clusters, None
+            for stack, _ in reversed(list(kept.values())):
+                stack.close()
+
+    @contextlib.contextmanager
+    def cluster(self, cfg: DictConfig, backend: Any) -> Iterator[Any]:
+        from rayflow.orchestrator.cluster import cluster_key, cluster_scope
+
+        kept = self.clusters
+        if kept is None:
+            with cluster_scope(backend) as cluster:
+                yield cluster
+            return
+        key = cluster_key(cfg)
+        if key not in kept:
+            stack = contextlib.ExitStack()
+            kept[key] = (stack, stack.enter_context(cluster_scope(backend)))
+        try:
+            yield kept[key][1]
+        except BaseException:  # a cluster that failed a launch is not handed to the next one
+            kept.pop(key)[0].close()
+            raise
 
 
-@contextlib.contextmanager
-def _cluster(cfg: DictConfig, backend: Any) -> Iterator[Any]:
-    from rayflow.orchestrator.cluster import cluster_key, cluster_scope
+_KEPT = _KeptClusters()
 
-    if _kept is None:
-        with cluster_scope(backend) as cluster:
-            yield cluster
-        return
-    key = cluster_key(cfg)
-    if key not in _kept:
-        stack = contextlib.ExitStack()
-        _kept[key] = (stack, stack.enter_context(cluster_scope(backend)))
-    try:
-        yield _kept[key][1]
-    except BaseException:  # a cluster that failed a launch is not handed to the next one
-        _kept.pop(key)[0].close()
-        raise
+
+def keep_clusters() -> contextlib.AbstractContextManager[None]:
+    return _KEPT.keeping()
+
+
+def _cluster(cfg: DictConfig, backend: Any) -> contextlib.AbstractContextManager[Any]:
+    return _KEPT.cluster(cfg, backend)
 
 
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:

@@ -23,7 +23,25 @@ from rayflow.results.signing import LOCK_FILE
 
 LEASE_S, LEASE_RENEW_S = 90.0, 20.0
 LEASE_MAX = 64 * 2**10  # bytes of a lease object rayflow reads
-_warned: set[str] = set()  # the leases this process said it passes by
+
+
+class _PassedBy:
+    """The leases this process said it passes by, each said once (a resume asks more than once).
+    Process-wide: the warning is said to the process's user, whichever run or resume of it asks;
+    its one instance is `_PASSED_BY`."""
+
+    def __init__(self) -> None:
+        self.warned: set[str] = set()
+
+    def first_time(self, uri: str) -> bool:
+        """Whether `uri` is passed by for the first time here (from now on it is not)."""
+        if uri in self.warned:
+            return False
+        self.warned.add(uri)
+        return True
+
+
+_PASSED_BY = _PassedBy()
 
 
 def lease_text(location: str) -> str:
@@ -61,8 +79,7 @@ def held(location: str, trusted: tuple[str, ...] = ()) -> bool:
         text = None
     who = issuer(text, location)
     if text is None or who is None or who not in trust.trusted(trusted):
-        if uri not in _warned:  # once: a resume asks more than once
-            _warned.add(uri)
+        if _PASSED_BY.first_time(uri):  # once: a resume asks more than once
             signing.warn(
                 f"{uri} is not a lease signed by a trusted key: no run of this user's holds the "
                 "experiment, and it is passed by"

@@ -195,12 +195,22 @@ def _entries(location: str, changed: list[str], now: Listing) -> list[dict]:
         return list(pool.map(one, changed))
 
 
-_signers: dict[str, Signer] = {}  # the experiments this process holds, by location
+class _Holding:
+    """The experiments this process holds (a run of its signs each while it runs: `signed`), by
+    location, each with its signer. Process-wide: what asks whether one is held, or has it signed
+    at once (a resume's reads, Tune's and Train's ends), shares no object with the run that holds
+    it but the location; its one instance is `_HOLDING`."""
+
+    def __init__(self) -> None:
+        self.signers: dict[str, Signer] = {}
+
+
+_HOLDING = _Holding()
 
 
 def holds(location: str) -> bool:
     """Whether a run of this process holds (and signs) the experiment now."""
-    return location in _signers
+    return location in _HOLDING.signers
 
 
 def sign_folder(location: str, workload: str | None) -> None:
@@ -216,7 +226,7 @@ def signed(
     at its end however it ends (`verified`: what a resume verified, signed already). A signing
     that fails is one warning; the next one tries again."""
     signer = Signer(location, workload, verified)
-    _signers[location] = signer
+    _HOLDING.signers[location] = signer
     done, warned = threading.Event(), [False]
 
     def tick() -> None:
@@ -241,13 +251,13 @@ def signed(
         done.set()
         thread.join(60)  # a signing under way: its reads are bounded
         tick()
-        _signers.pop(location, None)
+        _HOLDING.signers.pop(location, None)
 
 
 def sign_now(location: str) -> None:
     """Sign at once where this process holds the experiment (rayflow wrote into it, Tune or Train
     ended); nothing elsewhere."""
-    signer = _signers.get(location)
+    signer = _HOLDING.signers.get(location)
     if signer is not None:
         try:
             signer.sign_if_changed()

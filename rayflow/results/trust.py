@@ -31,7 +31,19 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 DELEGATE_ENV = "RAYFLOW_SIGNING_KEY"  # in a submitted job's env_vars; taken out at once
-_delegate: tuple[Ed25519PrivateKey, dict[str, Any]] | None = None  # (key, sealed certificate)
+
+
+class _Delegate:
+    """The key this user delegated to this run, and its sealed certificate, once a job's driver
+    took them (`take_delegate`); None elsewhere. Process-wide: they come in this process's
+    environment, and everything the driver's run seals from then on (the manifest, the lease) is
+    sealed with them, whichever object seals it; its one instance is `_DELEGATE`."""
+
+    def __init__(self) -> None:
+        self.taken: tuple[Ed25519PrivateKey, dict[str, Any]] | None = None
+
+
+_DELEGATE = _Delegate()
 
 
 def canonical(doc: Any) -> bytes:
@@ -42,7 +54,8 @@ def canonical(doc: Any) -> bytes:
 def own_id() -> str:
     """Whose experiments this process writes: this user's public id (on a head: the issuer of the
     delegation it was handed)."""
-    return _delegate[1]["cert"]["issuer"] if _delegate else keys.public_id()
+    taken = _DELEGATE.taken
+    return taken[1]["cert"]["issuer"] if taken else keys.public_id()
 
 
 def trusted(extra: Any = ()) -> set[str]:
@@ -53,10 +66,11 @@ def trusted(extra: Any = ()) -> set[str]:
 def seal(kind: str, doc: dict[str, Any]) -> dict[str, Any]:
     """`doc` signed by this process's key, under `kind`."""
     data = canonical(doc)
-    if _delegate is None:
+    taken = _DELEGATE.taken
+    if taken is None:
         signer, signature = keys.sign(data)
         return {kind: doc, "signer": signer, "signature": signature}
-    key, delegation = _delegate
+    key, delegation = taken
     return {
         kind: doc,
         "signer": keys.public_id(key),
@@ -110,7 +124,6 @@ def delegation_env(scope: str) -> dict[str, str]:
 def take_delegate() -> None:
     """On a job's driver, before any user code runs: the delegated key out of os.environ and out of
     the job config Ray hands to this driver's workers (the trials never see it)."""
-    global _delegate
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     text = os.environ.pop(DELEGATE_ENV, None)
@@ -122,7 +135,7 @@ def take_delegate() -> None:
     key = Ed25519PrivateKey.from_private_bytes(
         base64.urlsafe_b64decode(seed + "=" * (-len(seed) % 4))
     )
-    _delegate = key, {"cert": given["cert"], "signature": given["signature"]}
+    _DELEGATE.taken = key, {"cert": given["cert"], "signature": given["signature"]}
 
 
 def _b64(raw: bytes) -> str:

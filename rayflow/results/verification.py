@@ -41,8 +41,26 @@ class Verified:
     trusted: tuple[str, ...] = ()  # the trusted_signers it was verified with
 
 
-_baselines: dict[str, Verified] = {}
-_own: dict[str, set[str]] = {}  # what this process wrote into an experiment since it verified it
+class _Baselines:
+    """What this process verified of each experiment it read (by location), and what it wrote
+    into one since. Process-wide: a resume's verification and the reads and restores checked
+    against it happen in different layers of the same process (the experiment's state, Tune's and
+    Train's restore), which share no object but the location; its one instance is `_BASELINES`."""
+
+    def __init__(self) -> None:
+        self.verified: dict[str, Verified] = {}
+        self.own: dict[str, set[str]] = {}  # written into it since it was verified
+
+    def start(self, verified: Verified) -> None:
+        self.verified[verified.location] = verified
+        self.own.pop(verified.location, None)
+
+    def forget(self, location: str) -> None:
+        self.verified.pop(location, None)
+        self.own.pop(location, None)
+
+
+_BASELINES = _Baselines()
 
 
 def manifest(location: str, key: str = "resume") -> dict | None:
@@ -124,8 +142,7 @@ def verify(location: str, extra: Any = (), key: str = "resume") -> Verified:
         now,
         tuple(str(e) for e in extra or ()),
     )
-    _baselines[location] = verified
-    _own.pop(location, None)
+    _BASELINES.start(verified)
     return verified
 
 
@@ -159,18 +176,17 @@ def _same(location: str, rel: str, listed: tuple[int, float, str], want: Any) ->
 
 
 def baseline(location: str) -> Verified | None:
-    return _baselines.get(location)
+    return _BASELINES.verified.get(location)
 
 
 def forget(location: str) -> None:
     """The run that held the experiment let go of it: a later resume verifies it afresh."""
-    _baselines.pop(location, None)
-    _own.pop(location, None)
+    _BASELINES.forget(location)
 
 
 def note_own(location: str, relative: str) -> None:
     """This process wrote `relative` into the experiment (its checks pass it by from now on)."""
-    _own.setdefault(location, set()).add(relative)
+    _BASELINES.own.setdefault(location, set()).add(relative)
 
 
 def check_read(location: str, relative: str, data: bytes | None, key: str = "resume") -> None:
@@ -178,8 +194,8 @@ def check_read(location: str, relative: str, data: bytes | None, key: str = "res
     process wrote it since); ConfigError otherwise. Nothing to check where none was verified.
     Where no run of this process holds the experiment, it may have been signed again since (a run
     on a cluster went on with it): verified afresh, `data` is checked against that."""
-    verified = _baselines.get(location)
-    if verified is None or relative in _own.get(location, ()):
+    verified = _BASELINES.verified.get(location)
+    if verified is None or relative in _BASELINES.own.get(location, ()):
         return
     same = _matches(verified, relative, data)
     if not same and not signing.holds(location):
@@ -206,10 +222,10 @@ def check_unchanged(location: str, key: str = "resume") -> None:
     """Right before Tune or Train restores from the experiment: every file as it was verified
     (but what this process wrote since). ConfigError naming `key`, one line, otherwise; and for
     an experiment this process did not verify."""
-    verified = _baselines.get(location)
+    verified = _BASELINES.verified.get(location)
     if verified is None:
         raise ConfigError(key, f"{location} was not verified before its restore; it is not read")
-    own = _own.get(location, set())
+    own = _BASELINES.own.get(location, set())
     try:
         now = {r: v for r, v in files_now(location).items() if r not in own}
     except storage.ReadRefused as err:

@@ -15,23 +15,41 @@ from rayflow.errors import Terminated
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
-_received: list[int] = []
+class _SignalLog:
+    """The terminating signals this process received. Process-wide: a signal is delivered to the
+    process, and its handler is called with nothing but the signal and a frame, so what it
+    records can belong to no object of a run; its one instance is `_LOG`."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def record(self, signum: int) -> None:
+        self.received.append(signum)
+
+    def exit_code(self) -> int | None:
+        return 128 + self.received[-1] if self.received else None
+
+    def clear(self) -> None:
+        self.received.clear()
+
+
+_LOG = _SignalLog()
 
 
 def raise_terminated(signum: int, frame: Any) -> None:
-    _received.append(signum)
+    _LOG.record(signum)
     raise Terminated(128 + signum)
 
 
 def termination_exit_code() -> int | None:
     """128 + the terminating signal this job received, if any. Ray's C++ calls (ray.wait) turn
     the SystemExit our handler raises into SystemExit(1), so the code is kept here as well."""
-    return 128 + _received[-1] if _received else None
+    return _LOG.exit_code()
 
 
 def reset_termination() -> None:
     """Forget a signal an earlier job in this process received (a multirun, a notebook)."""
-    _received.clear()
+    _LOG.clear()
 
 
 class Terminations:

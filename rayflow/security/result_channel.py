@@ -29,7 +29,19 @@ import sys
 from typing import Any
 
 KEY_ENV = "RAYFLOW_RESULT_KEY"  # in the job's runtime_env env_vars; removed by the driver at once
-_taken: bytes | None = None  # the key this process (a job's driver) took from its environment
+
+
+class _TakenKey:
+    """The key this process, a job's driver, took from its environment (`take_key`); None in any
+    other process. Process-wide: it comes in the process's environment, and every result line the
+    driver prints is signed with it, whichever part of rayflow prints one (`signed_line`); its
+    one instance is `_TAKEN`."""
+
+    def __init__(self) -> None:
+        self.key: bytes | None = None
+
+
+_TAKEN = _TakenKey()
 
 
 def new_key() -> str:
@@ -41,12 +53,11 @@ def take_key() -> bytes | None:
     """On the job's driver, before any user code runs: the key out of os.environ and out of the
     job config Ray gives this driver's workers (RAY_JOB_CONFIG_JSON_ENV_VAR's runtime_env), kept
     in this process only. None when the job was not handed one."""
-    global _taken
     value = os.environ.pop(KEY_ENV, None)
     scrub_job_config(KEY_ENV)
     if value:
-        _taken = bytes.fromhex(value)
-    return _taken
+        _TAKEN.key = bytes.fromhex(value)
+    return _TAKEN.key
 
 
 def scrub_job_config(name: str) -> None:
@@ -74,7 +85,7 @@ def _mac(key: bytes, marker: str, payload: str) -> str:
 def signed_line(marker: str, data: Any, key: bytes | None = None) -> str | None:
     """`marker` + MAC + strict JSON of `data` on one line; None when this process holds no key
     (a job that was not submitted by rayflow: nothing would believe the line)."""
-    key = key if key is not None else _taken
+    key = key if key is not None else _TAKEN.key
     if key is None:
         return None
     # ASCII: no character splits the line; what JSON cannot hold (bytes in a config, an object)

@@ -57,7 +57,16 @@ def create_nested_run(
     return run_id
 
 
-_steps_failed: set[str] = set()  # runs of this process whose store failed: their steps are skipped
+class _FailedSteps:
+    """The runs whose store failed in this process: their steps are skipped. Process-wide:
+    `log_step` is called from any process (a Ray Train worker) with the run's id alone, and what
+    it skips is what this process saw fail; its one instance is `_FAILED_STEPS`."""
+
+    def __init__(self) -> None:
+        self.runs: set[str] = set()
+
+
+_FAILED_STEPS = _FailedSteps()
 
 
 def log_step(uri: str, run_id: str, metrics: dict, step: int) -> None:
@@ -67,7 +76,7 @@ def log_step(uri: str, run_id: str, metrics: dict, step: int) -> None:
 
     from mlflow.entities import Metric
 
-    if run_id in _steps_failed:
+    if run_id in _FAILED_STEPS.runs:
         return
     stamp = int(time.time() * 1000)
     batch = [
@@ -76,5 +85,5 @@ def log_step(uri: str, run_id: str, metrics: dict, step: int) -> None:
     try:
         mlflow_client(uri).log_batch(run_id, metrics=batch)
     except tracking_errors() as err:
-        _steps_failed.add(run_id)
+        _FAILED_STEPS.runs.add(run_id)
         warn_tracking(f"metrics of run {run_id} (no more are logged from this process)", err)

@@ -22,8 +22,18 @@ from typing import Any
 
 from rayflow.errors import ConfigError
 
-# config value (`module:qualname`) -> the object rayflow.run was given for it
-_GIVEN: dict[str, Any] = {}
+
+class _Given:
+    """The objects rayflow.run was given, by the config value naming each (`module:qualname`).
+    Process-wide: the config carries the name only, and what resolves it later in this process
+    (`load`, `is_given`: the checks before a start, the workload) is handed the config alone; its
+    one instance is `_GIVEN`."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Any] = {}
+
+
+_GIVEN = _Given()
 
 
 def give(obj: Any) -> str:
@@ -33,16 +43,16 @@ def give(obj: Any) -> str:
     module = getattr(obj, "__module__", None) or "__main__"
     qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", "callable")
     name = f"{module}:{qualname}"
-    _GIVEN[name] = obj
+    _GIVEN.objects[name] = obj
     return name
 
 
 def forget(name: str) -> None:
-    _GIVEN.pop(name, None)
+    _GIVEN.objects.pop(name, None)
 
 
 def is_given(name: str) -> bool:
-    return name in _GIVEN
+    return name in _GIVEN.objects
 
 
 def _working_directory_first() -> None:
@@ -62,8 +72,8 @@ def load(name: Any, key: str) -> Any:
     naming `key` with the import error's last line when it cannot be had, or is not callable."""
     if not isinstance(name, str) or name.count(":") != 1 or not all(name.split(":")):
         raise ConfigError(key, f"must be module:function (e.g. train:objective), got {name!r}")
-    if name in _GIVEN:
-        return _GIVEN[name]
+    if name in _GIVEN.objects:
+        return _GIVEN.objects[name]
     module_name, attribute = name.split(":")
     _working_directory_first()
     try:

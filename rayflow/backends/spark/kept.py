@@ -105,19 +105,33 @@ class Kept:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-# The spark package's one process-global: Ray on Spark itself holds its cluster in a global of this
-# process (cluster_init._active_ray_cluster, one a process), and a kept one outlives the run, and
-# the backend object, that started it; the next run in this kernel, a new backend object, finds it
-# here. Every change holds lock (the idle timer is a thread of its own).
-_held: Kept | None = None
-lock = threading.RLock()
+class _Holder:
+    """The cluster this process keeps (`held`), and the lock every change of it, or of its run
+    count, holds (the idle timer is a thread of its own). Process-wide, the spark package's one:
+    Ray on Spark itself holds its cluster in a global of this process
+    (cluster_init._active_ray_cluster, one a process), and a kept one outlives the run, and the
+    backend object, that started it; the next run in this kernel, a new backend object, finds it
+    here. Its one instance is `_HOLDER`."""
+
+    def __init__(self) -> None:
+        self.held: Kept | None = None
+        self.lock = threading.RLock()
+
+    def let_go_of(self, kept: Kept) -> None:
+        """Forget `kept` if it is the one held."""
+        with self.lock:
+            if self.held is kept:
+                self.held = None
+
+
+_HOLDER = _Holder()
 
 
 def alive_held() -> Kept | None:
     """The cluster this process keeps; one whose head has exited (stopped from another process,
     or failed) is shut down first, what is left of it, and None."""
-    with lock:
-        held = _held
+    with _HOLDER.lock:
+        held = _HOLDER.held
         if held is not None and held.head.poll() is not None:
             let_go(held, "its head node exited")
             return None
@@ -125,9 +139,8 @@ def alive_held() -> Kept | None:
 
 
 def hold(kept: Kept) -> None:
-    global _held
-    with lock:
-        _held = kept
+    with _HOLDER.lock:
+        _HOLDER.held = kept
     threading.Thread(target=_watch, args=(kept,), name=f"rayflow-{kept.name}", daemon=True).start()
     # A clean shutdown (logs collected) when this process ends. Not atexit alone: Python runs
     # atexit functions once its non-daemon threads have ended, and Ray on Spark's thread that
@@ -146,7 +159,7 @@ def stop_unless_kept(steps: ClusterHandle) -> None:
 
 def done_with(kept: Kept) -> None:
     """A run on the kept cluster ended (its driver disconnected first): idle from now."""
-    with lock:
+    with _HOLDER.lock:
         kept.users = max(0, kept.users - 1)
         kept.idle_since = time.time()
 
@@ -186,7 +199,7 @@ def _watch(kept: Kept) -> None:
         asked = time.monotonic()
         if _idle_s(kept) < kept.minutes * 60:
             continue
-        with lock:  # a run that joins meanwhile waits, then starts a new cluster
+        with _HOLDER.lock:  # a run that joins meanwhile waits, then starts a new cluster
             if not _in_use(kept):
                 let_go(kept, f"idle for {kept.minutes:g} min")
                 return
@@ -195,13 +208,11 @@ def _watch(kept: Kept) -> None:
 def let_go(kept: Kept, why: str) -> None:
     """Shut the kept cluster down as the run that started it would have, had it not kept it:
     Ray on Spark, then the session and JVM rayflow built. Once; the holder forgets it."""
-    global _held
-    with lock:
+    with _HOLDER.lock:
         if kept.done.is_set():
             return
         kept.done.set()
-        if _held is kept:
-            _held = None
+        _HOLDER.let_go_of(kept)
         print(f"[rayflow] spark: shutting down the kept cluster {kept.name} ({why})", flush=True)
         kept.steps.unwind()
 
@@ -212,8 +223,8 @@ def _at_exit(kept: Kept) -> None:
 
 def let_go_if_mine(owner_run: str, why: str) -> bool:
     """Shut down the cluster this process keeps if it is the one `owner_run` started."""
-    with lock:
-        held = _held
+    with _HOLDER.lock:
+        held = _HOLDER.held
         if held is None or held.owner_run != owner_run:
             return False
         let_go(held, why)
@@ -300,7 +311,7 @@ def join(key: str, handle: ClusterHandle) -> bool:
     """Join the cluster this process keeps, if it was started with the same backend section
     (`key`): the run's handle on it, its driver still to connect; False when there is none."""
     held = alive_held()
-    with lock:
+    with _HOLDER.lock:
         if held is None or held.done.is_set() or held.key != key:
             return False  # (a cluster of another section: refused by check())
         held.users += 1  # the idle timer leaves it alone from now on

@@ -17,9 +17,10 @@ handler raises `Cancelled`). Workers are created by the head's autoscaler, never
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,10 +45,6 @@ class Launch:
         return self.thread is not None and self.thread.is_alive()
 
 
-# Ray's event callbacks are process-wide; each goes to the launch running in the calling thread.
-_LAUNCHES: dict[int, Launch] = {}
-_REGISTERED = threading.Lock()
-_registered = False
 _DOING = {
     "acquiring_new_head_node": "creating the head VM",
     "head_node_acquired": "waiting for SSH on the head VM",
@@ -66,30 +63,54 @@ class Cancelled(Exception):
 _STATE = threading.Lock()  # `creating` and `cancelled` change together
 
 
-def _on_event(data: dict[str, Any]) -> None:
-    launch = _LAUNCHES.get(threading.get_ident())
-    event = getattr(data.get("event_name"), "name", "")
-    if launch is None or not event:
-        return
-    launch.doing = _DOING.get(event, launch.doing)
-    with _STATE:
-        if event == "acquiring_new_head_node":
-            if launch.cancelled:
-                raise Cancelled(f"cluster {launch.name}: stopped before its head VM was created")
-            launch.creating = True
-        elif event == "head_node_acquired":
-            launch.creating = False
+class _RayEvents:
+    """Ray's launcher events, each handed to the launch running in the thread that raised it.
+    Process-wide: Ray keeps its event callbacks in a global of this process
+    (`sdk.register_callback_handler`) and calls them with the event alone, inline in the thread
+    inside `ray up`; so they are registered once a process, here, and the launch an event is about
+    is found by its thread. Its one instance is `_EVENTS`."""
+
+    def __init__(self) -> None:
+        self.launches: dict[int, Launch] = {}  # thread id -> the launch running in it
+        self.registering = threading.Lock()
+        self.registered = False
+
+    def register(self) -> None:
+        from ray.autoscaler import sdk
+
+        with self.registering:
+            if not self.registered:
+                for event in internals.create_cluster_events():
+                    sdk.register_callback_handler(event, self.on_event)
+                self.registered = True
+
+    @contextlib.contextmanager
+    def running(self, launch: Launch) -> Iterator[None]:
+        """The events raised in this thread while the block runs are `launch`'s."""
+        self.launches[threading.get_ident()] = launch
+        try:
+            yield
+        finally:
+            self.launches.pop(threading.get_ident(), None)
+
+    def on_event(self, data: dict[str, Any]) -> None:
+        launch = self.launches.get(threading.get_ident())
+        event = getattr(data.get("event_name"), "name", "")
+        if launch is None or not event:
+            return
+        launch.doing = _DOING.get(event, launch.doing)
+        with _STATE:
+            if event == "acquiring_new_head_node":
+                if launch.cancelled:
+                    raise Cancelled(
+                        f"cluster {launch.name}: stopped before its head VM was created"
+                    )
+                launch.creating = True
+            elif event == "head_node_acquired":
+                launch.creating = False
 
 
-def _register() -> None:
-    global _registered
-    from ray.autoscaler import sdk
-
-    with _REGISTERED:
-        if not _registered:
-            for event in internals.create_cluster_events():
-                sdk.register_callback_handler(event, _on_event)
-            _registered = True
+_EVENTS = _RayEvents()
 
 
 def launch(
@@ -97,17 +118,15 @@ def launch(
 ) -> None:
     """Run `up` (Ray's create_or_update_cluster) in a daemon thread and wait for it at most
     timeout_s; `handed` is filled in for `terminate_all`. Re-raises what `up` raised."""
-    _register()
+    _EVENTS.register()
 
     def run() -> None:
-        _LAUNCHES[threading.get_ident()] = handed
         try:
-            up()
+            with _EVENTS.running(handed):
+                up()
             handed.up = True
         except BaseException as err:  # noqa: BLE001 - handed to the waiting thread as it is
             handed.error = err
-        finally:
-            _LAUNCHES.pop(threading.get_ident(), None)
 
     handed.thread = threading.Thread(target=run, name=f"ray up {name}", daemon=True)
     handed.thread.start()

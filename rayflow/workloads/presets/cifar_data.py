@@ -16,6 +16,7 @@ other class or function by name, before calling it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import pickle
 import shutil
@@ -327,26 +328,23 @@ def read_batches(batch_dir: Path, names: list[str]) -> tuple[np.ndarray, np.ndar
     return np.concatenate(images), np.concatenate(labels)
 
 
-_CACHE: dict = {}
-
-
 def load_split(spec: DataSpec, device: str = "cpu"):
     """(train_x, train_y, val_x, val_y) as tensors on `device`, uint8 images; cached per process."""
+    return _split(spec, device)
+
+
+@functools.lru_cache(maxsize=1)  # one data set per process: a reused actor never holds two
+def _split(spec: DataSpec, device: str):
     import torch
 
-    key = (spec, device)
-    if key not in _CACHE:
-        images, labels = read_batches(prepare(spec), TRAIN_FILES)
-        order = np.random.default_rng(spec.seed).permutation(len(labels))
-        n_val = max(1, int(len(labels) * spec.val_fraction))
-        val, train = order[:n_val], order[n_val:]
-        tensors = [
-            torch.from_numpy(a).to(device)
-            for a in (images[train], labels[train], images[val], labels[val])
-        ]
-        _CACHE.clear()  # one data set per process: a reused actor never holds two
-        _CACHE[key] = tuple(tensors)
-    return _CACHE[key]
+    images, labels = read_batches(prepare(spec), TRAIN_FILES)
+    order = np.random.default_rng(spec.seed).permutation(len(labels))
+    n_val = max(1, int(len(labels) * spec.val_fraction))
+    val, train = order[:n_val], order[n_val:]
+    return tuple(
+        torch.from_numpy(a).to(device)
+        for a in (images[train], labels[train], images[val], labels[val])
+    )
 
 
 def normalize(images):
