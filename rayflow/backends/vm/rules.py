@@ -70,21 +70,30 @@ REMOVED = {
     "num_worker_nodes": "backend.max_worker_nodes and backend.min_worker_nodes",
 }
 
-# Keys that only say what rayflow renders: with backend.cluster_yaml the file says it instead.
-RENDERING_KEYS = (
-    "provider",
-    "num_cpus_head_node",
-    "num_gpus_head_node",
-    "head_instance_type",
-    "worker",
+# The section's keys that apply to some providers only (each provider's `keys` says which), in
+# the order they are refused: set for another, one would silently do nothing.
+PROVIDER_KEYS = (
     "region",
     "availability_zone",
+    "head_instance_type",
     "cache_stopped_nodes",
     "ami",
     "project_id",
     "source_image",
     "head_ip",
     "worker_ips",
+    "ssh_user",
+    "ssh_private_key",
+)
+# How the nodes are reached, not what the cluster is: not refused beside backend.cluster_yaml
+REACHING_KEYS = ("ssh_user", "ssh_private_key")
+# Keys that only say what rayflow renders: with backend.cluster_yaml the file says it instead.
+RENDERING_KEYS = (
+    "provider",
+    "num_cpus_head_node",
+    "num_gpus_head_node",
+    "worker",
+    *(key for key in PROVIDER_KEYS if key not in REACHING_KEYS),
 )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 from rayflow.backends.vm.providers.base import Provider
-from rayflow.backends.vm.rules import shipped_defaults, worker_bounds_rule
+from rayflow.backends.vm.rules import PROVIDER_KEYS, shipped_defaults, worker_bounds_rule
 from rayflow.schema.kinds import KeyedError
 
 PACKAGE = "rayflow.backends.vm.providers"
@@ -25,21 +25,6 @@ TYPES = ("fake_multinode", "local", "aws", "gcp")
 # what rayflow starts from a user's file (backend.cluster_yaml): those, and Ray's other clouds
 LAUNCHED = (*TYPES, "azure")
 
-# The section's keys that apply to some providers only (each provider's `keys` says which), in
-# the order they are refused: set for another, one would silently do nothing.
-SECTION_KEYS = (
-    "region",
-    "availability_zone",
-    "head_instance_type",
-    "cache_stopped_nodes",
-    "ami",
-    "project_id",
-    "source_image",
-    "head_ip",
-    "worker_ips",
-    "ssh_user",
-    "ssh_private_key",
-)
 NODE_TYPE_KEYS = ("instance_type", "accelerator_type", "spot", "min_workers", "max_workers")
 
 
@@ -74,7 +59,7 @@ def section_rules(b: dict) -> None:
     """Keys of other providers left at their default, then the provider's own rules (b: the
     validated section)."""
     provider = get(b["provider"])
-    for key in SECTION_KEYS:
+    for key in PROVIDER_KEYS:
         if b[key] not in (None, shipped_defaults().get(key)) and key not in provider.keys:
             raise KeyedError(
                 key,
