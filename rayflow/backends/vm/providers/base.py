@@ -224,14 +224,14 @@ def ray_down(config: dict[str, Any] | str) -> None:
         sdk.teardown_cluster(config)
 
 
+# A node type's resource keys: the name Ray's resources give each, and `ray start`'s flag for it
+NODE_RESOURCES = (
+    ("num_cpus", "CPU", "--num-cpus"),
+    ("num_gpus", "GPU", "--num-gpus"),
+    ("memory", "memory", "--memory"),
+    ("object_store_memory", "object_store_memory", "--object-store-memory"),
+)
+
+
 def _resources(t: dict) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for key, name in (
-        ("num_cpus", "CPU"),
-        ("num_gpus", "GPU"),
-        ("memory", "memory"),
-        ("object_store_memory", "object_store_memory"),
-    ):
-        if t.get(key) is not None:
-            out[name] = int(t[key])
-    return out
+    return {name: int(t[key]) for key, name, _ in NODE_RESOURCES if t.get(key) is not None}

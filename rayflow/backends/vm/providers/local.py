@@ -21,7 +21,7 @@ from typing import Any
 from rayflow.backends.vm import internals, owned
 from rayflow.backends.vm.commands import start_commands
 from rayflow.backends.vm.defaults import placeholder
-from rayflow.backends.vm.providers.base import Provider, Step, Stop, refuse
+from rayflow.backends.vm.providers.base import NODE_RESOURCES, Provider, Step, Stop, refuse
 from rayflow.errors import ClusterError, ConfigError
 from rayflow.schema.kinds import KeyedError
 
@@ -129,16 +129,7 @@ class Local(Provider):
 
 def _worker_args(b: dict, gpu: bool) -> list[str]:
     t = b["worker"]["gpu" if gpu else "cpu"]
-    args = []
-    for key, flag in (
-        ("num_cpus", "--num-cpus"),
-        ("num_gpus", "--num-gpus"),
-        ("memory", "--memory"),
-        ("object_store_memory", "--object-store-memory"),
-    ):
-        if t.get(key) is not None:
-            args.append(f"{flag}={int(t[key])}")
-    return args
+    return [f"{flag}={int(t[key])}" for key, _, flag in NODE_RESOURCES if t.get(key) is not None]
 
 
 def ray_state_problem(name: str) -> str | None:
